@@ -1,0 +1,57 @@
+"""Content checksums (xxh3-64, ~30 GB/s here: free next to a ~2 GB/s disk)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import xxhash
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["digest_array", "digest_bytes", "digest_file_range", "digest_text", "hash128"]
+
+_CHUNK = 8 << 20
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> str:
+    """xxh3-64 of ``data`` as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def digest_text(text: str) -> str:
+    """xxh3-64 of the UTF-8 encoding of ``text``."""
+    return digest_bytes(text.encode())
+
+
+def digest_array(arr: npt.NDArray[np.generic]) -> str:
+    """xxh3-64 of the raw bytes of a C-contiguous array (no copy)."""
+    if arr.nbytes == 0:
+        return digest_bytes(b"")
+    return digest_bytes(memoryview(arr.reshape(-1)).cast("B"))
+
+
+def hash128(text: str) -> str:
+    """xxh3-128 of ``text`` as 32 hex digits (content addresses of static data)."""
+    return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def digest_file_range(fd: int, offset: int, length: int) -> str:
+    """xxh3-64 of ``length`` bytes of open file ``fd`` from ``offset``; bytes past the end read as missing.
+
+    Raises:
+        EOFError: the file ends before ``offset + length``.
+    """
+    h = xxhash.xxh3_64()
+    buf = bytearray(min(_CHUNK, max(length, 1)))
+    view = memoryview(buf)
+    pos, end = offset, offset + length
+    while pos < end:
+        n = os.preadv(fd, [view[: min(len(buf), end - pos)]], pos)
+        if n == 0:
+            raise EOFError(f"file ends at {pos}, expected {end}")
+        h.update(view[:n])
+        pos += n
+    return h.hexdigest()

@@ -1,0 +1,100 @@
+"""Exceptions raised by :mod:`resilient`.
+
+Every exception passes all of its constructor arguments to ``super().__init__`` so that it
+survives pickling (exceptions cross mpi4py messages and Parsl workers).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointLockedError",
+    "CheckpointNotFoundError",
+    "CollectiveError",
+    "CommitError",
+    "ConfigError",
+    "InvalidCheckpointError",
+    "LayoutMismatchError",
+    "ResilientError",
+]
+
+
+class ResilientError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ConfigError(ResilientError, ValueError):
+    """A setting, policy or argument is invalid."""
+
+
+class CheckpointNotFoundError(ResilientError, FileNotFoundError):
+    """No (valid) checkpoint exists where one was asked for."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidCheckpointError(ResilientError):
+    """A checkpoint failed validation.
+
+    Attributes:
+        path: the checkpoint directory or file that failed.
+        reason: one line saying what is wrong.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"invalid checkpoint {self.path}: {self.reason}"
+
+
+class LayoutMismatchError(ResilientError):
+    """A checkpoint was written with a layout that the current run cannot read.
+
+    Attributes:
+        saved: description of the layout on disk.
+        current: description of the layout of this run.
+    """
+
+    def __init__(self, saved: str, current: str) -> None:
+        super().__init__(saved, current)
+        self.saved = saved
+        self.current = current
+
+    def __str__(self) -> str:
+        return (
+            f"checkpoint layout {self.saved} does not match this run's layout {self.current}; "
+            "restart with the same number of ranks and the same checkpoint_comm"
+        )
+
+
+class CommitError(ResilientError):
+    """The commit of a checkpoint (manifest, marker, rename) failed."""
+
+
+class CheckpointLockedError(ResilientError):
+    """Another job holds the checkpoint root's lock."""
+
+
+class CollectiveError(ResilientError):
+    """A collective operation failed on at least one rank; raised identically on every rank.
+
+    Attributes:
+        what: the operation that failed, e.g. ``"save of step 12"``.
+        failures: rank -> one-line description of that rank's error.
+    """
+
+    def __init__(self, what: str, failures: dict[int, str]) -> None:
+        super().__init__(what, failures)
+        self.what = what
+        self.failures = dict(failures)
+
+    def __str__(self) -> str:
+        ranks = sorted(self.failures)
+        first = self.failures[ranks[0]] if ranks else "unknown error"
+        return f"{self.what} failed on rank(s) {ranks}: {first}"

@@ -1,0 +1,134 @@
+"""Names on disk. Pure: the only module that knows how files and directories are called.
+
+A checkpoint root looks like::
+
+    ROOT/
+      .resilient-root                 marker: this directory belongs to resilient
+      .lock                           held (flock) by the job that writes here
+      step_00001200/                  a committed checkpoint
+        manifest.json
+        COMMITTED                     written last; holds the manifest's checksum
+        rank_00000.h5 ...             "self" layout: one file per rank
+        node_00000.h5 ...             "node" layout: one file per node
+        world.h5                      "world" layout: one shared file
+        group_00000.h5 ...            any other communicator: one file per group
+      step_00001100.quarantined-3fa2c1d0/   failed validation; kept for inspection
+      .step_00001300.tmp-<hex>/        a save in progress (or killed)
+      .trash-<hex>/                    being deleted
+      static/<32 hex>/                 static data, shared by checkpoints by content hash
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "COMMITTED",
+    "LOCK_FILE",
+    "MANIFEST",
+    "QUARANTINE_INFO",
+    "ROOT_MARKER",
+    "STATIC_DIR",
+    "file_name",
+    "is_data_file_name",
+    "parse_quarantined",
+    "parse_step_dir",
+    "parse_tmp_dir",
+    "quarantine_dir_name",
+    "static_dir_name",
+    "step_dir_name",
+    "tmp_dir_name",
+    "trash_dir_name",
+]
+
+MANIFEST = "manifest.json"
+COMMITTED = "COMMITTED"
+ROOT_MARKER = ".resilient-root"
+LOCK_FILE = ".lock"
+STATIC_DIR = "static"
+QUARANTINE_INFO = "QUARANTINE.json"
+ATTEMPT_LEDGER = "attempts.jsonl"
+
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+_TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}$")
+_QUARANTINED_RE = re.compile(r"^step_(\d{8,})\.quarantined-[0-9a-f]{8,32}$")
+_STATIC_RE = re.compile(r"^[0-9a-f]{32}$")
+_STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}$")
+_TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}$")
+_DATA_FILE_RE = re.compile(r"^(rank|node|group)_\d{5,}\.h5$|^world\.h5$")
+
+_FILE_PREFIX = {"self": "rank", "node": "node", "custom": "group"}
+
+
+def step_dir_name(step: int) -> str:
+    """Name of the committed directory of ``step``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step_{step:08d}"
+
+
+def tmp_dir_name(step: int, token: str) -> str:
+    """Name of the temporary directory a save of ``step`` writes into."""
+    return f".step_{step:08d}.tmp-{token}"
+
+
+def quarantine_dir_name(step: int, token: str) -> str:
+    """Name a failed checkpoint of ``step`` is renamed to."""
+    return f"step_{step:08d}.quarantined-{token}"
+
+
+def trash_dir_name(token: str) -> str:
+    """Name a directory gets just before it is deleted."""
+    return f".trash-{token}"
+
+
+def static_dir_name(content_hash: str) -> str:
+    """Name of the directory holding the static data with ``content_hash``."""
+    if not _STATIC_RE.match(content_hash):
+        raise ValueError(f"not a static content hash: {content_hash!r}")
+    return content_hash
+
+
+def file_name(kind: str, group_index: int) -> str:
+    """Name of the HDF5 file of group ``group_index`` in a layout of ``kind``."""
+    if kind == "world":
+        return "world.h5"
+    return f"{_FILE_PREFIX[kind]}_{group_index:05d}.h5"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a committed-looking directory name, else ``None``."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_tmp_dir(name: str) -> int | None:
+    """The step of a temporary save directory name, else ``None``."""
+    m = _TMP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_quarantined(name: str) -> int | None:
+    """The step of a quarantined directory name, else ``None``."""
+    m = _QUARANTINED_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_static_dir(name: str) -> bool:
+    """Whether ``name`` names a committed static-data directory."""
+    return bool(_STATIC_RE.match(name))
+
+
+def is_static_tmp(name: str) -> bool:
+    """Whether ``name`` names a static-data directory still being written."""
+    return bool(_STATIC_TMP_RE.match(name))
+
+
+def is_trash(name: str) -> bool:
+    """Whether ``name`` names a directory that was being deleted."""
+    return bool(_TRASH_RE.match(name))
+
+
+def is_data_file_name(name: str) -> bool:
+    """Whether ``name`` is a legal name for a checkpoint data file (no paths, no tricks)."""
+    return bool(_DATA_FILE_RE.match(name))

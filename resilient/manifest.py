@@ -1,0 +1,408 @@
+"""The manifest of a checkpoint: a JSON document, parsed strictly. Pure (no I/O).
+
+A manifest read from disk is untrusted input: :func:`parse_manifest` checks every field's
+type and range, accepts only plain file names (no paths, no ``..``), only numeric dtypes, and
+offsets and sizes that fit inside their file, and raises :class:`ManifestError` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from resilient import layout
+
+__all__ = [
+    "CHECKSUM_ALGORITHM",
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "DatasetEntry",
+    "FileEntry",
+    "LayoutInfo",
+    "Manifest",
+    "ManifestError",
+    "RankEntry",
+    "Segment",
+    "dtype_itemsize",
+    "is_valid_key",
+    "parse_manifest",
+]
+
+FORMAT = "resilient-checkpoint"
+SCHEMA_VERSION = 1
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+_DTYPE_RE = re.compile(r"^[<>|=]?([biufc])(\d{1,2})$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-+]{0,127}$")
+_HEX16_RE = re.compile(r"^[0-9a-f]{16}$")
+_HEX32_RE = re.compile(r"^[0-9a-f]{32}$")
+_KINDS = ("self", "node", "world", "custom")
+_MAX_RANKS = 1 << 24
+
+
+class ManifestError(ValueError):
+    """A manifest is malformed or hostile."""
+
+
+def is_valid_key(key: str) -> bool:
+    """Whether ``key`` can name a dataset (one HDF5 path component, no tricks)."""
+    return bool(_KEY_RE.match(key))
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """Item size in bytes of an accepted dtype string such as ``'<f8'`` or ``'|b1'``."""
+    m = _DTYPE_RE.match(dtype)
+    if not m:
+        raise ManifestError(f"unsupported dtype {dtype!r}")
+    kind, size = m.group(1), int(m.group(2))
+    allowed = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8, 16), "c": (8, 16, 32)}
+    if size not in allowed[kind]:
+        raise ManifestError(f"unsupported dtype {dtype!r}")
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A byte range of a file and the checksum of its bytes."""
+
+    offset: int
+    length: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetEntry:
+    """One array of one rank: where it lives in its file and what it hashes to."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int | None
+    nbytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankEntry:
+    """What one rank saved: its file, its arrays and its small JSON values."""
+
+    file: str
+    datasets: tuple[DatasetEntry, ...]
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One data file of a checkpoint.
+
+    ``meta_segments`` covers the bytes HDF5 wrote itself (superblock, object headers,
+    padding); together with the datasets of ``ranks`` they tile the file exactly.
+    ``checksum`` is the checksum of the ordered list of all segment checksums.
+    """
+
+    name: str
+    size: int
+    checksum: str
+    ranks: tuple[int, ...]
+    meta_segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutInfo:
+    """How ranks were grouped into files."""
+
+    kind: str
+    nranks: int
+    groups: tuple[tuple[int, ...], ...]
+
+    def describe(self) -> str:
+        """A short human description, e.g. ``'node (4 ranks, 2 files)'``."""
+        return f"{self.kind} ({self.nranks} ranks, {len(self.groups)} files)"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Everything needed to validate and restore one checkpoint (or one static-data set)."""
+
+    step: int
+    time: float
+    layout: LayoutInfo
+    files: tuple[FileEntry, ...]
+    ranks: tuple[RankEntry, ...]
+    kind: str = "checkpoint"
+    static: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    library_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+    checksum_algorithm: str = CHECKSUM_ALGORITHM
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the data files."""
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        """Serialise to JSON text (stable key order)."""
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "schema_version": self.schema_version,
+            "library_version": self.library_version,
+            "kind": self.kind,
+            "step": self.step,
+            "time": self.time,
+            "checksum_algorithm": self.checksum_algorithm,
+            "layout": {
+                "kind": self.layout.kind,
+                "nranks": self.layout.nranks,
+                "groups": [list(g) for g in self.layout.groups],
+            },
+            "files": [
+                {
+                    "name": f.name,
+                    "size": f.size,
+                    "checksum": f.checksum,
+                    "ranks": list(f.ranks),
+                    "meta_segments": [[s.offset, s.length, s.checksum] for s in f.meta_segments],
+                }
+                for f in self.files
+            ],
+            "ranks": [
+                {
+                    "file": r.file,
+                    "datasets": [
+                        {
+                            "name": d.name,
+                            "shape": list(d.shape),
+                            "dtype": d.dtype,
+                            "offset": d.offset,
+                            "nbytes": d.nbytes,
+                            "checksum": d.checksum,
+                        }
+                        for d in r.datasets
+                    ],
+                    "values": dict(r.values),
+                }
+                for r in self.ranks
+            ],
+            "static": self.static,
+            "metrics": dict(self.metrics),
+        }
+        return json.dumps(doc, indent=1, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _get(doc: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if key not in doc:
+        raise ManifestError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    if isinstance(value, bool) and typ in (int, (int, float)):
+        raise ManifestError(f"{where}.{key}: expected a number, got a boolean")
+    if not isinstance(value, typ):
+        raise ManifestError(f"{where}.{key}: wrong type {type(value).__name__}")
+    return value
+
+
+def _nonneg_int(doc: Mapping[str, Any], key: str, where: str, upper: int = 1 << 62) -> int:
+    value = _get(doc, key, int, where)
+    if not 0 <= value <= upper:
+        raise ManifestError(f"{where}.{key}: out of range: {value}")
+    return int(value)
+
+
+def _checksum(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _HEX16_RE.match(value):
+        raise ManifestError(f"{where}: not a checksum: {value!r}")
+    return value
+
+
+def _parse_dataset(doc: Any, where: str) -> DatasetEntry:
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: not an object")
+    name = _get(doc, "name", str, where)
+    if not is_valid_key(name):
+        raise ManifestError(f"{where}: illegal dataset name {name!r}")
+    shape_raw = _get(doc, "shape", list, where)
+    if len(shape_raw) > 32 or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 48 for n in shape_raw
+    ):
+        raise ManifestError(f"{where}: illegal shape {shape_raw!r}")
+    shape = tuple(int(n) for n in shape_raw)
+    dtype = _get(doc, "dtype", str, where)
+    itemsize = dtype_itemsize(dtype)
+    nbytes = _nonneg_int(doc, "nbytes", where)
+    if nbytes != math.prod(shape) * itemsize:
+        raise ManifestError(f"{where}: nbytes {nbytes} does not match shape {shape} x {dtype}")
+    offset_raw = doc.get("offset")
+    if offset_raw is None:
+        if nbytes:
+            raise ManifestError(f"{where}: non-empty dataset without an offset")
+        offset = None
+    else:
+        offset = _nonneg_int(doc, "offset", where)
+    return DatasetEntry(name, shape, dtype, offset, nbytes, _checksum(doc.get("checksum"), where))
+
+
+def parse_manifest(text: str | bytes) -> Manifest:
+    """Parse and check a manifest read from disk.
+
+    Raises:
+        ManifestError: the text is not a well-formed manifest of a supported version.
+    """
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError("not a JSON object")
+    if doc.get("format") != FORMAT:
+        raise ManifestError(f"not a resilient manifest (format {doc.get('format')!r})")
+    version = _get(doc, "schema_version", int, "manifest")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"unsupported schema version {version} (this library reads {SCHEMA_VERSION})")
+    if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
+        raise ManifestError(f"unsupported checksum algorithm {doc.get('checksum_algorithm')!r}")
+    kind = _get(doc, "kind", str, "manifest")
+    if kind not in ("checkpoint", "static"):
+        raise ManifestError(f"unknown manifest kind {kind!r}")
+    step = _nonneg_int(doc, "step", "manifest")
+    time_ = _get(doc, "time", (int, float), "manifest")
+
+    lay = _get(doc, "layout", dict, "manifest")
+    lay_kind = _get(lay, "kind", str, "layout")
+    if lay_kind not in _KINDS:
+        raise ManifestError(f"layout: unknown kind {lay_kind!r}")
+    nranks = _nonneg_int(lay, "nranks", "layout", _MAX_RANKS)
+    if nranks < 1:
+        raise ManifestError("layout: nranks must be >= 1")
+    groups_raw = _get(lay, "groups", list, "layout")
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for g in groups_raw:
+        if not isinstance(g, list) or not g:
+            raise ManifestError("layout: a group is not a non-empty list")
+        for r in g:
+            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < nranks or r in seen:
+                raise ManifestError(f"layout: bad or repeated rank {r!r} in groups")
+            seen.add(r)
+        groups.append(tuple(g))
+    if len(seen) != nranks:
+        raise ManifestError("layout: groups do not cover every rank exactly once")
+
+    files_raw = _get(doc, "files", list, "manifest")
+    files: list[FileEntry] = []
+    names: set[str] = set()
+    for i, f in enumerate(files_raw):
+        where = f"files[{i}]"
+        if not isinstance(f, dict):
+            raise ManifestError(f"{where}: not an object")
+        name = _get(f, "name", str, where)
+        if not layout.is_data_file_name(name) or name in names:
+            raise ManifestError(f"{where}: illegal or repeated file name {name!r}")
+        names.add(name)
+        size = _nonneg_int(f, "size", where)
+        ranks_raw = _get(f, "ranks", list, where)
+        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < nranks for r in ranks_raw):
+            raise ManifestError(f"{where}: bad rank list")
+        segs: list[Segment] = []
+        for j, s in enumerate(_get(f, "meta_segments", list, where)):
+            if (
+                not isinstance(s, list)
+                or len(s) != 3
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s[:2])
+            ):
+                raise ManifestError(f"{where}.meta_segments[{j}]: malformed")
+            segs.append(Segment(s[0], s[1], _checksum(s[2], f"{where}.meta_segments[{j}]")))
+        files.append(
+            FileEntry(name, size, _checksum(f.get("checksum"), where), tuple(ranks_raw), tuple(segs))
+        )
+
+    ranks_doc = _get(doc, "ranks", list, "manifest")
+    if len(ranks_doc) != nranks:
+        raise ManifestError(f"manifest lists {len(ranks_doc)} ranks, layout says {nranks}")
+    ranks: list[RankEntry] = []
+    for r, entry in enumerate(ranks_doc):
+        where = f"ranks[{r}]"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: not an object")
+        fname = _get(entry, "file", str, where)
+        if fname not in names:
+            raise ManifestError(f"{where}: file {fname!r} is not listed in files")
+        dsets = tuple(
+            _parse_dataset(d, f"{where}.datasets[{j}]")
+            for j, d in enumerate(_get(entry, "datasets", list, where))
+        )
+        if len({d.name for d in dsets}) != len(dsets):
+            raise ManifestError(f"{where}: repeated dataset name")
+        values = _get(entry, "values", dict, where)
+        ranks.append(RankEntry(fname, dsets, values))
+
+    static = doc.get("static")
+    if static is not None and (not isinstance(static, str) or not _HEX32_RE.match(static)):
+        raise ManifestError(f"illegal static reference {static!r}")
+    metrics = doc.get("metrics", {})
+    if not isinstance(metrics, dict):
+        raise ManifestError("metrics: not an object")
+    manifest = Manifest(
+        step=step,
+        time=float(time_),
+        layout=LayoutInfo(lay_kind, nranks, tuple(groups)),
+        files=tuple(files),
+        ranks=tuple(ranks),
+        kind=kind,
+        static=static,
+        metrics=metrics,
+        library_version=str(doc.get("library_version", "")),
+        schema_version=version,
+    )
+    check_tiling(manifest)
+    return manifest
+
+
+def file_segments(manifest: Manifest, entry: FileEntry) -> list[tuple[int, int, str, str]]:
+    """All segments of one file, sorted by offset: ``(offset, length, checksum, label)``."""
+    segs = [(s.offset, s.length, s.checksum, "HDF5 metadata") for s in entry.meta_segments]
+    for r in entry.ranks:
+        rank_entry = manifest.ranks[r]
+        if rank_entry.file != entry.name:
+            continue
+        for d in rank_entry.datasets:
+            if d.offset is not None and d.nbytes:
+                segs.append((d.offset, d.nbytes, d.checksum, f"rank {r} dataset {d.name!r}"))
+    segs.sort()
+    return segs
+
+
+def check_tiling(manifest: Manifest) -> None:
+    """Check that each file's segments cover it exactly once (no gaps, no overlaps).
+
+    Raises:
+        ManifestError: a segment lies outside its file, overlaps another or leaves a hole.
+    """
+    owner: dict[int, str] = {}
+    for f in manifest.files:
+        for r in f.ranks:
+            if r in owner:
+                raise ManifestError(f"rank {r} is listed in two files")
+            owner[r] = f.name
+    for r, entry in enumerate(manifest.ranks):
+        if owner.get(r) != entry.file:
+            raise ManifestError(f"rank {r} names file {entry.file!r} but that file does not list it")
+    for f in manifest.files:
+        pos = 0
+        for offset, length, _, label in file_segments(manifest, f):
+            if offset != pos:
+                raise ManifestError(f"{f.name}: {label} at {offset} leaves a gap or overlap at {pos}")
+            pos = offset + length
+        if pos != f.size:
+            raise ManifestError(f"{f.name}: segments end at {pos}, file size is {f.size}")
+
+
+def combine_checksums(segments: Sequence[tuple[int, int, str]]) -> str:
+    """Canonical text whose checksum is a file's checksum (see :class:`FileEntry`)."""
+    return ";".join(f"{o}:{n}:{c}" for o, n, c in segments)

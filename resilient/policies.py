@@ -1,0 +1,248 @@
+"""When to save and what to keep: small composable policy objects. Pure.
+
+Save policies answer ``policy(ctx) -> bool`` for a :class:`SaveContext`; keep policies answer
+``policy(infos) -> frozenset[int]`` (the steps to keep) for a list of :class:`CheckpointInfo`.
+Both compose with ``|`` (either one) and save policies with ``&`` (both)::
+
+    save_when = EverySteps(500) | EverySeconds(1800)
+    keep = KeepLast(3) | KeepEvery(steps=10_000) | KeepBest("loss", n=2, mode="min")
+
+Plain callables with the same signature are accepted wherever a policy is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from resilient.errors import ConfigError
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "CheckpointInfo",
+    "EverySeconds",
+    "EverySteps",
+    "KeepAll",
+    "KeepAny",
+    "KeepBest",
+    "KeepEvery",
+    "KeepLast",
+    "KeepPolicy",
+    "KeepPolicyLike",
+    "SaveContext",
+    "SavePolicy",
+    "SavePolicyLike",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SaveContext:
+    """What a save policy may look at. Built by the manager on the coordinating rank.
+
+    Attributes:
+        step: the step about to be (or not) saved.
+        now: monotonic clock reading, seconds.
+        last_saved_step: step of the last checkpoint this run committed or restored, if any.
+        last_saved_time: ``now`` of that save (or of the manager's start), seconds.
+        time_left_s: seconds until this job's deadline, if known.
+        stop_requested: a stop signal (walltime warning, preemption) has been received.
+        save_cost_s: running estimate of how long one save takes, if measured.
+    """
+
+    step: int
+    now: float
+    last_saved_step: int | None = None
+    last_saved_time: float | None = None
+    time_left_s: float | None = None
+    stop_requested: bool = False
+    save_cost_s: float | None = None
+
+
+SavePolicyLike = Callable[[SaveContext], bool]
+
+
+class SavePolicy:
+    """Base class of save policies: ``policy(ctx) -> bool``; compose with ``|`` and ``&``."""
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        raise NotImplementedError
+
+    def __or__(self, other: SavePolicyLike) -> SavePolicy:
+        return AnyOf(tuple(_flatten(AnyOf, self)) + tuple(_flatten(AnyOf, other)))
+
+    def __ror__(self, other: SavePolicyLike) -> SavePolicy:
+        return AnyOf(tuple(_flatten(AnyOf, other)) + tuple(_flatten(AnyOf, self)))
+
+    def __and__(self, other: SavePolicyLike) -> SavePolicy:
+        return AllOf(tuple(_flatten(AllOf, self)) + tuple(_flatten(AllOf, other)))
+
+
+def _flatten(kind: type, policy: Any) -> tuple[Any, ...]:
+    if isinstance(policy, kind):
+        return tuple(policy.policies)
+    if not callable(policy):
+        raise ConfigError(f"not a policy: {policy!r}")
+    return (policy,)
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf(SavePolicy):
+    """Save when any of ``policies`` says so (``a | b``)."""
+
+    policies: tuple[SavePolicyLike, ...]
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        return any(p(ctx) for p in self.policies)
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf(SavePolicy):
+    """Save when all of ``policies`` say so (``a & b``)."""
+
+    policies: tuple[SavePolicyLike, ...]
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        return all(p(ctx) for p in self.policies)
+
+
+@dataclass(frozen=True, slots=True)
+class EverySteps(SavePolicy):
+    """Save at every step that is a multiple of ``n`` (deterministic across restarts)."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(f"EverySteps(n): n must be a positive integer, got {self.n!r}")
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        return ctx.step % self.n == 0 and ctx.step != ctx.last_saved_step
+
+
+@dataclass(frozen=True, slots=True)
+class EverySeconds(SavePolicy):
+    """Save when at least ``seconds`` have passed since the last save (or the start)."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seconds, (int, float)) or not self.seconds > 0:
+            raise ConfigError(f"EverySeconds(seconds): must be > 0, got {self.seconds!r}")
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        if ctx.step == ctx.last_saved_step:
+            return False
+        return ctx.last_saved_time is None or ctx.now - ctx.last_saved_time >= self.seconds
+
+
+# --------------------------------------------------------------------------- keep
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointInfo:
+    """A committed checkpoint as keep policies see it.
+
+    Attributes:
+        step: its step.
+        time: when it was committed (Unix seconds).
+        metrics: the metrics saved with it.
+    """
+
+    step: int
+    time: float = 0.0
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+KeepPolicyLike = Callable[[Sequence[CheckpointInfo]], frozenset[int]]
+
+
+class KeepPolicy:
+    """Base class of keep policies: ``policy(infos) -> steps to keep``; compose with ``|``."""
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        raise NotImplementedError
+
+    def __or__(self, other: KeepPolicyLike) -> KeepPolicy:
+        return KeepAny(tuple(_flatten(KeepAny, self)) + tuple(_flatten(KeepAny, other)))
+
+    def __ror__(self, other: KeepPolicyLike) -> KeepPolicy:
+        return KeepAny(tuple(_flatten(KeepAny, other)) + tuple(_flatten(KeepAny, self)))
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAny(KeepPolicy):
+    """Keep what any of ``policies`` keeps (``a | b``)."""
+
+    policies: tuple[KeepPolicyLike, ...]
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        kept: set[int] = set()
+        for p in self.policies:
+            kept |= p(infos)
+        return frozenset(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAll(KeepPolicy):
+    """Keep everything (the default)."""
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        return frozenset(i.step for i in infos)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepLast(KeepPolicy):
+    """Keep the ``n`` newest checkpoints."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(f"KeepLast(n): n must be a positive integer, got {self.n!r}")
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        return frozenset(sorted(i.step for i in infos)[-self.n :])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepEvery(KeepPolicy):
+    """Keep every checkpoint whose step is a multiple of ``steps`` (long-term milestones)."""
+
+    steps: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ConfigError(f"KeepEvery(steps=): must be a positive integer, got {self.steps!r}")
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        return frozenset(i.step for i in infos if i.step % self.steps == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepBest(KeepPolicy):
+    """Keep the ``n`` checkpoints with the best value of metric ``metric``.
+
+    Checkpoints without a finite value of that metric are not kept by this policy.
+    """
+
+    metric: str
+    n: int = 1
+    mode: Literal["min", "max"] = "min"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(f"KeepBest(n=): must be a positive integer, got {self.n!r}")
+        if self.mode not in ("min", "max"):
+            raise ConfigError(f"KeepBest(mode=): 'min' or 'max', got {self.mode!r}")
+
+    def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
+        scored = []
+        for i in infos:
+            v = i.metrics.get(self.metric)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                scored.append((v if self.mode == "min" else -v, -i.step, i.step))
+        scored.sort()
+        return frozenset(s[2] for s in scored[: self.n])

@@ -1,0 +1,197 @@
+"""Every rename, delete, fsync and lock of the library lives here.
+
+Nothing here follows a symlink out of the checkpoint root: directories are renamed (never
+their targets), trees are deleted only after being renamed to a ``.trash-*`` name inside the
+root, and ``shutil.rmtree`` never follows symlinks.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+from resilient import layout
+from resilient.errors import CheckpointLockedError, ConfigError
+
+__all__ = [
+    "RootLock",
+    "cleanup_leftovers",
+    "commit_dir",
+    "ensure_root",
+    "fsync_dir",
+    "is_root",
+    "new_token",
+    "quarantine",
+    "remove_tree",
+    "write_durable",
+]
+
+log = logging.getLogger(__name__)
+
+ROOT_FORMAT = {"format": "resilient-root", "version": 1}
+
+
+def new_token() -> str:
+    """A random hex token for temporary names."""
+    return uuid.uuid4().hex[:16]
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames and creations inside it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Create ``path`` (which must not exist) with ``data`` and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_root(root: Path) -> bool:
+    """Whether ``root`` is a checkpoint root made by this library."""
+    try:
+        doc = json.loads((root / layout.ROOT_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == ROOT_FORMAT["format"]
+
+
+def ensure_root(root: Path) -> None:
+    """Create the checkpoint root (and its marker) if needed; refuse a foreign directory.
+
+    Raises:
+        ConfigError: ``root`` exists, is not empty and is not a checkpoint root.
+    """
+    if root.is_symlink() and not root.is_dir():
+        raise ConfigError(f"{root}: dangling symlink, not a checkpoint root")
+    root.mkdir(parents=True, exist_ok=True)
+    if is_root(root):
+        return
+    if any(root.iterdir()):
+        raise ConfigError(
+            f"{root} is not empty and is not a resilient checkpoint root "
+            f"(no {layout.ROOT_MARKER}); refusing to write into it"
+        )
+    tmp = root / f".{layout.ROOT_MARKER}.{new_token()}"
+    write_durable(tmp, json.dumps(ROOT_FORMAT).encode())
+    os.replace(tmp, root / layout.ROOT_MARKER)
+    fsync_dir(root)
+
+
+class RootLock:
+    """An exclusive lock on a checkpoint root, held while a job writes there.
+
+    Uses ``flock``: the kernel drops it when the holding process dies, so a crashed job never
+    leaves the root locked. The lock file records who holds it, for the error message.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / layout.LOCK_FILE
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`CheckpointLockedError` at once (never waits)."""
+        import fcntl
+
+        fh = open(self.path, "a+")  # noqa: SIM115 - held for the manager's lifetime
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise CheckpointLockedError(
+                    f"{self.path.parent} is in use by another job ({holder}); two jobs must not "
+                    "write one checkpoint root"
+                ) from None
+            raise
+        fh.seek(0)
+        fh.truncate()
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+        if os.environ.get("SLURM_JOB_ID"):
+            info["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        fh.write(json.dumps(info))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory inside a root: rename it to ``.trash-*`` first, then remove it.
+
+    A crash in the middle leaves a ``.trash-*`` directory (cleaned up later), never a
+    half-deleted checkpoint under its real name.
+    """
+    trash = path.parent / layout.trash_dir_name(new_token())
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def commit_dir(tmp: Path, final: Path) -> None:
+    """Atomically publish the finished directory ``tmp`` as ``final`` and make it durable."""
+    fsync_dir(tmp)
+    if final.exists() or final.is_symlink():
+        remove_tree(final)  # a re-save of the same step replaces the old one
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def quarantine(path: Path, step: int, reason: str) -> Path:
+    """Rename a failed checkpoint out of the way (never delete it) and record why."""
+    target = path.parent / layout.quarantine_dir_name(step, new_token())
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    try:
+        if target.is_dir() and not target.is_symlink():
+            (target / layout.QUARANTINE_INFO).write_text(json.dumps({"step": step, "reason": reason}))
+    except OSError:  # the reason is also logged; a read-only dir must not hide the rename
+        pass
+    log.warning("quarantined checkpoint of step %d as %s: %s", step, target.name, reason)
+    return target
+
+
+def cleanup_leftovers(root: Path) -> list[str]:
+    """Remove temporary and trash directories left by killed saves. Call only under the lock."""
+    removed = []
+    candidates = list(root.iterdir())
+    static = root / layout.STATIC_DIR
+    if static.is_dir() and not static.is_symlink():
+        candidates += list(static.iterdir())
+    for entry in candidates:
+        name = entry.name
+        if layout.parse_tmp_dir(name) is not None or layout.is_trash(name) or (
+            entry.parent == static and layout.is_static_tmp(name)
+        ):
+            if entry.is_symlink():
+                entry.unlink()
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+            removed.append(name)
+    if removed:
+        log.info("removed %d leftover temporary directories in %s", len(removed), root)
+    return removed

@@ -1,0 +1,200 @@
+"""Finding and validating checkpoints on disk. No MPI: the CLI and the coordinator use it.
+
+*Quick* validation checks the commit marker, the manifest (strictly parsed, its checksum
+matching the marker) and that every data file is a regular file of the recorded size.
+*Full* validation also re-reads every byte and compares checksums.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient import layout
+from resilient.checksum import digest_bytes, digest_file_range, digest_text
+from resilient.errors import InvalidCheckpointError
+from resilient.manifest import Manifest, ManifestError, combine_checksums, file_segments, parse_manifest
+
+__all__ = [
+    "CheckpointRecord",
+    "latest_valid",
+    "list_checkpoints",
+    "load_manifest",
+    "validate_checkpoint",
+]
+
+_MAX_MANIFEST_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A checkpoint directory as found on disk.
+
+    Attributes:
+        step: its step.
+        path: its directory.
+        status: ``valid``, ``invalid`` or ``quarantined``.
+        reason: why it is not valid (empty when valid).
+        manifest: its manifest, when it could be read.
+    """
+
+    step: int
+    path: Path
+    status: str
+    reason: str = ""
+    manifest: Manifest | None = None
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidCheckpointError(str(path.parent), f"{path.name} is not a regular file")
+    if st.st_size > limit:
+        raise InvalidCheckpointError(str(path.parent), f"{path.name} is implausibly large")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(limit + 1)
+    except BaseException:
+        raise
+
+
+def marker_text(step: int, manifest_checksum: str) -> str:
+    """Content of the ``COMMITTED`` marker."""
+    return json.dumps({"step": step, "manifest_checksum": manifest_checksum})
+
+
+def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
+    """Read and check the marker and manifest of a committed directory.
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    where = str(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InvalidCheckpointError(where, "is a symlink (not followed)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidCheckpointError(where, "is not a directory")
+    try:
+        marker_raw = _read_small(path / layout.COMMITTED, 1 << 16)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)") from None
+    try:
+        marker = json.loads(marker_raw)
+        expected = marker["manifest_checksum"]
+        marked_step = marker["step"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
+    try:
+        text = _read_small(path / layout.MANIFEST, _MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "manifest.json is missing") from None
+    if digest_bytes(text) != expected:
+        raise InvalidCheckpointError(where, "manifest.json does not match its checksum in COMMITTED")
+    try:
+        manifest = parse_manifest(text)
+    except ManifestError as exc:
+        raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+    if manifest.kind != kind:
+        raise InvalidCheckpointError(where, f"manifest is of kind {manifest.kind!r}, expected {kind!r}")
+    if manifest.step != marked_step:
+        raise InvalidCheckpointError(where, "manifest step differs from the marker's")
+    return manifest
+
+
+def _check_files(path: Path, manifest: Manifest, *, full: bool) -> None:
+    where = str(path)
+    for entry in manifest.files:
+        fpath = path / entry.name
+        try:
+            st = os.lstat(fpath)
+        except FileNotFoundError:
+            raise InvalidCheckpointError(where, f"data file {entry.name} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidCheckpointError(where, f"data file {entry.name} is not a regular file")
+        if st.st_size != entry.size:
+            raise InvalidCheckpointError(
+                where, f"data file {entry.name} has {st.st_size} bytes, manifest says {entry.size}"
+            )
+        if not full:
+            continue
+        fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            digests = []
+            for offset, length, expected, label in file_segments(manifest, entry):
+                got = digest_file_range(fd, offset, length)
+                if got != expected:
+                    raise InvalidCheckpointError(
+                        where, f"checksum mismatch in {entry.name}: {label} (bytes {offset}-{offset + length})"
+                    )
+                digests.append((offset, length, got))
+        except EOFError as exc:
+            raise InvalidCheckpointError(where, f"data file {entry.name} truncated: {exc}") from None
+        finally:
+            os.close(fd)
+        if digest_text(combine_checksums(digests)) != entry.checksum:
+            raise InvalidCheckpointError(where, f"file checksum mismatch for {entry.name}")
+
+
+def validate_checkpoint(path: Path, *, full: bool = False, kind: str = "checkpoint") -> Manifest:
+    """Validate one committed checkpoint (and its static data); return its manifest.
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    manifest = load_manifest(path, kind=kind)
+    _check_files(path, manifest, full=full)
+    if manifest.static is not None:
+        static_path = path.parent / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
+        try:
+            validate_checkpoint(static_path, full=full, kind="static")
+        except InvalidCheckpointError as exc:
+            raise InvalidCheckpointError(str(path), f"its static data {manifest.static}: {exc.reason}") from None
+    return manifest
+
+
+def list_checkpoints(root: Path, *, full: bool = False) -> list[CheckpointRecord]:
+    """Every checkpoint directory under ``root``, oldest first, each validated.
+
+    Temporary directories of saves in progress (or killed) are not listed.
+    """
+    records = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        step = layout.parse_step_dir(entry.name)
+        if step is not None:
+            path = Path(entry.path)
+            try:
+                manifest = validate_checkpoint(path, full=full)
+            except InvalidCheckpointError as exc:
+                records.append(CheckpointRecord(step, path, "invalid", exc.reason))
+            else:
+                records.append(CheckpointRecord(step, path, "valid", "", manifest))
+            continue
+        step = layout.parse_quarantined(entry.name)
+        if step is not None:
+            reason = ""
+            try:
+                info = json.loads(_read_small(Path(entry.path) / layout.QUARANTINE_INFO, 1 << 16))
+                reason = str(info.get("reason", ""))
+            except (OSError, ValueError, InvalidCheckpointError, AttributeError):
+                pass
+            records.append(CheckpointRecord(step, Path(entry.path), "quarantined", reason))
+    records.sort(key=lambda r: (r.step, r.status != "valid"))
+    return records
+
+
+def latest_valid(root: Path, *, full: bool = False) -> CheckpointRecord | None:
+    """The newest checkpoint under ``root`` that validates, or ``None``."""
+    valid = [r for r in list_checkpoints(root, full=full) if r.status == "valid"]
+    return valid[-1] if valid else None
