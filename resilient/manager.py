@@ -193,8 +193,9 @@ class CheckpointManager:
         except Exception as exc:
             error = exc
         steps = self.comm.allgather(step if error is None else None)
-        if error is None and len(set(steps)) != 1:
-            error = ConfigError(f"ranks disagree on the step: {sorted(set(map(str, steps)))}")
+        known = {s for s in steps if s is not None}
+        if error is None and len(known) > 1:
+            error = ConfigError(f"ranks disagree on the step: {sorted(known)}")
         agree(self.comm, what, error)
 
         static_hash = self._save_static(step, static is not None, static_data)

@@ -1,0 +1,233 @@
+"""The ``resilient`` command: inspect, verify and prune checkpoint roots.
+
+It never initialises MPI and imports neither mpi4py nor h5py: it runs on login nodes, in batch
+scripts, and inside MPI jobs, where a second ``MPI_Init`` would abort the process.
+
+Exit codes: 0 success; 1 no valid checkpoint / verification failed; 2 usage error or a
+missing or foreign directory; 3 the root is locked by a running job (prune).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from resilient import layout, storage
+from resilient._version import __version__
+from resilient.errors import CheckpointLockedError, InvalidCheckpointError
+from resilient.policies import CheckpointInfo, KeepLast
+from resilient.rotation import plan_rotation
+from resilient.validate import CheckpointRecord, list_checkpoints, validate_checkpoint
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+
+
+class CliError(Exception):
+    """A one-line error for the user, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message, code)
+        self.message = message
+        self.code = code
+
+
+def _root(path: str) -> Path:
+    root = Path(path)
+    if not root.exists():
+        raise CliError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise CliError(f"{root}: not a directory")
+    if not storage.is_root(root):
+        raise CliError(f"{root}: not a resilient checkpoint root (no {layout.ROOT_MARKER})")
+    return root
+
+
+def _record_json(r: CheckpointRecord) -> dict[str, Any]:
+    m = r.manifest
+    return {
+        "step": r.step,
+        "status": r.status,
+        "path": str(r.path),
+        "bytes": m.nbytes if m else None,
+        "layout": m.layout.kind if m else None,
+        "nranks": m.layout.nranks if m else None,
+        "time": m.time if m else None,
+        "metrics": dict(m.metrics) if m else {},
+        "reason": r.reason,
+    }
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    records = list_checkpoints(_root(args.root), full=args.full)
+    if not records:
+        print(f"no checkpoints in {args.root}")
+        return EXIT_OK
+    print(f"{'step':>10}  {'time':19}  {'size':>10}  {'ranks':>5}  {'layout':6}  status")
+    for r in records:
+        m = r.manifest
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)) if m else "-"
+        status = r.status + (f" ({r.reason})" if r.reason else "")
+        ranks = str(m.layout.nranks) if m else "-"
+        kind = m.layout.kind if m else "-"
+        print(f"{r.step:>10}  {when:19}  {_human_bytes(m.nbytes if m else None):>10}  {ranks:>5}  {kind:6}  {status}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    root = _root(args.root)
+    records = list_checkpoints(root, full=args.full)
+    valid = [r for r in records if r.status == "valid"]
+    latest = valid[-1] if valid else None
+    doc = {
+        "root": str(root),
+        "latest_step": latest.step if latest else None,
+        "latest_path": str(latest.path) if latest else None,
+        "checkpoints": [_record_json(r) for r in records],
+    }
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"latest valid step: {doc['latest_step']} ({doc['latest_path']})")
+        counts: dict[str, int] = {}
+        for r in records:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        print("checkpoints: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return EXIT_OK
+
+
+def cmd_latest(args: argparse.Namespace) -> int:
+    root = _root(args.root)
+    valid = [r for r in list_checkpoints(root, full=args.full) if r.status == "valid"]
+    if not valid:
+        print(f"no valid checkpoint in {root}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    print(valid[-1].step if args.step else valid[-1].path)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    root = _root(args.root)
+    if args.step is not None:
+        path = root / layout.step_dir_name(args.step)
+        try:
+            validate_checkpoint(path, full=args.full)
+        except InvalidCheckpointError as exc:
+            print(f"step {args.step}: INVALID: {exc.reason}")
+            return EXIT_NOT_FOUND
+        print(f"step {args.step}: valid ({'full' if args.full else 'quick'} check)")
+        return EXIT_OK
+    records = [r for r in list_checkpoints(root, full=args.full) if r.status != "quarantined"]
+    bad = 0
+    for r in records:
+        print(f"step {r.step}: {'valid' if r.status == 'valid' else 'INVALID: ' + r.reason}")
+        bad += r.status != "valid"
+    if not records:
+        print(f"no checkpoints in {root}")
+        return EXIT_NOT_FOUND
+    return EXIT_NOT_FOUND if bad else EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    root = _root(args.root)
+    if args.keep_last < 1:
+        raise CliError("--keep-last must be >= 1")
+    lock = storage.RootLock(root)
+    if not args.dry_run:
+        try:
+            lock.acquire()
+        except CheckpointLockedError as exc:
+            raise CliError(str(exc), EXIT_LOCKED) from None
+    try:
+        valid = [r for r in list_checkpoints(root) if r.status == "valid" and r.manifest]
+        infos = [CheckpointInfo(step=r.step, time=r.manifest.time) for r in valid if r.manifest]
+        plan = plan_rotation(infos, KeepLast(args.keep_last))
+        for r in valid:
+            if r.step in plan.delete:
+                print(f"{'would delete' if args.dry_run else 'deleted'} step {r.step} ({r.path})")
+                if not args.dry_run:
+                    storage.remove_tree(r.path)
+        print(f"kept {len(plan.keep)} checkpoint(s)")
+    finally:
+        lock.release()
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``resilient`` command."""
+    parser = argparse.ArgumentParser(
+        prog="resilient",
+        description="Inspect, verify and prune resilient checkpoint roots; run programs resumably.",
+        epilog="exit codes: 0 ok, 1 no valid checkpoint / invalid, 2 usage or foreign directory, 3 locked",
+    )
+    parser.add_argument("--version", action="version", version=f"resilient {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ls", help="table of checkpoints: step, time, size, ranks, layout, status")
+    p.add_argument("root")
+    p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("status", help="summary; --json for scripts and workflow engines")
+    p.add_argument("root")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("latest", help="print the newest valid checkpoint's path (exit 1 if none)")
+    p.add_argument("root")
+    p.add_argument("--step", action="store_true", help="print its step instead of its path")
+    p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
+    p.set_defaults(func=cmd_latest)
+
+    p = sub.add_parser("verify", help="validate one or all checkpoints (exit 1 if any is invalid)")
+    p.add_argument("root")
+    p.add_argument("step", nargs="?", type=int)
+    p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("prune", help="delete all but the newest N valid checkpoints")
+    p.add_argument("root")
+    p.add_argument("--keep-last", type=int, required=True, metavar="N")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_prune)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``resilient`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except CliError as exc:
+        print(f"resilient: {exc.message}", file=sys.stderr)
+        return exc.code
+    except OSError as exc:
+        print(f"resilient: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Checkpoint scenarios run under ``mpiexec -n N``; driven by tests/test_mpi_core.py.
+
+Usage: python tests/mpi/scenario.py SCENARIO ROOT COMM [ARG]
+
+COMM is one of self, node, world, split (``COMM_WORLD.Split(rank // 2)``). Each rank prints
+``RESULT <json>`` on success; any failure raises (mpiexec then exits non-zero).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import resilient
+from resilient import CheckpointManager, KeepLast
+
+world = MPI.COMM_WORLD
+rank, size = world.rank, world.size
+
+
+def checkpoint_comm(kind: str) -> Any:
+    if kind == "split":
+        return world.Split(rank // 2, rank)
+    return kind
+
+
+def make_state(step: int, r: int = rank) -> dict[str, Any]:
+    rng = np.random.default_rng(1000 * r + step)
+    return {
+        "T": rng.standard_normal((r * 50 + 7, 3)),
+        "idx": np.arange(r + 1, dtype=np.int32) * step,
+        "flags": rng.integers(0, 2, size=(4,)).astype(bool),
+        "empty": np.zeros((0, 2) if r % 2 == 0 else (5, 2), dtype=np.float32),
+        "c": np.complex128(step + 1j * r),
+        "count": step * 10 + r,
+        "meta": {"rank": r, "list": [1, 2.5, "x"], "f": 0.1 + step},
+    }
+
+
+def make_static(r: int = rank, version: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(77 + r + 1000 * version)
+    return {"mesh": rng.standard_normal((r + 2, 2)), "coeff": float(r) + version}
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    for k, v in want.items():
+        g = got[k]
+        if isinstance(v, (np.ndarray, np.generic)):
+            v = np.asarray(v)
+            assert isinstance(g, np.ndarray), (k, type(g))
+            assert g.dtype == v.dtype and g.shape == v.shape, (k, g.dtype, v.dtype, g.shape, v.shape)
+            assert g.tobytes() == v.tobytes(), f"{k} differs"
+        else:
+            assert g == v and type(g) is type(v), (k, g, v)
+
+
+def result(**kw: Any) -> None:
+    print("RESULT " + json.dumps({"rank": rank, **kw}), flush=True)
+
+
+def scenario_roundtrip(root: str, kind: str) -> None:
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind), keep=KeepLast(2)) as m:
+        for step in (1, 2, 3):
+            m.save(step, make_state(step), static=make_static(), metrics={"loss": 1.0 / step})
+        assert m.latest_step() == 3
+        static_dirs = os.listdir(os.path.join(root, "static"))
+        assert len([d for d in static_dirs if not d.startswith(".")]) == 1, static_dirs
+        # changed static data is written again; the old one is collected once unreferenced
+        m.save(4, make_state(4), static=make_static(version=1))
+        m.save(5, make_state(5), static=make_static(version=1))
+    steps = sorted(d for d in os.listdir(root) if d.startswith("step_"))
+    assert steps == ["step_00000004", "step_00000005"], steps
+    static_dirs = [d for d in os.listdir(os.path.join(root, "static")) if not d.startswith(".")]
+    assert len(static_dirs) == 1, static_dirs
+    # a new manager (a new job) restores bit-identically
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        step, state = m.restore()
+        assert step == 5
+        assert_same(state, {**make_state(5), **make_static(version=1)})
+        step, state = m.restore(step=4)
+        assert step == 4
+        assert_same(state, {**make_state(4), **make_static(version=1)})
+    # the files are ordinary HDF5 files
+    if rank == 0:
+        import h5py
+
+        ckpt = os.path.join(root, "step_00000005")
+        manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+        for r in range(size):
+            fname = manifest["ranks"][r]["file"]
+            with h5py.File(os.path.join(ckpt, fname), "r") as f:
+                g = f[f"rank_{r:05d}"]
+                assert int(g.attrs["rank"]) == r and int(f.attrs["resilient_step"]) == 5
+                want = make_state(5, r)
+                assert g["T"][()].tobytes() == want["T"].tobytes()
+                assert g["idx"][()].tobytes() == want["idx"].tobytes()
+    result(ok=True)
+
+
+def scenario_save(root: str, kind: str, steps: str) -> None:
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        for step in map(int, steps.split(",")):
+            m.save(step, make_state(step), static=make_static())
+    result(ok=True)
+
+
+def scenario_restore(root: str, kind: str, expect: str) -> None:
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        try:
+            step, state = m.restore()
+        except resilient.ResilientError as exc:
+            result(error=type(exc).__name__, message=str(exc))
+            return
+        assert step == int(expect), (step, expect)
+        assert_same(state, {**make_state(step), **make_static()})
+    result(ok=True, step=step)
+
+
+def scenario_kill(root: str, kind: str, where: str) -> None:
+    """Save step 1 cleanly, then die (SIGKILL) at ``where`` during the save of step 2."""
+    phase, _, victim = where.partition("@")
+    victims = range(size) if victim in ("", "all") else [int(victim)]
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        m.save(1, make_state(1), static=make_static())
+        if rank in victims:
+            _arm_kill(phase)
+        m.save(2, make_state(2), static=make_static())
+    result(ok=True, survived=True)
+
+
+def _die(*_: Any, **__: Any) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm_kill(phase: str) -> None:
+    from resilient import checkpointer, hdf5, storage
+
+    if phase == "write":  # half-way through writing this rank's bytes
+        real = os.pwrite
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            real(fd, memoryview(data)[: max(1, len(data) // 2)], offset)
+            _die()
+            return 0
+
+        hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
+    elif phase == "manifest":  # coordinator dies before writing the manifest
+        checkpointer._commit = _die  # type: ignore[assignment]
+    elif phase == "rename":  # manifest and marker written, not yet renamed
+        storage.commit_dir = _die  # type: ignore[assignment]
+    elif phase == "after-rename":  # committed, before rotation and the final barrier
+        real_commit = storage.commit_dir
+
+        def commit_then_die(tmp: Any, final: Any) -> None:
+            real_commit(tmp, final)
+            _die()
+
+        storage.commit_dir = commit_then_die  # type: ignore[assignment]
+    else:
+        raise SystemExit(f"unknown phase {phase}")
+
+
+def scenario_fail(root: str, kind: str, how: str) -> None:
+    """One rank fails inside save(); every rank must raise the same error; step 1 survives."""
+    victim = size - 1
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        m.save(1, make_state(1))
+        state = make_state(2)
+        if rank == victim:
+            if how == "enospc":
+                from resilient import hdf5
+
+                def full(*_: Any) -> int:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+                hdf5.os.pwrite = full  # type: ignore[attr-defined]
+            elif how == "badvalue":
+                state["bad"] = object()
+            elif how == "badstep":
+                pass
+        step = 3 if (how == "badstep" and rank == victim) else 2
+        try:
+            m.save(step, state)
+        except resilient.ResilientError as exc:
+            err = (type(exc).__name__, str(exc))
+        else:
+            err = ("none", "")
+        errors = world.allgather(err)
+        assert len(set(errors)) == 1, errors
+        assert errors[0][0] in ("CollectiveError", "ConfigError"), errors[0]
+        if how == "enospc":
+            assert "No space left on device" in errors[0][1], errors[0]
+        leftovers = [d for d in os.listdir(root) if d.startswith(".step_")]
+        assert leftovers == [], leftovers
+        step, got = m.restore()
+        assert step == 1
+        assert_same(got, make_state(1))
+    result(ok=True, error=errors[0][0], message=errors[0][1])
+
+
+def main() -> None:
+    scenario, root, kind = sys.argv[1:4]
+    arg = sys.argv[4] if len(sys.argv) > 4 else ""
+    fn = globals()[f"scenario_{scenario}"]
+    fn(root, kind, arg) if arg else fn(root, kind)
+
+
+if __name__ == "__main__":
+    main()

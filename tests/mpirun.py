@@ -1,0 +1,63 @@
+"""Run a script under ``mpiexec -n N`` for the tests (real ranks, oversubscribed, with a timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` next to this interpreter (the PyPI mpich wheel), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec: install the project with its test extra (mpich wheel)")
+    return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment minus any inherited launcher (PMI/Hydra/Open MPI/Slurm step) variables."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPIR_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def run_mpi(
+    n: int, args: list[str], *, timeout: float = 120, check: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` on ``n`` ranks; on ``check``, fail with the output if it fails."""
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """The ``RESULT {json}`` lines a scenario printed, sorted by rank."""
+    # ranks share one stdout: lines of two ranks may run together, so decode at each marker
+    decoder = json.JSONDecoder()
+    text, out, pos = proc.stdout, [], 0
+    while (pos := text.find("RESULT {", pos)) >= 0:
+        obj, end = decoder.raw_decode(text, pos + len("RESULT "))
+        out.append(obj)
+        pos = end
+    return sorted(out, key=lambda d: d["rank"])

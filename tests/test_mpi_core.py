@@ -1,0 +1,73 @@
+"""The checkpoint core under real MPI ranks (mpiexec -n 1..4, oversubscribed on 2 cores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mpirun import results, run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+SCENARIO = "tests/mpi/scenario.py"
+KINDS = ["self", "node", "world", "split"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
+    proc = run_mpi(n, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind])
+    got = results(proc)
+    assert [r["rank"] for r in got] == list(range(n))
+    assert all(r["ok"] for r in got)
+
+
+@pytest.mark.parametrize("kind", ["self", "node", "split"])
+@pytest.mark.parametrize(
+    ("where", "expect"),
+    [
+        ("write@1", 1),  # one rank killed half-way through writing its bytes
+        ("write@all", 1),  # every rank killed while writing
+        ("manifest@0", 1),  # coordinator killed before the manifest
+        ("rename@0", 1),  # manifest and marker written, killed before the rename
+        ("after-rename@0", 2),  # killed right after the rename: step 2 is committed
+    ],
+)
+def test_kill_during_save_restores_last_committed(
+    tmp_path: Path, kind: str, where: str, expect: int
+) -> None:
+    root = tmp_path / "ck"
+    killed = run_mpi(4, [SCENARIO, "kill", str(root), kind, where], check=False)
+    assert killed.returncode != 0, killed.stdout
+    assert "survived" not in killed.stdout
+    proc = run_mpi(4, [SCENARIO, "restore", str(root), kind, str(expect)])
+    got = results(proc)
+    assert [r.get("step") for r in got] == [expect] * 4, got
+    assert not [p for p in root.iterdir() if p.name.startswith(".step_")], "tmp dir not cleaned"
+
+
+@pytest.mark.parametrize("kind", ["self", "world", "split"])
+@pytest.mark.parametrize("how", ["enospc", "badvalue", "badstep"])
+def test_one_rank_failing_raises_everywhere(tmp_path: Path, kind: str, how: str) -> None:
+    proc = run_mpi(3, [SCENARIO, "fail", str(tmp_path / "ck"), kind, how])
+    got = results(proc)
+    assert len(got) == 3
+    assert len({(r["error"], r["message"]) for r in got}) == 1
+    if how == "enospc":
+        assert "No space left on device" in got[0]["message"]
+        assert "rank(s) [2]" in got[0]["message"]
+
+
+def test_restore_with_other_rank_count_or_layout_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    run_mpi(2, [SCENARIO, "save", str(root), "self", "1,2"])
+    other_n = results(run_mpi(3, [SCENARIO, "restore", str(root), "self", "2"]))
+    assert {r.get("error") for r in other_n} == {"LayoutMismatchError"}
+    assert "self (2 ranks, 2 files)" in other_n[0]["message"]
+    assert "self (3 ranks, 3 files)" in other_n[0]["message"]
+    other_kind = results(run_mpi(2, [SCENARIO, "restore", str(root), "world", "2"]))
+    assert {r.get("error") for r in other_kind} == {"LayoutMismatchError"}
+    assert "world (2 ranks, 1 files)" in other_kind[0]["message"]
+    same = results(run_mpi(2, [SCENARIO, "restore", str(root), "self", "2"]))
+    assert [r.get("step") for r in same] == [2, 2]
