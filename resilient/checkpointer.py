@@ -181,11 +181,11 @@ def write_set(
         assert plans is not None
         if all(p is not None for _, p in plans):
             try:
-                skeleton = hdf5.create_skeleton(
-                    path,
-                    step=step,
-                    layout_kind=topo.kind,
-                    ranks=[(r, p.specs, p.values) for r, p in plans if p is not None],
+                members = [(r, p.specs, p.values) for r, p in plans if p is not None]
+                skeleton = storage.retry_io(
+                    lambda: hdf5.create_skeleton(path, step=step, layout_kind=topo.kind, ranks=members),
+                    what=f"creating {path}",
+                    cleanup=lambda: path.unlink(missing_ok=True),
                 )
                 reply = (skeleton, None)
             except Exception as exc:
@@ -201,10 +201,8 @@ def write_set(
     if err is None and skeleton is not None and plan is not None:
         try:
             offsets = skeleton.offsets[comm.rank]
-            hdf5.write_arrays(
-                path,
-                [(o, data.arrays[k]) for k, o in offsets.items() if o is not None],
-            )
+            items = [(o, data.arrays[k]) for k, o in offsets.items() if o is not None]
+            storage.retry_io(lambda: hdf5.write_arrays(path, items), what=f"writing {path}")
             entry = RankEntry(
                 file=topo.file_name,
                 datasets=tuple(
@@ -306,9 +304,15 @@ def _build_manifest(
 
 def _commit(tmp: Path, final: Path, manifest: Manifest) -> None:
     text = manifest.to_json().encode()
-    storage.write_durable(tmp / layout.MANIFEST, text)
-    storage.write_durable(tmp / layout.COMMITTED, marker_text(manifest.step, digest_bytes(text)).encode())
-    storage.commit_dir(tmp, final)
+    marker = marker_text(manifest.step, digest_bytes(text)).encode()
+    for name, content in ((layout.MANIFEST, text), (layout.COMMITTED, marker)):
+        target = tmp / name
+        storage.retry_io(
+            lambda t=target, c=content: storage.write_durable(t, c),  # type: ignore[misc]
+            what=f"writing {target}",
+            cleanup=lambda t=target: t.unlink(missing_ok=True),  # type: ignore[misc]
+        )
+    storage.retry_io(lambda: storage.commit_dir(tmp, final), what=f"committing {final}")
 
 
 def _discard(tmp: Path) -> None:
@@ -323,8 +327,15 @@ def read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]:
     """Read one rank's arrays and values from a checkpoint, verifying each array's checksum.
 
     Raises:
-        InvalidCheckpointError-compatible ``ValueError``/``OSError``: with a reason.
+        InvalidCheckpointError: a checksum mismatch or a truncated file.
+        OSError: the file cannot be read (transient errors are retried first).
     """
+    return storage.retry_io(
+        lambda: _read_rank(directory, manifest, rank), what=f"reading {directory} for rank {rank}"
+    )
+
+
+def _read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]:
     import numpy as np
 
     from resilient.errors import InvalidCheckpointError

@@ -22,6 +22,7 @@ from resilient._version import __version__
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.policies import CheckpointInfo, KeepLast
 from resilient.rotation import plan_rotation
+from resilient.run import build_parser as run_parser
 from resilient.validate import CheckpointRecord, list_checkpoints, validate_checkpoint
 
 __all__ = ["main"]
@@ -173,6 +174,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import logging
+
+    from resilient.run import options_from_args, run
+
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
+    return run(opts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``resilient`` command."""
     parser = argparse.ArgumentParser(
@@ -211,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("run", help="run CMD resumably (walltime, signals, retries, exit 0/75/93)")
+    run_parser(p)
+    p.set_defaults(func=cmd_run)
     return parser
 
 

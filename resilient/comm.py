@@ -39,6 +39,10 @@ class Comm(Protocol):
 
     def barrier(self) -> None: ...
 
+    def any_true(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (one small allreduce: cheap enough per step)."""
+        ...
+
     def split_node(self) -> Comm:
         """The ranks of this communicator that share a node (shared-memory domain)."""
         ...
@@ -66,6 +70,9 @@ class SerialComm:
 
     def barrier(self) -> None:
         return None
+
+    def any_true(self, flag: bool) -> bool:
+        return flag
 
     def split_node(self) -> Comm:
         return self

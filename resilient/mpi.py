@@ -60,11 +60,11 @@ class MPIComm:
         result: T = self.comm.bcast(obj, root=root)
         return result
 
-    def allreduce_max(self, value: float) -> float:
-        """Collective: the maximum of ``value`` over ranks (cheap: no sleeping barrier)."""
+    def any_true(self, flag: bool) -> bool:
+        """Collective: logical OR of ``flag`` over ranks (one small allreduce, no extra barrier)."""
         from mpi4py import MPI
 
-        return float(self.comm.allreduce(value, op=MPI.MAX))
+        return bool(self.comm.allreduce(1 if flag else 0, op=MPI.MAX))
 
     def split_node(self) -> Comm:
         from mpi4py import MPI

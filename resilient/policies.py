@@ -21,6 +21,9 @@ from resilient.errors import ConfigError
 
 __all__ = [
     "AllOf",
+    "BeforeWalltime",
+    "OnSignal",
+    "YoungDaly",
     "AnyOf",
     "CheckpointInfo",
     "EverySeconds",
@@ -246,3 +249,58 @@ class KeepBest(KeepPolicy):
                 scored.append((v if self.mode == "min" else -v, -i.step, i.step))
         scored.sort()
         return frozenset(s[2] for s in scored[: self.n])
+
+
+# --------------------------------------------------------------------------- walltime
+
+
+@dataclass(frozen=True, slots=True)
+class OnSignal(SavePolicy):
+    """Save when a stop signal (walltime warning, preemption) has been received."""
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        return ctx.stop_requested and ctx.step != ctx.last_saved_step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BeforeWalltime(SavePolicy):
+    """Save once the time left falls below ``margin_s`` plus this job's measured save cost."""
+
+    margin_s: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.margin_s, (int, float)) or self.margin_s < 0:
+            raise ConfigError(f"BeforeWalltime(margin_s=): must be >= 0, got {self.margin_s!r}")
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        if ctx.time_left_s is None or ctx.step == ctx.last_saved_step:
+            return False
+        return ctx.time_left_s <= self.margin_s + (ctx.save_cost_s or 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class YoungDaly(SavePolicy):
+    """Save every sqrt(2 x save cost x MTBF) seconds (Young/Daly optimum), from the measured cost.
+
+    Until a save has been measured, ``initial_interval_s`` is used.
+    """
+
+    mtbf_s: float
+    initial_interval_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mtbf_s, (int, float)) or not self.mtbf_s > 0:
+            raise ConfigError(f"YoungDaly(mtbf_s=): must be > 0, got {self.mtbf_s!r}")
+
+    def interval_s(self, save_cost_s: float | None) -> float:
+        """The save interval for a given save cost."""
+        if save_cost_s is None:
+            return self.initial_interval_s
+        return math.sqrt(2.0 * max(save_cost_s, 1e-6) * self.mtbf_s)
+
+    def __call__(self, ctx: SaveContext) -> bool:
+        if ctx.step == ctx.last_saved_step:
+            return False
+        if ctx.last_saved_time is None:
+            return True
+        return ctx.now - ctx.last_saved_time >= self.interval_s(ctx.save_cost_s)

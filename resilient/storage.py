@@ -15,7 +15,8 @@ import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 from resilient import layout
 from resilient.errors import CheckpointLockedError, ConfigError
@@ -26,7 +27,10 @@ __all__ = [
     "commit_dir",
     "ensure_root",
     "fsync_dir",
+    "is_permanent_storage_error",
     "is_root",
+    "is_transient",
+    "retry_io",
     "new_token",
     "quarantine",
     "remove_tree",
@@ -34,6 +38,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ROOT_FORMAT = {"format": "resilient-root", "version": 1}
 
@@ -195,3 +201,68 @@ def cleanup_leftovers(root: Path) -> list[str]:
     if removed:
         log.info("removed %d leftover temporary directories in %s", len(removed), root)
     return removed
+
+
+# --------------------------------------------------------------------------- transient errors
+
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
+PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def is_permanent_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a rank's error inside a collective one) is a permanent storage error."""
+    if isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS:
+        return True
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        codes = {f"[Errno {e}]" for e in PERMANENT_ERRNOS}
+        return any(any(c in str(text) for c in codes) for text in failures.values())
+    cause = exc.__cause__
+    return cause is not None and cause is not exc and is_permanent_storage_error(cause)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a filesystem error worth retrying (shared storage hiccups)."""
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def retry_io(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 5,
+    cleanup: Callable[[], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> T:
+    """Run ``fn``; retry transient errors (EIO, ESTALE, EAGAIN, EINTR) with exponential backoff.
+
+    Permanent errors (ENOSPC, EDQUOT, EACCES, EPERM, EROFS) fail at once with a message that
+    says what was being done and that it was not retried. ``cleanup`` runs before each retry
+    (e.g. to remove a half-created file).
+    """
+    import time as _time
+
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    def before_sleep(state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("transient error while %s (attempt %d): %s; retrying", what, state.attempt_number, exc)
+        if cleanup is not None:
+            cleanup()
+
+    try:
+        for attempt in Retrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            retry=retry_if_exception(is_transient),
+            before_sleep=before_sleep,
+            sleep=sleep or _time.sleep,
+            reraise=True,
+        ):
+            with attempt:
+                return fn()
+    except OSError as exc:
+        if exc.errno in PERMANENT_ERRNOS:
+            raise OSError(exc.errno, f"{exc.strerror} while {what} (permanent: not retried)") from exc
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,387 @@
+"""``resilient run [options] -- CMD ...``: run a program resumably, with an exit-code contract.
+
+Engine-neutral: used from Snakemake rules, Parsl bash apps and sbatch scripts. Per attempt it
+runs CMD in its own process group, forwards stop signals, optionally plays a local walltime
+(warning signal, SIGTERM, SIGKILL: Slurm's sequence), and appends one JSON line to the ledger
+``CHECKPOINT_DIR/attempts.jsonl``.
+
+Exit codes (the contract):
+
+* ``0``  the program finished;
+* ``75`` stopped early but made progress (a newer valid checkpoint exists): resume me;
+* ``93`` no progress for ``--max-no-progress`` consecutive attempts: do not retry;
+* ``74`` a permanent storage error (disk full, permission denied, read-only): do not retry
+  blindly (passed through from the program);
+* anything else: the program's own failure, passed through (``128 + N`` if killed by signal N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilient import layout, storage
+from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE, find_deadline, parse_signal
+from resilient.validate import latest_valid
+
+__all__ = ["EXIT_PERMANENT", "AttemptRecord", "RunOptions", "main", "parse_duration", "run"]
+
+log = logging.getLogger("resilient.run")
+
+_POLL_S = 0.05
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"5m"``, ``"2h"``, ``"1-00:00:00"``, ``"01:30:00"``, ``"10:00"`` -> seconds."""
+    t = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", t)
+    if m:
+        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", t)
+    if m:
+        d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+        return float(((d * 24 + h) * 60 + mi) * 60 + s)
+    raise ValueError(f"not a duration: {text!r} (use 90, 90s, 5m, 2h, HH:MM:SS or D-HH:MM:SS)")
+
+
+def parse_signal_spec(text: str) -> tuple[signal.Signals, float]:
+    """``"USR1@30"`` -> (SIGUSR1, 30.0)."""
+    name, _, secs = text.partition("@")
+    if not secs:
+        raise ValueError(f"--signal needs SIG@SECONDS, got {text!r}")
+    return parse_signal(name), parse_duration(secs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Settings of one ``resilient run`` invocation."""
+
+    command: tuple[str, ...]
+    checkpoint_dir: Path | None = None
+    walltime_s: float | None = None
+    warn_signal: signal.Signals = signal.SIGUSR1
+    warn_before_s: float | None = None
+    kill_wait_s: float = 5.0
+    max_no_progress: int = 3
+    retries: int = 0
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One line of the attempt ledger."""
+
+    attempt: int
+    start: float
+    end: float = 0.0
+    exit_status: int | None = None
+    signal: str | None = None
+    reason: str = ""
+    latest_before: int | None = None
+    latest_after: int | None = None
+    progress: bool = False
+    host: str = field(default_factory=socket.gethostname)
+    slurm_job_id: str | None = None
+    command: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
+    """The ledger's records (malformed lines are skipped)."""
+    path = checkpoint_dir / layout.ATTEMPT_LEDGER
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
+    path = checkpoint_dir / layout.ATTEMPT_LEDGER
+    with open(path, "a") as fh:
+        fh.write(record.to_json() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _latest(checkpoint_dir: Path | None) -> int | None:
+    if checkpoint_dir is None:
+        return None
+    rec = latest_valid(checkpoint_dir)
+    return rec.step if rec else None
+
+
+def _descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (MPI launchers put ranks in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send ``sig`` to the child's process group and every descendant."""
+    targets = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    for pid in targets:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Attempt:
+    """One launch of the command, with timers and signal forwarding."""
+
+    def __init__(self, opts: RunOptions, env: Mapping[str, str], deadline: float | None) -> None:
+        self.opts = opts
+        self.env = env
+        self.deadline = deadline
+        self.pending: list[int] = []
+        self.sent: list[str] = []
+
+    def run(self) -> tuple[int, str | None]:
+        """Run to completion; return (exit status or -signal, our last signal sent)."""
+        proc = subprocess.Popen(list(self.opts.command), env=dict(self.env), start_new_session=True)
+        warn_at = term_at = kill_at = None
+        if self.deadline is not None and self.opts.walltime_s is not None:
+            warn_before = self.opts.warn_before_s
+            if warn_before is None:
+                warn_before = max(1.0, min(60.0, 0.1 * self.opts.walltime_s))
+            warn_at, term_at = self.deadline - warn_before, self.deadline
+            kill_at = self.deadline + self.opts.kill_wait_s
+        last: str | None = None
+        term_sent_at: float | None = None
+        while proc.poll() is None:
+            now = time.time()
+            while self.pending:
+                sig = signal.Signals(self.pending.pop(0))
+                log.info("forwarding %s to the program", sig.name)
+                _signal_tree(proc, sig)
+                last = sig.name
+                if sig in (signal.SIGTERM, signal.SIGINT) and term_sent_at is None:
+                    term_sent_at = now
+            if warn_at is not None and now >= warn_at:
+                log.info("walltime: %s %.0f s before the limit", self.opts.warn_signal.name, term_at - now if term_at else 0)
+                _signal_tree(proc, self.opts.warn_signal)
+                last, warn_at = self.opts.warn_signal.name, None
+            if term_at is not None and now >= term_at:
+                log.info("walltime reached: SIGTERM")
+                _signal_tree(proc, signal.SIGTERM)
+                last, term_at = "SIGTERM", None
+                term_sent_at = now
+            if (kill_at is not None and now >= kill_at) or (
+                term_sent_at is not None and now >= term_sent_at + self.opts.kill_wait_s
+            ):
+                log.info("kill-wait over: SIGKILL")
+                _signal_tree(proc, signal.SIGKILL)
+                last, kill_at, term_sent_at = "SIGKILL", None, None
+            time.sleep(_POLL_S)
+        # reap ranks a launcher may have left behind
+        return proc.returncode, last
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)  # acted upon by the polling loop
+
+
+def _classify(
+    status: int, sent: str | None, progress: bool, no_progress_run: int, max_no_progress: int
+) -> tuple[str, int]:
+    """(reason, exit code) of one attempt, per the contract in the module docstring."""
+    if status == 0:
+        return "finished", 0
+    if status == EXIT_PERMANENT:
+        return "permanent storage error (exit 74)", EXIT_PERMANENT
+    killed = status < 0 or sent is not None
+    if status == EXIT_RESUME:
+        reason = "stopped early (checkpointed and exited 75)"
+    elif killed:
+        name = sent or signal.Signals(-status).name
+        reason = f"killed ({name})" if status < 0 else f"exited {status} after {name}"
+    else:
+        reason = f"crashed (exit {status})"
+    if not progress and no_progress_run >= max_no_progress:
+        return f"{reason}; no progress in {no_progress_run} consecutive attempts", EXIT_NO_PROGRESS
+    if status == EXIT_RESUME:
+        return reason, EXIT_RESUME
+    if killed and progress:
+        return f"{reason} after a newer checkpoint", EXIT_RESUME
+    return reason, (128 - status) if status < 0 else status
+
+
+def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``opts.command`` per the exit-code contract; return the exit code."""
+    from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
+    env = dict(os.environ if environ is None else environ)
+    ckdir = opts.checkpoint_dir
+    if ckdir is not None:
+        storage.ensure_root(ckdir)
+        env[ENV_CHECKPOINT_DIR] = str(ckdir)
+    start = time.time()
+    deadline: float | None = None
+    if opts.walltime_s is not None:
+        deadline = start + opts.walltime_s
+    else:
+        deadline, _ = find_deadline(env)
+    if deadline is not None:
+        env[ENV_DEADLINE] = f"{deadline:.3f}"
+
+    handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    state: dict[str, Any] = {"attempt": None}
+
+    def forward(signum: int, frame: Any) -> None:
+        current = state["attempt"]
+        if current is not None:
+            current.on_signal(signum, frame)
+
+    previous = {s: signal.signal(s, forward) for s in handled}
+
+    def one_attempt() -> tuple[int, AttemptRecord]:
+        ledger = read_ledger(ckdir) if ckdir else []
+        number = len(ledger) + 1
+        env[ENV_ATTEMPT] = str(number)
+        record = AttemptRecord(
+            attempt=number, start=time.time(), latest_before=_latest(ckdir),
+            slurm_job_id=env.get("SLURM_JOB_ID"), command=list(opts.command),
+        )
+        attempt = _Attempt(opts, env, deadline)
+        state["attempt"] = attempt
+        status, sent = attempt.run()
+        state["attempt"] = None
+        record.end = time.time()
+        record.exit_status = status
+        record.signal = sent
+        record.latest_after = _latest(ckdir)
+        record.progress = record.latest_after is not None and (
+            record.latest_before is None or record.latest_after > record.latest_before
+        )
+        no_progress_run = 0
+        if not record.progress and status != 0:
+            no_progress_run = 1
+            for rec in reversed(ledger):
+                if rec.get("progress") or rec.get("exit_code") == 0:
+                    break
+                no_progress_run += 1
+        record.reason, record.exit_code = _classify(
+            status, sent, record.progress, no_progress_run, opts.max_no_progress
+        )
+        if ckdir is not None:
+            _append_ledger(ckdir, record)
+        log.info(
+            "attempt %d: %s; latest valid step %s -> %s; exit %d",
+            number, record.reason, record.latest_before, record.latest_after, record.exit_code,
+        )
+        return record.exit_code, record
+
+    def should_retry(result: tuple[int, AttemptRecord]) -> bool:
+        code, rec = result
+        if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT) or rec.signal is not None:
+            return False
+        return deadline is None or time.time() < deadline
+
+    def before_sleep(rs: Any) -> None:
+        log.warning(
+            "program crashed (attempt %d of %d); retrying from the latest valid checkpoint in %.1f s",
+            rs.attempt_number, opts.retries + 1, rs.next_action.sleep if rs.next_action else 0.0,
+        )
+
+    try:
+        retrying = Retrying(
+            stop=stop_after_attempt(opts.retries + 1),
+            wait=wait_exponential(multiplier=opts.backoff_s, max=opts.backoff_max_s),
+            retry=retry_if_result(should_retry),
+            before_sleep=before_sleep,
+            retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else (1, None),
+        )
+        code, _ = retrying(one_attempt)
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+    return int(code)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Arguments of ``resilient run`` (added to ``parser`` if given)."""
+    p = parser or argparse.ArgumentParser(prog="resilient run")
+    p.description = "Run CMD resumably: walltime, signal forwarding, retries, attempt ledger."
+    p.add_argument("--checkpoint-dir", type=Path, help="checkpoint root to watch for progress")
+    p.add_argument("--walltime", type=parse_duration, help="local deadline (e.g. 90s, 5m, 01:00:00)")
+    p.add_argument("--signal", dest="signal_spec", type=parse_signal_spec, metavar="SIG@SECONDS",
+                   help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 s)")
+    p.add_argument("--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)")
+    p.add_argument("--max-no-progress", type=int, default=3, metavar="N",
+                   help="exit 93 after N consecutive attempts without a newer checkpoint (default 3)")
+    p.add_argument("--retries", type=int, default=0, help="relaunch a crashed program N times")
+    p.add_argument("--backoff", default="1:60", metavar="BASE[:MAX]",
+                   help="exponential backoff between retries, seconds (default 1:60)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("no command given (resilient run [options] -- CMD ...)")
+    base, _, most = str(args.backoff).partition(":")
+    warn_sig, warn_before = args.signal_spec if args.signal_spec else (signal.SIGUSR1, None)
+    return RunOptions(
+        command=tuple(command), checkpoint_dir=args.checkpoint_dir, walltime_s=args.walltime,
+        warn_signal=warn_sig, warn_before_s=warn_before, kill_wait_s=args.kill_wait,
+        max_no_progress=args.max_no_progress, retries=args.retries,
+        backoff_s=float(base), backoff_max_s=float(most) if most else 60.0,
+    )
+
+
+def main(argv: Sequence[str] | None = None, *, configure_logging: Callable[[], None] | None = None) -> int:
+    """Entry point of ``resilient run``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
+    return run(opts)

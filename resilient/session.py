@@ -1,0 +1,205 @@
+"""Session: resilience for an existing MPI time loop in about ten lines.
+
+::
+
+    with resilient.Session(ckpt_dir, comm=MPI.COMM_WORLD, save_when=EverySteps(100)) as s:
+        step, state = s.restore_or(initial_state)
+        while step < n_steps and not s.should_stop():
+            state = advance(state); step += 1
+            s.maybe_save(step, state)
+    # stopped early (walltime warning, SIGTERM, deadline): final checkpoint, then exit 75
+
+Every method but :attr:`stopped` is collective over ``comm``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from resilient.errors import CheckpointNotFoundError, ConfigError
+from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
+from resilient.manager import CheckpointManager, StateValidator
+from resilient.policies import KeepPolicyLike, SavePolicyLike
+from resilient.storage import is_permanent_storage_error
+from resilient.slurm import DEFAULT_STOP_SIGNALS, ENV_CHECKPOINT_DIR, StopSignals, find_deadline
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """A checkpoint manager plus walltime and signal awareness for one run of a program.
+
+    Args:
+        ckpt_dir: checkpoint root; default ``$RESILIENT_CHECKPOINT_DIR`` (set by ``resilient run``).
+        comm: mpi4py communicator (or ``None`` for one process).
+        checkpoint_comm: ``"self"``, ``"node"``, ``"world"`` or a sub-communicator.
+        save_when: save policy (e.g. ``EverySteps(100) | EverySeconds(1800)``).
+        keep: keep policy (e.g. ``KeepLast(3)``).
+        margin_s: stop when less than this (plus the measured save cost) is left before the deadline.
+        signals: signals that request a stop (a flag only; acted upon at the next step).
+        validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
+            quarantined and the next older one tried.
+        exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)``.
+        environ: environment to read the deadline from (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike[str] | None = None,
+        *,
+        comm: Any = None,
+        checkpoint_comm: Any = "self",
+        save_when: SavePolicyLike | None = None,
+        keep: KeepPolicyLike | None = None,
+        margin_s: float = 60.0,
+        signals: Iterable[str | int] = DEFAULT_STOP_SIGNALS,
+        validate: StateValidator | None = None,
+        exit_on_stop: bool = True,
+        gc_every: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        root = ckpt_dir if ckpt_dir is not None else env.get(ENV_CHECKPOINT_DIR)
+        if not root:
+            raise ConfigError(f"no checkpoint directory given and ${ENV_CHECKPOINT_DIR} is not set")
+        self.root = Path(root)
+        self.validate = validate
+        self.margin_s = float(margin_s)
+        self.exit_on_stop = exit_on_stop
+        self._clock = clock
+        self._signals = StopSignals(signals)
+        self.deadline, self.deadline_source = find_deadline(env)
+        self.manager = CheckpointManager(
+            self.root, comm=comm, checkpoint_comm=checkpoint_comm, keep=keep,
+            save_when=save_when, gc_every=gc_every,
+        )
+        self.comm = self.manager.comm
+        self.stopped = False
+        self.stop_reason = ""
+        self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
+        self._saved_step: int | None = None
+        self._static: Mapping[str, Any] | None = None
+        self._metrics: Mapping[str, Any] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Session:
+        self._signals.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        permanent = exc is not None and is_permanent_storage_error(exc)
+        try:
+            if exc is None and self.stopped:
+                self._final_save()
+        finally:
+            self._signals.__exit__(exc_type, exc, tb)
+            if exc is None:
+                self.manager.close()
+            else:
+                self.manager.__exit__(exc_type, exc, tb)
+        if exc is None and self.stopped and self.exit_on_stop:
+            raise SystemExit(EXIT_RESUME)
+        if permanent and self.exit_on_stop:
+            log.error("permanent storage error, exiting %d: %s", EXIT_PERMANENT, exc)
+            raise SystemExit(EXIT_PERMANENT) from exc
+
+    # ------------------------------------------------------------------ loop API
+
+    @property
+    def time_left_s(self) -> float | None:
+        """Seconds to the deadline on this rank's clock, if a deadline is known."""
+        return None if self.deadline is None else self.deadline - self._clock()
+
+    def restore_or(
+        self,
+        initial: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        static: Mapping[str, Any] | None = None,
+        step: int = 0,
+    ) -> tuple[int, dict[str, Any]]:
+        """Collective: the newest valid checkpoint's ``(step, state)``, else ``(step, initial)``.
+
+        ``static`` is saved with every checkpoint (stored once by content hash); a restored
+        state includes the static entries too.
+        """
+        self._static = static
+        try:
+            restored_step, state = self.manager.restore(validate=self.validate)
+        except CheckpointNotFoundError:
+            init = initial() if callable(initial) else initial
+            state = dict(init)
+            if static:
+                state.update(static)
+            log.info("no checkpoint in %s: starting at step %d", self.root, step)
+            return step, state
+        self._saved_step = restored_step
+        log.info("resumed from step %d in %s", restored_step, self.root)
+        return restored_step, state
+
+    def should_stop(self) -> bool:
+        """Collective: whether to stop now (a signal on any rank, or the deadline is near).
+
+        All ranks get the same answer at the same step (one small allreduce).
+        """
+        if self.stopped:
+            return True
+        local = self._signals.is_set
+        left = self.time_left_s
+        cost = self.manager.save_cost_s or 0.0
+        if not local and left is not None and left <= self.margin_s + cost:
+            local = True
+        if self.comm.any_true(local):
+            self.stopped = True
+            if self._signals.received is not None:
+                self.stop_reason = f"signal {self._signals.received.name}"
+            elif left is not None and left <= self.margin_s + cost:
+                self.stop_reason = f"deadline in {left:.0f} s"
+            else:
+                self.stop_reason = "stop requested on another rank"
+        return self.stopped
+
+    def maybe_save(
+        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Collective: remember ``state`` and save it if the save policy says so.
+
+        Returns:
+            Whether a checkpoint was written.
+        """
+        self._last = (step, state, metrics)
+        stop = self._signals.is_set
+        if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
+            return False
+        self.save(step, state, metrics=metrics)
+        return True
+
+    def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None) -> None:
+        """Collective: write a checkpoint of ``step`` now."""
+        self._last = (step, state, metrics)
+        self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)
+        self._saved_step = step
+
+    def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not self._static:
+            return state
+        return {k: v for k, v in state.items() if k not in self._static}
+
+    def _final_save(self) -> None:
+        if self._last is None:
+            return
+        step, state, metrics = self._last
+        if step != self._saved_step:
+            log.info("stopping (%s): final checkpoint of step %d", self.stop_reason, step)
+            self.save(step, state, metrics=metrics)

@@ -1,0 +1,139 @@
+"""The job's deadline and stop signals: Slurm environment, ``squeue``, and ``resilient run``.
+
+Nothing happens at import. Signal handlers are installed only by :class:`StopSignals` (a
+context manager) and only set a flag: no I/O, no MPI, no exceptions inside a handler.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = [
+    "DEFAULT_STOP_SIGNALS",
+    "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_DIR",
+    "ENV_DEADLINE",
+    "StopSignals",
+    "find_deadline",
+    "parse_signal",
+    "parse_squeue_time_left",
+    "squeue_time_left",
+]
+
+ENV_DEADLINE = "RESILIENT_DEADLINE"
+ENV_ATTEMPT = "RESILIENT_ATTEMPT"
+ENV_CHECKPOINT_DIR = "RESILIENT_CHECKPOINT_DIR"
+DEFAULT_STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+
+_SQUEUE_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def parse_signal(name: str | int) -> signal.Signals:
+    """``"USR1"``, ``"SIGUSR1"`` or ``10`` -> ``signal.SIGUSR1``.
+
+    Raises:
+        ValueError: not a signal.
+    """
+    if isinstance(name, int):
+        return signal.Signals(name)
+    text = name.strip().upper()
+    if text.isdigit():
+        return signal.Signals(int(text))
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return signal.Signals[text]
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r}") from None
+
+
+def parse_squeue_time_left(text: str) -> float | None:
+    """Parse ``squeue -o %L``: ``days-hh:mm:ss``, ``hh:mm:ss``, ``mm:ss``; ``None`` if unlimited/invalid."""
+    text = text.strip()
+    m = _SQUEUE_RE.match(text)
+    if not m:
+        return None  # UNLIMITED, INVALID, NOT_SET, empty
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def squeue_time_left(job_id: str, *, timeout_s: float = 10.0) -> float | None:
+    """Ask Slurm how long ``job_id`` has left (``None`` if squeue is missing or says nothing)."""
+    try:
+        proc = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L"],
+            capture_output=True, text=True, timeout=timeout_s, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return parse_squeue_time_left(proc.stdout.splitlines()[0] if proc.stdout else "")
+
+
+def find_deadline(
+    environ: Mapping[str, str] | None = None,
+    *,
+    now: Callable[[], float] = time.time,
+    time_left: Callable[[str], float | None] = squeue_time_left,
+) -> tuple[float | None, str]:
+    """The job's deadline (Unix seconds) and where it came from.
+
+    Sources, in order: ``SLURM_JOB_END_TIME`` (Slurm >= 23.02), ``squeue -j $SLURM_JOB_ID -o
+    %L``, ``RESILIENT_DEADLINE`` (exported by ``resilient run --walltime``), none.
+    """
+    env = os.environ if environ is None else environ
+    end = env.get("SLURM_JOB_END_TIME", "").strip()
+    if end.isdigit() and int(end) > 0:
+        return float(end), "SLURM_JOB_END_TIME"
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if job:
+        left = time_left(job)
+        if left is not None:
+            return now() + left, "squeue"
+    own = env.get(ENV_DEADLINE, "").strip()
+    if own:
+        try:
+            return float(own), ENV_DEADLINE
+        except ValueError:
+            pass
+    return None, "none"
+
+
+class StopSignals:
+    """Context manager: on any of ``signals``, set a flag (and nothing else).
+
+    The previous handlers are restored on exit. Use in the main thread only.
+    """
+
+    def __init__(self, signals: Iterable[str | int] = DEFAULT_STOP_SIGNALS) -> None:
+        self.signals = tuple(parse_signal(s) for s in signals)
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    @property
+    def is_set(self) -> bool:
+        """Whether a stop signal arrived."""
+        return self.received is not None
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
+
+    def __enter__(self) -> StopSignals:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        self._previous.clear()

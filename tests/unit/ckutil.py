@@ -1,0 +1,55 @@
+"""Helpers shared by the unit tests (imported by conftest.py and the test modules)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def state_of(step: int) -> dict[str, Any]:
+    """The per-step state the fixtures save (arrays large enough to be page-aligned)."""
+    return {
+        "x": np.arange(2000, dtype=np.float64) * step + 0.5,
+        "i": (np.arange(12, dtype=np.int32) + step).reshape(3, 4),
+        "it": step,
+        "note": f"step {step}",
+    }
+
+
+def static_of(version: int = 1) -> dict[str, Any]:
+    return {
+        "grid": np.linspace(0.0, float(version), 700),
+        "mesh": {"name": "cube", "version": version},
+    }
+
+
+def assert_state_equal(got: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Same keys; arrays bit-identical with the same dtype and shape; values equal, same type."""
+    assert sorted(got) == sorted(expected)
+    for key, want in expected.items():
+        have = got[key]
+        if isinstance(want, np.ndarray):
+            assert isinstance(have, np.ndarray), key
+            assert have.dtype == want.dtype, key
+            assert have.shape == want.shape, key
+            assert have.tobytes() == want.tobytes(), key
+        else:
+            assert type(have) is type(want), key
+            assert have == want, key
+
+
+@dataclass
+class SavedRoot:
+    root: Path
+    states: dict[int, dict[str, Any]]
+    statics: dict[int, dict[str, Any]]
+
+    def expected(self, step: int) -> dict[str, Any]:
+        return {**self.states[step], **self.statics[step]}
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
