@@ -48,9 +48,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
-    cfg = load_checkpoint_config(args.config) if args.config else CheckpointConfig(
-        checkpoint_comm="node", save_when=EverySteps(50) | OnSignal(), keep=KeepLast(3),
-        walltime_margin_s=10.0,
+    cfg = (
+        load_checkpoint_config(args.config)
+        if args.config
+        else CheckpointConfig(
+            checkpoint_comm="node",
+            save_when=EverySteps(50) | OnSignal(),
+            keep=KeepLast(3),
+            walltime_margin_s=10.0,
+        )
     )
     changes: dict[str, Any] = {}
     if args.checkpoint_every:
@@ -145,15 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     logging.basicConfig(
         level=logging.INFO if comm.rank == 0 else logging.WARNING,
-        format=f"%(asctime)s [heat rank {comm.rank}] %(message)s", datefmt="%H:%M:%S",
+        format=f"%(asctime)s [heat rank {comm.rank}] %(message)s",
+        datefmt="%H:%M:%S",
     )
     cfg = checkpoint_config(args)
     dom = Domain(comm, args.nx, args.ny)
     state0, static = initial_state(dom)
     with Session(
-        args.checkpoint_dir, comm=comm, checkpoint_comm=cfg.checkpoint_comm,
-        save_when=cfg.save_when, keep=cfg.keep, margin_s=cfg.walltime_margin_s,
-        gc_every=cfg.gc_every, validate=lambda s: bool(np.isfinite(s["u"]).all()),
+        args.checkpoint_dir,
+        comm=comm,
+        checkpoint_comm=cfg.checkpoint_comm,
+        save_when=cfg.save_when,
+        keep=cfg.keep,
+        margin_s=cfg.walltime_margin_s,
+        gc_every=cfg.gc_every,
+        validate=lambda s: bool(np.isfinite(s["u"]).all()),
     ) as s:
         step, state = s.restore_or(state0, static=static)
         u, kappa = state["u"], state["kappa"]
@@ -165,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.step_delay:
                 time.sleep(args.step_delay)
             if step % 100 == 0:
-                log.info("step %d/%d (%.1f steps/s)", step, args.steps, step / (time.perf_counter() - t0 + 1e-9))
+                log.info(
+                    "step %d/%d (%.1f steps/s)",
+                    step,
+                    args.steps,
+                    step / (time.perf_counter() - t0 + 1e-9),
+                )
         if s.stopped:
             log.info("stopping at step %d: %s", step, s.stop_reason)
     write_output(dom, u, args.out, step)

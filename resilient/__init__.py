@@ -19,6 +19,7 @@ from resilient.errors import (
 )
 from resilient.manager import CheckpointManager
 from resilient.policies import (
+    BeforeWalltime,
     CheckpointInfo,
     EverySeconds,
     EverySteps,
@@ -26,12 +27,22 @@ from resilient.policies import (
     KeepBest,
     KeepEvery,
     KeepLast,
+    KeepPolicy,
+    OnSignal,
     SaveContext,
     SavePolicy,
-    KeepPolicy,
+    YoungDaly,
 )
+from resilient.resumable import Resume, resumable
+from resilient.session import Session
 
 __all__ = [
+    "BeforeWalltime",
+    "OnSignal",
+    "Resume",
+    "Session",
+    "YoungDaly",
+    "resumable",
     "CheckpointInfo",
     "CheckpointLockedError",
     "CheckpointManager",

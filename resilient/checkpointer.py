@@ -182,12 +182,14 @@ def write_set(
         if all(p is not None for _, p in plans):
             try:
                 members = [(r, p.specs, p.values) for r, p in plans if p is not None]
-                skeleton = storage.retry_io(
-                    lambda: hdf5.create_skeleton(path, step=step, layout_kind=topo.kind, ranks=members),
+                created = storage.retry_io(
+                    lambda: hdf5.create_skeleton(
+                        path, step=step, layout_kind=topo.kind, ranks=members
+                    ),
                     what=f"creating {path}",
                     cleanup=lambda: path.unlink(missing_ok=True),
                 )
-                reply = (skeleton, None)
+                reply = (created, None)
             except Exception as exc:
                 reply = (None, describe_error(exc))
         else:
@@ -224,7 +226,12 @@ def write_set(
     # Phase 3 (all): the coordinator checks everyone, writes manifest + marker, renames.
     file_info = None
     if group.rank == 0 and skeleton is not None:
-        file_info = (topo.file_name, skeleton.size, skeleton.meta_segments, topo.groups[topo.group_index])
+        file_info = (
+            topo.file_name,
+            skeleton.size,
+            skeleton.meta_segments,
+            topo.groups[topo.group_index],
+        )
     results = comm.gather((entry, file_info, err), root=0)
     outcome: BaseException | None = None
     manifest: Manifest | None = None
@@ -236,8 +243,13 @@ def write_set(
         else:
             try:
                 manifest = _build_manifest(
-                    topo, results, step=step, kind=kind, static=static,
-                    metrics=metrics or {}, library_version=library_version,
+                    topo,
+                    results,
+                    step=step,
+                    kind=kind,
+                    static=static,
+                    metrics=metrics or {},
+                    library_version=library_version,
                 )
                 _commit(tmp, final, manifest)
             except Exception as exc:
@@ -253,7 +265,9 @@ def write_set(
 
 def _placeholder_manifest(topo: Topology, step: int, kind: str) -> Manifest:
     # Non-coordinating ranks do not need the full manifest after a save.
-    return Manifest(step=step, time=time.time(), layout=topo.layout_info, files=(), ranks=(), kind=kind)
+    return Manifest(
+        step=step, time=time.time(), layout=topo.layout_info, files=(), ranks=(), kind=kind
+    )
 
 
 def _build_manifest(
@@ -350,10 +364,13 @@ def _read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]
                 try:
                     hdf5.read_into(fd, d.offset, arr)
                 except EOFError as exc:
-                    raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
+                    raise InvalidCheckpointError(
+                        str(directory), f"{entry.file} truncated: {exc}"
+                    ) from None
             if digest_array(arr) != d.checksum:
                 raise InvalidCheckpointError(
-                    str(directory), f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}"
+                    str(directory),
+                    f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
                 )
             out[d.name] = arr
     finally:

@@ -30,7 +30,7 @@ def digest_array(arr: npt.NDArray[np.generic]) -> str:
     """xxh3-64 of the raw bytes of a C-contiguous array (no copy)."""
     if arr.nbytes == 0:
         return digest_bytes(b"")
-    return digest_bytes(memoryview(arr.reshape(-1)).cast("B"))
+    return digest_bytes(memoryview(arr.reshape(-1).view("u1")))  # type: ignore[arg-type]
 
 
 def hash128(text: str) -> str:

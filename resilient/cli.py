@@ -91,7 +91,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         status = r.status + (f" ({r.reason})" if r.reason else "")
         ranks = str(m.layout.nranks) if m else "-"
         kind = m.layout.kind if m else "-"
-        print(f"{r.step:>10}  {when:19}  {_human_bytes(m.nbytes if m else None):>10}  {ranks:>5}  {kind:6}  {status}")
+        print(
+            f"{r.step:>10}  {when:19}  {_human_bytes(m.nbytes if m else None):>10}  {ranks:>5}  {kind:6}  {status}"
+        )
     return EXIT_OK
 
 

@@ -88,7 +88,9 @@ def as_comm(obj: Any) -> Comm:
         from resilient.mpi import MPIComm  # the only place mpi4py objects are adapted
 
         return MPIComm(obj)
-    raise TypeError(f"expected an mpi4py communicator or a resilient Comm, got {type(obj).__name__}")
+    raise TypeError(
+        f"expected an mpi4py communicator or a resilient Comm, got {type(obj).__name__}"
+    )
 
 
 def describe_error(exc: BaseException) -> str:

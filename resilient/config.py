@@ -58,7 +58,9 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.checkpoint_comm not in ("self", "node", "world"):
-            raise ConfigError(f"checkpoint_comm: 'self', 'node' or 'world', got {self.checkpoint_comm!r}")
+            raise ConfigError(
+                f"checkpoint_comm: 'self', 'node' or 'world', got {self.checkpoint_comm!r}"
+            )
         if self.walltime_margin_s < 0:
             raise ConfigError("walltime_margin_s: must be >= 0")
         if self.retries < 0:
@@ -69,7 +71,11 @@ class CheckpointConfig:
         """Build from a parsed YAML/JSON mapping; strict about keys and types."""
         if not isinstance(doc, Mapping):
             raise ConfigError(f"{where}: expected a mapping at the top level")
-        _only(doc, {"checkpoint_comm", "save_when", "keep", "walltime_margin_s", "retries", "gc_every"}, where)
+        _only(
+            doc,
+            {"checkpoint_comm", "save_when", "keep", "walltime_margin_s", "retries", "gc_every"},
+            where,
+        )
         return cls(
             checkpoint_comm=_typed(doc, "checkpoint_comm", str, where, "self"),
             save_when=_save_policy(doc.get("save_when"), f"{where}.save_when"),
@@ -104,11 +110,13 @@ def _only(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
 
 
-def _typed(doc: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str, default: Any) -> Any:
+def _typed(
+    doc: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str, default: Any
+) -> Any:
     if key not in doc or doc[key] is None:
         return default
     value = doc[key]
-    if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
+    if (isinstance(value, bool) and typ is not bool) or not isinstance(value, typ):
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
         raise ConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r}")
     return value
@@ -119,7 +127,9 @@ def _save_policy(doc: Any, where: str) -> SavePolicy | None:
         return None
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{where}: expected a mapping")
-    _only(doc, {"every_steps", "every_seconds", "before_walltime", "on_signal", "young_daly"}, where)
+    _only(
+        doc, {"every_steps", "every_seconds", "before_walltime", "on_signal", "young_daly"}, where
+    )
     parts: list[SavePolicy] = []
     if "every_steps" in doc:
         parts.append(EverySteps(_typed(doc, "every_steps", int, where, None)))
@@ -132,7 +142,9 @@ def _save_policy(doc: Any, where: str) -> SavePolicy | None:
         if not isinstance(bw, Mapping):
             raise ConfigError(f"{where}.before_walltime: expected true or a mapping with margin_s")
         _only(bw, {"margin_s"}, f"{where}.before_walltime")
-        parts.append(BeforeWalltime(margin_s=float(_typed(bw, "margin_s", (int, float), where, 60.0))))
+        parts.append(
+            BeforeWalltime(margin_s=float(_typed(bw, "margin_s", (int, float), where, 60.0)))
+        )
     if _typed(doc, "on_signal", bool, where, False):
         parts.append(OnSignal())
     yd = doc.get("young_daly")

@@ -24,7 +24,14 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["ArraySpec", "FileSkeleton", "create_skeleton", "rank_group_name", "read_into", "write_arrays"]
+__all__ = [
+    "ArraySpec",
+    "FileSkeleton",
+    "create_skeleton",
+    "rank_group_name",
+    "read_into",
+    "write_arrays",
+]
 
 _ALIGN = 4096  # each dataset >= 4 KiB starts on its own page: no two ranks share a page
 
@@ -136,7 +143,7 @@ def write_arrays(path: Path, items: Sequence[tuple[int, npt.NDArray[np.generic]]
     fd = os.open(path, os.O_WRONLY)
     try:
         for offset, arr in items:
-            view = memoryview(arr.reshape(-1)).cast("B")
+            view = _bytes_view(arr)
             pos = offset
             while view:
                 n = os.pwrite(fd, view, pos)
@@ -152,10 +159,15 @@ def read_into(fd: int, offset: int, arr: npt.NDArray[np.generic]) -> None:
     Raises:
         EOFError: the file ends early.
     """
-    view = memoryview(arr.reshape(-1)).cast("B")
+    view = _bytes_view(arr)
     pos = offset
     while view:
         n = os.preadv(fd, [view], pos)
         if n == 0:
             raise EOFError(f"file ends at byte {pos}")
         view, pos = view[n:], pos + n
+
+
+def _bytes_view(arr: npt.NDArray[np.generic]) -> memoryview:
+    """A flat byte view of a C-contiguous array (no copy)."""
+    return memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]

@@ -49,13 +49,13 @@ STATIC_DIR = "static"
 QUARANTINE_INFO = "QUARANTINE.json"
 ATTEMPT_LEDGER = "attempts.jsonl"
 
-_STEP_RE = re.compile(r"^step_(\d{8,})$")
-_TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}$")
-_QUARANTINED_RE = re.compile(r"^step_(\d{8,})\.quarantined-[0-9a-f]{8,32}$")
-_STATIC_RE = re.compile(r"^[0-9a-f]{32}$")
-_STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}$")
-_TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}$")
-_DATA_FILE_RE = re.compile(r"^(rank|node|group)_\d{5,}\.h5$|^world\.h5$")
+_STEP_RE = re.compile(r"^step_(\d{8,})\Z")
+_TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}\Z")
+_QUARANTINED_RE = re.compile(r"^step_(\d{8,})\.quarantined-[0-9a-f]{8,32}\Z")
+_STATIC_RE = re.compile(r"^[0-9a-f]{32}\Z")
+_STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}\Z")
+_TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}\Z")
+_DATA_FILE_RE = re.compile(r"^(?:(?:rank|node|group)_\d{5,}|world)\.h5\Z")
 
 _FILE_PREFIX = {"self": "rank", "node": "node", "custom": "group"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import time
@@ -23,10 +24,14 @@ from resilient.errors import (
     LayoutMismatchError,
     ResilientError,
 )
-from resilient.manifest import LayoutInfo, Manifest, ManifestError, parse_manifest
+from resilient.manifest import LayoutInfo, ManifestError, parse_manifest
 from resilient.policies import CheckpointInfo, KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.rotation import plan_rotation
-from resilient.validate import CheckpointRecord, list_checkpoints, load_manifest, validate_checkpoint
+from resilient.validate import (
+    list_checkpoints,
+    load_manifest,
+    validate_checkpoint,
+)
 
 __all__ = ["CheckpointManager"]
 
@@ -107,7 +112,10 @@ class CheckpointManager:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if exc is None:
             self.close()
@@ -129,7 +137,9 @@ class CheckpointManager:
             step = _newest_valid_step(self.root)
         return self.comm.bcast(step, root=0)
 
-    def should_save(self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False) -> bool:
+    def should_save(
+        self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
+    ) -> bool:
         """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides)."""
         decision = False
         if self.comm.rank == 0 and self.save_when is not None:
@@ -186,6 +196,11 @@ class CheckpointManager:
                 raise ConfigError(f"step must be a non-negative int, got {step!r}")
             data = split_state(state)
             static_data = split_state(static, what="static")
+            if metrics is not None:
+                try:
+                    json.dumps(dict(metrics), allow_nan=True)
+                except (TypeError, ValueError):
+                    raise ConfigError("metrics must be a mapping of JSON values") from None
             clash = set(data.arrays) | set(data.values)
             clash &= set(static_data.arrays) | set(static_data.values)
             if clash:
@@ -244,18 +259,20 @@ class CheckpointManager:
                 reply = (None, exc)
         path, error = self.comm.bcast(reply, root=0)
         if error is not None:
-            raise ResilientError(f"cannot create a temporary directory in {self.root}: {describe_error(error)}")
+            raise ResilientError(
+                f"cannot create a temporary directory in {self.root}: {describe_error(error)}"
+            )
         assert path is not None
         return path
 
     def _save_static(self, step: int, given: bool, data: LocalData) -> str | None:
         """Collective: content-hash the static data; write it only if not stored yet."""
-        import json
-
         desc = self.comm.allgather(data.describe() if given else None)
         if all(d is None for d in desc):
             return None
-        content = hash128(json.dumps([self.topology.layout_info.kind, len(desc), desc], sort_keys=True))
+        content = hash128(
+            json.dumps([self.topology.layout_info.kind, len(desc), desc], sort_keys=True)
+        )
         final = self.root / layout.STATIC_DIR / layout.static_dir_name(content)
         exists = False
         if self.comm.rank == 0:
@@ -268,8 +285,14 @@ class CheckpointManager:
             return content
         tmp = self._make_tmp(step, static=True)
         write_set(
-            self.topology, tmp, final, step=step, data=data, local_error=None,
-            kind="static", library_version=__version__,
+            self.topology,
+            tmp,
+            final,
+            step=step,
+            data=data,
+            local_error=None,
+            kind="static",
+            library_version=__version__,
         )
         return content
 
@@ -352,7 +375,9 @@ class CheckpointManager:
                 self._last_saved_step = restored
                 return restored, state
             if step is not None:
-                raise CheckpointNotFoundError(f"checkpoint of step {step} in {self.root} failed validation")
+                raise CheckpointNotFoundError(
+                    f"checkpoint of step {step} in {self.root} failed validation"
+                )
 
     def _choose(
         self, step: int | None, tried: set[str]
@@ -390,7 +415,9 @@ class CheckpointManager:
             text = (path / layout.MANIFEST).read_text()
             static_text = None
             if manifest.static is not None:
-                static_text = (self.root / layout.STATIC_DIR / manifest.static / layout.MANIFEST).read_text()
+                static_text = (
+                    self.root / layout.STATIC_DIR / manifest.static / layout.MANIFEST
+                ).read_text()
             return path, text, static_text
         if step is not None:
             raise CheckpointNotFoundError(f"no valid checkpoint of step {step} in {self.root}")
@@ -409,7 +436,9 @@ def manifest_step(path: Path) -> int:
 
 def _newest_valid_step(root: Path) -> int | None:
     try:
-        names = sorted((n for n in os.listdir(root) if layout.parse_step_dir(n) is not None), reverse=True)
+        names = sorted(
+            (n for n in os.listdir(root) if layout.parse_step_dir(n) is not None), reverse=True
+        )
     except FileNotFoundError:
         return None
     for name in names:
@@ -478,5 +507,3 @@ def _make_topology(comm: Comm, checkpoint_comm: Any) -> Topology:
     return Topology(
         comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=groups.index(members)
     )
-
-

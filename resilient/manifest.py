@@ -36,10 +36,10 @@ FORMAT = "resilient-checkpoint"
 SCHEMA_VERSION = 1
 CHECKSUM_ALGORITHM = "xxh3_64"
 
-_DTYPE_RE = re.compile(r"^[<>|=]?([biufc])(\d{1,2})$")
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-+]{0,127}$")
-_HEX16_RE = re.compile(r"^[0-9a-f]{16}$")
-_HEX32_RE = re.compile(r"^[0-9a-f]{32}$")
+_DTYPE_RE = re.compile(r"^[<>|=]?([biufc])(\d{1,2})\Z")
+_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-+]{0,127}\Z")
+_HEX16_RE = re.compile(r"^[0-9a-f]{16}\Z")
+_HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _KINDS = ("self", "node", "world", "custom")
 _MAX_RANKS = 1 << 24
 
@@ -59,7 +59,13 @@ def dtype_itemsize(dtype: str) -> int:
     if not m:
         raise ManifestError(f"unsupported dtype {dtype!r}")
     kind, size = m.group(1), int(m.group(2))
-    allowed = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8, 16), "c": (8, 16, 32)}
+    allowed = {
+        "b": (1,),
+        "i": (1, 2, 4, 8),
+        "u": (1, 2, 4, 8),
+        "f": (2, 4, 8, 16),
+        "c": (8, 16, 32),
+    }
     if size not in allowed[kind]:
         raise ManifestError(f"unsupported dtype {dtype!r}")
     return size
@@ -191,7 +197,7 @@ class Manifest:
             "static": self.static,
             "metrics": dict(self.metrics),
         }
-        return json.dumps(doc, indent=1, allow_nan=False)
+        return json.dumps(doc, indent=1, allow_nan=True)  # NaN/inf metrics of a diverged run
 
 
 # --------------------------------------------------------------------------- parsing
@@ -264,7 +270,9 @@ def parse_manifest(text: str | bytes) -> Manifest:
         raise ManifestError(f"not a resilient manifest (format {doc.get('format')!r})")
     version = _get(doc, "schema_version", int, "manifest")
     if version != SCHEMA_VERSION:
-        raise ManifestError(f"unsupported schema version {version} (this library reads {SCHEMA_VERSION})")
+        raise ManifestError(
+            f"unsupported schema version {version} (this library reads {SCHEMA_VERSION})"
+        )
     if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
         raise ManifestError(f"unsupported checksum algorithm {doc.get('checksum_algorithm')!r}")
     kind = _get(doc, "kind", str, "manifest")
@@ -307,7 +315,9 @@ def parse_manifest(text: str | bytes) -> Manifest:
         names.add(name)
         size = _nonneg_int(f, "size", where)
         ranks_raw = _get(f, "ranks", list, where)
-        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < nranks for r in ranks_raw):
+        if not all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < nranks for r in ranks_raw
+        ):
             raise ManifestError(f"{where}: bad rank list")
         segs: list[Segment] = []
         for j, s in enumerate(_get(f, "meta_segments", list, where)):
@@ -319,7 +329,9 @@ def parse_manifest(text: str | bytes) -> Manifest:
                 raise ManifestError(f"{where}.meta_segments[{j}]: malformed")
             segs.append(Segment(s[0], s[1], _checksum(s[2], f"{where}.meta_segments[{j}]")))
         files.append(
-            FileEntry(name, size, _checksum(f.get("checksum"), where), tuple(ranks_raw), tuple(segs))
+            FileEntry(
+                name, size, _checksum(f.get("checksum"), where), tuple(ranks_raw), tuple(segs)
+            )
         )
 
     ranks_doc = _get(doc, "ranks", list, "manifest")
@@ -392,12 +404,16 @@ def check_tiling(manifest: Manifest) -> None:
             owner[r] = f.name
     for r, entry in enumerate(manifest.ranks):
         if owner.get(r) != entry.file:
-            raise ManifestError(f"rank {r} names file {entry.file!r} but that file does not list it")
+            raise ManifestError(
+                f"rank {r} names file {entry.file!r} but that file does not list it"
+            )
     for f in manifest.files:
         pos = 0
         for offset, length, _, label in file_segments(manifest, f):
             if offset != pos:
-                raise ManifestError(f"{f.name}: {label} at {offset} leaves a gap or overlap at {pos}")
+                raise ManifestError(
+                    f"{f.name}: {label} at {offset} leaves a gap or overlap at {pos}"
+                )
             pos = offset + length
         if pos != f.size:
             raise ManifestError(f"{f.name}: segments end at {pos}, file size is {f.size}")

@@ -82,10 +82,21 @@ class SavePolicy:
     def __and__(self, other: SavePolicyLike) -> SavePolicy:
         return AllOf(tuple(_flatten(AllOf, self)) + tuple(_flatten(AllOf, other)))
 
+    def __rand__(self, other: SavePolicyLike) -> SavePolicy:
+        return AllOf(tuple(_flatten(AllOf, other)) + tuple(_flatten(AllOf, self)))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def _flatten(kind: type, policy: Any) -> tuple[Any, ...]:
     if isinstance(policy, kind):
-        return tuple(policy.policies)
+        return tuple(getattr(policy, "policies"))  # noqa: B009 - kind is one of the composites
     if not callable(policy):
         raise ConfigError(f"not a policy: {policy!r}")
     return (policy,)
@@ -118,7 +129,7 @@ class EverySteps(SavePolicy):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             raise ConfigError(f"EverySteps(n): n must be a positive integer, got {self.n!r}")
 
     def __call__(self, ctx: SaveContext) -> bool:
@@ -132,7 +143,7 @@ class EverySeconds(SavePolicy):
     seconds: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seconds, (int, float)) or not self.seconds > 0:
+        if not _is_number(self.seconds) or not self.seconds > 0:
             raise ConfigError(f"EverySeconds(seconds): must be > 0, got {self.seconds!r}")
 
     def __call__(self, ctx: SaveContext) -> bool:
@@ -203,7 +214,7 @@ class KeepLast(KeepPolicy):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             raise ConfigError(f"KeepLast(n): n must be a positive integer, got {self.n!r}")
 
     def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
@@ -217,7 +228,7 @@ class KeepEvery(KeepPolicy):
     steps: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.steps, int) or self.steps < 1:
+        if not _is_int(self.steps) or self.steps < 1:
             raise ConfigError(f"KeepEvery(steps=): must be a positive integer, got {self.steps!r}")
 
     def __call__(self, infos: Sequence[CheckpointInfo]) -> frozenset[int]:
@@ -236,7 +247,7 @@ class KeepBest(KeepPolicy):
     mode: Literal["min", "max"] = "min"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             raise ConfigError(f"KeepBest(n=): must be a positive integer, got {self.n!r}")
         if self.mode not in ("min", "max"):
             raise ConfigError(f"KeepBest(mode=): 'min' or 'max', got {self.mode!r}")
@@ -269,7 +280,7 @@ class BeforeWalltime(SavePolicy):
     margin_s: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.margin_s, (int, float)) or self.margin_s < 0:
+        if not _is_number(self.margin_s) or self.margin_s < 0:
             raise ConfigError(f"BeforeWalltime(margin_s=): must be >= 0, got {self.margin_s!r}")
 
     def __call__(self, ctx: SaveContext) -> bool:
@@ -289,7 +300,7 @@ class YoungDaly(SavePolicy):
     initial_interval_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mtbf_s, (int, float)) or not self.mtbf_s > 0:
+        if not _is_number(self.mtbf_s) or not self.mtbf_s > 0:
             raise ConfigError(f"YoungDaly(mtbf_s=): must be > 0, got {self.mtbf_s!r}")
 
     def interval_s(self, save_cost_s: float | None) -> float:

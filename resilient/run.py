@@ -18,6 +18,7 @@ Exit codes (the contract):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -34,7 +35,13 @@ from typing import Any
 
 from resilient import layout, storage
 from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
-from resilient.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE, find_deadline, parse_signal
+from resilient.slurm import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_DEADLINE,
+    find_deadline,
+    parse_signal,
+)
 from resilient.validate import latest_valid
 
 __all__ = ["EXIT_PERMANENT", "AttemptRecord", "RunOptions", "main", "parse_duration", "run"]
@@ -159,15 +166,11 @@ def _descendants(pid: int) -> list[int]:
 def _signal_tree(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Send ``sig`` to the child's process group and every descendant."""
     targets = _descendants(proc.pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
     for pid in targets:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class _Attempt:
@@ -202,7 +205,11 @@ class _Attempt:
                 if sig in (signal.SIGTERM, signal.SIGINT) and term_sent_at is None:
                     term_sent_at = now
             if warn_at is not None and now >= warn_at:
-                log.info("walltime: %s %.0f s before the limit", self.opts.warn_signal.name, term_at - now if term_at else 0)
+                log.info(
+                    "walltime: %s %.0f s before the limit",
+                    self.opts.warn_signal.name,
+                    term_at - now if term_at else 0,
+                )
                 _signal_tree(proc, self.opts.warn_signal)
                 last, warn_at = self.opts.warn_signal.name, None
             if term_at is not None and now >= term_at:
@@ -282,8 +289,11 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
         number = len(ledger) + 1
         env[ENV_ATTEMPT] = str(number)
         record = AttemptRecord(
-            attempt=number, start=time.time(), latest_before=_latest(ckdir),
-            slurm_job_id=env.get("SLURM_JOB_ID"), command=list(opts.command),
+            attempt=number,
+            start=time.time(),
+            latest_before=_latest(ckdir),
+            slurm_job_id=env.get("SLURM_JOB_ID"),
+            command=list(opts.command),
         )
         attempt = _Attempt(opts, env, deadline)
         state["attempt"] = attempt
@@ -310,7 +320,11 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             _append_ledger(ckdir, record)
         log.info(
             "attempt %d: %s; latest valid step %s -> %s; exit %d",
-            number, record.reason, record.latest_before, record.latest_after, record.exit_code,
+            number,
+            record.reason,
+            record.latest_before,
+            record.latest_after,
+            record.exit_code,
         )
         return record.exit_code, record
 
@@ -323,7 +337,9 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     def before_sleep(rs: Any) -> None:
         log.warning(
             "program crashed (attempt %d of %d); retrying from the latest valid checkpoint in %.1f s",
-            rs.attempt_number, opts.retries + 1, rs.next_action.sleep if rs.next_action else 0.0,
+            rs.attempt_number,
+            opts.retries + 1,
+            rs.next_action.sleep if rs.next_action else 0.0,
         )
 
     try:
@@ -346,15 +362,33 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser or argparse.ArgumentParser(prog="resilient run")
     p.description = "Run CMD resumably: walltime, signal forwarding, retries, attempt ledger."
     p.add_argument("--checkpoint-dir", type=Path, help="checkpoint root to watch for progress")
-    p.add_argument("--walltime", type=parse_duration, help="local deadline (e.g. 90s, 5m, 01:00:00)")
-    p.add_argument("--signal", dest="signal_spec", type=parse_signal_spec, metavar="SIG@SECONDS",
-                   help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 s)")
-    p.add_argument("--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)")
-    p.add_argument("--max-no-progress", type=int, default=3, metavar="N",
-                   help="exit 93 after N consecutive attempts without a newer checkpoint (default 3)")
+    p.add_argument(
+        "--walltime", type=parse_duration, help="local deadline (e.g. 90s, 5m, 01:00:00)"
+    )
+    p.add_argument(
+        "--signal",
+        dest="signal_spec",
+        type=parse_signal_spec,
+        metavar="SIG@SECONDS",
+        help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 s)",
+    )
+    p.add_argument(
+        "--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)"
+    )
+    p.add_argument(
+        "--max-no-progress",
+        type=int,
+        default=3,
+        metavar="N",
+        help="exit 93 after N consecutive attempts without a newer checkpoint (default 3)",
+    )
     p.add_argument("--retries", type=int, default=0, help="relaunch a crashed program N times")
-    p.add_argument("--backoff", default="1:60", metavar="BASE[:MAX]",
-                   help="exponential backoff between retries, seconds (default 1:60)")
+    p.add_argument(
+        "--backoff",
+        default="1:60",
+        metavar="BASE[:MAX]",
+        help="exponential backoff between retries, seconds (default 1:60)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -368,14 +402,22 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     base, _, most = str(args.backoff).partition(":")
     warn_sig, warn_before = args.signal_spec if args.signal_spec else (signal.SIGUSR1, None)
     return RunOptions(
-        command=tuple(command), checkpoint_dir=args.checkpoint_dir, walltime_s=args.walltime,
-        warn_signal=warn_sig, warn_before_s=warn_before, kill_wait_s=args.kill_wait,
-        max_no_progress=args.max_no_progress, retries=args.retries,
-        backoff_s=float(base), backoff_max_s=float(most) if most else 60.0,
+        command=tuple(command),
+        checkpoint_dir=args.checkpoint_dir,
+        walltime_s=args.walltime,
+        warn_signal=warn_sig,
+        warn_before_s=warn_before,
+        kill_wait_s=args.kill_wait,
+        max_no_progress=args.max_no_progress,
+        retries=args.retries,
+        backoff_s=float(base),
+        backoff_max_s=float(most) if most else 60.0,
     )
 
 
-def main(argv: Sequence[str] | None = None, *, configure_logging: Callable[[], None] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, configure_logging: Callable[[], None] | None = None
+) -> int:
     """Entry point of ``resilient run``."""
     parser = build_parser()
     args = parser.parse_args(argv)

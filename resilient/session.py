@@ -26,8 +26,8 @@ from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager, StateValidator
 from resilient.policies import KeepPolicyLike, SavePolicyLike
-from resilient.storage import is_permanent_storage_error
 from resilient.slurm import DEFAULT_STOP_SIGNALS, ENV_CHECKPOINT_DIR, StopSignals, find_deadline
+from resilient.storage import is_permanent_storage_error
 
 __all__ = ["Session"]
 
@@ -79,8 +79,12 @@ class Session:
         self._signals = StopSignals(signals)
         self.deadline, self.deadline_source = find_deadline(env)
         self.manager = CheckpointManager(
-            self.root, comm=comm, checkpoint_comm=checkpoint_comm, keep=keep,
-            save_when=save_when, gc_every=gc_every,
+            self.root,
+            comm=comm,
+            checkpoint_comm=checkpoint_comm,
+            keep=keep,
+            save_when=save_when,
+            gc_every=gc_every,
         )
         self.comm = self.manager.comm
         self.stopped = False
@@ -97,7 +101,10 @@ class Session:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         permanent = exc is not None and is_permanent_storage_error(exc)
         try:
@@ -185,7 +192,9 @@ class Session:
         self.save(step, state, metrics=metrics)
         return True
 
-    def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None
+    ) -> None:
         """Collective: write a checkpoint of ``step`` now."""
         self._last = (step, state, metrics)
         self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)

@@ -69,7 +69,10 @@ def squeue_time_left(job_id: str, *, timeout_s: float = 10.0) -> float | None:
     try:
         proc = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%L"],
-            capture_output=True, text=True, timeout=timeout_s, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -132,7 +135,10 @@ class StopSignals:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         for sig, old in self._previous.items():
             signal.signal(sig, old)

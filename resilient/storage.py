@@ -14,8 +14,8 @@ import os
 import shutil
 import socket
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from resilient import layout
@@ -161,10 +161,19 @@ def remove_tree(path: Path) -> None:
 def commit_dir(tmp: Path, final: Path) -> None:
     """Atomically publish the finished directory ``tmp`` as ``final`` and make it durable."""
     fsync_dir(tmp)
-    if final.exists() or final.is_symlink():
-        remove_tree(final)  # a re-save of the same step replaces the old one
-    os.replace(tmp, final)
+    old: Path | None = None
+    if final.exists() or final.is_symlink():  # a re-save of the same step replaces the old one
+        old = final.parent / layout.trash_dir_name(new_token())
+        os.rename(final, old)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if old is not None:
+            os.rename(old, final)  # put the old checkpoint back
+        raise
     fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def quarantine(path: Path, step: int, reason: str) -> Path:
@@ -174,7 +183,9 @@ def quarantine(path: Path, step: int, reason: str) -> Path:
     fsync_dir(path.parent)
     try:
         if target.is_dir() and not target.is_symlink():
-            (target / layout.QUARANTINE_INFO).write_text(json.dumps({"step": step, "reason": reason}))
+            (target / layout.QUARANTINE_INFO).write_text(
+                json.dumps({"step": step, "reason": reason})
+            )
     except OSError:  # the reason is also logged; a read-only dir must not hide the rename
         pass
     log.warning("quarantined checkpoint of step %d as %s: %s", step, target.name, reason)
@@ -190,8 +201,10 @@ def cleanup_leftovers(root: Path) -> list[str]:
         candidates += list(static.iterdir())
     for entry in candidates:
         name = entry.name
-        if layout.parse_tmp_dir(name) is not None or layout.is_trash(name) or (
-            entry.parent == static and layout.is_static_tmp(name)
+        if (
+            layout.parse_tmp_dir(name) is not None
+            or layout.is_trash(name)
+            or (entry.parent == static and layout.is_static_tmp(name))
         ):
             if entry.is_symlink():
                 entry.unlink()
@@ -246,7 +259,9 @@ def retry_io(
 
     def before_sleep(state: Any) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        log.warning("transient error while %s (attempt %d): %s; retrying", what, state.attempt_number, exc)
+        log.warning(
+            "transient error while %s (attempt %d): %s; retrying", what, state.attempt_number, exc
+        )
         if cleanup is not None:
             cleanup()
 
@@ -263,6 +278,8 @@ def retry_io(
                 return fn()
     except OSError as exc:
         if exc.errno in PERMANENT_ERRNOS:
-            raise OSError(exc.errno, f"{exc.strerror} while {what} (permanent: not retried)") from exc
+            raise OSError(
+                exc.errno, f"{exc.strerror} while {what} (permanent: not retried)"
+            ) from exc
         raise
     raise AssertionError("unreachable")  # pragma: no cover

@@ -16,7 +16,13 @@ from pathlib import Path
 from resilient import layout
 from resilient.checksum import digest_bytes, digest_file_range, digest_text
 from resilient.errors import InvalidCheckpointError
-from resilient.manifest import Manifest, ManifestError, combine_checksums, file_segments, parse_manifest
+from resilient.manifest import (
+    Manifest,
+    ManifestError,
+    combine_checksums,
+    file_segments,
+    parse_manifest,
+)
 
 __all__ = [
     "CheckpointRecord",
@@ -97,13 +103,17 @@ def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
     except FileNotFoundError:
         raise InvalidCheckpointError(where, "manifest.json is missing") from None
     if digest_bytes(text) != expected:
-        raise InvalidCheckpointError(where, "manifest.json does not match its checksum in COMMITTED")
+        raise InvalidCheckpointError(
+            where, "manifest.json does not match its checksum in COMMITTED"
+        )
     try:
         manifest = parse_manifest(text)
     except ManifestError as exc:
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
     if manifest.kind != kind:
-        raise InvalidCheckpointError(where, f"manifest is of kind {manifest.kind!r}, expected {kind!r}")
+        raise InvalidCheckpointError(
+            where, f"manifest is of kind {manifest.kind!r}, expected {kind!r}"
+        )
     if manifest.step != marked_step:
         raise InvalidCheckpointError(where, "manifest step differs from the marker's")
     return manifest
@@ -132,11 +142,14 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool) -> None:
                 got = digest_file_range(fd, offset, length)
                 if got != expected:
                     raise InvalidCheckpointError(
-                        where, f"checksum mismatch in {entry.name}: {label} (bytes {offset}-{offset + length})"
+                        where,
+                        f"checksum mismatch in {entry.name}: {label} (bytes {offset}-{offset + length})",
                     )
                 digests.append((offset, length, got))
         except EOFError as exc:
-            raise InvalidCheckpointError(where, f"data file {entry.name} truncated: {exc}") from None
+            raise InvalidCheckpointError(
+                where, f"data file {entry.name} truncated: {exc}"
+            ) from None
         finally:
             os.close(fd)
         if digest_text(combine_checksums(digests)) != entry.checksum:
@@ -156,7 +169,9 @@ def validate_checkpoint(path: Path, *, full: bool = False, kind: str = "checkpoi
         try:
             validate_checkpoint(static_path, full=full, kind="static")
         except InvalidCheckpointError as exc:
-            raise InvalidCheckpointError(str(path), f"its static data {manifest.static}: {exc.reason}") from None
+            raise InvalidCheckpointError(
+                str(path), f"its static data {manifest.static}: {exc.reason}"
+            ) from None
     return manifest
 
 

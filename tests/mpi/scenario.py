@@ -56,7 +56,13 @@ def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
         if isinstance(v, (np.ndarray, np.generic)):
             v = np.asarray(v)
             assert isinstance(g, np.ndarray), (k, type(g))
-            assert g.dtype == v.dtype and g.shape == v.shape, (k, g.dtype, v.dtype, g.shape, v.shape)
+            assert g.dtype == v.dtype and g.shape == v.shape, (
+                k,
+                g.dtype,
+                v.dtype,
+                g.shape,
+                v.shape,
+            )
             assert g.tobytes() == v.tobytes(), f"{k} differs"
         else:
             assert g == v and type(g) is type(v), (k, g, v)
@@ -67,7 +73,9 @@ def result(**kw: Any) -> None:
 
 
 def scenario_roundtrip(root: str, kind: str) -> None:
-    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind), keep=KeepLast(2)) as m:
+    with CheckpointManager(
+        root, comm=world, checkpoint_comm=checkpoint_comm(kind), keep=KeepLast(2)
+    ) as m:
         for step in (1, 2, 3):
             m.save(step, make_state(step), static=make_static(), metrics={"loss": 1.0 / step})
         assert m.latest_step() == 3
@@ -93,7 +101,8 @@ def scenario_roundtrip(root: str, kind: str) -> None:
         import h5py
 
         ckpt = os.path.join(root, "step_00000005")
-        manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+        with open(os.path.join(ckpt, "manifest.json")) as fh:
+            manifest = json.load(fh)
         for r in range(size):
             fname = manifest["ranks"][r]["file"]
             with h5py.File(os.path.join(ckpt, fname), "r") as f:

@@ -92,9 +92,7 @@ def assert_quarantined(
     info = json.loads((q / "QUARANTINE.json").read_text())
     assert info["step"] == step
     assert reason in info["reason"], info["reason"]
-    warnings = [
-        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
-    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(reason in w and q.name in w for w in warnings), warnings
     records = {(r.step, r.status): r for r in list_checkpoints(root)}
     assert reason in records[(step, "quarantined")].reason
@@ -209,9 +207,7 @@ def test_corrupt_newest_falls_back_to_previous(
     saved: SavedRoot, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
     reason = CORRUPTIONS[case](saved)
-    outside_before = {
-        p.name: p.read_bytes() for p in saved.root.parent.iterdir() if p.is_file()
-    }
+    outside_before = {p.name: p.read_bytes() for p in saved.root.parent.iterdir() if p.is_file()}
     step, state = restore_fresh(saved.root, caplog)
     assert step == 2
     assert_state_equal(state, saved.expected(2))

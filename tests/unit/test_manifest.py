@@ -265,16 +265,34 @@ HOSTILE: dict[str, tuple[Mutation, str]] = {
     # tiling: overlaps, gaps, beyond the end
     "overlap": (_dataset(1, 0, offset=8000, shape=[512]), "gap or overlap"),
     "overlap-datasets": (
-        _add_dataset(1, {"name": "d", "shape": [8], "dtype": "<f8", "offset": 8192,
-                         "nbytes": 64, "checksum": H}),
+        _add_dataset(
+            1,
+            {
+                "name": "d",
+                "shape": [8],
+                "dtype": "<f8",
+                "offset": 8192,
+                "nbytes": 64,
+                "checksum": H,
+            },
+        ),
         "gap or overlap",
     ),
     "gap": (_set(("files", 0, "meta_segments", 0), [0, 4000, H]), "gap or overlap"),
     "segment-beyond-size": (_set(("files", 0, "size"), 12000), "file size is 12000"),
     "file-larger-than-segments": (_set(("files", 0, "size"), 13000), "file size is 13000"),
     "dataset-beyond-end": (
-        _add_dataset(2, {"name": "far", "shape": [1], "dtype": "<f8", "offset": 1 << 40,
-                         "nbytes": 8, "checksum": H}),
+        _add_dataset(
+            2,
+            {
+                "name": "far",
+                "shape": [1],
+                "dtype": "<f8",
+                "offset": 1 << 40,
+                "nbytes": 8,
+                "checksum": H,
+            },
+        ),
         "gap or overlap",
     ),
     "negative-segment": (_set(("files", 0, "meta_segments", 0), [-1, 4097, H]), "malformed"),

@@ -1,0 +1,333 @@
+"""Failing saves: injected I/O errors, bad arguments. Earlier checkpoints always survive."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ckutil import assert_state_equal, state_of, static_of
+
+import resilient.hdf5
+import resilient.storage
+from resilient import CheckpointManager
+from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
+from resilient.validate import list_checkpoints, validate_checkpoint
+
+
+def entries(root: Path) -> list[str]:
+    names = sorted(p.name for p in root.iterdir())
+    static = root / "static"
+    if static.is_dir():
+        names += sorted(f"static/{p.name}" for p in static.iterdir())
+    return names
+
+
+def leftovers(root: Path) -> list[str]:
+    prefixes = (".step_", ".trash-", ".tmp-")
+    return [n for n in entries(root) if n.rpartition("/")[2].startswith(prefixes)]
+
+
+@pytest.fixture
+def two_steps(tmp_path: Path) -> tuple[Path, CheckpointManager]:
+    root = tmp_path / "ck"
+    m = CheckpointManager(root)
+    m.save(1, state_of(1), static=static_of(1))
+    m.save(2, state_of(2), static=static_of(1))
+    yield root, m  # type: ignore[misc]
+    m.close()
+
+
+def enospc(*args: Any, **kwargs: Any) -> int:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def assert_step_2_restores(root: Path, m: CheckpointManager) -> None:
+    step, state = m.restore()
+    assert step == 2
+    assert_state_equal(state, {**state_of(2), **static_of(1)})
+    m.close()
+    with CheckpointManager(root) as fresh:
+        step, state = fresh.restore()
+    assert step == 2
+    assert_state_equal(state, {**state_of(2), **static_of(1)})
+    validate_checkpoint(root / "step_00000002", full=True)
+
+
+# --------------------------------------------------------------------------- injected I/O errors
+
+
+def test_enospc_during_data_write(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, m = two_steps
+    before = entries(root)
+    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    with pytest.raises(ResilientError, match="No space left on device") as info:
+        m.save(3, state_of(3), static=static_of(1))
+    monkeypatch.undo()
+    assert isinstance(info.value, CollectiveError)
+    assert info.value.failures.keys() == {0}
+    assert "step 3" in str(info.value)
+    assert leftovers(root) == []
+    assert entries(root) == before
+    assert m.latest_step() == 2
+    assert_step_2_restores(root, m)
+
+
+def test_enospc_while_writing_new_static_data(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, m = two_steps
+    before = entries(root)
+    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    with pytest.raises(ResilientError, match="No space left on device"):
+        m.save(3, state_of(3), static=static_of(2))  # new static content is written first
+    monkeypatch.undo()
+    assert leftovers(root) == []
+    assert entries(root) == before
+    assert_step_2_restores(root, m)
+
+
+def test_manager_is_usable_after_a_failed_save(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, m = two_steps
+    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    with pytest.raises(ResilientError):
+        m.save(3, state_of(3))
+    monkeypatch.undo()
+    m.save(3, state_of(3))
+    step, state = m.restore()
+    assert step == 3
+    assert_state_equal(state, state_of(3))
+
+
+def _failing_replace(monkeypatch: pytest.MonkeyPatch, code: int, times: int = 1000) -> list[str]:
+    """Make os.replace fail with ``code`` for step directories (the commit rename) only."""
+    real = os.replace
+    calls: list[str] = []
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        name = os.path.basename(os.fspath(dst))
+        if name.startswith("step_"):
+            calls.append(name)
+            if len(calls) <= times:
+                raise OSError(code, f"injected rename failure ({errno.errorcode[code]})")
+        real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(resilient.storage.os, "replace", replace)
+    return calls
+
+
+@pytest.mark.parametrize("code", [errno.EBUSY, errno.EACCES, errno.EIO])
+def test_commit_rename_failure_is_a_commit_error(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    root, m = two_steps
+    before = entries(root)
+    calls = _failing_replace(monkeypatch, code)
+    with pytest.raises(CommitError, match="injected rename failure") as info:
+        m.save(3, state_of(3), static=static_of(1))
+    monkeypatch.undo()
+    assert "save of checkpoint step 3: commit failed" in str(info.value)
+    assert calls and set(calls) == {"step_00000003"}
+    if code != errno.EIO:  # only transient errors are retried
+        assert len(calls) == 1
+    if code == errno.EACCES:
+        assert "permanent: not retried" in str(info.value)
+    assert leftovers(root) == []
+    assert entries(root) == before
+    assert_step_2_restores(root, m)
+
+
+def test_transient_commit_rename_failure_is_retried(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, m = two_steps
+    calls = _failing_replace(monkeypatch, errno.EIO, times=1)
+    m.save(3, state_of(3))
+    monkeypatch.undo()
+    assert calls == ["step_00000003", "step_00000003"]
+    assert leftovers(root) == []
+    step, state = m.restore()
+    assert step == 3
+    assert_state_equal(state, {**state_of(3)})
+    validate_checkpoint(root / "step_00000003", full=True)
+
+
+def test_failed_commit_of_a_resave_keeps_the_old_checkpoint(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-save of step 2 that fails to commit must leave the committed step 2 in place."""
+    root, m = two_steps
+    _failing_replace(monkeypatch, errno.EBUSY)
+    with pytest.raises(CommitError):
+        m.save(2, state_of(99), static=static_of(1))
+    monkeypatch.undo()
+    assert leftovers(root) == []
+    assert [(r.step, r.status) for r in list_checkpoints(root)] == [(1, "valid"), (2, "valid")]
+    assert_step_2_restores(root, m)
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+def _assert_nothing_written(root: Path, before: list[str]) -> None:
+    assert entries(root) == before
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        ({"o": object()}, r"state\['o'\]: object is neither a numpy array nor JSON-able"),
+        ({"s": {1, 2}}, r"state\['s'\]: set is neither a numpy array nor JSON-able"),
+        ({"b": b"bytes"}, r"state\['b'\]: bytes is neither"),
+        ({"c": 1 + 2j}, r"state\['c'\]: complex is neither"),
+        ({"d": {"nested": object()}}, r"state\['d'\]: dict is neither"),
+        ({"u": np.array(["ab", "c"])}, r"state\['u'\]: dtype <U2 is not supported"),
+        ({"v": np.array([object()], dtype=object)}, r"state\['v'\]: dtype object is not supported"),
+        ({"t": np.array(["2024-01-01"], dtype="M8[D]")}, r"state\['t'\]: dtype datetime64"),
+        ({"r": np.zeros(2, dtype=[("a", "<f8")])}, r"state\['r'\]: dtype"),
+    ],
+)
+def test_unsupported_values_are_config_errors(
+    tmp_path: Path, state: dict[str, Any], match: str
+) -> None:
+    with CheckpointManager(tmp_path / "ck") as m:
+        before = entries(m.root)
+        with pytest.raises(ConfigError, match=match):
+            m.save(1, state)
+        _assert_nothing_written(m.root, before)
+        with pytest.raises(ConfigError, match=match.replace("state", "static", 1)):
+            m.save(1, {"ok": 1}, static=state)
+        _assert_nothing_written(m.root, before)
+
+
+@pytest.mark.parametrize("key", ["a/b", "", "..", ".", ".hidden", "a b", "x" * 129, 3, "é"])
+def test_bad_keys_are_config_errors(tmp_path: Path, key: Any) -> None:
+    with CheckpointManager(tmp_path / "ck") as m:
+        before = entries(m.root)
+        with pytest.raises(ConfigError, match="key"):
+            m.save(1, {key: np.arange(3)})
+        with pytest.raises(ConfigError, match="key"):
+            m.save(1, {key: 5})
+        with pytest.raises(ConfigError, match="static key"):
+            m.save(1, {"a": 1}, static={key: np.arange(3)})
+        _assert_nothing_written(m.root, before)
+
+
+@pytest.mark.parametrize("key", ["a\n", "x\n"])
+def test_keys_with_a_trailing_newline_are_config_errors(tmp_path: Path, key: str) -> None:
+    """Keys are 'letters, digits, _ . - +': a newline is none of these."""
+    with CheckpointManager(tmp_path / "ck") as m, pytest.raises(ConfigError, match="key"):
+        m.save(1, {key: np.arange(3)})
+
+
+def test_good_keys_are_accepted(tmp_path: Path) -> None:
+    state = {"a.b": np.arange(2), "c-d+e_f": 1, "0": "zero", "x" * 128: [1]}
+    with CheckpointManager(tmp_path / "ck") as m:
+        m.save(1, state)
+        step, got = m.restore()
+    assert step == 1
+    assert_state_equal(got, state)
+
+
+@pytest.mark.parametrize("step", [-1, -100, True, False, 1.0, "3", None, np.int64(-1)])
+def test_bad_steps_are_config_errors(tmp_path: Path, step: Any) -> None:
+    with CheckpointManager(tmp_path / "ck") as m:
+        before = entries(m.root)
+        with pytest.raises(ConfigError, match="step must be a non-negative int"):
+            m.save(step, {"a": np.arange(3)})
+        _assert_nothing_written(m.root, before)
+
+
+def test_state_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path / "ck") as m:
+        with pytest.raises(ConfigError, match="state must be a mapping"):
+            m.save(1, [("a", 1)])  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="static must be a mapping"):
+            m.save(1, {"a": 1}, static=np.arange(3))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("state", "static"),
+    [
+        ({"grid": np.arange(3)}, {"grid": np.arange(3)}),
+        ({"grid": np.arange(3)}, {"grid": 1}),
+        ({"n": 1}, {"n": np.arange(2)}),
+        ({"n": 1, "a": np.zeros(1)}, {"n": 2, "b": np.zeros(1)}),
+    ],
+)
+def test_state_and_static_sharing_a_key(
+    tmp_path: Path, state: dict[str, Any], static: dict[str, Any]
+) -> None:
+    with CheckpointManager(tmp_path / "ck") as m:
+        before = entries(m.root)
+        with pytest.raises(ConfigError, match=r"names in both state and static: \['(grid|n)'\]"):
+            m.save(1, state, static=static)
+        _assert_nothing_written(m.root, before)
+
+
+def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as m:
+        m.save(1, state_of(1))
+        m.save(2, state_of(2))
+        m.save(2, {"y": np.ones(3, dtype=np.uint8), "it": 22})
+        assert [n for n in entries(root) if n.startswith("step_")] == [
+            "step_00000001",
+            "step_00000002",
+        ]
+        assert leftovers(root) == []
+        step, state = m.restore()
+    assert step == 2
+    assert_state_equal(state, {"y": np.ones(3, dtype=np.uint8), "it": 22})
+    validate_checkpoint(root / "step_00000002", full=True)
+    with CheckpointManager(root) as m:
+        step, state = m.restore(2)
+    assert_state_equal(state, {"y": np.ones(3, dtype=np.uint8), "it": 22})
+
+
+def test_saving_an_older_step_does_not_become_latest_by_time(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as m:
+        m.save(5, state_of(5))
+        m.save(3, state_of(3))
+        assert m.latest_step() == 5
+        step, state = m.restore()
+    assert step == 5
+    assert_state_equal(state, state_of(5))
+
+
+def test_non_finite_metrics_can_be_saved(tmp_path: Path) -> None:
+    """KeepBest documents that checkpoints may carry non-finite metrics (a diverged loss)."""
+    with CheckpointManager(tmp_path / "ck") as m:
+        m.save(1, {"a": np.arange(2)}, metrics={"loss": 0.5})
+        m.save(2, {"a": np.arange(2)}, metrics={"loss": math.nan})
+        assert m.latest_step() == 2
+    records = list_checkpoints(tmp_path / "ck")
+    assert [r.step for r in records if r.status == "valid"] == [1, 2]
+    loss = records[1].manifest.metrics["loss"]  # type: ignore[union-attr]
+    assert math.isnan(loss)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1.0, math.nan]])
+def test_non_finite_json_values_are_rejected_up_front_or_round_trip(
+    tmp_path: Path, value: Any
+) -> None:
+    """The state accepts NaN (split_state uses allow_nan=True): then a save must not fail at
+    commit time after all data was written. Either ConfigError before writing, or it works."""
+    with CheckpointManager(tmp_path / "ck") as m:
+        try:
+            m.save(1, {"v": value, "a": np.arange(2)})
+        except ConfigError:
+            assert leftovers(m.root) == []
+            return
+        step, state = m.restore()
+    assert step == 1
+    assert repr(state["v"]) == repr(value)
