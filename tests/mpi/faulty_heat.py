@@ -1,0 +1,114 @@
+"""``apps.heat`` with injected faults, for the ``resilient run`` tests.
+
+Environment:
+    FAULT=crash@STEP[:ATTEMPTS]     rank 0 exits with code 1 at STEP (only in those attempts,
+                                    comma-separated; every attempt if omitted)
+    FAULT=randomcrash:ATTEMPTS      rank 0 exits 1 at a random step (seeded by the attempt)
+    FAULT=killsave@STEP:ATTEMPTS    every rank SIGKILLs itself inside the commit of STEP
+    FAULT=enospc@STEP               the save of STEP hits ENOSPC on the last rank
+    FAULT=usr1@STEP:RANK            RANK (only) receives SIGUSR1 at STEP
+    STOPLOG=PATH                    each rank appends "rank step" when its loop ends
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import sys
+from typing import Any
+
+from mpi4py import MPI
+
+from apps import heat
+
+rank = MPI.COMM_WORLD.rank
+attempt = os.environ.get("RESILIENT_ATTEMPT", "1")
+fault = os.environ.get("FAULT", "")
+kind, _, spec = fault.partition("@") if "@" in fault else fault.partition(":")
+
+
+def _in_attempts(which: str) -> bool:
+    return not which or attempt in which.split(",")
+
+
+real_advance = heat.advance
+counter = {"step": None}
+
+
+def _step_hook(at_step: int, action: Any) -> None:
+    def advance(dom: Any, u: Any, kappa: Any, alpha: float) -> Any:
+        out = real_advance(dom, u, kappa, alpha)
+        counter["step"] = (counter["step"] or 0) + 1
+        if counter["step"] == at_step:
+            action()
+        return out
+
+    heat.advance = advance  # type: ignore[assignment]
+
+
+if kind == "crash":
+    step_s, _, which = spec.partition(":")
+    if _in_attempts(which) and rank == 0:
+        _step_hook(int(step_s), lambda: os._exit(1))
+elif kind == "randomcrash":
+    if _in_attempts(spec) and rank == 0:
+        _step_hook(random.Random(int(attempt)).randint(5, 40), lambda: os._exit(1))
+elif kind == "killsave":
+    step_s, _, which = spec.partition(":")
+    if _in_attempts(which):
+        from resilient import checkpointer
+
+        real_commit = checkpointer._commit
+
+        def commit(tmp: Any, final: Any, manifest: Any) -> None:
+            if manifest.step == int(step_s):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_commit(tmp, final, manifest)
+
+        checkpointer._commit = commit  # type: ignore[assignment]
+        if rank != 0:  # non-coordinators die while the coordinator commits
+            from resilient import hdf5
+
+            real_write = hdf5.write_arrays
+
+            def write(path: Any, items: Any) -> None:
+                real_write(path, items)
+                if f"step_{int(step_s):08d}" in str(path):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            hdf5.write_arrays = write  # type: ignore[assignment]
+elif kind == "enospc":
+    if rank == MPI.COMM_WORLD.size - 1:
+        from resilient import hdf5
+
+        real_pwrite = os.pwrite
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            if f"step_{int(spec):08d}" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_pwrite(fd, data, offset)
+
+        hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
+elif kind == "usr1":
+    step_s, _, who = spec.partition(":")
+    if rank == int(who):
+        _step_hook(int(step_s), lambda: os.kill(os.getpid(), signal.SIGUSR1))
+
+if os.environ.get("STOPLOG"):
+    from resilient.session import Session
+
+    real_should_stop = Session.should_stop
+
+    def should_stop(self: Session) -> bool:
+        stop = real_should_stop(self)
+        if stop:
+            with open(os.environ["STOPLOG"], "a") as fh:
+                fh.write(f"{rank} {self._last[0] if self._last else None}\n")
+        return stop
+
+    Session.should_stop = should_stop  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(heat.main(sys.argv[1:]))

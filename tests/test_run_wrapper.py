@@ -1,0 +1,218 @@
+"""``resilient run`` end to end with real MPI ranks, real signals and real kills."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from resilient.run import _descendants, read_ledger
+from resilient.validate import latest_valid, list_checkpoints
+from tests.mpirun import REPO, clean_env, mpiexec
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
+
+STEPS = 120
+
+
+def heat_cmd(
+    ckpt: Path, out: Path, *, n: int = 4, delay: float = 0.01, program: str = "apps.heat"
+) -> list[str]:
+    script = ["-m", "apps.heat"] if program == "apps.heat" else [program]
+    return [
+        mpiexec(), "-n", str(n), sys.executable, *script, "--nx", "64", "--ny", "48",
+        "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--out", str(out),
+        "--checkpoint-every", "10", "--step-delay", str(delay),
+        "--config", str(REPO / "configs/checkpoint/demo.yaml"),
+    ]  # fmt: skip
+
+
+def resilient_run(args: list[str], cmd: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    full = [sys.executable, "-m", "resilient.cli", "run", *args, "--", *cmd]
+    return subprocess.run(
+        full, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    d = tmp_path_factory.mktemp("ref")
+    cmd = heat_cmd(d / "ck", d / "out.h5", delay=0.0)
+    subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=120)
+    with h5py.File(d / "out.h5") as f:
+        return bytes(f["T"][()].tobytes())
+
+
+def field(path: Path) -> bytes:
+    with h5py.File(path) as f:
+        assert int(f.attrs["steps"]) == STEPS
+        return bytes(f["T"][()].tobytes())
+
+
+def test_walltime_kills_resume_bit_identically(tmp_path: Path, reference: bytes) -> None:
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    codes = []
+    for _ in range(40):
+        proc = resilient_run(
+            [
+                "--checkpoint-dir",
+                str(ckpt),
+                "--walltime",
+                "4",
+                "--signal",
+                "USR1@1",
+                "--kill-wait",
+                "1",
+            ],
+            heat_cmd(ckpt, out, delay=0.02),
+        )
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 75, proc.stderr
+    assert codes[-1] == 0 and codes.count(75) >= 3, codes
+    assert field(out) == reference
+    ledger = read_ledger(ckpt)
+    assert [r["exit_code"] for r in ledger] == codes
+    assert all(r["progress"] for r in ledger[:-1])
+    assert all(r["latest_after"] > (r["latest_before"] or 0) for r in ledger[:-1])
+
+
+def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, reference: bytes) -> None:
+    """SIGKILL of every process (a node crash) and SIGTERM (preemption) at random moments."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    rng = random.Random(20261122)
+    kinds = []
+    for i in range(40):
+        full = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt), "--kill-wait", "2",
+                "--", *heat_cmd(ckpt, out, delay=0.05)]  # fmt: skip
+        proc = subprocess.Popen(full, cwd=REPO, env=clean_env(), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        if i < 6:
+            time.sleep(rng.uniform(1.2, 2.0))
+            if proc.poll() is not None:
+                break
+            if i % 2 == 0:  # crash: everything dies at once, the wrapper too
+                tree = _descendants(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                for pid in tree:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                kinds.append("SIGKILL")
+            else:  # preemption: SIGTERM to the wrapper, which forwards it
+                proc.send_signal(signal.SIGTERM)
+                kinds.append("SIGTERM")
+        code = proc.wait(timeout=120)
+        if i >= 6 and code == 0:
+            break
+    assert kinds.count("SIGKILL") >= 2 and kinds.count("SIGTERM") >= 2, kinds
+    assert field(out) == reference
+    terms = [r for r in read_ledger(ckpt) if r.get("signal") == "SIGTERM"]
+    assert len(terms) == kinds.count("SIGTERM") and all(r["exit_code"] == 75 for r in terms), terms
+
+
+def test_kill_during_a_save_falls_back_and_matches(tmp_path: Path, reference: bytes) -> None:
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")
+    first = resilient_run(["--checkpoint-dir", str(ckpt)], cmd, FAULT="killsave@30:1")
+    assert first.returncode != 0
+    latest = latest_valid(ckpt)
+    assert latest is not None and latest.step == 20, latest
+    assert not [p for p in ckpt.iterdir() if p.name.startswith("step_00000030")]
+    second = resilient_run(["--checkpoint-dir", str(ckpt)], cmd, FAULT="killsave@30:1")
+    assert second.returncode == 0, second.stderr
+    assert field(out) == reference
+
+
+def test_warning_to_one_rank_stops_all_ranks_at_the_same_step(
+    tmp_path: Path, reference: bytes
+) -> None:
+    ckpt, out, stoplog = tmp_path / "ck", tmp_path / "out.h5", tmp_path / "stops.txt"
+    cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")
+    proc = resilient_run(
+        ["--checkpoint-dir", str(ckpt)], cmd, FAULT="usr1@17:2", STOPLOG=str(stoplog)
+    )
+    assert proc.returncode == 75, proc.stderr
+    stops = sorted(tuple(map(int, line.split())) for line in stoplog.read_text().splitlines())
+    assert [r for r, _ in stops] == [0, 1, 2, 3]
+    (step,) = {s for _, s in stops}
+    latest = latest_valid(ckpt)
+    assert latest is not None and latest.step == step
+    assert step in (
+        17,
+        18,
+    )  # the signal lands during step 17; the stop is agreed at that step's check
+    done = resilient_run(["--checkpoint-dir", str(ckpt)], heat_cmd(ckpt, out))
+    assert done.returncode == 0, done.stderr
+    assert field(out) == reference
+
+
+def test_no_progress_gives_93_and_progress_never_does(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck"
+    crash = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    codes = [
+        resilient_run(["--checkpoint-dir", str(ckpt), "--max-no-progress", "3"], crash).returncode
+        for _ in range(4)
+    ]
+    assert codes == [3, 3, 93, 93]
+    ledger = read_ledger(ckpt)
+    assert [r["progress"] for r in ledger] == [False] * 4
+    assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
+
+
+def test_retries_inside_one_run_survive_two_random_crashes(
+    tmp_path: Path, reference: bytes
+) -> None:
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")
+    proc = resilient_run(
+        ["--checkpoint-dir", str(ckpt), "--retries", "3", "--backoff", "0.1:0.5"],
+        cmd,
+        FAULT="randomcrash:1,2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert field(out) == reference
+    ledger = read_ledger(ckpt)
+    codes = [r["exit_code"] for r in ledger]
+    assert len(codes) == 3 and codes[2] == 0, codes
+    assert all(c not in (0, 74, 75, 93) for c in codes[:2]), (
+        codes
+    )  # mpiexec reports the crash its own way
+    assert proc.stderr.count("retrying from the latest valid checkpoint") == 2
+
+
+def test_enospc_is_not_retried(tmp_path: Path) -> None:
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")
+    proc = resilient_run(
+        ["--checkpoint-dir", str(ckpt), "--retries", "3", "--backoff", "0.1"],
+        cmd,
+        FAULT="enospc@20",
+    )
+    assert proc.returncode == 74, (proc.returncode, proc.stderr[-2000:])
+    ledger = read_ledger(ckpt)
+    assert len(ledger) == 1 and ledger[0]["exit_code"] == 74
+    assert "No space left on device" in proc.stderr
+    assert [r.step for r in list_checkpoints(ckpt) if r.status == "valid"] == [10]
+
+
+def test_ledger_records_the_attempt(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck"
+    proc = resilient_run(
+        ["--checkpoint-dir", str(ckpt)],
+        [sys.executable, "-c", "import os; print(os.environ['RESILIENT_ATTEMPT'])"],
+        SLURM_JOB_ID="4242",
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "1"
+    (rec,) = read_ledger(ckpt)
+    assert rec["slurm_job_id"] == "4242" and rec["reason"] == "finished" and rec["host"]
+    assert json.loads(json.dumps(rec)) == rec
