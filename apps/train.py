@@ -10,13 +10,18 @@ same number of ranks::
 
     mpiexec -n 2 python -m apps.train --steps 200 --checkpoint-dir ckpt --out out.h5
 
+Checkpoint policy: ``--config configs/checkpoint/training.yaml`` (see :mod:`resilient.config`),
+else every 20 steps, keeping the newest 3 and the best 2 by loss; ``--checkpoint-every`` and
+``--checkpoint-comm`` override either.
+
 Exit codes: 0 done (``--out`` written), 75 stopped early by a signal or the deadline with a
-final checkpoint written (run the same command again to resume).
+final checkpoint written (run the same command again to resume), 2 bad arguments or config.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import time
@@ -29,11 +34,10 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from resilient.config import CheckpointConfig, load_checkpoint_config
+from resilient.errors import ConfigError
 from resilient.policies import EverySteps, KeepBest, KeepLast
 from resilient.session import Session
-
-# TODO(config): add `--config YAML` loaded with `resilient.config.load_checkpoint_config(path)`
-# once `resilient.config` exists (it did not when this app was written).
 
 __all__ = ["main"]
 
@@ -42,13 +46,19 @@ log = logging.getLogger("apps.train")
 Array = npt.NDArray[np.float64]
 
 N_IN, N_HIDDEN, N_OUT = 16, 32, 1
-N_SAMPLES = 2048
-GLOBAL_BATCH = 64
+N_SAMPLES = 512
+GLOBAL_BATCH = 32  # 16 steps per epoch
 DATA_SEED, INIT_SEED, SHUFFLE_SEED = 20240501, 42, 7
 LEARNING_RATE, BETA1, BETA2, EPSILON = 1e-2, 0.9, 0.999, 1e-8
 PARAMS = ("w1", "b1", "w2", "b2")
 PROGRESS_EVERY = 10
 PIDFILE_ENV = "RESILIENT_TEST_PIDFILE_DIR"  # test hook: write rank<r>.pid there once running
+DEFAULT_CONFIG = CheckpointConfig(
+    checkpoint_comm="self",
+    save_when=EverySteps(20),
+    keep=KeepLast(3) | KeepBest("loss", n=2),
+)
+EXIT_USAGE = 2
 
 
 # --------------------------------------------------------------------------- data and model
@@ -175,17 +185,43 @@ def train_step(state: dict[str, Any], data: tuple[Array, Array], comm: MPI.Comm)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    p = argparse.ArgumentParser(prog="python -m apps.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m apps.train", description=(__doc__ or "").split("\n")[0]
+    )
     p.add_argument("--steps", type=int, required=True, help="total training steps")
     p.add_argument("--checkpoint-dir", type=Path, required=True, help="checkpoint root")
     p.add_argument("--out", type=Path, required=True, help="HDF5 file written at completion")
-    p.add_argument("--checkpoint-every", type=int, default=20, help="save every N steps")
-    p.add_argument("--checkpoint-comm", choices=("self", "node", "world"), default="self")
+    p.add_argument("--config", type=Path, help="checkpoint policy YAML (configs/checkpoint/)")
+    p.add_argument(
+        "--checkpoint-every", type=int, help="save every N steps (default 20; overrides --config)"
+    )
+    p.add_argument(
+        "--checkpoint-comm",
+        choices=("self", "node", "world"),
+        help="ranks sharing a checkpoint file (default self; overrides --config)",
+    )
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep seconds per step")
     args = p.parse_args(argv)
-    if args.steps < 0 or args.checkpoint_every < 1 or args.step_delay < 0:
-        p.error("--steps must be >= 0, --checkpoint-every >= 1, --step-delay >= 0")
+    if args.steps < 0 or args.step_delay < 0:
+        p.error("--steps and --step-delay must be >= 0")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be >= 1")
     return args
+
+
+def checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
+    """``--config`` (else the defaults), with the explicitly given flags overriding it.
+
+    Raises:
+        ConfigError: the config file is unreadable or invalid.
+    """
+    cfg = DEFAULT_CONFIG if args.config is None else load_checkpoint_config(args.config)
+    changes: dict[str, Any] = {}
+    if args.checkpoint_every is not None:
+        changes["save_when"] = EverySteps(args.checkpoint_every)
+    if args.checkpoint_comm is not None:
+        changes["checkpoint_comm"] = args.checkpoint_comm
+    return dataclasses.replace(cfg, **changes)
 
 
 def write_pidfile(rank: int) -> None:
@@ -213,17 +249,18 @@ def write_output(path: Path, state: Mapping[str, Any], steps: int) -> None:
     os.replace(tmp, path)
 
 
-def train(args: argparse.Namespace, comm: MPI.Comm) -> None:
+def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> None:
     """Train under a Session; raises ``SystemExit(75)`` when stopped early."""
     rank = comm.Get_rank()
     data = make_data()
-    keep = KeepLast(3) | KeepBest("loss", n=2)
     with Session(
         args.checkpoint_dir,
         comm=comm,
-        checkpoint_comm=args.checkpoint_comm,
-        save_when=EverySteps(args.checkpoint_every),
-        keep=keep,
+        checkpoint_comm=cfg.checkpoint_comm,
+        save_when=cfg.save_when,
+        keep=cfg.keep,
+        margin_s=cfg.walltime_margin_s,
+        gc_every=cfg.gc_every,
     ) as s:
         step, state = s.restore_or(initial_state)
         write_pidfile(rank)
@@ -255,7 +292,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.INFO,
         format=f"[rank {comm.Get_rank()}] %(asctime)s %(name)s %(levelname)s: %(message)s",
     )
-    train(args, comm)
+    try:
+        cfg = checkpoint_config(args)
+    except ConfigError as exc:  # every rank reads the same file and fails alike: no collective
+        if comm.Get_rank() == 0:
+            log.error("%s", exc)
+        raise SystemExit(EXIT_USAGE) from None
+    train(args, cfg, comm)
 
 
 if __name__ == "__main__":

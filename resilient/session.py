@@ -108,7 +108,7 @@ class Session:
     ) -> None:
         permanent = exc is not None and is_permanent_storage_error(exc)
         try:
-            if exc is None and self.stopped:
+            if exc is None:  # stopped early, or finished: the last step is saved either way
                 self._final_save()
         finally:
             self._signals.__exit__(exc_type, exc, tb)
@@ -210,5 +210,6 @@ class Session:
             return
         step, state, metrics = self._last
         if step != self._saved_step:
-            log.info("stopping (%s): final checkpoint of step %d", self.stop_reason, step)
+            why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
+            log.info("%s: final checkpoint of step %d", why, step)
             self.save(step, state, metrics=metrics)
