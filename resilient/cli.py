@@ -176,6 +176,30 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from resilient.report import find_roots, format_table, plot, task_report
+
+    for r in args.roots:
+        if not Path(r).is_dir():
+            raise CliError(f"{r}: no such directory")
+    roots = find_roots(args.roots)
+    if not roots:
+        raise CliError(f"no checkpoint roots under {' '.join(args.roots)}", EXIT_NOT_FOUND)
+    reports = [task_report(r) for r in roots]
+    if args.json:
+        print(json.dumps([t.to_dict() for t in reports], indent=1))
+    else:
+        print(format_table(reports))
+    if args.plot:
+        try:
+            plot(reports, args.plot)
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'resilient[report]'") from None
+        if not args.json:
+            print(f"plot: {args.plot}")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -227,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, required=True, metavar="N")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("report", help="per task: attempts, kills, checkpoints, recomputation, goodput")
+    p.add_argument("roots", nargs="+", help="checkpoint roots, or directories holding several")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="PNG", help="also write progress against wall-clock time")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("run", help="run CMD resumably (walltime, signals, retries, exit 0/75/93)")
     run_parser(p)

@@ -227,8 +227,12 @@ class CheckpointManager:
             metrics=metrics,
             library_version=__version__,
         )
-        del manifest
         if self.comm.rank == 0:
+            storage.append_log(
+                self.root / layout.SAVE_LOG,
+                {"step": step, "time": time.time(), "cost_s": round(self._clock() - start, 6),
+                 "bytes": manifest.nbytes, "metrics": dict(metrics or {})},
+            )  # fmt: skip
             self._rotate()
         self.comm.barrier()
         self._saves += 1

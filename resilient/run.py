@@ -128,6 +128,16 @@ def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
+    """How many attempts at the end of the ledger failed without progress, in a row."""
+    count = 0
+    for rec in reversed(ledger):
+        if rec.get("progress") or rec.get("exit_code") == 0:
+            break
+        count += 1
+    return count
+
+
 def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
     path = checkpoint_dir / layout.ATTEMPT_LEDGER
     with open(path, "a") as fh:
@@ -284,6 +294,16 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
 
     previous = {s: signal.signal(s, forward) for s in handled}
 
+    if ckdir is not None:
+        stalled = trailing_no_progress(read_ledger(ckdir))
+        if stalled >= opts.max_no_progress:
+            log.error(
+                "%d consecutive attempts made no progress in %s: not starting again (exit %d); "
+                "fix the cause, then remove %s to reset",
+                stalled, ckdir, EXIT_NO_PROGRESS, ckdir / layout.ATTEMPT_LEDGER,
+            )  # fmt: skip
+            return EXIT_NO_PROGRESS
+
     def one_attempt() -> tuple[int, AttemptRecord]:
         ledger = read_ledger(ckdir) if ckdir else []
         number = len(ledger) + 1
@@ -308,11 +328,7 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
         )
         no_progress_run = 0
         if not record.progress and status != 0:
-            no_progress_run = 1
-            for rec in reversed(ledger):
-                if rec.get("progress") or rec.get("exit_code") == 0:
-                    break
-                no_progress_run += 1
+            no_progress_run = 1 + trailing_no_progress(ledger)
         record.reason, record.exit_code = _classify(
             status, sent, record.progress, no_progress_run, opts.max_no_progress
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from resilient import layout, storage
 from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager, StateValidator
@@ -93,6 +94,7 @@ class Session:
         self._saved_step: int | None = None
         self._static: Mapping[str, Any] | None = None
         self._metrics: Mapping[str, Any] | None = None
+        self._last_progress = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -149,9 +151,11 @@ class Session:
             state = dict(init)
             if static:
                 state.update(static)
+            self._note_progress(step, force=True)
             log.info("no checkpoint in %s: starting at step %d", self.root, step)
             return step, state
         self._saved_step = restored_step
+        self._note_progress(restored_step, force=True)
         log.info("resumed from step %d in %s", restored_step, self.root)
         return restored_step, state
 
@@ -186,6 +190,7 @@ class Session:
             Whether a checkpoint was written.
         """
         self._last = (step, state, metrics)
+        self._note_progress(step)
         stop = self._signals.is_set
         if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
             return False
@@ -200,6 +205,14 @@ class Session:
         self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)
         self._saved_step = step
 
+    def _note_progress(self, step: int, *, force: bool = False) -> None:
+        """Rank 0 samples (time, step) into the progress log, at most once a second."""
+        now = time.time()
+        if self.comm.rank != 0 or (not force and now - self._last_progress < 1.0):
+            return
+        self._last_progress = now
+        storage.append_log(self.root / layout.PROGRESS_LOG, {"time": now, "step": step})
+
     def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self._static:
             return state
@@ -209,6 +222,7 @@ class Session:
         if self._last is None:
             return
         step, state, metrics = self._last
+        self._note_progress(step, force=True)
         if step != self._saved_step:
             why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
             log.info("%s: final checkpoint of step %d", why, step)

@@ -23,6 +23,7 @@ from resilient.errors import CheckpointLockedError, ConfigError
 
 __all__ = [
     "RootLock",
+    "append_log",
     "cleanup_leftovers",
     "commit_dir",
     "ensure_root",
@@ -144,6 +145,15 @@ class RootLock:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def append_log(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to a small log (best effort: a log must never fail a save)."""
+    try:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record, allow_nan=True) + "\n")
+    except OSError as exc:
+        log.warning("could not append to %s: %s", path, exc)
 
 
 def remove_tree(path: Path) -> None:

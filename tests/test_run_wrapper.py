@@ -164,8 +164,8 @@ def test_no_progress_gives_93_and_progress_never_does(tmp_path: Path) -> None:
         for _ in range(4)
     ]
     assert codes == [3, 3, 93, 93]
-    ledger = read_ledger(ckpt)
-    assert [r["progress"] for r in ledger] == [False] * 4
+    ledger = read_ledger(ckpt)  # the 4th invocation refused to start: no new attempt
+    assert [r["progress"] for r in ledger] == [False] * 3
     assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
 
 

@@ -27,6 +27,7 @@ README_TEST = "bash .ci/dev test"
 
 # PyPI name -> conda-forge name, where they differ (after normalisation).
 PYPI_TO_CONDA = {
+    "matplotlib": "matplotlib-base",
     "xxhash": "python-xxhash",
     "mpich": "mpich",  # the PyPI MPICH wheel <-> conda-forge's mpich
 }
@@ -134,7 +135,7 @@ def test_runtime_dependencies_have_conda_forge_counterparts(
     assert not missing, f"runtime deps missing from pixi [dependencies]: {missing}"
 
 
-@pytest.mark.parametrize("extra", ["mpich", "test", "dev", "workflows"])
+@pytest.mark.parametrize("extra", ["mpich", "test", "dev", "workflows", "report"])
 def test_extras_have_pixi_counterparts(
     pyproject: dict[str, Any], pixi: dict[str, Any], extra: str
 ) -> None:
