@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Bring up a one-node Slurm on localhost for the tests (Debian/Ubuntu, root, no systemd needed).
+# Idempotent: safe to call when it is already running. Tear down with tests/slurm/down.sh.
+#
+#   bash tests/slurm/up.sh        # installs slurmctld slurmd slurm-client munge if missing
+#
+# Facts this relies on (measured on the CI machine kind): ~12 s from a fresh machine; the node
+# claims 8 CPUs (config_overrides) so that 4-rank MPI jobs fit on 2 real cores; MpiDefault=pmi2
+# lets `srun -n 4` start a real 4-rank job with the PyPI mpich wheel; KillWait=5 keeps walltime
+# tests short; MinJobAge=600 keeps finished jobs visible to `squeue` (no accounting DB here).
+set -euo pipefail
+S=${RESILIENT_SLURM_DIR:-/tmp/resilient-slurm}
+export DEBIAN_FRONTEND=noninteractive
+
+if [[ $(id -u) != 0 ]]; then
+    echo "tests/slurm/up.sh: needs root (apt-get, daemons); skipping" >&2
+    exit 2
+fi
+
+# Close every inherited descriptor above 2 before exec, so no daemon keeps a CI output pipe open.
+closefds() { for fd in /proc/self/fd/*; do n=${fd##*/}; [[ $n -gt 2 ]] && eval "exec $n>&-" 2>/dev/null; done; true; }
+detach() { (closefds; exec "$@") </dev/null >/dev/null 2>&1; }
+
+node_idle() { sinfo -h -o '%T' 2>/dev/null | grep -qxE 'idle|mixed|allocated'; }
+
+if command -v sinfo >/dev/null && node_idle && [[ -s $S/state/slurmctld.pid ]]; then
+    echo "slurm: already running ($(sinfo -h -o '%P %D %T %c'))"
+    exit 0
+fi
+
+pkgs=(slurmctld slurmd slurm-client munge)
+if ! dpkg -s "${pkgs[@]}" >/dev/null 2>&1; then
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+
+host=$(hostname -s)
+mem=$(awk '/MemTotal/ {m = int($2 / 1024 / 2); if (m > 8000) m = 8000; print m}' /proc/meminfo)
+mkdir -p "$S/state/ctld" "$S/state/d" "$S/log" /etc/slurm
+cat >/etc/slurm/slurm.conf <<CONF
+ClusterName=resilientci
+SlurmctldHost=${host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$S/state/ctld
+SlurmdSpoolDir=$S/state/d
+SlurmctldPidFile=$S/state/slurmctld.pid
+SlurmdPidFile=$S/state/slurmd.pid
+SlurmctldLogFile=$S/log/slurmctld.log
+SlurmdLogFile=$S/log/slurmd.log
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$S/log/jobcomp.txt
+MpiDefault=pmi2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmctldTimeout=10
+SlurmdTimeout=10
+MessageTimeout=10
+InactiveLimit=0
+KillWait=5
+OverTimeLimit=0
+MinJobAge=600
+SchedulerParameters=sched_interval=2,bf_interval=2
+NodeName=${host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=${mem} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+CONF
+
+if [[ ! -s /etc/munge/munge.key ]]; then
+    mungekey --create --force
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+fi
+mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
+if ! munge -n >/dev/null 2>&1; then
+    detach runuser -u munge -- /usr/sbin/munged
+    for _ in $(seq 1 50); do munge -n >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+# A previous instance (from an earlier test run) is stopped first: its PIDs are in $S/state.
+bash "$(dirname "$0")/down.sh" --keep-munge >/dev/null 2>&1 || true
+detach /usr/sbin/slurmctld
+detach /usr/sbin/slurmd
+for _ in $(seq 1 150); do node_idle && break; sleep 0.2; done
+if ! node_idle; then
+    echo "slurm: node did not become idle" >&2
+    tail -n 30 "$S/log/slurmctld.log" "$S/log/slurmd.log" >&2 || true
+    exit 1
+fi
+echo "slurm: up ($(sinfo -h -o '%P %D %T cpus=%c'))"
