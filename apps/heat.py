@@ -12,7 +12,14 @@ a signal or by its deadline it writes a final checkpoint and exits 75. Its outpu
 bit-identical however often it was interrupted (for the same number of ranks).
 """
 
+# ruff: noqa: E402  (stop-signal handlers are installed before the slow imports, on purpose)
 from __future__ import annotations
+
+# Install the stop-signal handlers before the slow imports (numpy, MPI): under Slurm a warning
+# signal can arrive within the first second, and without a handler it would kill the rank.
+from resilient.slurm import StopSignals
+
+EARLY_SIGNALS = StopSignals().__enter__()
 
 import argparse
 import logging
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         keep=cfg.keep,
         margin_s=cfg.walltime_margin_s,
         gc_every=cfg.gc_every,
+        signals=EARLY_SIGNALS,
         validate=lambda s: bool(np.isfinite(s["u"]).all()),
     ) as s:
         step, state = s.restore_or(state0, static=static)

@@ -18,7 +18,14 @@ Exit codes: 0 done (``--out`` written), 75 stopped early by a signal or the dead
 final checkpoint written (run the same command again to resume), 2 bad arguments or config.
 """
 
+# ruff: noqa: E402  (stop-signal handlers are installed before the slow imports, on purpose)
 from __future__ import annotations
+
+# Install the stop-signal handlers before the slow imports (numpy, MPI): under Slurm a warning
+# signal can arrive within the first second, and without a handler it would kill the rank.
+from resilient.slurm import StopSignals
+
+EARLY_SIGNALS = StopSignals().__enter__()
 
 import argparse
 import dataclasses
@@ -261,6 +268,7 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> No
         keep=cfg.keep,
         margin_s=cfg.walltime_margin_s,
         gc_every=cfg.gc_every,
+        signals=EARLY_SIGNALS,
     ) as s:
         step, state = s.restore_or(initial_state)
         write_pidfile(rank)

@@ -45,7 +45,9 @@ class Session:
         save_when: save policy (e.g. ``EverySteps(100) | EverySeconds(1800)``).
         keep: keep policy (e.g. ``KeepLast(3)``).
         margin_s: stop when less than this (plus the measured save cost) is left before the deadline.
-        signals: signals that request a stop (a flag only; acted upon at the next step).
+        signals: signals that request a stop (a flag only; acted upon at the next step), or a
+            :class:`StopSignals` the program installed early (before its slow imports: a
+            warning signal that arrives before any handler is installed kills the process).
         validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
             quarantined and the next older one tried.
         exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)``.
@@ -61,7 +63,7 @@ class Session:
         save_when: SavePolicyLike | None = None,
         keep: KeepPolicyLike | None = None,
         margin_s: float = 60.0,
-        signals: Iterable[str | int] = DEFAULT_STOP_SIGNALS,
+        signals: Iterable[str | int] | StopSignals = DEFAULT_STOP_SIGNALS,
         validate: StateValidator | None = None,
         exit_on_stop: bool = True,
         gc_every: int | None = None,
@@ -77,7 +79,8 @@ class Session:
         self.margin_s = float(margin_s)
         self.exit_on_stop = exit_on_stop
         self._clock = clock
-        self._signals = StopSignals(signals)
+        self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
+        self._own_signals = not self._signals.is_active
         self.deadline, self.deadline_source = find_deadline(env)
         self.manager = CheckpointManager(
             self.root,
@@ -113,7 +116,8 @@ class Session:
             if exc is None:  # stopped early, or finished: the last step is saved either way
                 self._final_save()
         finally:
-            self._signals.__exit__(exc_type, exc, tb)
+            if self._own_signals:
+                self._signals.__exit__(exc_type, exc, tb)
             if exc is None:
                 self.manager.close()
             else:

@@ -129,9 +129,15 @@ class StopSignals:
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum)
 
+    @property
+    def is_active(self) -> bool:
+        """Whether the handlers are installed."""
+        return bool(self._previous)
+
     def __enter__(self) -> StopSignals:
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handler)
+        if not self._previous:  # entering twice is harmless (programs may install them early)
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
     def __exit__(
