@@ -429,6 +429,7 @@ def test_leftovers_are_removed_and_never_listed(saved: SavedRoot) -> None:
             ".lock",
             ".resilient-root",
             "notes.txt",
+            "saves.jsonl",
             "static",
             "step_00000001",
             "step_00000002",
