@@ -31,10 +31,13 @@ alike, is. Targets: ``self >= 0.9 x raw``, ``node`` and ``world >= 0.8 x self``.
 Timing: each operation is timed on rank 0 between two sleeping barriers (``Ibarrier`` polled
 with ``time.sleep(0.0005)``), never a plain ``Barrier``: on oversubscribed cores, spinning
 ranks steal the CPU of the ranks doing I/O. One untimed warm-up run of every mode comes
-first, then ``--runs`` rounds; each round runs every mode once, starting one mode later than
-the previous round. Reported: median, min, max, GB/s (total bytes of all ranks / median), the
-ratio to the reference (``ref_median / mode_median``) and the median of the per-round ratios
-("paired", robust against drift between rounds).
+first, then ``--runs`` rounds; each round runs every mode once, in an order shuffled per
+round (seeded, the same on every rank): a fixed cyclic order would give each mode the same
+predecessor every time, and on this VM the predecessor matters (memory it just freed is cheap
+to reuse, memory freed seconds ago has gone back to the host). Reported: median, min, max,
+GB/s (total bytes of all ranks / median), the ratio to the reference
+(``ref_median / mode_median``) and the median of the per-round ratios ("paired", robust
+against drift between rounds).
 
 ``--profile`` wraps functions of the library from the outside (no library code is changed:
 module attributes are replaced by timing wrappers) and prints per-phase times, and adds two
@@ -51,6 +54,7 @@ import functools
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -124,16 +128,17 @@ class PhaseTimer:
         return out
 
 
-class _TimedOs:
-    """Stand-in for the ``os`` module inside one library module: times a few calls."""
+class _TimedModule:
+    """Stand-in for a module (``os``, ``shutil``) inside one library module: times some calls."""
 
-    def __init__(self, timer: PhaseTimer, prefix: str, names: Sequence[str]) -> None:
+    def __init__(self, module: Any, timer: PhaseTimer, prefix: str, names: Sequence[str]) -> None:
+        self._module = module
         self._timer = timer
         self._prefix = prefix
         self._names = frozenset(names)
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(os, name)
+        attr = getattr(self._module, name)
         if name in self._names:
             return self._timer.wrap(f"{self._prefix}{name}", attr)
         return attr
@@ -142,6 +147,10 @@ class _TimedOs:
 # Phases reported by --profile, in print order, with what they cover (all inclusive times).
 PHASES: dict[str, str] = {
     "save": "CheckpointManager.save, whole call",
+    "restore": "CheckpointManager.restore, whole call",
+    "choose": "CheckpointManager._choose: pick + quick-validate + bcast the manifest",
+    "read_rank": "checkpointer.read_rank: allocate, read, verify",
+    "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
     "write_set": "checkpointer.write_set (plan, skeleton, pwrite, fsync, gather, commit)",
     "digest": "xxh3 of the rank's arrays (checkpointer.digest_array)",
     "skeleton": "hdf5.create_skeleton: h5py file + datasets + ftruncate + fsync (leader)",
@@ -149,11 +158,11 @@ PHASES: dict[str, str] = {
     "h5.fsync": "os.fsync in the hdf5 module (skeleton + data to disk)",
     "commit": "checkpointer._commit: manifest + COMMITTED + rename, with fsyncs (rank 0)",
     "rotate": "CheckpointManager._rotate: list + delete the previous checkpoint (rank 0)",
+    "list_checkpoints": "rotate: validate.list_checkpoints (quick validation of every step)",
+    "remove_tree": "rotate: storage.remove_tree (rename + fsync dir + rmtree)",
+    "st.rmtree": "shutil.rmtree in storage (unlink the old files: frees blocks + page cache)",
+    "st.fsync": "os.fsync in storage (manifest, marker, directories)",
     "barrier": "sleeping barriers inside the library (waiting for other ranks)",
-    "restore": "CheckpointManager.restore, whole call",
-    "choose": "CheckpointManager._choose: pick + quick-validate + bcast the manifest",
-    "read_rank": "checkpointer.read_rank: allocate, read, verify",
-    "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
 }
 
 
@@ -163,6 +172,7 @@ def install_profiler(timer: PhaseTimer) -> None:
     import resilient.hdf5 as h5mod
     import resilient.manager as man
     import resilient.mpi as rmpi
+    import resilient.storage as storage
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, timer.wrap(phase, getattr(owner, attr)))
@@ -180,8 +190,13 @@ def install_profiler(timer: PhaseTimer) -> None:
     patch(ckpt, "_commit", "commit")
     patch(h5mod, "create_skeleton", "skeleton")
     patch(rmpi.MPIComm, "barrier", "barrier")
-    timed_os = _TimedOs(timer, "h5.", ("pwrite", "fsync", "preadv"))
-    setattr(h5mod, "os", timed_os)  # noqa: B010 - mypy: a module attribute of another type
+    patch(man, "list_checkpoints", "list_checkpoints")
+    patch(storage, "remove_tree", "remove_tree")
+    # module attributes of another type: setattr keeps mypy quiet
+    h5_os = _TimedModule(os, timer, "h5.", ("pwrite", "fsync", "preadv"))
+    setattr(h5mod, "os", h5_os)  # noqa: B010
+    setattr(storage, "os", _TimedModule(os, timer, "st.", ("fsync",)))  # noqa: B010
+    setattr(storage, "shutil", _TimedModule(shutil, timer, "st.", ("rmtree",)))  # noqa: B010
 
 
 # ---------------------------------------------------------------------------- raw I/O
@@ -419,6 +434,31 @@ def print_profile(prof: dict[str, list[list[dict[str, float]]]]) -> None:
             )
 
 
+def library_revision() -> str:
+    """Git commit of the ``resilient`` being measured (``-dirty`` if its sources are modified)."""
+    import subprocess
+
+    src = Path(resilient.__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(src), "status", "--porcelain", "-uno", "--", "."],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--mib", type=int, default=256, help="MiB of float64 per rank (default 256)")
@@ -429,6 +469,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="parent of the fresh temporary directory (default: the system temp dir, /tmp)",
     )
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
+    p.add_argument("--seed", type=int, default=1, help="seed of the per-round mode order")
     p.add_argument("--profile", action="store_true", help="per-phase timings + diagnostic modes")
     args = p.parse_args(argv)
     if args.mib < 1 or args.runs < 1:
@@ -444,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base: Path | None = None
     if RANK == 0:
         base = Path(tempfile.mkdtemp(prefix="resilient-bench-", dir=args.dir))
+    revision = library_revision() if RANK == 0 else ""
     base = COMM.bcast(base, root=0)
     assert base is not None
     load_before = os.getloadavg()
@@ -456,11 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mode in modes:  # warm-up, untimed, with content checks
             bench.run(mode, check=True)
         timer.take()
+        rng = random.Random(args.seed)  # same sequence on every rank: no communication needed
         times: dict[str, list[float]] = {m: [] for m in modes}
         prof: dict[str, list[list[dict[str, float]]]] = {m: [] for m in modes}
         for rnd in range(args.runs):
-            k = rnd % len(modes)
-            for mode in modes[k:] + modes[:k]:
+            order = rng.sample(modes, len(modes))
+            for mode in order:
                 seconds = bench.run(mode)
                 times[mode].append(seconds)
                 if args.profile:
@@ -470,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         assert phases is not None
                         prof[mode].append(phases)
             if RANK == 0:
-                line = " ".join(f"{m}={times[m][-1]:.3f}" for m in modes)
+                line = " ".join(f"{m}={times[m][-1]:.3f}" for m in order)
                 print(f"round {rnd + 1}/{args.runs}: {line}", file=sys.stderr, flush=True)
         bench.close()
     except BaseException:  # no collective on the error path: any failing rank cleans up
@@ -487,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reads = summarize(times, total, read_modes, {"raw": "raw_read", "self": "restore_self"})
     targets = check_targets(writes)
     load_after = os.getloadavg()
+    mpi_library = " ".join(MPI.Get_library_version().split()[:3])
 
     print(
         f"\n# bench_save: {SIZE} ranks x {args.mib} MiB float64 = {total / 2**30:.2f} GiB, "
@@ -494,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"host {platform.node()}, {os.cpu_count()} CPUs, dir {base.parent}, "
-        f"resilient {resilient.__version__}, mpi {MPI.Get_library_version().splitlines()[0]}; "
+        f"resilient {resilient.__version__} ({revision}), mpi {mpi_library}; "
         f"loadavg before {load_before[0]:.2f}, after {load_after[0]:.2f}"
     )
     print_table(
@@ -521,11 +565,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mib_per_rank": args.mib,
             "total_bytes": total,
             "runs": args.runs,
+            "seed": args.seed,
             "dir": str(base.parent),
             "host": platform.node(),
             "cpus": os.cpu_count(),
             "resilient_version": resilient.__version__,
-            "mpi_library": MPI.Get_library_version().splitlines()[0],
+            "resilient_revision": revision,
+            "mpi_library": mpi_library,
             "loadavg_before": load_before,
             "loadavg_after": load_after,
             "restore_cache": "warm",

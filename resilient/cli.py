@@ -252,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_prune)
 
-    p = sub.add_parser("report", help="per task: attempts, kills, checkpoints, recomputation, goodput")
+    p = sub.add_parser(
+        "report", help="per task: attempts, kills, checkpoints, recomputation, goodput"
+    )
     p.add_argument("roots", nargs="+", help="checkpoint roots, or directories holding several")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="PNG", help="also write progress against wall-clock time")

@@ -66,7 +66,7 @@ def create_skeleton(
     layout_kind: str,
     ranks: Sequence[tuple[int, Sequence[ArraySpec], Mapping[str, Any]]],
 ) -> FileSkeleton:
-    """Create the file for a group of ranks, allocate every dataset, fsync, and describe it.
+    """Create the file for a group of ranks, allocate every dataset, and describe it.
 
     Args:
         path: the file to create (must not exist).
@@ -116,8 +116,7 @@ def create_skeleton(
     size = max([os.stat(path).st_size] + [o + n for o, n in extents])
     fd = os.open(path, os.O_RDWR)
     try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+        os.ftruncate(fd, size)  # no fsync here: every rank of the group fsyncs after writing
         meta = tuple(
             Segment(start, end - start, digest_file_range(fd, start, end - start))
             for start, end in _gaps(extents, size)

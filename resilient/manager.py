@@ -77,6 +77,7 @@ class CheckpointManager:
         self.gc_every = gc_every
         self._clock = clock
         self._lock = storage.RootLock(self.root)
+        self._deleter = storage.BackgroundDeleter()
         self._closed = False
         self._saves = 0
         self._last_saved_step: int | None = None
@@ -105,6 +106,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        self._deleter.wait()
         self.comm.barrier()
         self._lock.release()
 
@@ -121,6 +123,7 @@ class CheckpointManager:
             self.close()
         else:  # other ranks may be elsewhere: no collective on the error path
             self._closed = True
+            self._deleter.wait()
             self._lock.release()
 
     @property
@@ -301,7 +304,11 @@ class CheckpointManager:
         return content
 
     def _rotate(self) -> None:
-        """Rank 0 only: apply the keep policy, then delete unreferenced static data."""
+        """Rank 0 only: apply the keep policy, then drop unreferenced static data.
+
+        Renames are synchronous (a deleted checkpoint stops counting at once); the unlinking
+        runs on a background thread.
+        """
         try:
             records = list_checkpoints(self.root)
             valid = [r for r in records if r.status == "valid" and r.manifest is not None]
@@ -311,11 +318,13 @@ class CheckpointManager:
                 if r.manifest is not None
             ]
             plan = plan_rotation(infos, self.keep)
+            trash = []
             for r in valid:
                 if r.step in plan.delete:
-                    storage.remove_tree(r.path)
+                    trash.append(storage.move_to_trash(r.path))
                     log.info("rotation deleted checkpoint of step %d", r.step)
-            _collect_static(self.root)
+            trash += _collect_static(self.root)
+            self._deleter.delete(trash)
         except (OSError, ResilientError) as exc:
             log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
 
@@ -454,11 +463,11 @@ def _newest_valid_step(root: Path) -> int | None:
     return None
 
 
-def _collect_static(root: Path) -> None:
-    """Delete static-data directories that no checkpoint (valid or quarantined) references."""
+def _collect_static(root: Path) -> list[Path]:
+    """Trash static-data directories that no checkpoint (valid or quarantined) references."""
     static_root = root / layout.STATIC_DIR
     if not static_root.is_dir() or static_root.is_symlink():
-        return
+        return []
     referenced: set[str] = set()
     for name in os.listdir(root):
         if layout.parse_step_dir(name) is None and layout.parse_quarantined(name) is None:
@@ -467,14 +476,16 @@ def _collect_static(root: Path) -> None:
             m = load_manifest(root / name)
         except InvalidCheckpointError:
             if layout.parse_quarantined(name) is not None:
-                return  # cannot tell what a broken quarantined checkpoint uses: keep everything
+                return []  # cannot tell what a broken quarantined checkpoint uses: keep everything
             continue
         if m.static:
             referenced.add(m.static)
+    trash = []
     for name in os.listdir(static_root):
         if layout.is_static_dir(name) and name not in referenced:
-            storage.remove_tree(static_root / name)
+            trash.append(storage.move_to_trash(static_root / name))
             log.info("deleted unreferenced static data %s", name)
+    return trash
 
 
 def _make_topology(comm: Comm, checkpoint_comm: Any) -> Topology:

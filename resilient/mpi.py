@@ -17,7 +17,7 @@ __all__ = ["MPIComm"]
 T = TypeVar("T")
 
 _SLEEP_MIN_S = 0.0002
-_SLEEP_MAX_S = 0.005
+_SLEEP_MAX_S = 0.002
 
 
 class MPIComm:

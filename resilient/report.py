@@ -205,11 +205,15 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
         if not t.attempts:
             continue
         xs = [x - t0 for x, _ in t.progress]
-        (line,) = ax.plot(xs, [s for _, s in t.progress], ".-", markersize=3, linewidth=1, label=t.name)
+        (line,) = ax.plot(
+            xs, [s for _, s in t.progress], ".-", markersize=3, linewidth=1, label=t.name
+        )
         for a in t.attempts:
             ax.axvspan(a.start - t0, a.end - t0, color=line.get_color(), alpha=0.06)
             if a.exit_code != 0 and a.max_step is not None:
-                ax.plot([a.end - t0], [a.max_step], "x", color=line.get_color(), markersize=9, mew=2)
+                ax.plot(
+                    [a.end - t0], [a.max_step], "x", color=line.get_color(), markersize=9, mew=2
+                )
     ax.set_xlabel("wall-clock time (s)")
     ax.set_ylabel("step")
     ax.set_title("progress per task (x = attempt killed: walltime / preemption / crash)")

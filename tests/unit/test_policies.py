@@ -402,16 +402,20 @@ def test_manager_rotates_with_keep_best_on_metrics(tmp_path: Path) -> None:
     assert _steps_on_disk(root) == [2, 4]
 
 
+def _static_dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "static").iterdir() if not p.name.startswith("."))
+
+
 def test_manager_rotation_deletes_unreferenced_static_data(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     with CheckpointManager(root, keep=KeepLast(1)) as m:
         m.save(1, {"x": np.zeros(2)}, static={"grid": np.arange(3)})
-        first = sorted(p.name for p in (root / "static").iterdir())
+        first = _static_dirs(root)
         assert len(first) == 1
         m.save(2, {"x": np.ones(2)}, static={"grid": np.arange(3)})  # same content: shared
-        assert sorted(p.name for p in (root / "static").iterdir()) == first
+        assert _static_dirs(root) == first
         m.save(3, {"x": np.ones(2)}, static={"grid": np.arange(4)})  # new content
-        now = sorted(p.name for p in (root / "static").iterdir())
+        now = _static_dirs(root)  # the old one is renamed to .trash-* at once, unlinked later
     assert len(now) == 1 and now != first
     assert _steps_on_disk(root) == [3]
 

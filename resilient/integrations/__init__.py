@@ -1,0 +1,1 @@
+"""Thin adapters that fit resilient into workflow engines (Snakemake, Parsl)."""

@@ -1,0 +1,119 @@
+"""Plain sbatch templates on a real Slurm (tests/slurm/up.sh): real time limits, real signals.
+
+Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
+allocation of ``--time=1`` (Slurm kills at 60-90 s), so the scenarios are started together
+(the partition is OverSubscribe=FORCE) and awaited one by one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from resilient.report import task_report
+from resilient.run import read_ledger
+from tests.mpirun import REPO, clean_env, mpiexec
+from tests.slurmutil import require_slurm, squeue_names
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+HEAT = "--nx 64 --ny 64 --steps 200 --checkpoint-every 10"
+DELAY = "0.45"  # 90 s of compute: at least two allocations of --time=1
+
+
+def submit(script: str, *args: str, **env: str) -> str:
+    full = clean_env(**env)
+    full["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full.get('PATH', '')}"
+    out = subprocess.run(
+        ["sbatch", "--parsable", *args, str(REPO / "workflows" / "sbatch" / script)],
+        cwd=REPO, env=full, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.strip().split(";")[0]
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    require_slurm()
+    base = tmp_path_factory.mktemp("sbatch")
+    dirs = {name: base / name for name in ("array", "self", "stuck", "ref")}
+    for d in dirs.values():
+        d.mkdir()
+    common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
+    submit("array-chain.sbatch", "--array=1-6%1", "-o", str(dirs["array"] / "job-%A_%a.log"),
+           CKPT=str(dirs["array"] / "ck"), OUT=str(dirs["array"] / "out.h5"), **common)  # fmt: skip
+    submit("self-resubmit.sbatch", "-o", str(dirs["self"] / "job.log"), "--job-name", "heat-self-test",
+           CKPT=str(dirs["self"] / "ck"), OUT=str(dirs["self"] / "out.h5"), **common)  # fmt: skip
+    # a program that never makes progress: exit 93 at once, and no resubmission
+    submit("self-resubmit.sbatch", "-o", str(dirs["stuck"] / "job.log"), "--job-name", "heat-stuck-test",
+           CKPT=str(dirs["stuck"] / "ck"), OUT=str(dirs["stuck"] / "out.h5"), PROGRAM="false",
+           MAX_NO_PROGRESS="1", HEAT_ARGS="")  # fmt: skip
+    # the uninterrupted reference, meanwhile, outside Slurm
+    subprocess.run(
+        [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat", *HEAT.split(),
+         "--checkpoint-dir", str(dirs["ref"] / "ck"), "--out", str(dirs["ref"] / "out.h5")],
+        cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return dirs
+
+
+def wait_for(path: Path, names: tuple[str, ...], timeout_s: float = 720) -> None:
+    """Until ``path`` exists and no job of ``names`` is pending or running."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and not squeue_names(names):
+            return
+        time.sleep(3)
+    raise AssertionError(f"timed out waiting for {path} (jobs still queued: {squeue_names(names)})")
+
+
+def field(path: Path) -> bytes:
+    with h5py.File(path) as f:
+        return bytes(f["T"][()].tobytes())
+
+
+def test_array_chain_resumes_each_task_and_matches(scenarios: dict[str, Path]) -> None:
+    d = scenarios["array"]
+    wait_for(d / "out.h5.done", ("heat-chain",))
+    assert field(d / "out.h5") == field(scenarios["ref"] / "out.h5")
+    ledger = read_ledger(d / "ck")
+    assert ledger[-1]["exit_code"] == 0
+    assert [r["exit_code"] for r in ledger].count(75) >= 1, ledger
+    jobs = [r["slurm_job_id"] for r in ledger]
+    assert all(jobs) and len(set(jobs)) == len(jobs), jobs  # one allocation per attempt
+    resumed = [r for r in ledger if r["latest_before"] is not None]
+    assert resumed, "no array task resumed from a checkpoint"
+    report = task_report(d / "ck")
+    assert report.finished and {a.slurm_job_id for a in report.attempts} == set(jobs)
+
+
+def test_self_resubmitting_job_continues_after_75_and_stops_after_0(
+    scenarios: dict[str, Path],
+) -> None:
+    d = scenarios["self"]
+    wait_for(d / "out.h5", ("heat-self-test",))
+    time.sleep(5)
+    assert not squeue_names(("heat-self-test",)), "a job was submitted after the run finished"
+    assert field(d / "out.h5") == field(scenarios["ref"] / "out.h5")
+    ledger = read_ledger(d / "ck")
+    codes = [r["exit_code"] for r in ledger]
+    assert codes[-1] == 0 and 75 in codes, codes
+    log = (d / "job.log").read_text()
+    assert log.count("submitted job") == codes.count(75), log
+    assert "USR1 at" in log, "the B: warning signal never reached the batch script"
+
+
+def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Path]) -> None:
+    d = scenarios["stuck"]
+    deadline = time.time() + 300
+    while squeue_names(("heat-stuck-test",)) and time.time() < deadline:
+        time.sleep(2)
+    ledger = read_ledger(d / "ck")
+    assert [r["exit_code"] for r in ledger] == [93], ledger
+    log = (d / "job.log").read_text()
+    assert "submitted job" not in log and "resilient run exited 93" in log, log
