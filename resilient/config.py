@@ -65,6 +65,8 @@ class CheckpointConfig:
             raise ConfigError("walltime_margin_s: must be >= 0")
         if self.retries < 0:
             raise ConfigError("retries: must be >= 0")
+        if self.gc_every is not None and self.gc_every < 1:
+            raise ConfigError("gc_every: must be >= 1 (or absent)")
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], *, where: str = "config") -> CheckpointConfig:
@@ -101,7 +103,13 @@ def load_checkpoint_config(path: str | os.PathLike[str]) -> CheckpointConfig:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-    return CheckpointConfig.from_dict(doc or {}, where=str(p))
+    try:
+        return CheckpointConfig.from_dict(doc or {}, where=str(p))
+    except ConfigError as exc:
+        message = str(exc)
+        if not message.startswith(str(p)):
+            raise ConfigError(f"{p}: {message}") from None
+        raise
 
 
 def _only(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
@@ -143,7 +151,11 @@ def _save_policy(doc: Any, where: str) -> SavePolicy | None:
             raise ConfigError(f"{where}.before_walltime: expected true or a mapping with margin_s")
         _only(bw, {"margin_s"}, f"{where}.before_walltime")
         parts.append(
-            BeforeWalltime(margin_s=float(_typed(bw, "margin_s", (int, float), where, 60.0)))
+            BeforeWalltime(
+                margin_s=float(
+                    _typed(bw, "margin_s", (int, float), f"{where}.before_walltime", 60.0)
+                )
+            )
         )
     if _typed(doc, "on_signal", bool, where, False):
         parts.append(OnSignal())

@@ -302,6 +302,10 @@ class YoungDaly(SavePolicy):
     def __post_init__(self) -> None:
         if not _is_number(self.mtbf_s) or not self.mtbf_s > 0:
             raise ConfigError(f"YoungDaly(mtbf_s=): must be > 0, got {self.mtbf_s!r}")
+        if not _is_number(self.initial_interval_s) or not self.initial_interval_s > 0:
+            raise ConfigError(
+                f"YoungDaly(initial_interval_s=): must be > 0, got {self.initial_interval_s!r}"
+            )
 
     def interval_s(self, save_cost_s: float | None) -> float:
         """The save interval for a given save cost."""

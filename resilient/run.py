@@ -52,16 +52,30 @@ _POLL_S = 0.05
 
 
 def parse_duration(text: str) -> float:
-    """``"90"``, ``"90s"``, ``"5m"``, ``"2h"``, ``"1-00:00:00"``, ``"01:30:00"``, ``"10:00"`` -> seconds."""
+    """A duration in seconds: ``90`` or ``90s`` (seconds), ``5m``, ``2h``, ``1d``, ``MM:SS``,
+    ``HH:MM:SS``, and Slurm's day forms ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``.
+
+    Raises:
+        ValueError: not a duration.
+    """
     t = text.strip()
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", t)
     if m:
         return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", t)
-    if m:
-        d, h, mi, s = (int(g) if g else 0 for g in m.groups())
-        return float(((d * 24 + h) * 60 + mi) * 60 + s)
-    raise ValueError(f"not a duration: {text!r} (use 90, 90s, 5m, 2h, HH:MM:SS or D-HH:MM:SS)")
+    days = 0
+    m = re.fullmatch(r"(\d+)-(\d+(?::\d+){0,2})", t)
+    if m:  # Slurm: days-hours[:minutes[:seconds]]
+        days, t = int(m.group(1)), m.group(2)
+        parts = [int(x) for x in t.split(":")] + [0] * (3 - len(t.split(":")))
+    elif re.fullmatch(r"\d+:\d+(?::\d+)?", t):
+        parts = [int(x) for x in t.split(":")]
+        parts = [0, *parts] if len(parts) == 2 else parts  # MM:SS or HH:MM:SS
+    else:
+        raise ValueError(
+            f"not a duration: {text!r} (use 90, 90s, 5m, 2h, MM:SS, HH:MM:SS or D-HH[:MM[:SS]])"
+        )
+    hours, minutes, seconds = parts
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def parse_signal_spec(text: str) -> tuple[signal.Signals, float]:

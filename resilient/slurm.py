@@ -6,6 +6,7 @@ context manager) and only set a flag: no I/O, no MPI, no exceptions inside a han
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -104,9 +105,11 @@ def find_deadline(
     own = env.get(ENV_DEADLINE, "").strip()
     if own:
         try:
-            return float(own), ENV_DEADLINE
+            value = float(own)
         except ValueError:
-            pass
+            value = math.nan
+        if math.isfinite(value):
+            return value, ENV_DEADLINE
     return None, "none"
 
 

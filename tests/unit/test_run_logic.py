@@ -1,0 +1,389 @@
+"""``resilient run``: durations, signal specs, the exit-code table, real attempts, retry_io."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from resilient import storage
+from resilient.errors import CollectiveError
+from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.run import (
+    RunOptions,
+    _classify,
+    parse_duration,
+    parse_signal_spec,
+    read_ledger,
+    run,
+)
+from resilient.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
+
+REPO = Path(__file__).resolve().parents[2]
+
+# --------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90.0),
+        ("90s", 90.0),
+        (" 90 s ", 90.0),
+        ("1.5m", 90.0),
+        ("2h", 7200.0),
+        ("1.5h", 5400.0),
+        ("1d", 86400.0),
+        ("01:30:00", 5400.0),
+        ("10:00", 600.0),
+        ("0:05", 5.0),
+        ("1-00:00:00", 86400.0),
+        ("2-03:04:05", ((2 * 24 + 3) * 60 + 4) * 60 + 5.0),
+        ("0", 0.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["", "abc", "5x", "-5", "1.5.5", "1:2:3:4", "m", "1h30m", "5 minutes", "1-", ":30"]
+)
+def test_parse_duration_bad(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_parse_duration_does_not_misread_slurm_days_hours_minutes() -> None:
+    # Bug: Slurm's --time accepts "days-hours:minutes" ("1-12:30" = 1 day 12 h 30 min), and
+    # users copy it into `resilient run --walltime`. parse_duration's pattern
+    # (?:(\d+)-)?(?:(\d+):)?(\d+):(\d+) reads it as 1 day + 12 min 30 s (87150 s) without a word.
+    try:
+        got = parse_duration("1-12:30")
+    except ValueError:
+        return  # refusing it is fine too
+    assert got == (24 + 12) * 3600 + 30 * 60, f"'1-12:30' parsed as {got} s"
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("USR1@30", (signal.SIGUSR1, 30.0)),
+        ("SIGUSR2@1m", (signal.SIGUSR2, 60.0)),
+        ("term@00:01:30", (signal.SIGTERM, 90.0)),
+        (f"{int(signal.SIGUSR1)}@5", (signal.SIGUSR1, 5.0)),
+    ],
+)
+def test_parse_signal_spec(text: str, want: tuple[signal.Signals, float]) -> None:
+    assert parse_signal_spec(text) == want
+
+
+@pytest.mark.parametrize("text", ["USR1", "USR1@", "NOPE@30", "USR1@soon", "@30", ""])
+def test_parse_signal_spec_bad(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_signal_spec(text)
+
+
+# --------------------------------------------------------------------------- the exit-code table
+
+
+@pytest.mark.parametrize(
+    ("status", "sent", "progress", "run_", "code", "words"),
+    [
+        (0, None, False, 0, 0, "finished"),
+        (0, "SIGUSR1", True, 0, 0, "finished"),
+        (EXIT_RESUME, None, True, 0, EXIT_RESUME, "stopped early"),
+        (EXIT_RESUME, "SIGUSR1", True, 0, EXIT_RESUME, "stopped early"),
+        (EXIT_RESUME, None, False, 1, EXIT_RESUME, "stopped early"),  # below the limit
+        (EXIT_RESUME, None, False, 2, EXIT_RESUME, "stopped early"),
+        (EXIT_RESUME, None, False, 3, EXIT_NO_PROGRESS, "no progress in 3"),  # at the limit
+        (1, None, False, 3, EXIT_NO_PROGRESS, "no progress in 3"),
+        (3, None, False, 4, EXIT_NO_PROGRESS, "crashed (exit 3)"),
+        (-9, "SIGKILL", False, 3, EXIT_NO_PROGRESS, "killed (SIGKILL)"),
+        (-15, None, False, 3, EXIT_NO_PROGRESS, "killed (SIGTERM)"),
+        (-9, "SIGKILL", True, 0, EXIT_RESUME, "after a newer checkpoint"),
+        (-9, None, True, 0, EXIT_RESUME, "killed (SIGKILL)"),  # killed by someone else
+        (1, "SIGTERM", True, 0, EXIT_RESUME, "exited 1 after SIGTERM"),
+        (-9, "SIGKILL", False, 1, 128 + 9, "killed (SIGKILL)"),
+        (-9, None, False, 1, 128 + 9, "killed (SIGKILL)"),
+        (-15, "SIGTERM", False, 2, 128 + 15, "killed (SIGTERM)"),
+        (1, "SIGTERM", False, 1, 1, "exited 1 after SIGTERM"),
+        (3, None, True, 0, 3, "crashed (exit 3)"),  # a crash with progress is still a crash
+        (3, None, False, 1, 3, "crashed (exit 3)"),
+        (EXIT_PERMANENT, None, False, 1, EXIT_PERMANENT, "permanent storage error"),
+        (EXIT_PERMANENT, None, False, 5, EXIT_PERMANENT, "permanent storage error"),
+        (EXIT_PERMANENT, None, True, 0, EXIT_PERMANENT, "permanent storage error"),
+    ],
+)
+def test_classify(
+    status: int, sent: str | None, progress: bool, run_: int, code: int, words: str
+) -> None:
+    reason, got = _classify(status, sent, progress, run_, 3)
+    assert got == code
+    assert words in reason
+
+
+# --------------------------------------------------------------------------- real attempts
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in (ENV_DEADLINE, ENV_ATTEMPT, ENV_CHECKPOINT_DIR)
+    }
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def py(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", textwrap.dedent(code))
+
+
+SAVE_AND_RESUME = py(
+    """
+    import os, sys
+    import numpy as np
+    from resilient import CheckpointManager
+    step = int(os.environ["STEP"])
+    with CheckpointManager(os.environ["RESILIENT_CHECKPOINT_DIR"]) as m:
+        m.save(step, {"x": np.arange(4.0) * step})
+    sys.exit(75)
+    """
+)
+
+
+def test_run_program_that_checkpoints_and_exits_75(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    opts = RunOptions(command=SAVE_AND_RESUME, checkpoint_dir=ck)
+    assert run(opts, environ=clean_env(STEP="5")) == EXIT_RESUME
+    ledger = read_ledger(ck)
+    assert len(ledger) == 1
+    rec = ledger[0]
+    assert rec["progress"] is True
+    assert (rec["attempt"], rec["exit_status"], rec["exit_code"]) == (1, 75, 75)
+    assert (rec["latest_before"], rec["latest_after"]) == (None, 5)
+    assert rec["signal"] is None
+    assert "stopped early" in rec["reason"]
+    assert rec["command"] == list(SAVE_AND_RESUME)
+    assert rec["end"] >= rec["start"]
+
+    # the same step again: no progress, still below the limit -> 75, recorded as such
+    assert run(opts, environ=clean_env(STEP="5")) == EXIT_RESUME
+    rec = read_ledger(ck)[-1]
+    assert rec["attempt"] == 2 and rec["progress"] is False
+    assert (rec["latest_before"], rec["latest_after"]) == (5, 5)
+
+    assert run(opts, environ=clean_env(STEP="9")) == EXIT_RESUME
+    assert read_ledger(ck)[-1]["progress"] is True
+
+
+def test_run_no_progress_limit_gives_93(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    opts = RunOptions(command=py("import sys; sys.exit(75)"), checkpoint_dir=ck, max_no_progress=2)
+    assert run(opts, environ=clean_env()) == EXIT_RESUME
+    assert run(opts, environ=clean_env()) == EXIT_NO_PROGRESS
+    assert [r["exit_code"] for r in read_ledger(ck)] == [75, 93]
+    # once the limit is reached, run refuses to start the program at all
+    marker = tmp_path / "started"
+    opts2 = RunOptions(
+        command=py(f"open({str(marker)!r}, 'w').close()"), checkpoint_dir=ck, max_no_progress=2
+    )
+    assert run(opts2, environ=clean_env()) == EXIT_NO_PROGRESS
+    assert not marker.exists()
+    assert len(read_ledger(ck)) == 2
+
+
+STUBBORN = py(
+    """
+    import signal, time
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(30)
+    """
+)
+
+
+def test_walltime_escalates_to_sigkill(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    opts = RunOptions(command=STUBBORN, checkpoint_dir=ck, walltime_s=1.5, kill_wait_s=0.5)
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    t0 = time.monotonic()
+    code = run(opts, environ=clean_env())
+    elapsed = time.monotonic() - t0
+    assert code == 128 + signal.SIGKILL
+    assert 1.9 <= elapsed < 10.0  # deadline 1.5 s + kill-wait 0.5 s; a behaviour bound
+    rec = read_ledger(ck)[-1]
+    assert rec["exit_status"] == -signal.SIGKILL
+    assert rec["signal"] == "SIGKILL"
+    assert "SIGKILL" in rec["reason"]
+    assert rec["progress"] is False
+    assert {s: signal.getsignal(s) for s in before} == before  # run() restored our handlers
+
+
+def test_run_program_that_finishes(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    assert run(RunOptions(command=py("pass"), checkpoint_dir=ck), environ=clean_env()) == 0
+    rec = read_ledger(ck)[-1]
+    assert (rec["exit_status"], rec["exit_code"], rec["reason"]) == (0, 0, "finished")
+
+
+def test_run_passes_a_crash_through(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    code = run(
+        RunOptions(command=py("import sys; sys.exit(3)"), checkpoint_dir=ck), environ=clean_env()
+    )
+    assert code == 3
+    assert "crashed (exit 3)" in read_ledger(ck)[-1]["reason"]
+
+
+def test_attempt_number_and_environment(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    out = tmp_path / "seen.txt"
+    prog = py(
+        f"""
+        import os
+        with open({str(out)!r}, "a") as fh:
+            fh.write(" ".join([os.environ["RESILIENT_ATTEMPT"],
+                               os.environ["RESILIENT_CHECKPOINT_DIR"],
+                               os.environ.get("RESILIENT_DEADLINE", "-")]) + "\\n")
+        """
+    )
+    assert run(RunOptions(command=prog, checkpoint_dir=ck), environ=clean_env()) == 0
+    t0 = time.time()
+    assert (
+        run(RunOptions(command=prog, checkpoint_dir=ck, walltime_s=600), environ=clean_env()) == 0
+    )
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert [line[0] for line in lines] == ["1", "2"]
+    assert {line[1] for line in lines} == {str(ck)}
+    assert lines[0][2] == "-"  # no deadline anywhere
+    assert t0 + 590 < float(lines[1][2]) < time.time() + 600.5  # --walltime exports a deadline
+    assert [r["attempt"] for r in read_ledger(ck)] == [1, 2]
+
+
+@pytest.mark.parametrize("extra", [[], ["--"]])
+def test_cli_run_without_a_command_is_a_usage_error(tmp_path: Path, extra: list[str]) -> None:
+    ck = tmp_path / "ck"
+    proc = subprocess.run(
+        [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ck), *extra],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no command given" in proc.stderr
+    assert not (ck / "attempts.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- retry_io
+
+
+def test_retry_io_retries_transient_errors() -> None:
+    calls: list[int] = []
+    cleanups: list[int] = []
+    sleeps: list[float] = []
+
+    def fn() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return "value"
+
+    got = storage.retry_io(
+        fn, what="writing x", cleanup=lambda: cleanups.append(1), sleep=sleeps.append
+    )
+    assert got == "value"
+    assert len(calls) == 3
+    assert len(cleanups) == 2
+    assert len(sleeps) == 2
+    assert 0 < sleeps[0] < sleeps[1]
+
+
+def test_retry_io_gives_up_after_attempts() -> None:
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        raise OSError(errno.ESTALE, "Stale file handle")
+
+    with pytest.raises(OSError) as exc_info:
+        storage.retry_io(fn, what="reading", attempts=3, sleep=lambda s: None)
+    assert exc_info.value.errno == errno.ESTALE
+    assert len(calls) == 3
+
+
+def test_retry_io_permanent_error_at_once() -> None:
+    calls: list[int] = []
+    cleanups: list[int] = []
+    sleeps: list[float] = []
+
+    def fn() -> None:
+        calls.append(1)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as exc_info:
+        storage.retry_io(
+            fn,
+            what="writing rank_00000.h5",
+            cleanup=lambda: cleanups.append(1),
+            sleep=sleeps.append,
+        )
+    assert len(calls) == 1
+    assert cleanups == [] and sleeps == []
+    assert exc_info.value.errno == errno.ENOSPC
+    msg = str(exc_info.value)
+    assert "permanent: not retried" in msg
+    assert "writing rank_00000.h5" in msg
+    assert storage.is_permanent_storage_error(exc_info.value)
+
+
+def test_retry_io_other_errors_are_not_retried() -> None:
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError):
+        storage.retry_io(fn, what="x", sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_is_transient() -> None:
+    assert storage.is_transient(OSError(errno.EIO, "x"))
+    assert storage.is_transient(OSError(errno.ESTALE, "x"))
+    assert not storage.is_transient(OSError(errno.ENOSPC, "x"))
+    assert not storage.is_transient(ValueError("x"))
+
+
+def test_is_permanent_storage_error() -> None:
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+        assert storage.is_permanent_storage_error(OSError(code, os.strerror(code)))
+    assert not storage.is_permanent_storage_error(OSError(errno.EIO, "x"))
+    assert not storage.is_permanent_storage_error(RuntimeError("disk full?"))
+    full = CollectiveError(
+        "save of step 3", {0: "ok?", 2: "OSError: [Errno 28] No space left on device"}
+    )
+    assert storage.is_permanent_storage_error(full)
+    io = CollectiveError("save of step 3", {1: "OSError: [Errno 5] Input/output error"})
+    assert not storage.is_permanent_storage_error(io)
+    eperm_lookalike = CollectiveError("save", {1: "OSError: [Errno 13] Permission denied"})
+    assert storage.is_permanent_storage_error(eperm_lookalike)
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system")
+        except OSError as inner:
+            raise RuntimeError("commit failed") from inner
+    except RuntimeError as outer:
+        assert storage.is_permanent_storage_error(outer)
