@@ -274,7 +274,9 @@ def _classify(
     if not progress and no_progress_run >= max_no_progress:
         return f"{reason}; no progress in {no_progress_run} consecutive attempts", EXIT_NO_PROGRESS
     if status == EXIT_RESUME:
-        return reason, EXIT_RESUME
+        if progress:
+            return reason, EXIT_RESUME
+        return f"{reason}, but no newer checkpoint exists", 1  # 75 promises progress
     if killed and progress:
         return f"{reason} after a newer checkpoint", EXIT_RESUME
     return reason, (128 - status) if status < 0 else status

@@ -50,7 +50,8 @@ class Session:
             warning signal that arrives before any handler is installed kills the process).
         validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
             quarantined and the next older one tried.
-        exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)``.
+        exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
+            run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``.
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -95,6 +96,7 @@ class Session:
         self.stop_reason = ""
         self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
         self._saved_step: int | None = None
+        self.saves_this_run = 0
         self._static: Mapping[str, Any] | None = None
         self._metrics: Mapping[str, Any] | None = None
         self._last_progress = 0.0
@@ -123,7 +125,10 @@ class Session:
             else:
                 self.manager.__exit__(exc_type, exc, tb)
         if exc is None and self.stopped and self.exit_on_stop:
-            raise SystemExit(EXIT_RESUME)
+            if self.saves_this_run:
+                raise SystemExit(EXIT_RESUME)
+            log.error("stopped (%s) before saving any progress: exiting 1", self.stop_reason)
+            raise SystemExit(1)
         if permanent and self.exit_on_stop:
             log.error("permanent storage error, exiting %d: %s", EXIT_PERMANENT, exc)
             raise SystemExit(EXIT_PERMANENT) from exc
@@ -208,6 +213,7 @@ class Session:
         self._last = (step, state, metrics)
         self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)
         self._saved_step = step
+        self.saves_this_run += 1
 
     def _note_progress(self, step: int, *, force: bool = False) -> None:
         """Rank 0 samples (time, step) into the progress log, at most once a second."""

@@ -101,8 +101,9 @@ def test_parse_signal_spec_bad(text: str) -> None:
         (0, "SIGUSR1", True, 0, 0, "finished"),
         (EXIT_RESUME, None, True, 0, EXIT_RESUME, "stopped early"),
         (EXIT_RESUME, "SIGUSR1", True, 0, EXIT_RESUME, "stopped early"),
-        (EXIT_RESUME, None, False, 1, EXIT_RESUME, "stopped early"),  # below the limit
-        (EXIT_RESUME, None, False, 2, EXIT_RESUME, "stopped early"),
+        # 75 promises progress: without a newer checkpoint it becomes a plain failure (1)
+        (EXIT_RESUME, None, False, 1, 1, "no newer checkpoint"),  # below the limit
+        (EXIT_RESUME, None, False, 2, 1, "no newer checkpoint"),
         (EXIT_RESUME, None, False, 3, EXIT_NO_PROGRESS, "no progress in 3"),  # at the limit
         (1, None, False, 3, EXIT_NO_PROGRESS, "no progress in 3"),
         (3, None, False, 4, EXIT_NO_PROGRESS, "crashed (exit 3)"),
@@ -176,10 +177,10 @@ def test_run_program_that_checkpoints_and_exits_75(tmp_path: Path) -> None:
     assert rec["command"] == list(SAVE_AND_RESUME)
     assert rec["end"] >= rec["start"]
 
-    # the same step again: no progress, still below the limit -> 75, recorded as such
-    assert run(opts, environ=clean_env(STEP="5")) == EXIT_RESUME
+    # the same step again: no progress, still below the limit -> a failure (1), not 75
+    assert run(opts, environ=clean_env(STEP="5")) == 1
     rec = read_ledger(ck)[-1]
-    assert rec["attempt"] == 2 and rec["progress"] is False
+    assert rec["attempt"] == 2 and rec["progress"] is False and rec["exit_code"] == 1
     assert (rec["latest_before"], rec["latest_after"]) == (5, 5)
 
     assert run(opts, environ=clean_env(STEP="9")) == EXIT_RESUME
@@ -189,9 +190,9 @@ def test_run_program_that_checkpoints_and_exits_75(tmp_path: Path) -> None:
 def test_run_no_progress_limit_gives_93(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     opts = RunOptions(command=py("import sys; sys.exit(75)"), checkpoint_dir=ck, max_no_progress=2)
-    assert run(opts, environ=clean_env()) == EXIT_RESUME
+    assert run(opts, environ=clean_env()) == 1  # 75 without a newer checkpoint
     assert run(opts, environ=clean_env()) == EXIT_NO_PROGRESS
-    assert [r["exit_code"] for r in read_ledger(ck)] == [75, 93]
+    assert [r["exit_code"] for r in read_ledger(ck)] == [1, 93]
     # once the limit is reached, run refuses to start the program at all
     marker = tmp_path / "started"
     opts2 = RunOptions(

@@ -1,0 +1,431 @@
+"""Parsl integration: config loading, the resume-aware retry handler, and real Parsl runs.
+
+The end-to-end tests run a real DataFlowKernel (HighThroughputExecutor + LocalProvider, run
+directory under tmp) with real MPI ranks: a heat task cut short by a simulated walltime on
+every try that still completes bit-identically at no retry cost, and tasks that never make
+progress, which stop after a bounded number of tries with exit 93.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from resilient import CheckpointManager
+from resilient.errors import ConfigError
+from resilient.run import read_ledger
+from tests.mpirun import REPO, clean_env, mpiexec
+
+parsl = pytest.importorskip("parsl")
+
+from parsl.app.errors import BashExitFailure  # noqa: E402
+from parsl.executors import HighThroughputExecutor, MPIExecutor  # noqa: E402
+from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost  # noqa: E402
+from parsl.launchers import SimpleLauncher  # noqa: E402
+from parsl.providers import LocalProvider, SlurmProvider  # noqa: E402
+
+from resilient.integrations.parsl import (  # noqa: E402
+    ResumableCommandError,
+    heat_bash,
+    heat_mpi_bash,
+    load_config,
+    make_apps,
+    resilient_command,
+    resume_retry_handler,
+)
+
+pytestmark = [pytest.mark.timeout(600)]
+
+CONFIGS = sorted((REPO / "configs" / "parsl").glob("*.yaml"))
+
+
+# --------------------------------------------------------------------------- config loading
+
+
+def test_every_config_loads() -> None:
+    assert {p.name for p in CONFIGS} >= {"local.yaml", "slurm.yaml", "mpi.yaml"}
+    for path in CONFIGS:
+        cfg = load_config(path)
+        assert isinstance(cfg, parsl.Config), path
+        assert cfg.retry_handler is not None, path
+        assert len(cfg.executors) == 1, path
+
+
+def test_config_contents() -> None:
+    local = load_config(REPO / "configs/parsl/local.yaml")
+    (ex,) = local.executors
+    assert isinstance(ex, HighThroughputExecutor) and not isinstance(ex, MPIExecutor)
+    assert ex.max_workers_per_node == 2
+    assert isinstance(ex.provider, LocalProvider)
+
+    slurm = load_config(REPO / "configs/parsl/slurm.yaml")
+    (ex,) = slurm.executors
+    assert isinstance(ex, HighThroughputExecutor)
+    assert isinstance(ex.provider, SlurmProvider)
+    assert ex.provider.walltime == "00:01:00"
+    assert ex.provider.exclusive is False
+    assert ex.provider.partition == "debug"
+    assert "activate" in ex.provider.worker_init
+
+    mpi = load_config(REPO / "configs/parsl/mpi.yaml")
+    (ex,) = mpi.executors
+    assert isinstance(ex, MPIExecutor)
+    assert ex.mpi_launcher == "srun"
+    assert isinstance(ex.provider, SlurmProvider)
+    assert isinstance(ex.provider.launcher, SimpleLauncher)
+
+
+BASE = """
+retries: 1
+executor: {kind: htex, max_workers_per_node: 1}
+provider: {kind: local}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("retires: 2\n" + BASE, "retires"),
+        ("retries: '3'\nexecutor: {kind: htex}\nprovider: {kind: local}\n", "retries"),
+        ("retries: true\nexecutor: {kind: htex}\nprovider: {kind: local}\n", "retries"),
+        ("retry_handler: maybe\nexecutor: {kind: htex}\nprovider: {kind: local}\n", "retry_handler"),
+        ("strategy: fast\nexecutor: {kind: htex}\nprovider: {kind: local}\n", "strategy"),
+        ("executor: {kind: htex, bogus: 1}\nprovider: {kind: local}\n", "executor.bogus"),
+        ("executor: {kind: htex, max_workers_per_node: two}\nprovider: {kind: local}\n",
+         "executor.max_workers_per_node"),
+        ("executor: {kind: htex, mpi_launcher: srun}\nprovider: {kind: local}\n", "executor.mpi_launcher"),
+        ("executor: {kind: mpi, max_workers_per_node: 2}\nprovider: {kind: local, launcher: simple}\n",
+         "executor.max_workers_per_node"),
+        ("executor: {kind: dask}\nprovider: {kind: local}\n", "executor.kind"),
+        ("executor: {kind: htex}\nprovider: {kind: local, partitionn: debug}\n", "provider.partitionn"),
+        ("executor: {kind: htex}\nprovider: {kind: local, partition: debug}\n", "provider.partition"),
+        ("executor: {kind: htex}\nprovider: {kind: slurm, walltime: 3600}\n", "provider.walltime"),
+        ("executor: {kind: htex}\nprovider: {kind: slurm, exclusive: 'no'}\n", "provider.exclusive"),
+        ("executor: {kind: htex}\nprovider: {kind: slurm, launcher: mpirun}\n", "provider.launcher"),
+        ("executor: {kind: htex}\nprovider: {kind: slurm, max_blocks: 0}\n", "provider.max_blocks"),
+        ("executor: {kind: mpi}\nprovider: {kind: slurm, launcher: srun}\n", "provider.launcher"),
+        ("executor: {kind: mpi}\nprovider: {kind: slurm, cores_per_node: 8}\n", "provider.cores_per_node"),
+        ("executor: {kind: htex}\n", "provider"),
+        ("executor: [htex]\nprovider: {kind: local}\n", "executor"),
+        ("- just\n- a list\n", "top level"),
+    ],
+)  # fmt: skip
+def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert key in message
+
+
+def test_config_options(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "retries: 4\nretry_handler: none\nrun_dir: /tmp/x\nstrategy: none\nstrategy_period: 0.5\n"
+        "executor: {kind: htex, label: a, drain_period: 600, cores_per_worker: 2}\n"
+        "provider: {kind: slurm, walltime: '1-00:00:00', mem_per_node: 16, launcher: srun}\n"
+    )
+    cfg = load_config(path)
+    assert cfg.retries == 4 and cfg.retry_handler is None
+    assert cfg.run_dir == "/tmp/x" and cfg.strategy is None and cfg.strategy_period == 0.5
+    (ex,) = cfg.executors
+    assert ex.label == "a" and ex.drain_period == 600 and ex.cores_per_worker == 2.0
+    assert ex.provider.walltime == "1-00:00:00" and ex.provider.mem_per_node == 16
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("executor: {kind: htex\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+
+
+# --------------------------------------------------------------------------- handler
+
+
+def save(root: Path, step: int) -> None:
+    with CheckpointManager(root) as mgr:
+        mgr.save(step, {"x": np.arange(3)})
+
+
+def record(root: Path | None, **kwargs: Any) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(kwargs)
+    if root is not None:
+        kw.setdefault("checkpoint_dir", str(root))
+    return {"id": 7, "try_id": 0, "fail_count": 1, "fail_cost": 0, "kwargs": kw}
+
+
+def step_path(root: Path, step: int) -> str:
+    return str(root / f"step_{step:08d}")
+
+
+def test_handler_costs_by_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="resilient.integrations.parsl")
+    root = tmp_path / "ck"
+    handler = resume_retry_handler()
+    tr = record(root, resume_from=None)
+
+    # nothing on disk yet: no progress
+    assert handler(BashExitFailure("heat", 75), tr) == 1
+    assert tr["kwargs"]["resume_from"] is None
+
+    save(root, 10)  # the try committed step 10, then was cut short (exit 75)
+    assert handler(BashExitFailure("heat", 75), tr) == 0
+    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
+
+    # a crash without a newer checkpoint costs 1, and resume_from stays
+    assert handler(BashExitFailure("heat", 1), tr) == 1
+    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
+
+    save(root, 20)  # a lost manager (walltime of the block) after progress is free
+    assert handler(ManagerLost(b"abc", "node1"), tr) == 0
+    assert tr["kwargs"]["resume_from"] == step_path(root, 20)
+    assert handler(WorkerLost(3, "node1"), tr) == 1  # ... without progress it is not
+
+    save(root, 30)  # a crash after progress is free too
+    assert handler(BashExitFailure("heat", 139), tr) == 0
+
+    save(root, 40)  # 93 and 74 stop at once, progress or not
+    assert handler(BashExitFailure("heat", 93), tr) == math.inf
+    assert handler(BashExitFailure("heat", 74), tr) == math.inf
+    assert tr["kwargs"]["resume_from"] == step_path(root, 40)
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "resilient.integrations.parsl"]
+    assert len(lines) == 8
+    assert "cost 0" in lines[1] and "10" in lines[1] and "exit 75" in lines[1]
+    assert "ManagerLost" in lines[3]
+
+
+def test_handler_falls_back_to_an_older_valid_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    save(root, 10)
+    save(root, 20)
+    (root / "step_00000020" / "COMMITTED").unlink()  # the newest one is torn
+    tr = record(root, resume_from=step_path(root, 10))
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), tr) == 1
+    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
+
+
+def test_handler_options_and_missing_keywords(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    save(root, 5)
+    handler = resume_retry_handler(
+        checkpoint_kwarg="ckpt", resume_kwarg="restart", walltime_cost=0.25, failure_cost=2
+    )
+    tr = record(None, ckpt=str(root), restart=None)
+    assert handler(ManagerLost(b"m", "h"), tr) == 0.25
+    assert tr["kwargs"]["restart"] == step_path(root, 5)
+    assert handler(ManagerLost(b"m", "h"), tr) == 2
+
+    # no resume keyword: the handler remembers the step itself and injects nothing
+    tr = record(root)
+    handler = resume_retry_handler()
+    assert handler(BashExitFailure("x", 75), tr) == 0
+    assert handler(BashExitFailure("x", 75), tr) == 1
+    assert "resume_from" not in tr["kwargs"]
+
+    # no checkpoint dir at all: a plain failure, but 93 still stops
+    assert handler(ValueError("boom"), record(None)) == 1
+    assert handler(BashExitFailure("x", 93), record(None)) == math.inf
+
+
+def test_resumable_command_error_pickles_and_is_classified(tmp_path: Path) -> None:
+    err = pickle.loads(pickle.dumps(ResumableCommandError(93, ["a", "b c"], "tail")))
+    assert err.exitcode == 93 and err.command == ["a", "b c"] and "b c" in str(err)
+    root = tmp_path / "ck"
+    save(root, 3)
+    assert resume_retry_handler()(err, record(root, resume_from=None)) == math.inf
+    tr = record(root, resume_from=None)
+    assert resume_retry_handler()(ResumableCommandError(75), tr) == 0
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def test_resilient_command_quotes_and_prefix(tmp_path: Path) -> None:
+    ck = tmp_path / "a dir"
+    cmd = resilient_command(
+        ["prog", "x y"],
+        checkpoint_dir=ck,
+        walltime_s=2.5,
+        max_no_progress=2,
+        extra=["--kill-wait", "1"],
+    )
+    argv = shlex.split(cmd)
+    assert argv[:4] == [sys.executable, "-m", "resilient.cli", "run"]
+    assert argv[argv.index("--checkpoint-dir") + 1] == str(ck)
+    assert argv[argv.index("--walltime") + 1] == "2.5"
+    assert argv[argv.index("--max-no-progress") + 1] == "2"
+    assert argv[argv.index("--") :] == ["--", "prog", "x y"]
+
+    cmd = resilient_command(["prog"], checkpoint_dir=ck, launcher_prefix="$PARSL_MPI_PREFIX")
+    assert " -- $PARSL_MPI_PREFIX prog" in cmd
+    echo = subprocess.run(
+        ["bash", "-c", "echo " + cmd], env={"PARSL_MPI_PREFIX": "srun -n 4"},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "-- srun -n 4 prog" in echo
+
+
+def test_app_commands() -> None:
+    common: dict[str, Any] = dict(
+        nx=8, ny=8, steps=5, out="/o.h5", checkpoint_dir="/ck", cwd="/repo dir"
+    )
+    cmd = heat_bash(ranks=3, resume_from="/ck/step_00000010", **common)
+    assert cmd.startswith("cd '/repo dir' && export PYTHONPATH='/repo dir'")
+    assert "resume_from=/ck/step_00000010" in cmd
+    assert f"-- {mpiexec()} -n 3 {sys.executable} -m apps.heat" in cmd
+    cmd = heat_mpi_bash(parsl_resource_specification={"num_ranks": 2}, **common)
+    assert f"-- $PARSL_MPI_PREFIX {sys.executable} -m apps.heat" in cmd
+    assert "resume_from=none" in cmd
+
+
+# --------------------------------------------------------------------------- end to end
+
+STEPS = 150
+HEAT = {"nx": 32, "ny": 32, "steps": STEPS, "ranks": 2, "checkpoint_every": 10}
+
+
+@pytest.fixture
+def dfk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real DataFlowKernel: HTEx + LocalProvider, retries 1, resume_retry_handler."""
+    d = tmp_path_factory.mktemp("parsl")
+    path = d / "local.yaml"
+    path.write_text(
+        f"retries: 1\nretry_handler: resume\nrun_dir: {d / 'runinfo'}\nstrategy_period: 0.5\n"
+        "executor: {kind: htex, label: test, max_workers_per_node: 2}\n"
+        "provider: {kind: local, init_blocks: 1, max_blocks: 1}\n"
+    )
+    dfk = parsl.load(load_config(path))
+    try:
+        yield dfk
+    finally:
+        dfk.cleanup()
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoint policy for 2.5-second tries: a small stop margin."""
+    path = tmp_path_factory.mktemp("policy") / "fast.yaml"
+    path.write_text(
+        "checkpoint_comm: node\nsave_when: {every_steps: 10, on_signal: true}\n"
+        "keep: {last: 2}\nwalltime_margin_s: 0.3\n"
+    )
+    return path
+
+
+def heat_field(path: Path) -> bytes:
+    with h5py.File(path) as f:
+        assert int(f.attrs["steps"]) == STEPS
+        return bytes(f["T"][()].tobytes())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, policy: Path) -> bytes:
+    d = tmp_path_factory.mktemp("ref")
+    cmd = [
+        mpiexec(), "-n", "2", sys.executable, "-m", "apps.heat", "--nx", "32", "--ny", "32",
+        "--steps", str(STEPS), "--checkpoint-every", "10", "--config", str(policy),
+        "--checkpoint-dir", str(d / "ck"), "--out", str(d / "out.h5"),
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=120)
+    return heat_field(d / "out.h5")
+
+
+def test_walltime_kills_resume_at_no_cost(
+    dfk: Any, policy: Path, reference: bytes, tmp_path: Path
+) -> None:
+    apps = make_apps(cwd=REPO)
+    ck, out = tmp_path / "ck", tmp_path / "out.h5"
+    heat = apps.heat(
+        **HEAT, step_delay=0.04, config=str(policy), checkpoint_dir=str(ck), out=str(out),
+        walltime_s=2.5, max_no_progress=3, run_extra=["--signal", "USR1@0.5", "--kill-wait", "1"],
+        stdout=str(tmp_path / "heat.out"), stderr=str(tmp_path / "heat.err"),
+    )  # fmt: skip
+    # tasks that never progress, run alongside: a python app and a bash app
+    never = apps.run_resumable(
+        [sys.executable, "-c", "import sys; sys.exit(1)"], str(tmp_path / "never"),
+        max_no_progress=2, log_path=str(tmp_path / "never.log"),
+    )  # fmt: skip
+    broken = apps.heat(
+        **HEAT, config=str(tmp_path / "no-such-policy.yaml"), checkpoint_dir=str(tmp_path / "broken"),
+        out=str(tmp_path / "broken.h5"), max_no_progress=2,
+        stdout=str(tmp_path / "broken.out"), stderr=str(tmp_path / "broken.err"),
+    )  # fmt: skip
+
+    try:
+        assert heat.result(timeout=300) == 0
+    except Exception:
+        print((tmp_path / "heat.err").read_text()[-3000:])
+        raise
+    tr = heat.task_record
+    ledger = read_ledger(ck)
+    tries = tr["try_id"] + 1
+    assert tries >= 4, ledger  # killed at least 3 times
+    assert tr["fail_count"] == tries - 1 and tr["fail_cost"] == 0  # every kill was free
+    assert [r["exit_code"] for r in ledger] == [75] * (tries - 1) + [0]
+    assert all(r["progress"] for r in ledger)
+    assert heat_field(out) == reference  # bit-identical to the uninterrupted run
+
+    # each retry was told where to resume from, and the step only went up
+    seen = re.findall(r"resilient: resume_from=(\S+)", (tmp_path / "heat.out").read_text())
+    assert seen[0] == "none" and len(seen) == tries
+    steps = [int(Path(s).name.split("_")[1]) for s in seen[1:]]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert [Path(s).parent for s in seen[1:]] == [ck] * (tries - 1)
+    assert tr["kwargs"]["resume_from"] == seen[-1]
+
+    for fut, root, kind in ((never, tmp_path / "never", ResumableCommandError),
+                            (broken, tmp_path / "broken", BashExitFailure)):  # fmt: skip
+        exc = fut.exception(timeout=120)
+        assert isinstance(exc, kind), repr(exc)
+        assert exc.exitcode == 93
+        ledger = read_ledger(root)
+        assert [r["exit_code"] for r in ledger][-1] == 93 and len(ledger) == 2
+        assert fut.task_record["try_id"] == 1 and fut.task_record["fail_cost"] == math.inf
+    assert "resilient: resume_from=none" in (tmp_path / "never.log").read_text()
+
+
+def test_mpi_executor_app(
+    tmp_path: Path, policy: Path, reference: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MPIExecutor variant: ranks started by $PARSL_MPI_PREFIX (here mpiexec -n 2 -ppn 2
+    -hosts <this host>; Parsl reads the node list from a PBS_NODEFILE we fake)."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text(socket.gethostname() + "\n")
+    for var in ("SLURM_NODELIST", "PBS_NODEFILE"):
+        monkeypatch.delenv(var, raising=False)
+    init = f"export PBS_NODEFILE={nodefile}; export PATH={Path(mpiexec()).parent}:$PATH"
+    path = tmp_path / "mpi.yaml"
+    path.write_text(
+        f"retries: 1\nrun_dir: {tmp_path / 'runinfo'}\nstrategy_period: 0.5\n"
+        "executor: {kind: mpi, label: mpitest, max_workers_per_block: 1, mpi_launcher: mpiexec}\n"
+        f"provider: {{kind: local, launcher: simple, worker_init: '{init}'}}\n"
+    )
+    dfk = parsl.load(load_config(path))
+    try:
+        apps = make_apps(cwd=REPO)
+        fut = apps.heat_mpi(
+            **HEAT, config=str(policy), checkpoint_dir=str(tmp_path / "ck"),
+            out=str(tmp_path / "out.h5"), stdout=str(tmp_path / "o.txt"), stderr=str(tmp_path / "e.txt"),
+        )  # fmt: skip
+        assert fut.result(timeout=120) == 0, (tmp_path / "e.txt").read_text()
+        assert fut.task_record["resource_specification"]["num_ranks"] == 2
+    finally:
+        dfk.cleanup()
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert int(f.attrs["ranks"]) == 2
+    assert heat_field(tmp_path / "out.h5") == reference
+    assert "-- $PARSL_MPI_PREFIX" in (tmp_path / "e.txt").read_text()

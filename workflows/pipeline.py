@@ -1,0 +1,301 @@
+"""The example campaign (configs/campaign.yaml) as a Parsl workflow, resumable under walltime limits.
+
+    python workflows/pipeline.py [--config configs/parsl/local.yaml] [--campaign configs/campaign.yaml]
+                                 [--walltime SECONDS] [--results DIR] [--checkpoint-root DIR]
+                                 [--checkpoint-config configs/checkpoint/demo.yaml]
+
+One heat task per case and one train task, each a bash app running ``resilient run --
+mpiexec -n N python -m apps.<app> ...`` (see :mod:`resilient.integrations.parsl`). Each task
+has its own checkpoint directory ``<checkpoint_root>/<task>-<12 hex>``, the hex being a hash of
+the parameters that determine its result (grid, steps, alpha, rank count), so a changed
+parameter starts fresh while a rerun or a retry resumes. The Parsl config's
+``resume_retry_handler`` makes a try that was cut short after committing a newer checkpoint
+free, and sets the task's ``resume_from`` for the next try.
+
+``--walltime`` (else the campaign's ``walltime``) simulates a walltime per try locally
+(``resilient run --walltime``); without one, the Slurm job's own end time applies.
+
+Prints one line per task (status, tries), writes ``<results>/parsl-summary.json`` and exits 1
+if any task failed. Relative paths on the command line are taken from the current directory;
+the tasks run in the repository root, and Parsl's run_dir is relative to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from concurrent.futures import wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from resilient.errors import ConfigError
+from resilient.run import read_ledger
+
+REPO = Path(__file__).resolve().parent.parent
+HASH_HEX = 12
+
+_CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train"}
+_HEAT_KEYS = {"ranks", "checkpoint_every", "step_delay", "cases"}
+_CASE_KEYS = {"nx", "ny", "steps", "alpha"}
+_TRAIN_KEYS = {"ranks", "steps", "checkpoint_every", "step_delay"}
+
+
+@dataclass
+class Task:
+    """One task of the campaign."""
+
+    name: str
+    app: str  # "heat" | "train"
+    params: dict[str, Any]  # what determines the result (hashed into the checkpoint dir)
+    options: dict[str, Any]  # cadence, slow-down: not hashed
+    out: Path
+    checkpoint_dir: Path = field(init=False)
+    future: Any = None
+
+    def place(self, checkpoint_root: Path) -> None:
+        self.checkpoint_dir = checkpoint_root / f"{self.name}-{params_hash(self.app, self.params)}"
+
+
+def params_hash(app: str, params: Mapping[str, Any]) -> str:
+    """12 hex digits of SHA-256 over the app name and its parameters (JSON, sorted keys)."""
+    text = json.dumps({"app": app, "params": dict(params)}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_HEX]
+
+
+def _mapping(doc: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{where}: expected a mapping")
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return doc
+
+
+def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = False) -> Any:
+    value = doc.get(key)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{where}.{key}: expected {kind}, got {value!r}")
+    return value
+
+
+def load_campaign(
+    path: Path, results: Path | None, checkpoint_root: Path | None
+) -> tuple[list[Task], Path, Path, Any]:
+    """(tasks, results dir, checkpoint root, campaign walltime) from ``configs/campaign.yaml``."""
+    where = str(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    top = _mapping(doc, where, _CAMPAIGN_KEYS)
+    results = results or REPO / str(top.get("results", "results"))
+    ckroot = checkpoint_root or REPO / str(top.get("checkpoint_root", "ckpt"))
+    tasks = []
+    heat = _mapping(top.get("heat", {}), f"{where}: heat", _HEAT_KEYS)
+    cases = heat.get("cases", {})
+    if not isinstance(cases, Mapping):
+        raise ConfigError(f"{where}: heat.cases: expected a mapping of case name -> parameters")
+    for case, spec in cases.items():
+        cw = f"{where}: heat.cases.{case}"
+        spec = _mapping(spec, cw, _CASE_KEYS)
+        params = {
+            "nx": _number(spec, "nx", cw, integer=True),
+            "ny": _number(spec, "ny", cw, integer=True),
+            "steps": _number(spec, "steps", cw, integer=True),
+            "alpha": float(_number(spec, "alpha", cw)),
+            "ranks": _number(heat, "ranks", f"{where}: heat", integer=True),
+        }
+        options = {
+            "checkpoint_every": _number(heat, "checkpoint_every", f"{where}: heat", integer=True),
+            "step_delay": float(heat.get("step_delay", 0.0)),
+        }
+        tasks.append(Task(f"heat-{case}", "heat", params, options, results / "heat" / f"{case}.h5"))
+    if "train" in top:
+        tw = f"{where}: train"
+        train = _mapping(top["train"], tw, _TRAIN_KEYS)
+        params = {
+            "steps": _number(train, "steps", tw, integer=True),
+            "ranks": _number(train, "ranks", tw, integer=True),
+        }
+        options = {
+            "checkpoint_every": _number(train, "checkpoint_every", tw, integer=True),
+            "step_delay": float(train.get("step_delay", 0.0)),
+        }
+        tasks.append(Task("train", "train", params, options, results / "train" / "model.h5"))
+    for task in tasks:
+        task.place(ckroot)
+    return tasks, results, ckroot, top.get("walltime")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument(
+        "--config", type=Path, default=REPO / "configs/parsl/local.yaml", help="Parsl config YAML"
+    )
+    p.add_argument(
+        "--campaign", type=Path, default=REPO / "configs/campaign.yaml", help="campaign YAML"
+    )
+    p.add_argument(
+        "--walltime",
+        type=float,
+        help="simulated walltime per try, seconds (overrides the campaign)",
+    )
+    p.add_argument("--results", type=Path, help="results directory (overrides the campaign)")
+    p.add_argument("--checkpoint-root", type=Path, help="checkpoint root (overrides the campaign)")
+    p.add_argument(
+        "--checkpoint-config",
+        type=Path,
+        default=REPO / "configs/checkpoint/demo.yaml",
+        help="checkpoint policy passed to the apps (default: the demo's, a 2 s stop margin that "
+        "suits short simulated walltimes)",
+    )
+    return p.parse_args(argv)
+
+
+def _absolute(path: Path | None) -> Path | None:
+    return None if path is None else path.resolve()
+
+
+def _fmt_cost(value: float) -> float | str:
+    return "inf" if math.isinf(value) else value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config_path, campaign_path = args.config.resolve(), args.campaign.resolve()
+    policy = args.checkpoint_config.resolve()
+    try:
+        tasks, results, ckroot, campaign_walltime = load_campaign(
+            campaign_path, _absolute(args.results), _absolute(args.checkpoint_root)
+        )
+    except ConfigError as exc:
+        print(f"pipeline: {exc}", file=sys.stderr)
+        return 2
+    walltime = args.walltime if args.walltime is not None else campaign_walltime
+    if walltime is not None and (
+        isinstance(walltime, bool) or not isinstance(walltime, (int, float))
+    ):
+        print(
+            f"pipeline: {campaign_path}: walltime: expected seconds or null, got {walltime!r}",
+            file=sys.stderr,
+        )
+        return 2
+
+    os.chdir(REPO)  # the tasks run here; a relative Parsl run_dir lands here too
+    import parsl
+
+    from resilient.integrations.parsl import load_config, make_apps
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"pipeline: {exc}", file=sys.stderr)
+        return 2
+
+    decisions = logging.getLogger("resilient.integrations.parsl")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("retry: %(message)s"))
+    decisions.addHandler(handler)
+    decisions.setLevel(logging.INFO)
+    decisions.propagate = False
+
+    logs = results / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    print(f"parsl config {config_path}, campaign {campaign_path}, walltime {walltime} s per try")
+    print(
+        f"checkpoints under {ckroot}, results in {results}, Parsl run_dir {Path(config.run_dir).resolve()}"
+    )
+    dfk = parsl.load(config)
+    try:
+        apps = make_apps(cwd=REPO)
+        for t in tasks:
+            t.out.parent.mkdir(parents=True, exist_ok=True)
+            common = {
+                "checkpoint_dir": str(t.checkpoint_dir),
+                "out": str(t.out),
+                "config": str(policy),
+                "walltime_s": walltime,
+                "stdout": str(logs / f"{t.name}.out"),
+                "stderr": str(logs / f"{t.name}.err"),
+                **t.options,
+            }
+            if t.app == "heat":
+                t.future = apps.heat(**t.params, **common)
+            else:
+                t.future = apps.train(**t.params, **common)
+            print(f"submitted {t.name}: {t.checkpoint_dir}")
+        wait([t.future for t in tasks])  # failures are reported below, from the task records
+    finally:
+        rows = [summarise(t, since=start) for t in tasks]
+        dfk.cleanup()
+
+    ok = all(r["status"] in ("exec_done", "memo_done") for r in rows)
+    print()
+    print(f"{'task':<12} {'status':<10} {'tries':>5} {'retry cost':>10}  ledger exits   output")
+    for r in rows:
+        print(
+            f"{r['task']:<12} {r['status']:<10} {r['tries']:>5} {r['fail_cost']!s:>10}  "
+            f"{','.join(map(str, r['ledger_exits'])):<14} {r['out'] if r['error'] is None else r['error']}"
+        )
+    summary = {
+        "ok": ok,
+        "elapsed_s": round(time.time() - start, 1),
+        "config": str(config_path),
+        "campaign": str(campaign_path),
+        "walltime_s": walltime,
+        "tasks": rows,
+    }
+    path = results / "parsl-summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"\n{'all tasks done' if ok else 'some tasks FAILED'} in {summary['elapsed_s']} s; wrote {path}"
+    )
+    return 0 if ok else 1
+
+
+def summarise(t: Task, *, since: float) -> dict[str, Any]:
+    """One task's status, tries and this run's ledger lines (attempts started after ``since``)."""
+    fut = t.future
+    rec = fut.task_record if fut is not None else {}
+    error = None
+    if fut is not None and fut.done():
+        exc = fut.exception()
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+    status = rec.get("status")
+    return {
+        "task": t.name,
+        "app": t.app,
+        "params": t.params,
+        "checkpoint_dir": str(t.checkpoint_dir),
+        "out": str(t.out),
+        "status": status.name if status is not None else "not submitted",
+        "tries": rec.get("try_id", -1) + 1,
+        "fail_count": rec.get("fail_count", 0),
+        "fail_cost": _fmt_cost(float(rec.get("fail_cost", 0))),
+        "resume_from": rec.get("kwargs", {}).get("resume_from"),
+        "ledger_exits": [
+            r.get("exit_code")
+            for r in read_ledger(t.checkpoint_dir)
+            if float(r.get("start", 0)) >= since
+        ],
+        "error": error,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
