@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -125,6 +126,11 @@ class Session:
             else:
                 self.manager.__exit__(exc_type, exc, tb)
         if exc is None and self.stopped and self.exit_on_stop:
+            # The process is about to exit: a second warning signal (Slurm repeats them, launchers
+            # forward them) must not kill it now. CPython restores the default action of signals
+            # with Python handlers during shutdown, but keeps SIG_IGN.
+            for sig in self._signals.signals:
+                signal.signal(sig, signal.SIG_IGN)
             if self.saves_this_run:
                 raise SystemExit(EXIT_RESUME)
             log.error("stopped (%s) before saving any progress: exiting 1", self.stop_reason)

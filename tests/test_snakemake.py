@@ -1,0 +1,348 @@
+"""The Snakemake workflow (workflows/Snakefile, local profile) and its checkpoint-dir helpers.
+
+Real ``snakemake`` runs with real MPI ranks and simulated walltime kills: every attempt is cut
+short by ``resilient run --walltime``, exits 75, and Snakemake's retry resumes it. Each run
+works in ``tmp_path`` (``--directory``), with the campaign replaced by a small test campaign.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from resilient import CheckpointManager, storage
+from resilient.integrations.snakemake import (
+    checkpoint_dir,
+    cleanup,
+    fingerprint,
+    latest_checkpoint,
+    main,
+    stale_siblings,
+    task_key,
+)
+from resilient.run import read_ledger
+from resilient.validate import latest_valid, list_checkpoints
+from tests.mpirun import REPO, clean_env, mpiexec
+
+SNAKEFILE = REPO / "workflows" / "Snakefile"
+PROFILE = REPO / "configs" / "profiles" / "local"
+
+# Attempts last WALLTIME s: USR1 after 3 s stops the run (the small margin keeps the deadline
+# check from racing the signal), SIGTERM at 4 s, SIGKILL at 5 s. So an attempt makes fewer
+# than 3 s / step_delay steps, 85 heat steps (>= 35 ms each) or 60 train steps (>= 50 ms),
+# fewer still after the MPI start-up (0.7-1 s): ~60 and ~45 seen. Each task needs more than
+# twice that (180 / 130 steps), so every task is stopped at least twice before it finishes.
+WALLTIME = 4
+POLICY = {
+    "checkpoint_comm": "node",
+    "save_when": {"every_steps": 20, "on_signal": True},
+    "keep": {"last": 2},
+    "walltime_margin_s": 0.2,
+}
+CASES = {
+    "hot": {"nx": 48, "ny": 48, "steps": 180, "alpha": 0.2},
+    "wide": {"nx": 64, "ny": 32, "steps": 180, "alpha": 0.15},
+}
+TRAIN = {"ranks": 2, "steps": 130, "checkpoint_every": 20, "step_delay": 0.05}
+HEAT_DELAY = 0.035
+
+
+def campaign(tmp: Path, **changes: Any) -> dict[str, Any]:
+    """The test campaign (same shape as configs/campaign.yaml), results and ckpt in ``tmp``."""
+    cases = {name: dict(c) for name, c in CASES.items()}
+    for name, c in changes.pop("cases", {}).items():
+        cases[name].update(c)
+    doc: dict[str, Any] = {
+        "results": str(tmp / "results"),
+        "checkpoint_root": str(tmp / "ckpt"),
+        "walltime": WALLTIME,
+        "heat": {"ranks": 4, "checkpoint_every": 20, "step_delay": HEAT_DELAY, "cases": cases},
+        "train": dict(TRAIN),
+    }
+    doc.update(changes)
+    return doc
+
+
+def snakemake(
+    tmp: Path, doc: dict[str, Any], *targets: str, retries: int = 10, cleanup_ckpt: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the workflow with the local profile in ``tmp/work``; return the finished process."""
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    policy = tmp / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    configfile = tmp / "campaign.yaml"
+    configfile.write_text(yaml.safe_dump(doc))
+    cmd = [
+        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", str(SNAKEFILE),
+        "--directory", str(work), "--configfile", str(configfile), "--replace-workflow-config",
+        # a command-line --config replaces the profile's whole `config:` entry
+        "--config", f"walltime={doc['walltime']}", f"checkpoint_config={policy}",
+        f"retries={retries}", f"cleanup_checkpoints={cleanup_ckpt}",
+        "--", *targets,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=tmp, env=clean_env(), capture_output=True, text=True, timeout=600
+    )
+    (tmp / "snakemake.log").open("a").write(proc.stdout + proc.stderr)
+    return proc
+
+
+def fail(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"snakemake exited {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+
+
+def task_dirs(tmp: Path) -> dict[str, Path]:
+    """Checkpoint dirs by task name (``heat/hot``, ``train``): must be exactly one each."""
+    out: dict[str, Path] = {}
+    for rule_dir in sorted((tmp / "ckpt").iterdir()):
+        for d in sorted(rule_dir.iterdir()):
+            name = (
+                rule_dir.name
+                if rule_dir.name == "train"
+                else f"{rule_dir.name}/{d.name.rsplit('-', 1)[0]}"
+            )
+            assert name not in out, f"two checkpoint dirs for {name}: {out[name]}, {d}"
+            out[name] = d
+    return out
+
+
+def dataset_sha256(path: Path) -> str:
+    """sha256 of every dataset's bytes in name order (as the summary rule computes it)."""
+    names: list[str] = []
+    digest = hashlib.sha256()
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, obj: names.append(n) if isinstance(obj, h5py.Dataset) else None)
+        for n in sorted(names):
+            digest.update(np.ascontiguousarray(f[n][()]).tobytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Uninterrupted runs of the apps themselves (no resilient run, no Snakemake, no delay)."""
+    d = tmp_path_factory.mktemp("reference")
+    out: dict[str, str] = {}
+    runs = {
+        f"heat/{name}": [
+            "-n", "4", sys.executable, "-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]),
+            "--steps", str(c["steps"]), "--alpha", str(c["alpha"]),
+        ]
+        for name, c in CASES.items()
+    }  # fmt: skip
+    runs["train"] = ["-n", "2", sys.executable, "-m", "apps.train", "--steps", str(TRAIN["steps"])]
+    for task, args in runs.items():
+        tag = task.replace("/", "-")
+        cmd = [mpiexec(), *args, "--checkpoint-dir", str(d / tag), "--out", str(d / f"{tag}.h5")]
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[task] = dataset_sha256(d / f"{tag}.h5")
+    return out
+
+
+# --------------------------------------------------------------------------- workflow runs
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_walltime_kills_resume_to_bit_identical_outputs(
+    tmp_path: Path, reference: dict[str, str]
+) -> None:
+    proc = snakemake(tmp_path, campaign(tmp_path), cleanup_ckpt=True)
+    assert proc.returncode == 0, fail(proc)
+
+    dirs = task_dirs(tmp_path)
+    assert sorted(dirs) == ["heat/hot", "heat/wide", "train"]
+    for task, d in dirs.items():
+        ledger = read_ledger(d)
+        codes = [r["exit_code"] for r in ledger]
+        assert codes[-1] == 0 and codes.count(75) >= 2, (task, codes)
+        assert ledger[0]["latest_before"] is None
+        for before, after in itertools.pairwise(
+            ledger
+        ):  # each retry resumed where the last stopped
+            assert after["latest_before"] == before["latest_after"], (task, ledger)
+        # cleanup_checkpoints: the data is gone, the logs stay
+        assert list_checkpoints(d) == [] and not (d / "static").exists()
+        assert {p.name for p in d.iterdir()} >= {"attempts.jsonl", "saves.jsonl", ".resilient-root"}
+
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())["tasks"]
+    assert sorted(summary) == sorted(reference)
+    results = tmp_path / "results"
+    outputs = {f"heat/{c}": results / "heat" / f"{c}.h5" for c in CASES}
+    outputs["train"] = results / "train" / "model.h5"
+    for task, path in outputs.items():
+        assert dataset_sha256(path) == reference[task], f"{task} differs from the reference"
+        assert summary[task]["sha256"] == reference[task]
+        assert summary[task]["output"] == str(path)
+        assert Path(summary[task]["checkpoint_dir"]) == dirs[task]
+    assert summary["heat/hot"]["steps"] == CASES["hot"]["steps"]
+    assert summary["train"]["steps"] == TRAIN["steps"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_changed_parameter_starts_fresh_while_unchanged_case_resumes(tmp_path: Path) -> None:
+    targets = [str(tmp_path / "results" / "heat" / f"{c}.h5") for c in CASES]
+    # a partial run: every case is stopped once and, without retries, left unfinished
+    first = snakemake(tmp_path, campaign(tmp_path), *targets, retries=0)
+    assert first.returncode != 0, fail(first)
+    before = task_dirs(tmp_path)
+    for task in ("heat/hot", "heat/wide"):
+        assert [r["exit_code"] for r in read_ledger(before[task])] == [75]
+
+    changed = campaign(tmp_path, cases={"hot": {"alpha": 0.1}})
+    second = snakemake(tmp_path, changed, *targets)
+    assert second.returncode == 0, fail(second)
+
+    hot_dirs = sorted((tmp_path / "ckpt" / "heat").glob("hot-*"))
+    assert len(hot_dirs) == 2
+    (new_hot,) = (d for d in hot_dirs if d != before["heat/hot"])
+    ledger = read_ledger(new_hot)
+    assert ledger[0]["latest_before"] is None, ledger  # a fresh start
+    assert ledger[-1]["exit_code"] == 0
+    assert stale_siblings(new_hot) == [str(before["heat/hot"])]
+    assert len(read_ledger(before["heat/hot"])) == 1  # the old one is left alone
+    assert latest_valid(before["heat/hot"]) is not None
+
+    wide = sorted((tmp_path / "ckpt" / "heat").glob("wide-*"))
+    assert wide == [before["heat/wide"]]  # same parameters, same directory
+    ledger = read_ledger(wide[0])
+    assert ledger[1]["latest_before"] is not None, ledger  # resumed
+    assert ledger[1]["latest_before"] == ledger[0]["latest_after"]
+    assert ledger[-1]["exit_code"] == 0
+    with h5py.File(tmp_path / "results" / "heat" / "hot.h5") as f:
+        assert int(f.attrs["steps"]) == CASES["hot"]["steps"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "heat" / "hot.h5"
+    proc = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0)
+    assert proc.returncode != 0, fail(proc)
+    assert "Error in rule heat" in proc.stdout + proc.stderr
+    assert not out.exists()
+    (d,) = task_dirs(tmp_path).values()
+    ledger = read_ledger(d)
+    assert [r["exit_code"] for r in ledger] == [75]
+    latest = latest_valid(d)
+    assert latest is not None and latest.step == ledger[0]["latest_after"]
+    assert latest_checkpoint(d) == str(latest.path)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_checkpoint_dir_is_deterministic_and_keyed(tmp_path: Path) -> None:
+    params = {"nx": 96, "alpha": 0.2}
+    a = checkpoint_dir("ckpt", "heat", {"case": "hot"}, params)
+    assert a == checkpoint_dir("ckpt", "heat", {"case": "hot"}, dict(reversed(params.items())))
+    assert Path(a).parent == Path("ckpt/heat")
+    key, digest = Path(a).name.rsplit("-", 1)
+    assert key == "hot" and len(digest) == 12 and int(digest, 16) >= 0
+    assert a != checkpoint_dir("ckpt", "heat", {"case": "hot"}, {"nx": 96, "alpha": 0.25})
+    assert Path(checkpoint_dir("ckpt", "train", {})).name.startswith("train-")
+    multi = checkpoint_dir("ckpt", "r", {"a": "x", "b": "y"})
+    assert Path(multi).name.startswith("x_y-")
+
+    # unsafe wildcard values stay inside the rule's directory and still differ
+    for value in ("../../etc", "a/b", ".hidden"):
+        p = Path(checkpoint_dir("ckpt", "heat", {"case": value}))
+        assert p.parent == Path("ckpt/heat") and not p.name.startswith("."), p
+    assert task_key({"case": "a/b"}) == task_key({"case": "a_b"})
+    assert checkpoint_dir("c", "r", {"case": "a/b"}) != checkpoint_dir("c", "r", {"case": "a_b"})
+    with pytest.raises(ValueError):
+        checkpoint_dir("ckpt", "../x", {})
+
+    # inputs: path, size and content count; mtime alone does not
+    f = tmp_path / "mesh.dat"
+    f.write_bytes(b"0123456789")
+    one = fingerprint(params, [str(f)])
+    os.utime(f, (1, 1))
+    assert fingerprint(params, [str(f)]) == one
+    f.write_bytes(b"0123456780")
+    assert fingerprint(params, [str(f)]) != one
+    assert fingerprint(params, str(f)) == fingerprint(params, [str(f)])
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    (folder / "t1").write_text("x")
+    tree = fingerprint(None, [str(folder)])
+    (folder / "t1").write_text("y")
+    assert fingerprint(None, [str(folder)]) != tree
+    with pytest.raises(FileNotFoundError):
+        fingerprint(None, [str(tmp_path / "missing")])
+
+
+def make_root(path: Path, steps: tuple[int, ...] = (1, 2, 3)) -> None:
+    with CheckpointManager(path) as m:
+        for s in steps:
+            m.save(s, {"x": np.full(10, s)}, static={"grid": np.arange(4)})
+    storage.append_log(path / "attempts.jsonl", {"attempt": 1, "exit_code": 0})
+
+
+def test_cleanup_keeps_logs_and_needs_every_output(tmp_path: Path) -> None:
+    ck = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hot"}, {"alpha": 0.2}))
+    old = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hot"}, {"alpha": 0.1}))
+    other = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hotter"}, {"alpha": 0.1}))
+    for d in (ck, old, other):
+        make_root(d)
+    (ck / "step_00000002").rename(ck / "step_00000002.quarantined-0123456789abcdef")
+    assert stale_siblings(ck) == [str(old)]
+    assert latest_checkpoint(ck) == str(ck / "step_00000003")
+
+    out = tmp_path / "out.h5"
+    assert cleanup(ck, [str(out)]) == []  # output missing: keep everything
+    assert latest_checkpoint(ck) is not None
+    out.write_bytes(b"done")
+    removed = cleanup(ck, str(out))
+    assert {Path(p).name for p in removed} == {
+        "step_00000001", "step_00000002.quarantined-0123456789abcdef", "step_00000003", "static"
+    }  # fmt: skip
+    assert sorted(p.name for p in ck.iterdir()) == [
+        ".lock", ".resilient-root", "attempts.jsonl", "saves.jsonl"
+    ]  # fmt: skip
+    assert latest_checkpoint(ck) is None and read_ledger(ck) == [{"attempt": 1, "exit_code": 0}]
+    assert old.exists()  # stale siblings stay unless asked
+
+    cleanup(ck, [str(out)], remove_stale=True)
+    assert not old.exists() and other.exists() and stale_siblings(ck) == []
+    assert not any(p.name.startswith(".trash") for p in ck.parent.iterdir())
+    cleanup(ck, [str(out)], keep_logs=False)
+    assert not ck.exists() and other.exists()
+
+
+def test_cleanup_command_never_fails_the_job(tmp_path: Path) -> None:
+    ck = tmp_path / "ckpt" / "heat" / "hot-0123456789ab"
+    make_root(ck)
+    out = tmp_path / "out.h5"
+    out.write_bytes(b"done")
+    lock = storage.RootLock(ck)
+    lock.acquire()  # a job still writing there
+    try:
+        assert main(["cleanup", str(ck), str(out)]) == 0
+        assert latest_checkpoint(ck) is not None
+    finally:
+        lock.release()
+    proc = subprocess.run(
+        [sys.executable, "-m", "resilient.integrations.snakemake", "cleanup", str(ck), str(out)],
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert latest_checkpoint(ck) is None and read_ledger(ck)
