@@ -116,7 +116,7 @@ def dataset_bytes(path: Path) -> dict[str, bytes]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="output folder (default out/demo-TIME)")
-    p.add_argument("--walltime", type=float, default=5.0, help="simulated walltime per attempt, s")
+    p.add_argument("--walltime", type=float, default=4.0, help="simulated walltime per attempt, s")
     args = p.parse_args(argv)
     if not (REPO / "workflows" / "Snakefile").exists():
         raise SystemExit(
