@@ -6,9 +6,11 @@
 
 One heat task per case and one train task, each a bash app running ``resilient run --
 mpiexec -n N python -m apps.<app> ...`` (see :mod:`resilient.integrations.parsl`). Each task
-has its own checkpoint directory ``<checkpoint_root>/<task>-<12 hex>``, the hex being a hash of
-the parameters that determine its result (grid, steps, alpha, rank count), so a changed
-parameter starts fresh while a rerun or a retry resumes. The Parsl config's
+has its own checkpoint directory, keyed exactly as in workflows/Snakefile
+(``<checkpoint_root>/heat/<case>-<12 hex>``, ``<checkpoint_root>/train/train-<12 hex>``, the hex a
+hash of what determines the result: app, grid, steps, alpha, rank count, checkpoint layout), so
+a changed parameter starts fresh, a rerun or a retry resumes, and a campaign started under one
+engine resumes under the other. The Parsl config's
 ``resume_retry_handler`` makes a try that was cut short after committing a newer checkpoint
 free, and sets the task's ``resume_from`` for the next try.
 
@@ -23,7 +25,6 @@ the tasks run in the repository root, and Parsl's run_dir is relative to it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
@@ -39,10 +40,10 @@ from typing import Any
 import yaml
 
 from resilient.errors import ConfigError
+from resilient.integrations.snakemake import checkpoint_dir  # engine-neutral keying
 from resilient.run import read_ledger
 
 REPO = Path(__file__).resolve().parent.parent
-HASH_HEX = 12
 
 _CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train"}
 _HEAT_KEYS = {"ranks", "checkpoint_every", "step_delay", "cases"}
@@ -62,14 +63,25 @@ class Task:
     checkpoint_dir: Path = field(init=False)
     future: Any = None
 
-    def place(self, checkpoint_root: Path) -> None:
-        self.checkpoint_dir = checkpoint_root / f"{self.name}-{params_hash(self.app, self.params)}"
-
-
-def params_hash(app: str, params: Mapping[str, Any]) -> str:
-    """12 hex digits of SHA-256 over the app name and its parameters (JSON, sorted keys)."""
-    text = json.dumps({"app": app, "params": dict(params)}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:HASH_HEX]
+    def place(self, checkpoint_root: Path, layout: str | None = None) -> None:
+        """Key the checkpoint directory exactly as workflows/Snakefile does, so that a campaign
+        started under one engine resumes under the other."""
+        p = self.params
+        if self.app == "heat":
+            case = self.name.removeprefix("heat-")
+            keyed = {"app": "apps.heat", "ranks": p["ranks"], "nx": p["nx"], "ny": p["ny"],
+                     "steps": p["steps"], "alpha": p["alpha"], "layout": layout}  # fmt: skip
+            self.checkpoint_dir = Path(
+                checkpoint_dir(checkpoint_root, "heat", {"case": case}, keyed)
+            )
+        else:
+            keyed = {
+                "app": "apps.train",
+                "ranks": p["ranks"],
+                "steps": p["steps"],
+                "layout": layout,
+            }
+            self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, "train", {}, keyed))
 
 
 def _mapping(doc: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -91,7 +103,7 @@ def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = Fal
 
 
 def load_campaign(
-    path: Path, results: Path | None, checkpoint_root: Path | None
+    path: Path, results: Path | None, checkpoint_root: Path | None, layout: str | None = None
 ) -> tuple[list[Task], Path, Path, Any]:
     """(tasks, results dir, checkpoint root, campaign walltime) from ``configs/campaign.yaml``."""
     where = str(path)
@@ -137,7 +149,7 @@ def load_campaign(
         }
         tasks.append(Task("train", "train", params, options, results / "train" / "model.h5"))
     for task in tasks:
-        task.place(ckroot)
+        task.place(ckroot, layout)
     return tasks, results, ckroot, top.get("walltime")
 
 
@@ -179,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     config_path, campaign_path = args.config.resolve(), args.campaign.resolve()
     policy = args.checkpoint_config.resolve()
     try:
+        layout = (yaml.safe_load(policy.read_text()) or {}).get("checkpoint_comm")
         tasks, results, ckroot, campaign_walltime = load_campaign(
-            campaign_path, _absolute(args.results), _absolute(args.checkpoint_root)
+            campaign_path, _absolute(args.results), _absolute(args.checkpoint_root), layout
         )
     except ConfigError as exc:
         print(f"pipeline: {exc}", file=sys.stderr)
