@@ -42,7 +42,7 @@ from resilient.policies import (
     YoungDaly,
 )
 
-__all__ = ["CheckpointConfig", "load_checkpoint_config"]
+__all__ = ["CheckpointConfig", "load_checkpoint_config", "load_yaml"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,15 +94,8 @@ def load_checkpoint_config(path: str | os.PathLike[str]) -> CheckpointConfig:
     Raises:
         ConfigError: unreadable file, bad YAML, unknown keys or wrong types.
     """
-    import yaml
-
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    doc = load_yaml(p)
     try:
         return CheckpointConfig.from_dict(doc or {}, where=str(p))
     except ConfigError as exc:
@@ -110,6 +103,29 @@ def load_checkpoint_config(path: str | os.PathLike[str]) -> CheckpointConfig:
         if not message.startswith(str(p)):
             raise ConfigError(f"{p}: {message}") from None
         raise
+
+
+def load_yaml(path: str | os.PathLike[str]) -> Any:
+    """Parse a YAML file safely (no Python objects); unreadable or invalid -> :class:`ConfigError`."""
+    import yaml
+
+    p = Path(path)
+    try:
+        return yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+
+
+def _any_of(parts: list[Any]) -> Any:
+    """``parts[0] | parts[1] | ...``, or ``None`` for no parts."""
+    if not parts:
+        return None
+    policy = parts[0]
+    for part in parts[1:]:
+        policy = policy | part
+    return policy
 
 
 def _only(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
@@ -172,12 +188,7 @@ def _save_policy(doc: Any, where: str) -> SavePolicy | None:
                 ),
             )
         )
-    if not parts:
-        return None
-    policy = parts[0]
-    for p in parts[1:]:
-        policy = policy | p
-    return policy
+    return _any_of(parts)  # type: ignore[no-any-return]
 
 
 def _keep_policy(doc: Any, where: str) -> KeepPolicy | None:
@@ -203,9 +214,4 @@ def _keep_policy(doc: Any, where: str) -> KeepPolicy | None:
                 mode=_typed(best, "mode", str, f"{where}.best", "min"),
             )
         )
-    if not parts:
-        return None
-    policy = parts[0]
-    for p in parts[1:]:
-        policy = policy | p
-    return policy
+    return _any_of(parts)  # type: ignore[no-any-return]

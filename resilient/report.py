@@ -17,7 +17,6 @@ Definitions:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -72,22 +71,6 @@ class TaskReport:
         return doc
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def _num(rec: dict[str, Any], key: str) -> float | None:
     v = rec.get(key)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -96,11 +79,11 @@ def _num(rec: dict[str, Any], key: str) -> float | None:
 def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
     """The report of one checkpoint root (a task)."""
     r = Path(root)
-    attempts_raw = _read_jsonl(r / layout.ATTEMPT_LEDGER)
-    saves = [s for s in _read_jsonl(r / layout.SAVE_LOG) if _num(s, "time") is not None]
+    attempts_raw = storage.read_jsonl(r / layout.ATTEMPT_LEDGER)
+    saves = [s for s in storage.read_jsonl(r / layout.SAVE_LOG) if _num(s, "time") is not None]
     progress = sorted(
         (float(p["time"]), int(p["step"]))
-        for p in _read_jsonl(r / layout.PROGRESS_LOG)
+        for p in storage.read_jsonl(r / layout.PROGRESS_LOG)
         if _num(p, "time") is not None and isinstance(p.get("step"), int)
     )
     attempts: list[AttemptSummary] = []

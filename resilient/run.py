@@ -126,20 +126,7 @@ class AttemptRecord:
 
 def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
     """The ledger's records (malformed lines are skipped)."""
-    path = checkpoint_dir / layout.ATTEMPT_LEDGER
-    out = []
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return storage.read_jsonl(checkpoint_dir / layout.ATTEMPT_LEDGER)
 
 
 def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "RootLock",
     "move_to_trash",
     "append_log",
+    "read_jsonl",
     "cleanup_leftovers",
     "commit_dir",
     "ensure_root",
@@ -148,6 +149,23 @@ class RootLock:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a small append-only log; malformed (e.g. torn) lines are skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def append_log(path: Path, record: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from resilient.config import load_yaml
 from resilient.errors import ConfigError
 from resilient.integrations.snakemake import checkpoint_dir  # engine-neutral keying
 from resilient.run import read_ledger
@@ -107,12 +108,7 @@ def load_campaign(
 ) -> tuple[list[Task], Path, Path, Any]:
     """(tasks, results dir, checkpoint root, campaign walltime) from ``configs/campaign.yaml``."""
     where = str(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    doc = load_yaml(path)
     top = _mapping(doc, where, _CAMPAIGN_KEYS)
     results = results or REPO / str(top.get("results", "results"))
     ckroot = checkpoint_root or REPO / str(top.get("checkpoint_root", "ckpt"))

@@ -857,13 +857,8 @@ def load_config(path: str | os.PathLike[str]) -> parsl.Config:
         ConfigError: unreadable file, bad YAML, unknown keys, wrong types or values; the
             message names the file and the key.
     """
-    import yaml
+    from resilient.config import load_yaml
 
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    doc = load_yaml(p)
     return build_config(doc if doc is not None else {}, where=str(p))
