@@ -143,12 +143,16 @@ class CheckpointManager:
     def should_save(
         self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
     ) -> bool:
-        """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides)."""
+        """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides).
+
+        Cheap enough to call every step: one small allreduce (ranks arrive together here, so
+        no sleeping barrier), not a broadcast behind a barrier.
+        """
         decision = False
         if self.comm.rank == 0 and self.save_when is not None:
             ctx = self.save_context(step, time_left_s=time_left_s, stop_requested=stop_requested)
             decision = bool(self.save_when(ctx))
-        return bool(self.comm.bcast(decision, root=0))
+        return self.comm.any_true(decision)  # only rank 0's vote can be true
 
     def save_context(
         self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False

@@ -7,6 +7,7 @@ non-blocking barrier polled with short sleeps. With MPICH on oversubscribed core
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ __all__ = ["MPIComm"]
 
 T = TypeVar("T")
 
+_YIELD_S = 0.001
 _SLEEP_MIN_S = 0.0002
 _SLEEP_MAX_S = 0.002
 
@@ -41,6 +43,13 @@ class MPIComm:
         if self._size == 1:
             return
         req = self.comm.Ibarrier()
+        # First yield the core for a short while (ranks that arrive together finish in
+        # microseconds), then sleep with a growing delay (a rank waiting for a writer).
+        start = time.perf_counter()
+        while time.perf_counter() - start < _YIELD_S:
+            if req.Test():
+                return
+            os.sched_yield()
         delay = _SLEEP_MIN_S
         while not req.Test():
             time.sleep(delay)
