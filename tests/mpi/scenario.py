@@ -35,6 +35,8 @@ def make_state(step: int, r: int = rank) -> dict[str, Any]:
     rng = np.random.default_rng(1000 * r + step)
     return {
         "T": rng.standard_normal((r * 50 + 7, 3)),
+        # > 1 MiB and not a multiple of the page size: the O_DIRECT path with unaligned tail
+        "big": rng.standard_normal(140_001 + 513 * r),
         "idx": np.arange(r + 1, dtype=np.int32) * step,
         "flags": rng.integers(0, 2, size=(4,)).astype(bool),
         "empty": np.zeros((0, 2) if r % 2 == 0 else (5, 2), dtype=np.float32),
