@@ -73,7 +73,7 @@ def test_walltime_kills_resume_bit_identically(tmp_path: Path, reference: bytes)
                 "--kill-wait",
                 "1",
             ],
-            heat_cmd(ckpt, out, delay=0.02),
+            heat_cmd(ckpt, out, delay=0.06),
         )
         codes.append(proc.returncode)
         if proc.returncode == 0:
