@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchutil import library_revision
 from mpi4py import MPI
 
 import resilient
@@ -432,31 +433,6 @@ def print_profile(prof: dict[str, list[list[dict[str, float]]]]) -> None:
                 f"| {mode} | {phase} | {statistics.median(r0):.4f} "
                 f"| {statistics.median(mx):.4f} | {what} |"
             )
-
-
-def library_revision() -> str:
-    """Git commit of the ``resilient`` being measured (``-dirty`` if its sources are modified)."""
-    import subprocess
-
-    src = Path(resilient.__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "-uno", "--", "."],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return rev + ("-dirty" if dirty else "")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

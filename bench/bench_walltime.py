@@ -93,9 +93,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/bench_walltime.py` puts bench/, not the repo, first
     sys.path.insert(0, str(ROOT))
 
+from benchutil import library_revision  # noqa: E402
+
 import resilient  # noqa: E402
 from resilient import layout  # noqa: E402
 from resilient.run import _descendants  # noqa: E402
+from resilient.storage import read_jsonl  # noqa: E402
 from resilient.validate import latest_valid  # noqa: E402
 
 OVERHEAD_MODES = (
@@ -125,29 +128,6 @@ _SCRUB = ("RESILIENT_DEADLINE", "RESILIENT_CHECKPOINT_DIR", "RESILIENT_ATTEMPT")
 
 
 # ---------------------------------------------------------------------------- shared helpers
-
-
-def library_revision() -> str:
-    """Git commit of the ``resilient`` being measured (``-dirty`` if its sources are modified)."""
-    src = Path(resilient.__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "-uno", "--", "."],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return rev + ("-dirty" if dirty else "")
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -397,25 +377,11 @@ def run_overhead(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- lost work
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
-
-
 def step_records(root: Path) -> list[tuple[float, int]]:
     """``(time, step)`` from ``progress.jsonl`` (rank 0, <= 1/s) and ``saves.jsonl``, by time."""
     recs = []
     for name in (layout.PROGRESS_LOG, layout.SAVE_LOG):
-        for r in _read_jsonl(root / name):
+        for r in read_jsonl(root / name):
             t, s = r.get("time"), r.get("step")
             if isinstance(t, (int, float)) and isinstance(s, int) and not isinstance(s, bool):
                 recs.append((float(t), s))
@@ -424,7 +390,7 @@ def step_records(root: Path) -> list[tuple[float, int]]:
 
 def save_time(root: Path, step: int) -> float | None:
     """Commit time (``saves.jsonl``) of the checkpoint of ``step``."""
-    times = [r["time"] for r in _read_jsonl(root / layout.SAVE_LOG) if r.get("step") == step]
+    times = [r["time"] for r in read_jsonl(root / layout.SAVE_LOG) if r.get("step") == step]
     return float(times[-1]) if times else None
 
 
@@ -532,10 +498,10 @@ class LostWork:
         latest = rec.step if rec else 0
         recs = step_records(ckdir)
         reached = max([latest] + [s for _, s in recs])
-        ledger = _read_jsonl(ckdir / layout.ATTEMPT_LEDGER)
+        ledger = read_jsonl(ckdir / layout.ATTEMPT_LEDGER)
         att = ledger[-1] if ledger else {}
         deadline = float(att.get("start", t_start)) + walltime
-        saves = _read_jsonl(ckdir / layout.SAVE_LOG)
+        saves = read_jsonl(ckdir / layout.SAVE_LOG)
         rate = step_rate(recs)
         committed = save_time(ckdir, latest) if rec else None
         return {
@@ -605,7 +571,7 @@ class LostWork:
             "since_commit_s": t_kill - committed if committed else None,
             "newest_record_age_s": t_kill - recs[-1][0] if recs else None,
             "killed_mid_save": any(ckdir.glob(".step_*.tmp-*")),
-            "checkpoints": len(_read_jsonl(ckdir / layout.SAVE_LOG)),
+            "checkpoints": len(read_jsonl(ckdir / layout.SAVE_LOG)),
             "processes_killed": len(pids) + 1,
             "log": str(logpath),
         }
