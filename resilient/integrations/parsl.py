@@ -328,6 +328,30 @@ def _in_dir(cwd: str | None, command: str, resume_from: str | None) -> str:
     return " && ".join(parts)
 
 
+def _app_command(
+    args: list[str],
+    ranks: int | None,
+    *,
+    checkpoint_dir: str,
+    walltime_s: float | None,
+    max_no_progress: int,
+    run_extra: Sequence[str],
+    cwd: str | None,
+    resume_from: str | None,
+) -> str:
+    """``resilient run ... -- mpiexec -n RANKS python ARGS`` (``$PARSL_MPI_PREFIX python ARGS``
+    for MPIExecutor when ``ranks`` is None), run in ``cwd``."""
+    if ranks is None:
+        program, prefix = [sys.executable, *args], "$PARSL_MPI_PREFIX"
+    else:
+        program, prefix = [_mpiexec(), "-n", str(ranks), sys.executable, *args], ""
+    cmd = resilient_command(
+        program, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
+        max_no_progress=max_no_progress, extra=run_extra, launcher_prefix=prefix,
+    )  # fmt: skip
+    return _in_dir(cwd, cmd, resume_from)
+
+
 def _opt(flag: str, value: Any) -> list[str]:
     return [] if value is None else [flag, str(value)]
 
@@ -385,12 +409,10 @@ def heat_bash(
     args = _heat_args(
         nx, ny, steps, alpha, out, checkpoint_dir, checkpoint_every, step_delay, config
     )
-    program = [_mpiexec(), "-n", str(ranks), sys.executable, *args]
-    cmd = resilient_command(
-        program, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
-        max_no_progress=max_no_progress, extra=run_extra,
+    return _app_command(
+        args, ranks, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
+        max_no_progress=max_no_progress, run_extra=run_extra, cwd=cwd, resume_from=resume_from,
     )  # fmt: skip
-    return _in_dir(cwd, cmd, resume_from)
 
 
 def train_bash(
@@ -412,12 +434,10 @@ def train_bash(
 ) -> str:
     """Command of the ``train`` bash app: ``resilient run ... -- mpiexec -n RANKS python -m apps.train``."""
     args = _train_args(steps, out, checkpoint_dir, checkpoint_every, step_delay, config)
-    program = [_mpiexec(), "-n", str(ranks), sys.executable, *args]
-    cmd = resilient_command(
-        program, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
-        max_no_progress=max_no_progress, extra=run_extra,
+    return _app_command(
+        args, ranks, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
+        max_no_progress=max_no_progress, run_extra=run_extra, cwd=cwd, resume_from=resume_from,
     )  # fmt: skip
-    return _in_dir(cwd, cmd, resume_from)
 
 
 # The MPIExecutor variants take no default for parsl_resource_specification: a default would be
@@ -448,11 +468,10 @@ def heat_mpi_bash(
     args = _heat_args(
         nx, ny, steps, alpha, out, checkpoint_dir, checkpoint_every, step_delay, config
     )
-    cmd = resilient_command(
-        [sys.executable, *args], checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
-        max_no_progress=max_no_progress, extra=run_extra, launcher_prefix="$PARSL_MPI_PREFIX",
+    return _app_command(
+        args, None, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
+        max_no_progress=max_no_progress, run_extra=run_extra, cwd=cwd, resume_from=resume_from,
     )  # fmt: skip
-    return _in_dir(cwd, cmd, resume_from)
 
 
 def train_mpi_bash(
@@ -474,11 +493,10 @@ def train_mpi_bash(
 ) -> str:
     """Command of the ``train`` app for MPIExecutor: ``resilient run ... -- $PARSL_MPI_PREFIX python -m apps.train``."""
     args = _train_args(steps, out, checkpoint_dir, checkpoint_every, step_delay, config)
-    cmd = resilient_command(
-        [sys.executable, *args], checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
-        max_no_progress=max_no_progress, extra=run_extra, launcher_prefix="$PARSL_MPI_PREFIX",
+    return _app_command(
+        args, None, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s,
+        max_no_progress=max_no_progress, run_extra=run_extra, cwd=cwd, resume_from=resume_from,
     )  # fmt: skip
-    return _in_dir(cwd, cmd, resume_from)
 
 
 def run_resumable(
