@@ -19,11 +19,17 @@ from typing import Any
 
 from resilient import layout, storage
 from resilient._version import __version__
+from resilient.catalog import Catalog
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
-from resilient.policies import CheckpointInfo, KeepLast
-from resilient.rotation import plan_rotation
+from resilient.policies import KeepLast
 from resilient.run import build_parser as run_parser
-from resilient.validate import CheckpointRecord, list_checkpoints, validate_checkpoint
+from resilient.statics import StaticStore
+from resilient.validate import (
+    CheckpointRecord,
+    latest_valid,
+    list_checkpoints,
+    validate_checkpoint,
+)
 
 __all__ = ["main"]
 
@@ -121,11 +127,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_latest(args: argparse.Namespace) -> int:
     root = _root(args.root)
-    valid = [r for r in list_checkpoints(root, full=args.full) if r.status == "valid"]
-    if not valid:
+    latest = latest_valid(root, full=args.full)
+    if latest is None:
         print(f"no valid checkpoint in {root}", file=sys.stderr)
         return EXIT_NOT_FOUND
-    print(valid[-1].step if args.step else valid[-1].path)
+    print(latest.step if args.step else latest.path)
     return EXIT_OK
 
 
@@ -162,14 +168,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
         except CheckpointLockedError as exc:
             raise CliError(str(exc), EXIT_LOCKED) from None
     try:
-        valid = [r for r in list_checkpoints(root) if r.status == "valid" and r.manifest]
-        infos = [CheckpointInfo(step=r.step, time=r.manifest.time) for r in valid if r.manifest]
-        plan = plan_rotation(infos, KeepLast(args.keep_last))
-        for r in valid:
-            if r.step in plan.delete:
-                print(f"{'would delete' if args.dry_run else 'deleted'} step {r.step} ({r.path})")
-                if not args.dry_run:
-                    storage.remove_tree(r.path)
+        # the same rotation as the manager's: the keep policy, then unreferenced static data
+        catalog = Catalog(root, StaticStore(root))
+        plan = catalog.plan(KeepLast(args.keep_last))
+        if not args.dry_run:
+            deleter = storage.BackgroundDeleter()
+            deleter.delete(catalog.apply(plan))
+            deleter.wait()
+        for step in sorted(plan.delete):
+            path = root / layout.step_dir_name(step)
+            print(f"{'would delete' if args.dry_run else 'deleted'} step {step} ({path})")
         print(f"kept {len(plan.keep)} checkpoint(s)")
     finally:
         lock.release()

@@ -6,6 +6,9 @@ survives pickling (exceptions cross mpi4py messages and Parsl workers).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 __all__ = [
     "CheckpointLockedError",
     "CheckpointNotFoundError",
@@ -14,6 +17,7 @@ __all__ = [
     "ConfigError",
     "InvalidCheckpointError",
     "LayoutMismatchError",
+    "RankFailure",
     "ResilientError",
 ]
 
@@ -74,11 +78,37 @@ class LayoutMismatchError(ResilientError):
 
 
 class CommitError(ResilientError):
-    """The commit of a checkpoint (manifest, marker, rename) failed."""
+    """The commit of a checkpoint (manifest, marker, rename) failed.
+
+    Attributes:
+        errno: the OS error number behind it, if it was an OS error (e.g. ``ENOSPC``).
+    """
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message, errno)
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class CheckpointLockedError(ResilientError):
     """Another job holds the checkpoint root's lock."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank, as data (it travels between ranks and processes).
+
+    Attributes:
+        rank: the rank (of the communicator of the operation) that failed.
+        message: one line: the exception's type and message.
+        errno: the OS error number, when the failure was an OS error.
+    """
+
+    rank: int
+    message: str
+    errno: int | None = None
 
 
 class CollectiveError(ResilientError):
@@ -86,13 +116,23 @@ class CollectiveError(ResilientError):
 
     Attributes:
         what: the operation that failed, e.g. ``"save of step 12"``.
+        details: rank -> :class:`RankFailure` (message and errno of that rank's error).
         failures: rank -> one-line description of that rank's error.
     """
 
-    def __init__(self, what: str, failures: dict[int, str]) -> None:
-        super().__init__(what, failures)
+    def __init__(self, what: str, failures: Mapping[int, str | RankFailure]) -> None:
+        details = {
+            r: f if isinstance(f, RankFailure) else RankFailure(r, str(f))
+            for r, f in failures.items()
+        }
+        super().__init__(what, details)
         self.what = what
-        self.failures = dict(failures)
+        self.details = details
+
+    @property
+    def failures(self) -> dict[int, str]:
+        """rank -> one-line description of that rank's error."""
+        return {r: f.message for r, f in self.details.items()}
 
     def __str__(self) -> str:
         ranks = sorted(self.failures)

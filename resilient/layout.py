@@ -18,6 +18,7 @@ A checkpoint root looks like::
       .step_00001300.tmp-<hex>/        a save in progress (or killed)
       .trash-<hex>/                    being deleted
       static/<32 hex>/                 static data, shared by checkpoints by content hash
+      static/.tmp-<hex>/               static data being written
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "parse_tmp_dir",
     "quarantine_dir_name",
     "static_dir_name",
+    "static_tmp_dir_name",
     "step_dir_name",
     "tmp_dir_name",
     "trash_dir_name",
@@ -91,6 +93,11 @@ def static_dir_name(content_hash: str) -> str:
     if not _STATIC_RE.match(content_hash):
         raise ValueError(f"not a static content hash: {content_hash!r}")
     return content_hash
+
+
+def static_tmp_dir_name(token: str) -> str:
+    """Name of the temporary directory static data is written into (inside ``static/``)."""
+    return f".tmp-{token}"
 
 
 def file_name(kind: str, group_index: int) -> str:

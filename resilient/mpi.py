@@ -1,8 +1,14 @@
 """Adapter from an mpi4py communicator to :class:`resilient.comm.Comm`. The sole mpi4py user.
 
-Waiting ranks never spin inside a blocking MPI call: every collective is preceded by a
-non-blocking barrier polled with short sleeps. With MPICH on oversubscribed cores a plain
-``Barrier`` made the writing rank 5-10x slower (ranks spinning steal its core).
+Imports nothing from the rest of the library (:class:`MPIComm` satisfies the ``Comm`` protocol
+structurally), so :func:`resilient.comm.as_comm` can import it lazily without a cycle.
+
+Waiting ranks never spin inside a blocking MPI call: ``barrier``, ``allgather``, ``gather`` and
+``bcast`` first wait in a non-blocking barrier polled with short sleeps, because a rank waiting
+there may wait for a slow writer. With MPICH on oversubscribed cores a plain ``Barrier`` made the
+writing rank 5-10x slower (ranks spinning steal its core). ``any_true`` (called every step, when
+ranks arrive together) is one small allreduce without that barrier, and ``split_node`` is a plain
+``Split_type``.
 """
 
 from __future__ import annotations
@@ -10,8 +16,6 @@ from __future__ import annotations
 import os
 import time
 from typing import Any, TypeVar
-
-from resilient.comm import Comm
 
 __all__ = ["MPIComm"]
 
@@ -75,7 +79,7 @@ class MPIComm:
 
         return bool(self.comm.allreduce(1 if flag else 0, op=MPI.MAX))
 
-    def split_node(self) -> Comm:
+    def split_node(self) -> MPIComm:
         from mpi4py import MPI
 
         return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank))

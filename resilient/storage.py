@@ -1,8 +1,11 @@
-"""Every rename, delete, fsync and lock of the library lives here.
+"""Filesystem effects on a checkpoint root: the root itself, its lock, durable small files,
+deleting and quarantining directories, leftovers, small logs, and retries of transient errors.
 
-Nothing here follows a symlink out of the checkpoint root: directories are renamed (never
-their targets), trees are deleted only after being renamed to a ``.trash-*`` name inside the
-root, and ``shutil.rmtree`` never follows symlinks.
+Elsewhere: :mod:`resilient.commit` names, fills, fsyncs and renames a save's temporary
+directory; :mod:`resilient.hdf5` writes and fsyncs the data files; ``resilient run`` fsyncs its
+attempt ledger. Nothing here follows a symlink out of the checkpoint root: directories are
+renamed (never their targets), trees are deleted only after being renamed to a ``.trash-*``
+name inside the root, and ``shutil.rmtree`` never follows symlinks.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from resilient import layout
-from resilient.errors import CheckpointLockedError, ConfigError
+from resilient.errors import CheckpointLockedError, CollectiveError, CommitError, ConfigError
 
 __all__ = [
     "BackgroundDeleter",
@@ -29,7 +32,6 @@ __all__ = [
     "append_log",
     "read_jsonl",
     "cleanup_leftovers",
-    "commit_dir",
     "ensure_root",
     "fsync_dir",
     "is_permanent_storage_error",
@@ -111,11 +113,13 @@ class RootLock:
     """An exclusive lock on a checkpoint root, held while a job writes there.
 
     Uses ``flock``: the kernel drops it when the holding process dies, so a crashed job never
-    leaves the root locked. The lock file records who holds it, for the error message.
+    leaves the root locked. The lock file records who holds it (host, pid, and whatever
+    ``owner`` adds, e.g. a Slurm job id), for the error message.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, owner: Mapping[str, str] | None = None) -> None:
         self.path = root / layout.LOCK_FILE
+        self.owner = dict(owner or {})
         self._fh: IO[str] | None = None
 
     def acquire(self) -> None:
@@ -137,9 +141,7 @@ class RootLock:
             raise
         fh.seek(0)
         fh.truncate()
-        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
-        if os.environ.get("SLURM_JOB_ID"):
-            info["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **self.owner}
         fh.write(json.dumps(info))
         fh.flush()
         self._fh = fh
@@ -216,33 +218,12 @@ class BackgroundDeleter:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a directory inside a root: rename it to ``.trash-*`` first, then remove it.
+    """Delete a directory inside a root: :func:`move_to_trash`, then remove it.
 
     A crash in the middle leaves a ``.trash-*`` directory (cleaned up later), never a
     half-deleted checkpoint under its real name.
     """
-    trash = path.parent / layout.trash_dir_name(new_token())
-    os.rename(path, trash)
-    fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def commit_dir(tmp: Path, final: Path) -> None:
-    """Atomically publish the finished directory ``tmp`` as ``final`` and make it durable."""
-    fsync_dir(tmp)
-    old: Path | None = None
-    if final.exists() or final.is_symlink():  # a re-save of the same step replaces the old one
-        old = final.parent / layout.trash_dir_name(new_token())
-        os.rename(final, old)
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if old is not None:
-            os.rename(old, final)  # put the old checkpoint back
-        raise
-    fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(move_to_trash(path), ignore_errors=True)
 
 
 def quarantine(path: Path, step: int, reason: str) -> Path:
@@ -292,13 +273,15 @@ PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EP
 
 
 def is_permanent_storage_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or a rank's error inside a collective one) is a permanent storage error."""
-    if isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS:
+    """Whether ``exc`` (or a rank's error inside a collective one) is a permanent storage error.
+
+    Reads errnos as data: an ``OSError``'s, a :class:`CommitError`'s, and each rank's
+    :class:`~resilient.errors.RankFailure` of a :class:`CollectiveError`; then the cause chain.
+    """
+    if isinstance(exc, (OSError, CommitError)) and exc.errno in PERMANENT_ERRNOS:
         return True
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        codes = {f"[Errno {e}]" for e in PERMANENT_ERRNOS}
-        return any(any(c in str(text) for c in codes) for text in failures.values())
+    if isinstance(exc, CollectiveError):
+        return any(f.errno in PERMANENT_ERRNOS for f in exc.details.values())
     cause = exc.__cause__
     return cause is not None and cause is not exc and is_permanent_storage_error(cause)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from resilient.manifest import (
 
 __all__ = [
     "CheckpointRecord",
+    "iter_checkpoints",
     "latest_valid",
     "list_checkpoints",
     "load_manifest",
@@ -61,11 +63,8 @@ def _read_small(path: Path, limit: int) -> bytes:
     if st.st_size > limit:
         raise InvalidCheckpointError(str(path.parent), f"{path.name} is implausibly large")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            return fh.read(limit + 1)
-    except BaseException:
-        raise
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(limit + 1)
 
 
 def marker_text(step: int, manifest_checksum: str) -> str:
@@ -175,41 +174,68 @@ def validate_checkpoint(path: Path, *, full: bool = False, kind: str = "checkpoi
     return manifest
 
 
-def list_checkpoints(root: Path, *, full: bool = False) -> list[CheckpointRecord]:
-    """Every checkpoint directory under ``root``, oldest first, each validated.
+def iter_checkpoints(
+    root: Path, *, full: bool = False, step: int | None = None, quarantined: bool = False
+) -> Iterator[CheckpointRecord]:
+    """The checkpoints under ``root``, newest first, each with its verdict.
 
-    Temporary directories of saves in progress (or killed) are not listed.
+    The one way the library, the CLI, ``resilient run`` and the workflow adapters find
+    checkpoints. Only the directory listing is read up front; each checkpoint is validated when
+    the iteration reaches it, so "the newest valid one" costs one validation when it is the
+    newest, however long the history. Temporary directories of saves in progress (or killed)
+    are never listed.
+
+    Args:
+        root: the checkpoint root (a missing root has no checkpoints).
+        full: verify every checksum instead of the quick check.
+        step: only the checkpoint(s) of this step.
+        quarantined: also yield quarantined directories (status ``quarantined``), after the
+            committed directory of the same step.
     """
-    records = []
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        names = os.listdir(root)
     except FileNotFoundError:
-        return []
-    for entry in entries:
-        step = layout.parse_step_dir(entry.name)
-        if step is not None:
-            path = Path(entry.path)
-            try:
-                manifest = validate_checkpoint(path, full=full)
-            except InvalidCheckpointError as exc:
-                records.append(CheckpointRecord(step, path, "invalid", exc.reason))
-            else:
-                records.append(CheckpointRecord(step, path, "valid", "", manifest))
+        return
+    found: list[tuple[int, bool, str]] = []
+    for name in names:
+        committed = layout.parse_step_dir(name)
+        if committed is not None:
+            found.append((committed, True, name))
             continue
-        step = layout.parse_quarantined(entry.name)
-        if step is not None:
-            reason = ""
-            try:
-                info = json.loads(_read_small(Path(entry.path) / layout.QUARANTINE_INFO, 1 << 16))
-                reason = str(info.get("reason", ""))
-            except (OSError, ValueError, InvalidCheckpointError, AttributeError):
-                pass
-            records.append(CheckpointRecord(step, Path(entry.path), "quarantined", reason))
-    records.sort(key=lambda r: (r.step, r.status != "valid"))
+        moved = layout.parse_quarantined(name) if quarantined else None
+        if moved is not None:
+            found.append((moved, False, name))
+    if step is not None:
+        found = [f for f in found if f[0] == step]
+    found.sort(key=lambda f: (-f[0], not f[1], f[2]))
+    for number, committed_dir, name in found:
+        path = root / name
+        if not committed_dir:
+            yield CheckpointRecord(number, path, "quarantined", _quarantine_reason(path))
+            continue
+        try:
+            manifest = validate_checkpoint(path, full=full)
+        except InvalidCheckpointError as exc:
+            yield CheckpointRecord(number, path, "invalid", exc.reason)
+        else:
+            yield CheckpointRecord(number, path, "valid", "", manifest)
+
+
+def _quarantine_reason(path: Path) -> str:
+    try:
+        info = json.loads(_read_small(path / layout.QUARANTINE_INFO, 1 << 16))
+        return str(info.get("reason", ""))
+    except (OSError, ValueError, InvalidCheckpointError, AttributeError):
+        return ""
+
+
+def list_checkpoints(root: Path, *, full: bool = False) -> list[CheckpointRecord]:
+    """Every checkpoint directory under ``root`` (quarantined ones too), oldest first, validated."""
+    records = list(iter_checkpoints(root, full=full, quarantined=True))
+    records.sort(key=lambda r: (r.step, r.status != "valid", r.path.name))
     return records
 
 
 def latest_valid(root: Path, *, full: bool = False) -> CheckpointRecord | None:
     """The newest checkpoint under ``root`` that validates, or ``None``."""
-    valid = [r for r in list_checkpoints(root, full=full) if r.status == "valid"]
-    return valid[-1] if valid else None
+    return next((r for r in iter_checkpoints(root, full=full) if r.status == "valid"), None)

@@ -152,7 +152,8 @@ def _die(*_: Any, **__: Any) -> None:
 
 
 def _arm_kill(phase: str) -> None:
-    from resilient import checkpointer, hdf5, storage
+    from resilient import hdf5
+    from resilient.commit import PendingDir
 
     if phase == "write":  # half-way through writing this rank's bytes
         real = os.pwrite
@@ -164,17 +165,17 @@ def _arm_kill(phase: str) -> None:
 
         hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
     elif phase == "manifest":  # coordinator dies before writing the manifest
-        checkpointer._commit = _die  # type: ignore[assignment]
+        PendingDir.commit = _die  # type: ignore[method-assign]
     elif phase == "rename":  # manifest and marker written, not yet renamed
-        storage.commit_dir = _die  # type: ignore[assignment]
+        PendingDir._publish = _die  # type: ignore[method-assign]
     elif phase == "after-rename":  # committed, before rotation and the final barrier
-        real_commit = storage.commit_dir
+        real_publish = PendingDir._publish
 
-        def commit_then_die(tmp: Any, final: Any) -> None:
-            real_commit(tmp, final)
+        def publish_then_die(self: PendingDir) -> None:
+            real_publish(self)
             _die()
 
-        storage.commit_dir = commit_then_die  # type: ignore[assignment]
+        PendingDir._publish = publish_then_die  # type: ignore[method-assign]
     else:
         raise SystemExit(f"unknown phase {phase}")
 

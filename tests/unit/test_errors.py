@@ -47,7 +47,7 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
 def test_every_class_has_a_sample() -> None:
     names = {c.__name__ for c in ALL}
     assert names == set(SAMPLES)
-    assert names == set(errors.__all__)
+    assert names | {"RankFailure"} == set(errors.__all__)
 
 
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
@@ -86,3 +86,17 @@ def test_collective_error_copies_failures() -> None:
 def test_builtin_bases() -> None:
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.CheckpointNotFoundError, FileNotFoundError)
+
+
+def test_collective_error_keeps_errno_per_rank_through_pickle() -> None:
+    e = errors.CollectiveError(
+        "save of step 3", {2: errors.RankFailure(2, "OSError: no space", errno=28), 0: "x"}
+    )
+    copy = pickle.loads(pickle.dumps(e))
+    assert copy.details[2].errno == 28 and copy.details[0].errno is None
+    assert copy.failures == {2: "OSError: no space", 0: "x"}
+
+
+def test_commit_error_keeps_errno_through_pickle() -> None:
+    copy = pickle.loads(pickle.dumps(errors.CommitError("commit failed", 28)))
+    assert copy.errno == 28 and str(copy) == "commit failed"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from resilient import storage
-from resilient.errors import CollectiveError
+from resilient.errors import CollectiveError, CommitError, RankFailure
 from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.run import (
     RunOptions,
@@ -374,13 +374,16 @@ def test_is_permanent_storage_error() -> None:
     assert not storage.is_permanent_storage_error(OSError(errno.EIO, "x"))
     assert not storage.is_permanent_storage_error(RuntimeError("disk full?"))
     full = CollectiveError(
-        "save of step 3", {0: "ok?", 2: "OSError: [Errno 28] No space left on device"}
+        "save of step 3",
+        {0: "ok?", 2: RankFailure(2, "OSError: No space left on device", errno.ENOSPC)},
     )
     assert storage.is_permanent_storage_error(full)
-    io = CollectiveError("save of step 3", {1: "OSError: [Errno 5] Input/output error"})
+    io = CollectiveError("save of step 3", {1: RankFailure(1, "OSError: I/O", errno.EIO)})
     assert not storage.is_permanent_storage_error(io)
-    eperm_lookalike = CollectiveError("save", {1: "OSError: [Errno 13] Permission denied"})
-    assert storage.is_permanent_storage_error(eperm_lookalike)
+    # errnos travel as data: a message that merely looks like one is not parsed
+    lookalike = CollectiveError("save", {1: "OSError: [Errno 13] Permission denied"})
+    assert not storage.is_permanent_storage_error(lookalike)
+    assert storage.is_permanent_storage_error(CommitError("commit failed", errno.EROFS))
     try:
         try:
             raise OSError(errno.EROFS, "Read-only file system")

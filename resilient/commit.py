@@ -1,0 +1,120 @@
+"""A save's temporary directory, from creation to commit or rollback: :class:`PendingDir`.
+
+The only code that names, creates, fills with the manifest and the marker, fsyncs, renames and
+removes a save's directory (orbax's ``TemporaryPath``; DCP's ``finish``). The data files inside
+are written and fsynced by :mod:`resilient.hdf5`; the names come from :mod:`resilient.layout`.
+
+Call order (rank 0 of the save's communicator, the coordinator)::
+
+    pending = PendingDir.for_step(root, step)   # pure: names only
+    pending.create()                            # mkdir the temporary directory
+    ...every rank writes and fsyncs its data files in pending.path...
+    pending.commit(manifest)                    # manifest, COMMITTED, fsync, rename, fsync parent
+    # or, on any failure:
+    pending.rollback()                          # remove the temporary directory (best effort)
+
+A reader trusts only a directory under its final name whose ``COMMITTED`` marker holds the
+checksum of its manifest, so a crash at any point leaves either the previous state or the new
+checkpoint, never a torn one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient import layout, storage
+from resilient.checksum import digest_bytes
+from resilient.errors import CommitError
+from resilient.manifest import Manifest
+from resilient.validate import marker_text
+
+__all__ = ["PendingDir"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDir:
+    """A directory being written under a temporary name, to be published as ``final``.
+
+    Attributes:
+        path: the temporary directory (a name readers ignore).
+        final: the name it gets when committed.
+    """
+
+    path: Path
+    final: Path
+
+    @classmethod
+    def for_step(cls, root: Path, step: int) -> PendingDir:
+        """The pending directory of a checkpoint of ``step`` (no I/O)."""
+        return cls(
+            root / layout.tmp_dir_name(step, storage.new_token()), root / layout.step_dir_name(step)
+        )
+
+    @classmethod
+    def for_static(cls, root: Path, content_hash: str) -> PendingDir:
+        """The pending directory of static data with ``content_hash`` (no I/O)."""
+        parent = root / layout.STATIC_DIR
+        return cls(
+            parent / layout.static_tmp_dir_name(storage.new_token()),
+            parent / layout.static_dir_name(content_hash),
+        )
+
+    def create(self) -> PendingDir:
+        """Create the temporary directory (and its parent, for static data); returns ``self``."""
+        self.path.parent.mkdir(exist_ok=True)
+        self.path.mkdir()
+        return self
+
+    def commit(self, manifest: Manifest, *, what: str) -> None:
+        """Write the manifest and the marker durably, then atomically rename to :attr:`final`.
+
+        A re-save of an existing step replaces the old directory only once the new one is
+        complete; if the rename fails, the old one is put back.
+
+        Raises:
+            CommitError: with the OS error's errno, after transient errors were retried.
+        """
+        text = manifest.to_json().encode()
+        marker = marker_text(manifest.step, digest_bytes(text)).encode()
+        try:
+            for name, content in ((layout.MANIFEST, text), (layout.COMMITTED, marker)):
+                target = self.path / name
+                storage.retry_io(
+                    lambda t=target, c=content: storage.write_durable(t, c),  # type: ignore[misc]
+                    what=f"writing {target}",
+                    cleanup=lambda t=target: t.unlink(missing_ok=True),  # type: ignore[misc]
+                )
+            storage.retry_io(self._publish, what=f"committing {self.final}")
+        except OSError as exc:
+            raise CommitError(
+                f"{what}: commit failed: {type(exc).__name__}: {exc}", exc.errno
+            ) from exc
+
+    def _publish(self) -> None:
+        storage.fsync_dir(self.path)
+        old: Path | None = None
+        if self.final.exists() or self.final.is_symlink():
+            old = storage.move_to_trash(self.final)
+        try:
+            os.replace(self.path, self.final)
+        except OSError:
+            if old is not None:
+                os.rename(old, self.final)  # put the old checkpoint back
+            raise
+        storage.fsync_dir(self.final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def rollback(self) -> None:
+        """Remove the temporary directory (best effort: leftovers are cleaned at the next start)."""
+        try:
+            if self.path.exists():
+                storage.remove_tree(self.path)
+        except OSError as exc:
+            log.warning("could not remove %s: %s", self.path, exc)
