@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilient import layout
+from resilient.schema import Section
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -42,6 +43,7 @@ _HEX16_RE = re.compile(r"^[0-9a-f]{16}\Z")
 _HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _KINDS = ("self", "node", "world", "custom")
 _MAX_RANKS = 1 << 24
+_MAX_INT = 1 << 62
 
 
 class ManifestError(ValueError):
@@ -203,22 +205,8 @@ class Manifest:
 # --------------------------------------------------------------------------- parsing
 
 
-def _get(doc: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in doc:
-        raise ManifestError(f"{where}: missing field {key!r}")
-    value = doc[key]
-    if isinstance(value, bool) and typ in (int, (int, float)):
-        raise ManifestError(f"{where}.{key}: expected a number, got a boolean")
-    if not isinstance(value, typ):
-        raise ManifestError(f"{where}.{key}: wrong type {type(value).__name__}")
-    return value
-
-
-def _nonneg_int(doc: Mapping[str, Any], key: str, where: str, upper: int = 1 << 62) -> int:
-    value = _get(doc, key, int, where)
-    if not 0 <= value <= upper:
-        raise ManifestError(f"{where}.{key}: out of range: {value}")
-    return int(value)
+def _section(doc: Any, path: str) -> Section:
+    return Section(doc, where="manifest", path=path, error=ManifestError)
 
 
 def _checksum(value: Any, where: str) -> str:
@@ -227,31 +215,82 @@ def _checksum(value: Any, where: str) -> str:
     return value
 
 
-def _parse_dataset(doc: Any, where: str) -> DatasetEntry:
-    if not isinstance(doc, dict):
-        raise ManifestError(f"{where}: not an object")
-    name = _get(doc, "name", str, where)
+def _is_index(value: Any, upper: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < upper
+
+
+def _parse_dataset(sec: Section) -> DatasetEntry:
+    where = sec.path
+    name = sec.require("name", str)
     if not is_valid_key(name):
         raise ManifestError(f"{where}: illegal dataset name {name!r}")
-    shape_raw = _get(doc, "shape", list, where)
-    if len(shape_raw) > 32 or not all(
-        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 48 for n in shape_raw
-    ):
+    shape_raw = sec.require("shape", list)
+    if len(shape_raw) > 32 or not all(_is_index(n, 1 << 48) for n in shape_raw):
         raise ManifestError(f"{where}: illegal shape {shape_raw!r}")
     shape = tuple(int(n) for n in shape_raw)
-    dtype = _get(doc, "dtype", str, where)
+    dtype = sec.require("dtype", str)
     itemsize = dtype_itemsize(dtype)
-    nbytes = _nonneg_int(doc, "nbytes", where)
+    nbytes = sec.require("nbytes", int, minimum=0, maximum=_MAX_INT)
     if nbytes != math.prod(shape) * itemsize:
         raise ManifestError(f"{where}: nbytes {nbytes} does not match shape {shape} x {dtype}")
-    offset_raw = doc.get("offset")
-    if offset_raw is None:
-        if nbytes:
-            raise ManifestError(f"{where}: non-empty dataset without an offset")
-        offset = None
-    else:
-        offset = _nonneg_int(doc, "offset", where)
-    return DatasetEntry(name, shape, dtype, offset, nbytes, _checksum(doc.get("checksum"), where))
+    offset = sec.get("offset", int, None, minimum=0, maximum=_MAX_INT)
+    if offset is None and nbytes:
+        raise ManifestError(f"{where}: non-empty dataset without an offset")
+    checksum = _checksum(sec.doc.get("checksum"), where)
+    return DatasetEntry(name, shape, dtype, offset, nbytes, checksum)
+
+
+def _parse_layout(sec: Section) -> LayoutInfo:
+    kind = sec.require("kind", str)
+    if kind not in _KINDS:
+        raise ManifestError(f"layout: unknown kind {kind!r}")
+    nranks = sec.require("nranks", int, minimum=0, maximum=_MAX_RANKS)
+    if nranks < 1:
+        raise ManifestError("layout: nranks must be >= 1")
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for g in sec.require("groups", list):
+        if not isinstance(g, list) or not g:
+            raise ManifestError("layout: a group is not a non-empty list")
+        for r in g:
+            if not _is_index(r, nranks) or r in seen:
+                raise ManifestError(f"layout: bad or repeated rank {r!r} in groups")
+            seen.add(r)
+        groups.append(tuple(g))
+    if len(seen) != nranks:
+        raise ManifestError("layout: groups do not cover every rank exactly once")
+    return LayoutInfo(kind, nranks, tuple(groups))
+
+
+def _parse_file(sec: Section, nranks: int) -> FileEntry:
+    where = sec.path
+    name = sec.require("name", str)
+    if not layout.is_data_file_name(name):
+        raise ManifestError(f"{where}: illegal or repeated file name {name!r}")
+    size = sec.require("size", int, minimum=0, maximum=_MAX_INT)
+    ranks = sec.require("ranks", list)
+    if not all(_is_index(r, nranks) for r in ranks):
+        raise ManifestError(f"{where}: bad rank list")
+    segs: list[Segment] = []
+    for j, s in enumerate(sec.require("meta_segments", list)):
+        if (
+            not isinstance(s, list)
+            or len(s) != 3
+            or not all(_is_index(x, _MAX_INT + 1) for x in s[:2])
+        ):
+            raise ManifestError(f"{where}.meta_segments[{j}]: malformed")
+        segs.append(Segment(s[0], s[1], _checksum(s[2], f"{where}.meta_segments[{j}]")))
+    return FileEntry(name, size, _checksum(sec.doc.get("checksum"), where), tuple(ranks), tuple(segs))
+
+
+def _parse_rank(sec: Section, file_names: set[str]) -> RankEntry:
+    fname = sec.require("file", str)
+    if fname not in file_names:
+        raise ManifestError(f"{sec.path}: file {fname!r} is not listed in files")
+    datasets = tuple(_parse_dataset(d) for d in sec.sections("datasets"))
+    if len({d.name for d in datasets}) != len(datasets):
+        raise ManifestError(f"{sec.path}: repeated dataset name")
+    return RankEntry(fname, datasets, sec.require("values", dict))
 
 
 def parse_manifest(text: str | bytes) -> Manifest:
@@ -268,107 +307,46 @@ def parse_manifest(text: str | bytes) -> Manifest:
         raise ManifestError("not a JSON object")
     if doc.get("format") != FORMAT:
         raise ManifestError(f"not a resilient manifest (format {doc.get('format')!r})")
-    version = _get(doc, "schema_version", int, "manifest")
+    top = _section(doc, "")
+    version = top.require("schema_version", int)
     if version != SCHEMA_VERSION:
         raise ManifestError(
             f"unsupported schema version {version} (this library reads {SCHEMA_VERSION})"
         )
     if doc.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
         raise ManifestError(f"unsupported checksum algorithm {doc.get('checksum_algorithm')!r}")
-    kind = _get(doc, "kind", str, "manifest")
+    kind = top.require("kind", str)
     if kind not in ("checkpoint", "static"):
         raise ManifestError(f"unknown manifest kind {kind!r}")
-    step = _nonneg_int(doc, "step", "manifest")
-    time_ = _get(doc, "time", (int, float), "manifest")
+    step = top.require("step", int, minimum=0, maximum=_MAX_INT)
+    time_ = top.require("time", (int, float))
+    lay = _parse_layout(top.section("layout"))
 
-    lay = _get(doc, "layout", dict, "manifest")
-    lay_kind = _get(lay, "kind", str, "layout")
-    if lay_kind not in _KINDS:
-        raise ManifestError(f"layout: unknown kind {lay_kind!r}")
-    nranks = _nonneg_int(lay, "nranks", "layout", _MAX_RANKS)
-    if nranks < 1:
-        raise ManifestError("layout: nranks must be >= 1")
-    groups_raw = _get(lay, "groups", list, "layout")
-    groups: list[tuple[int, ...]] = []
-    seen: set[int] = set()
-    for g in groups_raw:
-        if not isinstance(g, list) or not g:
-            raise ManifestError("layout: a group is not a non-empty list")
-        for r in g:
-            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < nranks or r in seen:
-                raise ManifestError(f"layout: bad or repeated rank {r!r} in groups")
-            seen.add(r)
-        groups.append(tuple(g))
-    if len(seen) != nranks:
-        raise ManifestError("layout: groups do not cover every rank exactly once")
-
-    files_raw = _get(doc, "files", list, "manifest")
     files: list[FileEntry] = []
-    names: set[str] = set()
-    for i, f in enumerate(files_raw):
-        where = f"files[{i}]"
-        if not isinstance(f, dict):
-            raise ManifestError(f"{where}: not an object")
-        name = _get(f, "name", str, where)
-        if not layout.is_data_file_name(name) or name in names:
-            raise ManifestError(f"{where}: illegal or repeated file name {name!r}")
-        names.add(name)
-        size = _nonneg_int(f, "size", where)
-        ranks_raw = _get(f, "ranks", list, where)
-        if not all(
-            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < nranks for r in ranks_raw
-        ):
-            raise ManifestError(f"{where}: bad rank list")
-        segs: list[Segment] = []
-        for j, s in enumerate(_get(f, "meta_segments", list, where)):
-            if (
-                not isinstance(s, list)
-                or len(s) != 3
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in s[:2])
-            ):
-                raise ManifestError(f"{where}.meta_segments[{j}]: malformed")
-            segs.append(Segment(s[0], s[1], _checksum(s[2], f"{where}.meta_segments[{j}]")))
-        files.append(
-            FileEntry(
-                name, size, _checksum(f.get("checksum"), where), tuple(ranks_raw), tuple(segs)
-            )
-        )
-
-    ranks_doc = _get(doc, "ranks", list, "manifest")
-    if len(ranks_doc) != nranks:
-        raise ManifestError(f"manifest lists {len(ranks_doc)} ranks, layout says {nranks}")
-    ranks: list[RankEntry] = []
-    for r, entry in enumerate(ranks_doc):
-        where = f"ranks[{r}]"
-        if not isinstance(entry, dict):
-            raise ManifestError(f"{where}: not an object")
-        fname = _get(entry, "file", str, where)
-        if fname not in names:
-            raise ManifestError(f"{where}: file {fname!r} is not listed in files")
-        dsets = tuple(
-            _parse_dataset(d, f"{where}.datasets[{j}]")
-            for j, d in enumerate(_get(entry, "datasets", list, where))
-        )
-        if len({d.name for d in dsets}) != len(dsets):
-            raise ManifestError(f"{where}: repeated dataset name")
-        values = _get(entry, "values", dict, where)
-        ranks.append(RankEntry(fname, dsets, values))
+    for f in top.sections("files"):
+        entry = _parse_file(f, lay.nranks)
+        if entry.name in {g.name for g in files}:
+            raise ManifestError(f"{f.path}: illegal or repeated file name {entry.name!r}")
+        files.append(entry)
+    rank_sections = top.sections("ranks")
+    if len(rank_sections) != lay.nranks:
+        raise ManifestError(f"manifest lists {len(rank_sections)} ranks, layout says {lay.nranks}")
+    names = {f.name for f in files}
+    ranks = [_parse_rank(r, names) for r in rank_sections]
 
     static = doc.get("static")
     if static is not None and (not isinstance(static, str) or not _HEX32_RE.match(static)):
         raise ManifestError(f"illegal static reference {static!r}")
-    metrics = doc.get("metrics", {})
-    if not isinstance(metrics, dict):
-        raise ManifestError("metrics: not an object")
+    metrics = top.optional_section("metrics")
     manifest = Manifest(
         step=step,
         time=float(time_),
-        layout=LayoutInfo(lay_kind, nranks, tuple(groups)),
+        layout=lay,
         files=tuple(files),
         ranks=tuple(ranks),
         kind=kind,
         static=static,
-        metrics=metrics,
+        metrics=dict(metrics.doc) if metrics is not None else {},
         library_version=str(doc.get("library_version", "")),
         schema_version=version,
     )

@@ -63,7 +63,8 @@ class Section:
         self.error = error
         if not isinstance(doc, Mapping):
             raise self._fail(
-                path or "top level", f"expected a mapping, got {type(doc).__name__}"
+                path or "top level",
+                f"not an object: expected a mapping, got {type(doc).__name__}",
             )
         self.doc: Mapping[str, Any] = doc
 
@@ -157,7 +158,11 @@ class Section:
     ) -> Any:
         """Check one value (of ``key``, for the message) against ``typ`` and the bounds."""
         types = typ if isinstance(typ, tuple) else (typ,)
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+        if isinstance(value, bool) and bool not in types:
+            raise self._fail(
+                self.name(key), f"wrong type bool: expected {type_names(typ)}, got a boolean"
+            )
+        if not isinstance(value, types):
             raise self._fail(
                 self.name(key),
                 f"wrong type {type(value).__name__} {_short(value)}, expected {type_names(typ)}",
