@@ -149,18 +149,18 @@ class _TimedModule:
 PHASES: dict[str, str] = {
     "save": "CheckpointManager.save, whole call",
     "restore": "CheckpointManager.restore, whole call",
-    "choose": "CheckpointManager._choose: pick + quick-validate + bcast the manifest",
+    "try_read": "CheckpointManager._try_read: this rank's piece read, verified, judged",
     "read_rank": "checkpointer.read_rank: allocate, read, verify",
     "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
-    "write_set": "checkpointer.write_set (plan, skeleton, pwrite, fsync, gather, commit)",
+    "save_set": "checkpointer.save_set (plan, skeleton, pwrite, fsync, gather, commit)",
     "digest": "xxh3 of the rank's arrays (checkpointer.digest_array)",
     "skeleton": "hdf5.create_skeleton: h5py file + datasets + ftruncate + fsync (leader)",
     "h5.pwrite": "os.pwrite in hdf5.write_arrays (copy into the page cache)",
     "h5.fsync": "os.fsync in the hdf5 module (skeleton + data to disk)",
-    "commit": "checkpointer._commit: manifest + COMMITTED + rename, with fsyncs (rank 0)",
-    "rotate": "CheckpointManager._rotate: list + delete the previous checkpoint (rank 0)",
-    "list_checkpoints": "rotate: validate.list_checkpoints (quick validation of every step)",
-    "remove_tree": "rotate: storage.remove_tree (rename + fsync dir + rmtree)",
+    "commit": "PendingDir.commit: manifest + COMMITTED + rename, with fsyncs (rank 0)",
+    "rotate": "CheckpointManager._after_commit: save log + rotation (rank 0)",
+    "catalog.apply": "rotate: Catalog.apply (trash the deleted checkpoints, collect static data)",
+    "move_to_trash": "rotate: storage.move_to_trash (rename + fsync dir)",
     "st.rmtree": "shutil.rmtree in storage (unlink the old files: frees blocks + page cache)",
     "st.fsync": "os.fsync in storage (manifest, marker, directories)",
     "barrier": "sleeping barriers inside the library (waiting for other ranks)",
@@ -174,6 +174,8 @@ def install_profiler(timer: PhaseTimer) -> None:
     import resilient.manager as man
     import resilient.mpi as rmpi
     import resilient.storage as storage
+    from resilient.catalog import Catalog
+    from resilient.commit import PendingDir
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, timer.wrap(phase, getattr(owner, attr)))
@@ -181,18 +183,18 @@ def install_profiler(timer: PhaseTimer) -> None:
     for attr, phase in (
         ("save", "save"),
         ("restore", "restore"),
-        ("_rotate", "rotate"),
-        ("_choose", "choose"),
+        ("_after_commit", "rotate"),
+        ("_try_read", "try_read"),
     ):
         patch(man.CheckpointManager, attr, phase)
-    patch(man, "write_set", "write_set")
+    patch(man, "save_set", "save_set")
     patch(man, "read_rank", "read_rank")
     patch(ckpt, "digest_array", "digest")
-    patch(ckpt, "_commit", "commit")
+    patch(PendingDir, "commit", "commit")
     patch(h5mod, "create_skeleton", "skeleton")
     patch(rmpi.MPIComm, "barrier", "barrier")
-    patch(man, "list_checkpoints", "list_checkpoints")
-    patch(storage, "remove_tree", "remove_tree")
+    patch(Catalog, "apply", "catalog.apply")
+    patch(storage, "move_to_trash", "move_to_trash")
     # module attributes of another type: setattr keeps mypy quiet
     h5_os = _TimedModule(os, timer, "h5.", ("pwrite", "fsync", "preadv"))
     setattr(h5mod, "os", h5_os)  # noqa: B010
