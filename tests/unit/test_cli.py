@@ -83,6 +83,23 @@ def test_prune(root: Path) -> None:
     assert locked.returncode == 3 and "in use by another job" in locked.stderr
 
 
+def test_prune_collects_static_data_like_the_manager(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as m:
+        m.save(1, {"u": np.zeros(3)}, static={"mesh": np.arange(4.0)})
+        m.save(2, {"u": np.ones(3)}, static={"mesh": np.arange(5.0)})
+        m.save(3, {"u": np.ones(3)}, static={"mesh": np.arange(5.0)})
+    assert len(list((root / "static").iterdir())) == 2
+    assert cli("prune", str(root), "--keep-last", "1").returncode == 0
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000003"]
+    (kept,) = list((root / "static").iterdir())  # step 1's mesh went with step 1
+    with CheckpointManager(root) as m:
+        step, state = m.restore()
+    assert step == 3 and state["mesh"].tolist() == list(np.arange(5.0))
+    assert cli("verify", str(root), "--full").returncode == 0
+    assert kept.is_dir()
+
+
 def test_errors_are_one_line_with_documented_codes(tmp_path: Path) -> None:
     missing = cli("ls", str(tmp_path / "nope"))
     assert (
