@@ -42,14 +42,14 @@ class Catalog:
     def __init__(self, root: Path, statics: StaticStore) -> None:
         self.root = root
         self.statics = statics
-        self._valid: dict[int, _Entry] | None = None
+        self._valid: dict[int, _Entry] | None = None  # oldest first (insertion order)
 
     def _entries(self) -> dict[int, _Entry]:
         if self._valid is None:
-            self._valid = {}
-            for rec in iter_checkpoints(self.root, quarantined=True):
+            found: dict[int, _Entry] = {}
+            for rec in iter_checkpoints(self.root, quarantined=True):  # newest first
                 if rec.status == "valid" and rec.manifest is not None:
-                    self._valid[rec.step] = _entry(rec.manifest)
+                    found[rec.step] = _entry(rec.manifest)
                     self.statics.ref(rec.manifest.static)
                     continue
                 try:  # invalid or quarantined: its static data must survive it
@@ -57,20 +57,24 @@ class Catalog:
                 except InvalidCheckpointError:
                     if rec.status == "quarantined":
                         self.statics.pin()  # cannot tell what it uses: keep all static data
+            self._valid = dict(reversed(found.items()))
         return self._valid
 
     def infos(self) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first."""
-        return [e.info for _, e in sorted(self._entries().items())]
+        return [e.info for e in self._entries().values()]
 
     def add(self, manifest: Manifest) -> None:
         """Record a checkpoint just committed (replacing a re-saved step)."""
         entries = self._entries()
-        old = entries.get(manifest.step)
+        old = entries.pop(manifest.step, None)
         if old is not None:
             self.statics.unref(old.static)
+        newest = next(reversed(entries), -1)
         entries[manifest.step] = _entry(manifest)
         self.statics.ref(manifest.static)
+        if manifest.step < newest:  # an older step saved again (after a fallback): re-sort
+            self._valid = dict(sorted(entries.items()))
 
     def quarantined(self, step: int) -> None:
         """Record that ``step`` was quarantined (its static data stays referenced)."""

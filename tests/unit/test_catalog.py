@@ -1,0 +1,66 @@
+"""Rotation works from what the manager knows: history is validated once per process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import resilient.validate
+from resilient import CheckpointManager, KeepEvery, KeepLast
+from resilient.catalog import Catalog
+from resilient.statics import StaticStore
+from resilient.validate import list_checkpoints
+
+
+def _fill(root: Path, steps: range) -> None:
+    with CheckpointManager(root) as m:
+        for s in steps:
+            m.save(s, {"u": np.full(4, float(s))}, static={"mesh": np.arange(3.0)})
+
+
+def test_saves_validate_the_history_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "ck"
+    _fill(root, range(1, 41))
+    calls: list[Path] = []
+    real = resilient.validate.validate_checkpoint
+
+    def counting(path: Path, **kwargs: object) -> object:
+        calls.append(path)
+        return real(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resilient.validate, "validate_checkpoint", counting)
+    with CheckpointManager(root, keep=KeepEvery(steps=1)) as m:
+        m.save(41, {"u": np.zeros(4)}, static={"mesh": np.arange(3.0)})
+        first = len(calls)
+        for s in range(42, 52):
+            m.save(s, {"u": np.zeros(4)}, static={"mesh": np.arange(3.0)})
+    assert first >= 40  # the first rotation learns the history (once)
+    assert len(calls) == first  # later saves validate nothing already known
+    assert [r.step for r in list_checkpoints(root)] == list(range(1, 52))
+
+
+def test_catalog_keeps_steps_in_order_after_an_older_step_is_saved_again(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    _fill(root, range(1, 6))
+    with CheckpointManager(root, keep=KeepLast(2)) as m:
+        m.restore(step=3)
+        m.save(3, {"u": np.ones(4)})  # after a fallback: step 3 again, newer than 4 and 5 on disk
+    steps = [r.step for r in list_checkpoints(root)]
+    assert steps == [4, 5]  # KeepLast(2) by step: 3 is older than 4 and 5
+
+    catalog = Catalog(root, StaticStore(root))
+    assert [i.step for i in catalog.infos()] == [4, 5]
+    plan = catalog.plan(KeepLast(1))
+    assert plan.delete == {4} and plan.keep == {5}
+
+
+def test_rotation_collects_static_data_no_checkpoint_uses(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    with CheckpointManager(root, keep=KeepLast(1)) as m:
+        m.save(1, {"u": np.zeros(2)}, static={"mesh": np.arange(3.0)})
+        m.save(2, {"u": np.zeros(2)}, static={"mesh": np.arange(4.0)})
+        m.save(3, {"u": np.zeros(2)}, static={"mesh": np.arange(4.0)})
+    assert len(list((root / "static").iterdir())) == 1
+    assert [r.step for r in list_checkpoints(root)] == [3]
