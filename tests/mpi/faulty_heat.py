@@ -58,16 +58,16 @@ elif kind == "randomcrash":
 elif kind == "killsave":
     step_s, _, which = spec.partition(":")
     if _in_attempts(which):
-        from resilient import checkpointer
+        from resilient.commit import PendingDir
 
-        real_commit = checkpointer._commit
+        real_commit = PendingDir.commit
 
-        def commit(tmp: Any, final: Any, manifest: Any) -> None:
+        def commit(self: PendingDir, manifest: Any, *, what: str) -> None:
             if manifest.step == int(step_s):
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_commit(tmp, final, manifest)
+            real_commit(self, manifest, what=what)
 
-        checkpointer._commit = commit  # type: ignore[assignment]
+        PendingDir.commit = commit  # type: ignore[method-assign]
         if rank != 0:  # non-coordinators die while the coordinator commits
             from resilient import hdf5
 
