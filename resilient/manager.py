@@ -168,13 +168,22 @@ class CheckpointManager:
         """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides).
 
         Cheap enough to call every step: one small allreduce (ranks arrive together here, so
-        no sleeping barrier), not a broadcast behind a barrier.
+        no sleeping barrier), not a broadcast behind a barrier. Only when rank 0 votes yes (a
+        save, or a policy that raised) does a broadcast follow, so that a failing policy raises
+        the same error on every rank.
         """
         decision = False
+        error: Exception | None = None
         if self.comm.rank == 0 and self.save_when is not None:
-            ctx = self.save_context(step, time_left_s=time_left_s, stop_requested=stop_requested)
-            decision = bool(self.save_when(ctx))
-        return self.comm.any_true(decision)  # only rank 0's vote can be true
+            try:
+                ctx = self.save_context(step, time_left_s=time_left_s, stop_requested=stop_requested)
+                decision = bool(self.save_when(ctx))
+            except Exception as exc:
+                error = exc
+        if not self.comm.any_true(decision or error is not None):  # only rank 0 votes
+            return False
+        self._coll.broadcast(f"save decision at step {step}", functools.partial(_reraise, error))
+        return True
 
     def save_context(
         self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
@@ -366,6 +375,11 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ResilientError("this CheckpointManager is closed")
+
+
+def _reraise(error: Exception | None) -> None:
+    if error is not None:
+        raise error
 
 
 class _Rejected(Exception):

@@ -23,7 +23,7 @@ from mpi4py import MPI
 import resilient.checkpointer
 import resilient.manager
 import resilient.storage
-from resilient import CheckpointManager, KeepLast
+from resilient import CheckpointManager, EverySteps, KeepLast
 from resilient.catalog import Catalog
 from resilient.commit import PendingDir
 from resilient.statics import StaticStore
@@ -89,6 +89,11 @@ def _save_new_static(root: Path) -> None:
         m.save(3, _state(3), static={"mesh": np.zeros(3 + rank)})
 
 
+def _should_save(root: Path) -> None:
+    with CheckpointManager(root, comm=world, checkpoint_comm=KIND, save_when=EverySteps(1)) as m:
+        m.should_save(3)
+
+
 def _restore(root: Path) -> None:
     with _manager(root) as m:
         m.restore()
@@ -99,6 +104,7 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "lock": (lambda: _patch(resilient.storage.RootLock, "acquire"), _open),
     "leftovers": (lambda: _patch(resilient.storage, "cleanup_leftovers"), _open),
     "latest": (lambda: _patch(resilient.manager, "latest_valid"), _latest),
+    "save-decision": (lambda: _patch(CheckpointManager, "save_context"), _should_save),
     "step-agreement": (lambda: _patch(resilient.manager, "_same_step"), _save),
     "static-lookup": (lambda: _patch(StaticStore, "_lookup"), _save),
     "static-tmpdir": (lambda: _patch(PendingDir, "create"), _save_new_static),
