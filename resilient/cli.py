@@ -209,16 +209,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import logging
-
-    from resilient.run import options_from_args, run
+    from resilient.run import launch, options_from_args
 
     try:
         opts = options_from_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
-    return run(opts)
+    return launch(opts)
 
 
 def build_parser() -> argparse.ArgumentParser:

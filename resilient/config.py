@@ -6,31 +6,30 @@ Example::
     save_when:
       every_steps: 100
       every_seconds: 1800
-      before_walltime: {margin_s: 120}
       on_signal: true
       young_daly: {mtbf_s: 86400}
     keep:
       last: 3
       every_steps: 1000
       best: {metric: loss, n: 2, mode: min}
-    walltime_margin_s: 120
-    retries: 2
+    walltime_margin_s: 120         # stop, final checkpoint, exit 75: this long before the deadline
     gc_every: 10
 
-Unknown keys and wrong types raise :class:`~resilient.errors.ConfigError` naming the key.
+``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.session.Session`
+stops (and writes its final checkpoint) once less than this margin plus the measured save cost
+is left (the rule of :class:`~resilient.policies.BeforeWalltime`). Unknown keys and wrong types
+raise :class:`~resilient.errors.ConfigError` naming the file and the key.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resilient.errors import ConfigError
 from resilient.policies import (
-    BeforeWalltime,
     EverySeconds,
     EverySteps,
     KeepBest,
@@ -41,8 +40,11 @@ from resilient.policies import (
     SavePolicy,
     YoungDaly,
 )
+from resilient.schema import Section
 
 __all__ = ["CheckpointConfig", "load_checkpoint_config", "load_yaml"]
+
+_NUMBER = (int, float)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +55,6 @@ class CheckpointConfig:
     save_when: SavePolicy | None = None
     keep: KeepPolicy | None = None
     walltime_margin_s: float = 60.0
-    retries: int = 0
     gc_every: int | None = None
 
     def __post_init__(self) -> None:
@@ -63,28 +64,22 @@ class CheckpointConfig:
             )
         if self.walltime_margin_s < 0:
             raise ConfigError("walltime_margin_s: must be >= 0")
-        if self.retries < 0:
-            raise ConfigError("retries: must be >= 0")
         if self.gc_every is not None and self.gc_every < 1:
             raise ConfigError("gc_every: must be >= 1 (or absent)")
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], *, where: str = "config") -> CheckpointConfig:
+    def from_dict(cls, doc: Any, *, where: str = "config") -> CheckpointConfig:
         """Build from a parsed YAML/JSON mapping; strict about keys and types."""
-        if not isinstance(doc, Mapping):
+        if not isinstance(doc, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level")
-        _only(
-            doc,
-            {"checkpoint_comm", "save_when", "keep", "walltime_margin_s", "retries", "gc_every"},
-            where,
-        )
+        top = Section(doc, where=where)
+        top.only({"checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every"})
         return cls(
-            checkpoint_comm=_typed(doc, "checkpoint_comm", str, where, "self"),
-            save_when=_save_policy(doc.get("save_when"), f"{where}.save_when"),
-            keep=_keep_policy(doc.get("keep"), f"{where}.keep"),
-            walltime_margin_s=float(_typed(doc, "walltime_margin_s", (int, float), where, 60.0)),
-            retries=_typed(doc, "retries", int, where, 0),
-            gc_every=_typed(doc, "gc_every", int, where, None),
+            checkpoint_comm=top.get("checkpoint_comm", str, "self"),
+            save_when=_save_policy(top.optional_section("save_when")),
+            keep=_keep_policy(top.optional_section("keep")),
+            walltime_margin_s=float(top.get("walltime_margin_s", _NUMBER, 60.0)),
+            gc_every=top.get("gc_every", int, None),
         )
 
 
@@ -128,90 +123,52 @@ def _any_of(parts: list[Any]) -> Any:
     return policy
 
 
-def _only(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(doc) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-
-
-def _typed(
-    doc: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str, default: Any
-) -> Any:
-    if key not in doc or doc[key] is None:
-        return default
-    value = doc[key]
-    if (isinstance(value, bool) and typ is not bool) or not isinstance(value, typ):
-        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise ConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _save_policy(doc: Any, where: str) -> SavePolicy | None:
-    if doc is None:
+def _save_policy(sec: Section | None) -> SavePolicy | None:
+    if sec is None:
         return None
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
-    _only(
-        doc, {"every_steps", "every_seconds", "before_walltime", "on_signal", "young_daly"}, where
-    )
-    parts: list[SavePolicy] = []
-    if "every_steps" in doc:
-        parts.append(EverySteps(_typed(doc, "every_steps", int, where, None)))
-    if "every_seconds" in doc:
-        parts.append(EverySeconds(float(_typed(doc, "every_seconds", (int, float), where, None))))
-    bw = doc.get("before_walltime")
-    if bw is not None and bw is not False:
-        if bw is True:
-            bw = {}
-        if not isinstance(bw, Mapping):
-            raise ConfigError(f"{where}.before_walltime: expected true or a mapping with margin_s")
-        _only(bw, {"margin_s"}, f"{where}.before_walltime")
-        parts.append(
-            BeforeWalltime(
-                margin_s=float(
-                    _typed(bw, "margin_s", (int, float), f"{where}.before_walltime", 60.0)
-                )
-            )
+    if "before_walltime" in sec:
+        raise sec.fail(
+            "before_walltime",
+            "not a save_when key: the deadline margin is the top-level walltime_margin_s "
+            "(the session stops, saves and exits 75 that long before the deadline)",
         )
-    if _typed(doc, "on_signal", bool, where, False):
+    sec.only({"every_steps", "every_seconds", "on_signal", "young_daly"})
+    parts: list[SavePolicy] = []
+    if "every_steps" in sec:
+        parts.append(EverySteps(sec.require("every_steps", int)))
+    if "every_seconds" in sec:
+        parts.append(EverySeconds(float(sec.require("every_seconds", _NUMBER))))
+    if sec.get("on_signal", bool, False):
         parts.append(OnSignal())
-    yd = doc.get("young_daly")
+    yd = sec.optional_section("young_daly")
     if yd is not None:
-        if not isinstance(yd, Mapping):
-            raise ConfigError(f"{where}.young_daly: expected a mapping with mtbf_s")
-        _only(yd, {"mtbf_s", "initial_interval_s"}, f"{where}.young_daly")
+        yd.only({"mtbf_s", "initial_interval_s"})
         parts.append(
             YoungDaly(
-                mtbf_s=float(_typed(yd, "mtbf_s", (int, float), f"{where}.young_daly", 86400.0)),
-                initial_interval_s=float(
-                    _typed(yd, "initial_interval_s", (int, float), f"{where}.young_daly", 600.0)
-                ),
+                mtbf_s=float(yd.get("mtbf_s", _NUMBER, 86400.0)),
+                initial_interval_s=float(yd.get("initial_interval_s", _NUMBER, 600.0)),
             )
         )
     return _any_of(parts)  # type: ignore[no-any-return]
 
 
-def _keep_policy(doc: Any, where: str) -> KeepPolicy | None:
-    if doc is None:
+def _keep_policy(sec: Section | None) -> KeepPolicy | None:
+    if sec is None:
         return None
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
-    _only(doc, {"last", "every_steps", "best"}, where)
+    sec.only({"last", "every_steps", "best"})
     parts: list[KeepPolicy] = []
-    if "last" in doc:
-        parts.append(KeepLast(_typed(doc, "last", int, where, None)))
-    if "every_steps" in doc:
-        parts.append(KeepEvery(steps=_typed(doc, "every_steps", int, where, None)))
-    best = doc.get("best")
+    if "last" in sec:
+        parts.append(KeepLast(sec.require("last", int)))
+    if "every_steps" in sec:
+        parts.append(KeepEvery(steps=sec.require("every_steps", int)))
+    best = sec.optional_section("best")
     if best is not None:
-        if not isinstance(best, Mapping):
-            raise ConfigError(f"{where}.best: expected a mapping with metric, n, mode")
-        _only(best, {"metric", "n", "mode"}, f"{where}.best")
+        best.only({"metric", "n", "mode"})
         parts.append(
             KeepBest(
-                _typed(best, "metric", str, f"{where}.best", "loss"),
-                n=_typed(best, "n", int, f"{where}.best", 1),
-                mode=_typed(best, "mode", str, f"{where}.best", "min"),
+                best.get("metric", str, "loss"),
+                n=best.get("n", int, 1),
+                mode=best.get("mode", str, "min"),
             )
         )
     return _any_of(parts)  # type: ignore[no-any-return]

@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,15 @@ from resilient.slurm import (
 )
 from resilient.validate import latest_valid
 
-__all__ = ["EXIT_PERMANENT", "AttemptRecord", "RunOptions", "main", "parse_duration", "run"]
+__all__ = [
+    "EXIT_PERMANENT",
+    "AttemptRecord",
+    "RunOptions",
+    "launch",
+    "main",
+    "parse_duration",
+    "run",
+]
 
 log = logging.getLogger("resilient.run")
 
@@ -192,7 +200,6 @@ class _Attempt:
         self.env = env
         self.deadline = deadline
         self.pending: list[int] = []
-        self.sent: list[str] = []
 
     def run(self) -> tuple[int, str | None]:
         """Run to completion; return (exit status or -signal, our last signal sent)."""
@@ -235,7 +242,6 @@ class _Attempt:
                 _signal_tree(proc, signal.SIGKILL)
                 last, kill_at, term_sent_at = "SIGKILL", None, None
             time.sleep(_POLL_S)
-        # reap ranks a launcher may have left behind
         return proc.returncode, last
 
     def on_signal(self, signum: int, frame: Any) -> None:
@@ -434,15 +440,18 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def main(
-    argv: Sequence[str] | None = None, *, configure_logging: Callable[[], None] | None = None
-) -> int:
-    """Entry point of ``resilient run``."""
+def launch(opts: RunOptions) -> int:
+    """Log to stderr (``resilient run: ...``) and :func:`run`: what the command line does."""
+    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
+    return run(opts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``resilient run`` (also ``python -m resilient.run``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         opts = options_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
-    return run(opts)
+    return launch(opts)

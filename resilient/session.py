@@ -27,8 +27,14 @@ from resilient import layout, storage
 from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager, StateValidator
-from resilient.policies import KeepPolicyLike, SavePolicyLike
-from resilient.slurm import DEFAULT_STOP_SIGNALS, ENV_CHECKPOINT_DIR, StopSignals, find_deadline
+from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
+from resilient.slurm import (
+    DEFAULT_STOP_SIGNALS,
+    ENV_CHECKPOINT_DIR,
+    StopSignals,
+    find_deadline,
+    job_of,
+)
 from resilient.storage import is_permanent_storage_error
 
 __all__ = ["Session"]
@@ -45,7 +51,9 @@ class Session:
         checkpoint_comm: ``"self"``, ``"node"``, ``"world"`` or a sub-communicator.
         save_when: save policy (e.g. ``EverySteps(100) | EverySeconds(1800)``).
         keep: keep policy (e.g. ``KeepLast(3)``).
-        margin_s: stop when less than this (plus the measured save cost) is left before the deadline.
+        margin_s: stop when less than this (plus the measured save cost) is left before the
+            deadline: the rule of :class:`~resilient.policies.BeforeWalltime` (the one setting
+            for the deadline; ``walltime_margin_s`` in the YAML).
         signals: signals that request a stop (a flag only; acted upon at the next step), or a
             :class:`StopSignals` the program installed early (before its slow imports: a
             warning signal that arrives before any handler is installed kills the process).
@@ -79,6 +87,7 @@ class Session:
         self.root = Path(root)
         self.validate = validate
         self.margin_s = float(margin_s)
+        self._stop_before_deadline = BeforeWalltime(margin_s=self.margin_s)
         self.exit_on_stop = exit_on_stop
         self._clock = clock
         self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
@@ -91,6 +100,7 @@ class Session:
             keep=keep,
             save_when=save_when,
             gc_every=gc_every,
+            lock_owner=job_of(env),
         )
         self.comm = self.manager.comm
         self.stopped = False
@@ -181,16 +191,16 @@ class Session:
         """
         if self.stopped:
             return True
-        local = self._signals.is_set
         left = self.time_left_s
-        cost = self.manager.save_cost_s or 0.0
-        if not local and left is not None and left <= self.margin_s + cost:
-            local = True
-        if self.comm.any_true(local):
+        step = self._last[0] if self._last is not None else 0
+        near_deadline = self._stop_before_deadline(
+            self.manager.save_context(step, time_left_s=left)
+        )
+        if self.comm.any_true(self._signals.is_set or near_deadline):
             self.stopped = True
             if self._signals.received is not None:
                 self.stop_reason = f"signal {self._signals.received.name}"
-            elif left is not None and left <= self.margin_s + cost:
+            elif near_deadline:
                 self.stop_reason = f"deadline in {left:.0f} s"
             else:
                 self.stop_reason = "stop requested on another rank"

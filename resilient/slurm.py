@@ -23,6 +23,7 @@ __all__ = [
     "ENV_DEADLINE",
     "StopSignals",
     "find_deadline",
+    "job_of",
     "parse_signal",
     "parse_squeue_time_left",
     "squeue_time_left",
@@ -111,6 +112,12 @@ def find_deadline(
         if math.isfinite(value):
             return value, ENV_DEADLINE
     return None, "none"
+
+
+def job_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """What identifies this batch job (for the root's lock file): its Slurm job id, if any."""
+    job = environ.get("SLURM_JOB_ID", "").strip()
+    return {"slurm_job_id": job} if job else {}
 
 
 class StopSignals:

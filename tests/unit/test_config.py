@@ -11,7 +11,6 @@ from resilient.config import CheckpointConfig, load_checkpoint_config
 from resilient.errors import ConfigError
 from resilient.policies import (
     AnyOf,
-    BeforeWalltime,
     CheckpointInfo,
     EverySeconds,
     EverySteps,
@@ -64,12 +63,9 @@ def test_default_yaml_builds_the_expected_objects() -> None:
     cfg = load_checkpoint_config(CONFIG_DIR / "default.yaml")
     assert cfg == CheckpointConfig(
         checkpoint_comm="node",
-        save_when=AnyOf(
-            (EverySteps(50), EverySeconds(1800.0), BeforeWalltime(margin_s=120.0), OnSignal())
-        ),
+        save_when=AnyOf((EverySteps(50), EverySeconds(1800.0), OnSignal())),
         keep=KeepLast(3),
         walltime_margin_s=120.0,
-        retries=2,
         gc_every=20,
     )
     p = cfg.save_when
@@ -78,8 +74,7 @@ def test_default_yaml_builds_the_expected_objects() -> None:
     assert p(ctx(49)) is False
     assert p(ctx(50, last_saved_step=50)) is False
     assert p(ctx(49, stop_requested=True)) is True  # on_signal
-    assert p(ctx(49, time_left_s=119.0)) is True  # before_walltime
-    assert p(ctx(49, time_left_s=121.0)) is False
+    assert p(ctx(49, time_left_s=119.0)) is False  # the deadline is the session's stop rule
     assert p(ctx(49, now=1800.0)) is True  # every_seconds
     assert p(ctx(49, now=1799.0)) is False
 
@@ -99,14 +94,14 @@ def test_training_yaml_builds_the_expected_objects() -> None:
     infos = [CheckpointInfo(step=s, metrics={"loss": v}) for s, v in [(1, 0.1), (2, 0.5), (3, 0.2),
                                                                        (4, 0.9), (5, 0.8)]]  # fmt: skip
     assert cfg.keep(infos) == {4, 5, 1, 3}  # last two and best two
-    assert (cfg.walltime_margin_s, cfg.retries, cfg.gc_every) == (60.0, 1, None)
+    assert (cfg.walltime_margin_s, cfg.gc_every) == (60.0, None)
 
 
 def test_demo_yaml_builds_the_expected_objects() -> None:
     cfg = load_checkpoint_config(CONFIG_DIR / "demo.yaml")
     assert cfg.save_when == AnyOf((EverySteps(10), OnSignal()))
     assert cfg.keep == KeepLast(2)
-    assert (cfg.checkpoint_comm, cfg.walltime_margin_s, cfg.retries) == ("node", 2.0, 0)
+    assert (cfg.checkpoint_comm, cfg.walltime_margin_s) == ("node", 2.0)
 
 
 # --------------------------------------------------------------------------- from_dict
@@ -116,7 +111,7 @@ def test_from_dict_defaults() -> None:
     assert CheckpointConfig.from_dict({}) == CheckpointConfig()
     cfg = CheckpointConfig.from_dict({})
     assert cfg.save_when is None and cfg.keep is None
-    assert (cfg.checkpoint_comm, cfg.walltime_margin_s, cfg.retries) == ("self", 60.0, 0)
+    assert (cfg.checkpoint_comm, cfg.walltime_margin_s) == ("self", 60.0)
 
 
 def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
@@ -129,13 +124,11 @@ def test_from_dict_single_policy_is_not_wrapped() -> None:
     assert cfg.keep == KeepLast(1)
 
 
-def test_from_dict_before_walltime_forms() -> None:
-    on = CheckpointConfig.from_dict({"save_when": {"before_walltime": True}})
-    assert on.save_when == BeforeWalltime(margin_s=60.0)
-    off = CheckpointConfig.from_dict({"save_when": {"before_walltime": False}})
-    assert off.save_when is None
-    m = CheckpointConfig.from_dict({"save_when": {"before_walltime": {"margin_s": 5}}})
-    assert m.save_when == BeforeWalltime(margin_s=5.0)
+@pytest.mark.parametrize("form", [True, False, {"margin_s": 5}])
+def test_before_walltime_is_not_a_second_margin(form: object) -> None:
+    """One knob for the deadline: walltime_margin_s (the session's stop rule)."""
+    with pytest.raises(ConfigError, match=r"save_when\.before_walltime.*walltime_margin_s"):
+        CheckpointConfig.from_dict({"save_when": {"before_walltime": form}})
     assert CheckpointConfig.from_dict({"save_when": {"on_signal": False}}).save_when is None
 
 
@@ -157,10 +150,10 @@ def test_from_dict_young_daly_options() -> None:
         ("keep:\n  latest: 3\n", ["latest", "keep"]),
         ("keep:\n  best: {metric: loss, order: min}\n", ["order", "keep.best"]),
         ("save_when:\n  young_daly: {mtbf: 3600}\n", ["mtbf", "young_daly"]),
-        ("save_when:\n  before_walltime: {margin: 3}\n", ["margin", "before_walltime"]),
         ('save_when:\n  every_steps: "10"\n', ["save_when.every_steps", "str"]),
-        ("retries: 1.5\n", ["retries", "float"]),
-        ("retries: true\n", ["retries", "bool"]),
+        ("gc_every: 1.5\n", ["gc_every", "float"]),
+        ("walltime_margin_s: true\n", ["walltime_margin_s", "bool"]),
+        ("retries: 2\n", ["retries", "unknown key"]),  # removed: nothing read it
         ('save_when:\n  on_signal: "yes"\n', ["on_signal", "str"]),
         ("checkpoint_comm: 3\n", ["checkpoint_comm", "int"]),
         ("walltime_margin_s: soon\n", ["walltime_margin_s"]),
@@ -172,7 +165,7 @@ def test_from_dict_young_daly_options() -> None:
         ("keep: [1, 2]\n", ["keep", "mapping"]),
         ("keep:\n  best: loss\n", ["keep.best"]),
         ("save_when:\n  young_daly: 86400\n", ["young_daly"]),
-        ("save_when:\n  before_walltime: 120\n", ["before_walltime"]),
+        ("save_when:\n  before_walltime: 120\n", ["before_walltime", "walltime_margin_s"]),
     ],
 )
 def test_bad_keys_and_types_name_the_key_and_the_file(
@@ -187,14 +180,11 @@ def test_bad_keys_and_types_name_the_key_and_the_file(
         assert name in msg
 
 
-def test_wrong_type_in_before_walltime_names_the_full_key(tmp_path: Path) -> None:
-    # Bug: config.py passes `where` (…save_when) instead of `…save_when.before_walltime` to
-    # _typed for margin_s, so the message points at a key that does not exist
-    # ("…save_when.margin_s").
-    path = write(tmp_path, 'save_when:\n  before_walltime: {margin_s: "2m"}\n')
+def test_wrong_type_in_young_daly_names_the_full_key(tmp_path: Path) -> None:
+    path = write(tmp_path, 'save_when:\n  young_daly: {mtbf_s: "1d"}\n')
     with pytest.raises(ConfigError) as exc_info:
         load_checkpoint_config(path)
-    assert "save_when.before_walltime.margin_s" in str(exc_info.value)
+    assert "save_when.young_daly.mtbf_s" in str(exc_info.value)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +195,6 @@ def test_wrong_type_in_before_walltime_names_the_full_key(tmp_path: Path) -> Non
         ("keep:\n  last: 0\n", ["KeepLast"]),
         ("checkpoint_comm: galaxy\n", ["checkpoint_comm", "galaxy"]),
         ("walltime_margin_s: -1\n", ["walltime_margin_s"]),
-        ("retries: -2\n", ["retries"]),
         ("save_when:\n  young_daly: {mtbf_s: 0}\n", ["mtbf_s"]),
         ("save_when:\n  every_seconds: 0\n", ["EverySeconds"]),
     ],

@@ -116,3 +116,15 @@ def test_sigkilled_holder_does_not_leave_the_root_locked(tmp_path: Path) -> None
         m.save(8, {"x": np.arange(6)})
     holder = json.loads((root / ".lock").read_text())
     assert holder["pid"] == os.getpid()
+
+
+def test_a_session_records_its_slurm_job_in_the_lock(tmp_path: Path) -> None:
+    from resilient import Session
+
+    root = tmp_path / "ck"
+    env = {"SLURM_JOB_ID": "4242"}
+    locked = pytest.raises(CheckpointLockedError, match='"slurm_job_id": "4242"')
+    with Session(root, environ=env, exit_on_stop=False), locked:
+        CheckpointManager(root)
+    with CheckpointManager(root):  # the library alone reads no Slurm variable
+        assert "slurm_job_id" not in json.loads((root / ".lock").read_text())
