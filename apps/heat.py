@@ -131,7 +131,7 @@ def advance(dom: Domain, u: Array, kappa: Array, alpha: float) -> Array:
     """One explicit Euler step."""
     dom.exchange(u)
     lap = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4.0 * u[1:-1, 1:-1]
-    new = u.copy()
+    new: Array = u.copy()
     new[1:-1, 1:-1] += alpha * kappa * lap
     return new
 

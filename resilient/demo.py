@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from resilient.launch import find_mpiexec
 from resilient.report import format_table, plot, task_report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,11 +37,6 @@ def _env() -> dict[str, str]:
 
 def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
-
-
-def _mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else "mpiexec"
 
 
 def run_campaign(out: Path, walltime: float) -> int:
@@ -92,7 +88,7 @@ def run_reference(out: Path) -> dict[str, Path]:
 
 def _reference_run(ranks: int, argv: list[str], policy: str, ckpt: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, *argv, "--config", policy,
+    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, *argv, "--config", policy,
            "--checkpoint-dir", str(ckpt), "--out", str(dest)]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True, timeout=600)
 

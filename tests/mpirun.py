@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from resilient.launch import find_mpiexec
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def mpiexec() -> str:
-    """The ``mpiexec`` next to this interpreter (the PyPI mpich wheel), else the one on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.exists():
-        return str(local)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec: install the project with its test extra (mpich wheel)")
-    return found
+    """The ``mpiexec`` the library's apps use (next to this interpreter, else on PATH)."""
+    return find_mpiexec()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -37,14 +37,17 @@ from parsl.launchers import SimpleLauncher  # noqa: E402
 from parsl.providers import LocalProvider, SlurmProvider  # noqa: E402
 
 from resilient.integrations.parsl import (  # noqa: E402
+    Launch,
     ResumableCommandError,
-    heat_bash,
-    heat_mpi_bash,
+    RunOptions,
     load_config,
-    make_apps,
     resilient_command,
+    resumable_apps,
+    resumable_bash,
+    resumable_mpi_bash,
     resume_retry_handler,
 )
+from workflows.campaign_apps import CampaignApps, heat_args  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -143,7 +146,9 @@ def test_config_options(tmp_path: Path) -> None:
     assert cfg.retries == 4 and cfg.retry_handler is None
     assert cfg.run_dir == "/tmp/x" and cfg.strategy is None and cfg.strategy_period == 0.5
     (ex,) = cfg.executors
+    assert isinstance(ex, HighThroughputExecutor)
     assert ex.label == "a" and ex.drain_period == 600 and ex.cores_per_worker == 2.0
+    assert isinstance(ex.provider, SlurmProvider)
     assert ex.provider.walltime == "1-00:00:00" and ex.provider.mem_per_node == 16
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
@@ -160,7 +165,7 @@ def save(root: Path, step: int) -> None:
         mgr.save(step, {"x": np.arange(3)})
 
 
-def record(root: Path | None, **kwargs: Any) -> dict[str, Any]:
+def record(root: Path | None, **kwargs: Any) -> Any:  # a TaskRecord (a TypedDict) in the tests
     kw: dict[str, Any] = dict(kwargs)
     if root is not None:
         kw.setdefault("checkpoint_dir", str(root))
@@ -192,7 +197,7 @@ def test_handler_costs_by_progress(tmp_path: Path, caplog: pytest.LogCaptureFixt
     save(root, 20)  # a lost manager (walltime of the block) after progress is free
     assert handler(ManagerLost(b"abc", "node1"), tr) == 0
     assert tr["kwargs"]["resume_from"] == step_path(root, 20)
-    assert handler(WorkerLost(3, "node1"), tr) == 1  # ... without progress it is not
+    assert handler(WorkerLost(3, "node1"), tr) == 1  # type: ignore[no-untyped-call]  # ... without progress it is not
 
     save(root, 30)  # a crash after progress is free too
     assert handler(BashExitFailure("heat", 139), tr) == 0
@@ -259,9 +264,7 @@ def test_resilient_command_quotes_and_prefix(tmp_path: Path) -> None:
     cmd = resilient_command(
         ["prog", "x y"],
         checkpoint_dir=ck,
-        walltime_s=2.5,
-        max_no_progress=2,
-        extra=["--kill-wait", "1"],
+        run=RunOptions(walltime_s=2.5, max_no_progress=2, extra=("--kill-wait", "1")),
     )
     argv = shlex.split(cmd)
     assert argv[:4] == [sys.executable, "-m", "resilient.cli", "run"]
@@ -280,22 +283,31 @@ def test_resilient_command_quotes_and_prefix(tmp_path: Path) -> None:
 
 
 def test_app_commands() -> None:
-    common: dict[str, Any] = dict(
-        nx=8, ny=8, steps=5, out="/o.h5", checkpoint_dir="/ck", cwd="/repo dir"
+    args = heat_args(nx=8, ny=8, steps=5, out="/o.h5", checkpoint_dir="/ck")
+    common: dict[str, Any] = dict(module="apps.heat", args=args, checkpoint_dir="/ck", cwd="/repo dir")
+    cmd = resumable_bash(
+        launch=Launch(launcher="mpiexec", ranks=3), resume_from="/ck/step_00000010", **common
     )
-    cmd = heat_bash(ranks=3, resume_from="/ck/step_00000010", **common)
     assert cmd.startswith("cd '/repo dir' && export PYTHONPATH='/repo dir'")
     assert "resume_from=/ck/step_00000010" in cmd
-    assert f"-- {mpiexec()} -n 3 {sys.executable} -m apps.heat" in cmd
-    cmd = heat_mpi_bash(parsl_resource_specification={"num_ranks": 2}, **common)
-    assert f"-- $PARSL_MPI_PREFIX {sys.executable} -m apps.heat" in cmd
+    assert f"-- {mpiexec()} -n 3 {sys.executable} -m apps.heat --nx 8" in cmd
+    cmd = resumable_mpi_bash(parsl_resource_specification={"num_ranks": 2}, **common)
+    assert f"-- $PARSL_MPI_PREFIX {sys.executable} -m apps.heat --nx 8" in cmd
     assert "resume_from=none" in cmd
+    srun = resumable_bash(command=["./sim", "-x"], launch=Launch(launcher="srun", ranks=64), checkpoint_dir="/ck")
+    assert shlex.split(srun.rsplit("exec ", 1)[1])[-6:] == ["--", "srun", "-n", "64", "./sim", "-x"]
+    direct = resumable_bash(command=["./sim"], checkpoint_dir="/ck")
+    assert direct.endswith("-- ./sim")
+    with pytest.raises(ValueError, match="either command"):
+        resumable_bash(command=["./sim"], module="apps.heat", checkpoint_dir="/ck")
+    with pytest.raises(ValueError, match="ranks"):
+        Launch(launcher="mpiexec")
 
 
 # --------------------------------------------------------------------------- end to end
 
 STEPS = 150
-HEAT = {"nx": 32, "ny": 32, "steps": STEPS, "ranks": 2, "checkpoint_every": 10}
+HEAT: dict[str, Any] = {"nx": 32, "ny": 32, "steps": STEPS, "ranks": 2, "checkpoint_every": 10}
 
 
 @pytest.fixture
@@ -347,19 +359,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory, policy: Path) -> bytes:
 def test_walltime_kills_resume_at_no_cost(
     dfk: Any, policy: Path, reference: bytes, tmp_path: Path
 ) -> None:
-    apps = make_apps(cwd=REPO)
+    apps = CampaignApps(cwd=REPO)
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
-    heat = apps.heat(
+    heat = apps.submit(
+        "heat",
         **HEAT, step_delay=0.04, config=str(policy), checkpoint_dir=str(ck), out=str(out),
         walltime_s=2.5, max_no_progress=3, run_extra=["--signal", "USR1@0.5", "--kill-wait", "1"],
         stdout=str(tmp_path / "heat.out"), stderr=str(tmp_path / "heat.err"),
     )  # fmt: skip
     # tasks that never progress, run alongside: a python app and a bash app
-    never = apps.run_resumable(
+    never = resumable_apps(cwd=REPO).python(
         [sys.executable, "-c", "import sys; sys.exit(1)"], str(tmp_path / "never"),
-        max_no_progress=2, log_path=str(tmp_path / "never.log"),
+        run=RunOptions(max_no_progress=2), log_path=str(tmp_path / "never.log"),
     )  # fmt: skip
-    broken = apps.heat(
+    broken = apps.submit(
+        "heat",
         **HEAT, config=str(tmp_path / "no-such-policy.yaml"), checkpoint_dir=str(tmp_path / "broken"),
         out=str(tmp_path / "broken.h5"), max_no_progress=2,
         stdout=str(tmp_path / "broken.out"), stderr=str(tmp_path / "broken.err"),
@@ -416,9 +430,8 @@ def test_mpi_executor_app(
     )
     dfk = parsl.load(load_config(path))
     try:
-        apps = make_apps(cwd=REPO)
-        fut = apps.heat_mpi(
-            **HEAT, config=str(policy), checkpoint_dir=str(tmp_path / "ck"),
+        fut = CampaignApps(cwd=REPO).submit(
+            "heat", mpi=True, **HEAT, config=str(policy), checkpoint_dir=str(tmp_path / "ck"),
             out=str(tmp_path / "out.h5"), stdout=str(tmp_path / "o.txt"), stderr=str(tmp_path / "e.txt"),
         )  # fmt: skip
         assert fut.result(timeout=120) == 0, (tmp_path / "e.txt").read_text()

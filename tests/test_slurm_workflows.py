@@ -181,13 +181,15 @@ def start_parsl(d: Path, t0: float) -> Scenario:
 
 MPI_DRIVER = """
 import json, sys, parsl
-from resilient.integrations.parsl import load_config, make_apps
+sys.path.insert(0, sys.argv[4] + "/workflows")
+from campaign_apps import CampaignApps
+from resilient.integrations.parsl import load_config
 config, d, case = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 dfk = parsl.load(load_config(config))
 try:
-    fut = make_apps(cwd=sys.argv[4]).heat_mpi(
-        **case, ranks=2, checkpoint_every=10, checkpoint_dir=d + "/ck", out=d + "/out.h5",
-        stdout=d + "/heat.out", stderr=d + "/heat.err")
+    fut = CampaignApps(cwd=sys.argv[4]).submit(
+        "heat", mpi=True, **case, ranks=2, checkpoint_every=10, checkpoint_dir=d + "/ck",
+        out=d + "/out.h5", stdout=d + "/heat.out", stderr=d + "/heat.err")
     print("RESULT", fut.result(timeout=600), json.dumps(fut.task_record["resource_specification"]))
 finally:
     dfk.cleanup()

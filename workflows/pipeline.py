@@ -5,7 +5,8 @@
                                  [--checkpoint-config configs/checkpoint/demo.yaml]
 
 One heat task per case and one train task, each a bash app running ``resilient run --
-mpiexec -n N python -m apps.<app> ...`` (see :mod:`resilient.integrations.parsl`). Each task
+mpiexec -n N python -m apps.<app> ...`` (workflows/campaign_apps.py, on the generic apps of
+:mod:`resilient.integrations.parsl`). Each task
 has its own checkpoint directory, keyed exactly as in workflows/Snakefile
 (``<checkpoint_root>/heat/<case>-<12 hex>``, ``<checkpoint_root>/train/train-<12 hex>``, the hex a
 hash of what determines the result: app, grid, steps, alpha, rank count, checkpoint layout), so
@@ -31,7 +32,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
 from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ from resilient.config import load_yaml
 from resilient.errors import ConfigError
 from resilient.integrations.snakemake import checkpoint_dir  # engine-neutral keying
 from resilient.run import read_ledger
+from resilient.schema import Section
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,68 +86,49 @@ class Task:
             self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, "train", {}, keyed))
 
 
-def _mapping(doc: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"{where}: expected a mapping")
-    unknown = sorted(set(doc) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    return doc
-
-
-def _number(doc: Mapping[str, Any], key: str, where: str, *, integer: bool = False) -> Any:
-    value = doc.get(key)
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{where}.{key}: expected {kind}, got {value!r}")
-    return value
-
-
 def load_campaign(
     path: Path, results: Path | None, checkpoint_root: Path | None, layout: str | None = None
 ) -> tuple[list[Task], Path, Path, Any]:
     """(tasks, results dir, checkpoint root, campaign walltime) from ``configs/campaign.yaml``."""
-    where = str(path)
-    doc = load_yaml(path)
-    top = _mapping(doc, where, _CAMPAIGN_KEYS)
-    results = results or REPO / str(top.get("results", "results"))
-    ckroot = checkpoint_root or REPO / str(top.get("checkpoint_root", "ckpt"))
+    top = Section(load_yaml(path), where=str(path)).only(_CAMPAIGN_KEYS)
+    results = results or REPO / str(top.get("results", str, "results"))
+    ckroot = checkpoint_root or REPO / str(top.get("checkpoint_root", str, "ckpt"))
     tasks = []
-    heat = _mapping(top.get("heat", {}), f"{where}: heat", _HEAT_KEYS)
-    cases = heat.get("cases", {})
-    if not isinstance(cases, Mapping):
-        raise ConfigError(f"{where}: heat.cases: expected a mapping of case name -> parameters")
-    for case, spec in cases.items():
-        cw = f"{where}: heat.cases.{case}"
-        spec = _mapping(spec, cw, _CASE_KEYS)
+    heat = top.optional_section("heat")
+    if heat is not None:
+        heat.only(_HEAT_KEYS)
+        ranks = heat.require("ranks", int, minimum=1)
+        options = {
+            "checkpoint_every": heat.require("checkpoint_every", int, minimum=1),
+            "step_delay": float(heat.get("step_delay", (int, float), 0.0)),
+        }
+        cases = heat.optional_section("cases") or Section({}, where=str(path), path="heat.cases")
+        for case in cases:
+            spec = cases.section(case).only(_CASE_KEYS)
+            params = {
+                "nx": spec.require("nx", int, minimum=1),
+                "ny": spec.require("ny", int, minimum=1),
+                "steps": spec.require("steps", int, minimum=0),
+                "alpha": float(spec.require("alpha", (int, float))),
+                "ranks": ranks,
+            }
+            out = results / "heat" / f"{case}.h5"
+            tasks.append(Task(f"heat-{case}", "heat", params, options, out))
+    train = top.optional_section("train")
+    if train is not None:
+        train.only(_TRAIN_KEYS)
         params = {
-            "nx": _number(spec, "nx", cw, integer=True),
-            "ny": _number(spec, "ny", cw, integer=True),
-            "steps": _number(spec, "steps", cw, integer=True),
-            "alpha": float(_number(spec, "alpha", cw)),
-            "ranks": _number(heat, "ranks", f"{where}: heat", integer=True),
+            "steps": train.require("steps", int, minimum=0),
+            "ranks": train.require("ranks", int, minimum=1),
         }
         options = {
-            "checkpoint_every": _number(heat, "checkpoint_every", f"{where}: heat", integer=True),
-            "step_delay": float(heat.get("step_delay", 0.0)),
-        }
-        tasks.append(Task(f"heat-{case}", "heat", params, options, results / "heat" / f"{case}.h5"))
-    if "train" in top:
-        tw = f"{where}: train"
-        train = _mapping(top["train"], tw, _TRAIN_KEYS)
-        params = {
-            "steps": _number(train, "steps", tw, integer=True),
-            "ranks": _number(train, "ranks", tw, integer=True),
-        }
-        options = {
-            "checkpoint_every": _number(train, "checkpoint_every", tw, integer=True),
-            "step_delay": float(train.get("step_delay", 0.0)),
+            "checkpoint_every": train.require("checkpoint_every", int, minimum=1),
+            "step_delay": float(train.get("step_delay", (int, float), 0.0)),
         }
         tasks.append(Task("train", "train", params, options, results / "train" / "model.h5"))
     for task in tasks:
         task.place(ckroot, layout)
-    return tasks, results, ckroot, top.get("walltime")
+    return tasks, results, ckroot, top.doc.get("walltime")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -206,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.chdir(REPO)  # the tasks run here; a relative Parsl run_dir lands here too
     import parsl
+    from campaign_apps import CampaignApps  # next to this script
 
-    from resilient.integrations.parsl import load_config, make_apps
+    from resilient.integrations.parsl import load_config
 
     try:
         config = load_config(config_path)
@@ -231,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     dfk = parsl.load(config)
     try:
-        apps = make_apps(cwd=REPO)
+        apps = CampaignApps(cwd=REPO)
         for t in tasks:
             t.out.parent.mkdir(parents=True, exist_ok=True)
             common = {
@@ -243,10 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 "stderr": str(logs / f"{t.name}.err"),
                 **t.options,
             }
-            if t.app == "heat":
-                t.future = apps.heat(**t.params, **common)
-            else:
-                t.future = apps.train(**t.params, **common)
+            t.future = apps.submit(t.app, **t.params, **common)
             print(f"submitted {t.name}: {t.checkpoint_dir}")
         wait([t.future for t in tasks])  # failures are reported below, from the task records
     finally:

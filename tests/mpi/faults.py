@@ -21,6 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import resilient.checkpointer
+import resilient.hdf5
 import resilient.manager
 import resilient.storage
 from resilient import CheckpointManager, EverySteps, KeepLast
@@ -109,10 +110,10 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "static-lookup": (lambda: _patch(StaticStore, "_lookup"), _save),
     "static-tmpdir": (lambda: _patch(PendingDir, "create"), _save_new_static),
     "tmpdir": (lambda: _patch(PendingDir, "create"), _save),
-    "create-file": (lambda: _patch(resilient.checkpointer.hdf5, "create_skeleton"), _save),
+    "create-file": (lambda: _patch(resilient.hdf5, "create_skeleton"), _save),
     "manifest": (lambda: _patch(resilient.checkpointer, "build_manifest"), _save),
     "commit": (lambda: _patch(PendingDir, "commit"), _save),
-    "save-log": (lambda: _patch(resilient.manager.storage, "append_log"), _save),
+    "save-log": (lambda: _patch(resilient.storage, "append_log"), _save),
     "rotation": (lambda: _patch(Catalog, "apply"), _save),
     "choose": (lambda: _patch(resilient.manager, "iter_checkpoints"), _restore),
     "judge": (lambda: _patch(CheckpointManager, "_judge"), _restore),

@@ -34,7 +34,7 @@ def _in_attempts(which: str) -> bool:
 
 
 real_advance = heat.advance
-counter = {"step": None}
+counter: dict[str, int | None] = {"step": None}
 
 
 def _step_hook(at_step: int, action: Any) -> None:
@@ -45,7 +45,7 @@ def _step_hook(at_step: int, action: Any) -> None:
             action()
         return out
 
-    heat.advance = advance  # type: ignore[assignment]
+    heat.advance = advance
 
 
 if kind == "crash":

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ckutil import SavedRoot, state_of, static_of
 
 from resilient import CheckpointManager
+from tests.unit.ckutil import SavedRoot, state_of, static_of
 
 
 @pytest.fixture

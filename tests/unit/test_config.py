@@ -216,7 +216,7 @@ def test_non_mapping_top_level(tmp_path: Path, text: str) -> None:
 
 def test_from_dict_non_mapping_uses_where() -> None:
     with pytest.raises(ConfigError, match=r"my\.yaml: expected a mapping"):
-        CheckpointConfig.from_dict([1, 2], where="my.yaml")  # type: ignore[arg-type]
+        CheckpointConfig.from_dict([1, 2], where="my.yaml")
 
 
 @pytest.mark.parametrize("text", ["save_when: [unclosed\n", "a: b: c\n", "keep:\n\t- 1\n"])

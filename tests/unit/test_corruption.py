@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ckutil import SavedRoot, assert_state_equal, state_of, static_of
 
 from resilient import CheckpointManager
 from resilient.checksum import digest_bytes
 from resilient.errors import CheckpointNotFoundError, ConfigError, InvalidCheckpointError
 from resilient.validate import latest_valid, list_checkpoints, marker_text, validate_checkpoint
+from tests.unit.ckutil import SavedRoot, assert_state_equal, state_of, static_of
 
 DATA = "rank_00000.h5"
 QUARANTINED_3 = re.compile(r"^step_00000003\.quarantined-[0-9a-f]{8,32}$")

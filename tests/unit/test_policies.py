@@ -24,6 +24,8 @@ from resilient.policies import (
     KeepBest,
     KeepEvery,
     KeepLast,
+    KeepPolicy,
+    KeepPolicyLike,
     SaveContext,
 )
 from resilient.rotation import RotationPlan, plan_rotation
@@ -200,7 +202,7 @@ def test_keep_every() -> None:
 
 def test_keep_every_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        KeepEvery(100)  # type: ignore[misc]
+        KeepEvery(100)  # type: ignore[call-arg]
 
 
 def test_keep_all() -> None:
@@ -351,19 +353,20 @@ def test_plan_rotation_keep_last_and_every() -> None:
 def test_plan_rotation_partitions_the_steps(
     steps: set[int], last: int | None, every: int | None
 ) -> None:
-    parts = []
+    parts: list[KeepPolicy] = []
     if last is not None:
         parts.append(KeepLast(last))
     if every is not None:
         parts.append(KeepEvery(steps=every))
-    if parts:
-        policy = parts[0]
-        for p in parts[1:]:
-            policy = policy | p
-    else:
+    def keep_nothing(xs: Sequence[CheckpointInfo]) -> frozenset[int]:
+        return frozenset()
 
-        def policy(xs: Sequence[CheckpointInfo]) -> frozenset[int]:
-            return frozenset()
+    policy: KeepPolicyLike = keep_nothing
+    if parts:
+        combined = parts[0]
+        for p in parts[1:]:
+            combined = combined | p
+        policy = combined
 
     plan = plan_rotation([CheckpointInfo(step=s) for s in sorted(steps)], policy)
     assert plan.keep | plan.delete == frozenset(steps)

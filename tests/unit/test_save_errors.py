@@ -5,18 +5,17 @@ from __future__ import annotations
 import errno
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from ckutil import assert_state_equal, state_of, static_of
 
-import resilient.hdf5
-import resilient.storage
 from resilient import CheckpointManager
 from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
 from resilient.validate import list_checkpoints, validate_checkpoint
+from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
 def entries(root: Path) -> list[str]:
@@ -33,12 +32,12 @@ def leftovers(root: Path) -> list[str]:
 
 
 @pytest.fixture
-def two_steps(tmp_path: Path) -> tuple[Path, CheckpointManager]:
+def two_steps(tmp_path: Path) -> Iterator[tuple[Path, CheckpointManager]]:
     root = tmp_path / "ck"
     m = CheckpointManager(root)
     m.save(1, state_of(1), static=static_of(1))
     m.save(2, state_of(2), static=static_of(1))
-    yield root, m  # type: ignore[misc]
+    yield root, m
     m.close()
 
 
@@ -66,7 +65,7 @@ def test_enospc_during_data_write(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
     with pytest.raises(ResilientError, match="No space left on device") as info:
         m.save(3, state_of(3), static=static_of(1))
     monkeypatch.undo()
@@ -84,7 +83,7 @@ def test_enospc_while_writing_new_static_data(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
     with pytest.raises(ResilientError, match="No space left on device"):
         m.save(3, state_of(3), static=static_of(2))  # new static content is written first
     monkeypatch.undo()
@@ -97,7 +96,7 @@ def test_manager_is_usable_after_a_failed_save(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, m = two_steps
-    monkeypatch.setattr(resilient.hdf5.os, "pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
     with pytest.raises(ResilientError):
         m.save(3, state_of(3))
     monkeypatch.undo()
@@ -120,7 +119,7 @@ def _failing_replace(monkeypatch: pytest.MonkeyPatch, code: int, times: int = 10
                 raise OSError(code, f"injected rename failure ({errno.errorcode[code]})")
         real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(resilient.storage.os, "replace", replace)
+    monkeypatch.setattr("resilient.storage.os.replace", replace)
     return calls
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ckutil import assert_state_equal, state_of, static_of
 
 from resilient import CheckpointManager, CheckpointNotFoundError
+from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
 def _state(step: int) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def test_quarantined_checkpoint_is_not_tried_again(root: Path) -> None:
         assert m.restore(validate=finite)[0] == 2
     calls: list[int] = []
     with CheckpointManager(root) as m:
-        step, _ = m.restore(validate=lambda s: calls.append(s["it"]) is None)
+        step, _ = m.restore(validate=lambda s: not calls.append(s["it"]))  # type: ignore[func-returns-value]
     assert step == 2 and calls == [2]
     assert len(entries(root)[1]) == 1
 
@@ -137,7 +137,7 @@ def test_the_hook_sees_static_entries_too(tmp_path: Path) -> None:
         m.save(4, state_of(4), static=static_of(2))
     seen: list[set[str]] = []
     with CheckpointManager(root) as m:
-        step, state = m.restore(validate=lambda s: seen.append(set(s)) is None)
+        step, state = m.restore(validate=lambda s: not seen.append(set(s)))  # type: ignore[func-returns-value]
     assert step == 4
     assert seen == [set(state_of(4)) | set(static_of(2))]
     assert_state_equal(state, {**state_of(4), **static_of(2)})

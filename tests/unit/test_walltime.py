@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ckutil import assert_state_equal, state_of, static_of
 
 from resilient import CheckpointManager, Session
 from resilient.errors import ConfigError
@@ -24,6 +23,7 @@ from resilient.slurm import (
     parse_signal,
     parse_squeue_time_left,
 )
+from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
 def ctx(step: int, **kw: Any) -> SaveContext:
