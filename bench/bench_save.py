@@ -149,7 +149,7 @@ class _TimedModule:
 PHASES: dict[str, str] = {
     "save": "CheckpointManager.save, whole call",
     "restore": "CheckpointManager.restore, whole call",
-    "try_read": "CheckpointManager._try_read: this rank's piece read, verified, judged",
+    "try_read": "Restorer._try_read: this rank's piece read, verified, judged",
     "read_rank": "checkpointer.read_rank: allocate, read, verify",
     "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
     "save_set": "checkpointer.save_set (plan, skeleton, pwrite, fsync, gather, commit)",
@@ -174,8 +174,10 @@ def install_profiler(timer: PhaseTimer) -> None:
     import resilient.manager as man
     import resilient.mpi as rmpi
     import resilient.storage as storage
+    from resilient import restorer
     from resilient.catalog import Catalog
     from resilient.commit import PendingDir
+    from resilient.restorer import Restorer
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, timer.wrap(phase, getattr(owner, attr)))
@@ -184,11 +186,11 @@ def install_profiler(timer: PhaseTimer) -> None:
         ("save", "save"),
         ("restore", "restore"),
         ("_after_commit", "rotate"),
-        ("_try_read", "try_read"),
     ):
         patch(man.CheckpointManager, attr, phase)
+    patch(Restorer, "_try_read", "try_read")
     patch(man, "save_set", "save_set")
-    patch(man, "read_rank", "read_rank")
+    patch(restorer, "read_rank", "read_rank")
     patch(ckpt, "digest_array", "digest")
     patch(PendingDir, "commit", "commit")
     patch(h5mod, "create_skeleton", "skeleton")

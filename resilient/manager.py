@@ -1,9 +1,10 @@
-"""CheckpointManager: steps, policies, fallback and rotation on top of :mod:`checkpointer`.
+"""CheckpointManager: steps, policies and rotation; the public API of the core.
 
-The manager decides *when* and *which*: the save policy, the step bookkeeping, the keep policy
-and the fallback to an older checkpoint. How a set of ranks writes and commits one checkpoint
-is :mod:`resilient.checkpointer`; static data is :mod:`resilient.statics`; what is on disk is
-:mod:`resilient.validate` (read) and :mod:`resilient.catalog` (kept in memory for rotation).
+The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
+policy. How a set of ranks writes and commits one checkpoint is :mod:`resilient.checkpointer`;
+static data is :mod:`resilient.statics`; restoring with fallback is :mod:`resilient.restorer`;
+what is on disk is :mod:`resilient.validate` (read) and :mod:`resilient.catalog` (kept in
+memory for rotation).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,38 +22,25 @@ from typing import Any
 from resilient import layout, storage
 from resilient._version import __version__
 from resilient.catalog import Catalog
-from resilient.checkpointer import read_rank, save_set
-from resilient.collective import Collective, describe_error
+from resilient.checkpointer import save_set
+from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
 from resilient.commit import PendingDir
 from resilient.errors import (
-    CheckpointNotFoundError,
     ConfigError,
-    InvalidCheckpointError,
-    LayoutMismatchError,
     ResilientError,
 )
 from resilient.manifest import LayoutInfo, Manifest
 from resilient.payload import SaveRequest
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
+from resilient.restorer import Restorer, StateValidator
 from resilient.statics import StaticStore
 from resilient.topology import make_topology
-from resilient.validate import CheckpointRecord, iter_checkpoints, latest_valid, load_manifest
+from resilient.validate import latest_valid
 
 __all__ = ["CheckpointManager"]
 
 log = logging.getLogger(__name__)
-
-StateValidator = Callable[[Mapping[str, Any]], bool]
-
-
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    """A checkpoint the coordinator chose to try restoring, sent to every rank."""
-
-    path: Path
-    manifest: Manifest
-    static: Manifest | None
 
 
 class CheckpointManager:
@@ -108,6 +95,9 @@ class CheckpointManager:
         if gc_every is not None and (not isinstance(gc_every, int) or gc_every < 1):
             raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
         self.topology = make_topology(self.comm, checkpoint_comm)
+        self._restorer = Restorer(
+            self.root, self._coll, self._catalog, layout=self.topology.layout_info
+        )
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
 
     def _open_root(self) -> None:
@@ -288,89 +278,9 @@ class CheckpointManager:
             LayoutMismatchError: the newest checkpoint has another layout or rank count.
         """
         self._check_open()
-        candidates = self._candidates(step) if self.comm.rank == 0 else iter(())
-        while True:
-            chosen = self._coll.broadcast("choosing a checkpoint", lambda: next(candidates))
-            state: dict[str, Any] = {}
-            accepted = self._coll.all_reduce(
-                f"restore of {chosen.path.name}",
-                functools.partial(self._try_read, chosen, validate, state),
-                functools.partial(self._judge, chosen),
-            )
-            if accepted:
-                self._last_saved_step = chosen.manifest.step
-                return chosen.manifest.step, state
-            if step is not None:
-                raise CheckpointNotFoundError(
-                    f"checkpoint of step {step} in {self.root} failed validation"
-                )
-
-    def _candidates(self, step: int | None) -> Iterator[_Candidate]:
-        """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
-        current = self.topology.layout_info
-        for record in iter_checkpoints(self.root, step=step):
-            if record.manifest is None:
-                storage.quarantine(record.path, record.step, record.reason)
-                self._catalog.quarantined(record.step)
-                continue
-            saved = record.manifest.layout
-            if saved.nranks != current.nranks or saved.kind != current.kind:
-                raise LayoutMismatchError(saved.describe(), current.describe())
-            yield _Candidate(record.path, record.manifest, self._static_manifest(record))
-        where = f"of step {step} " if step is not None else ""
-        raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
-
-    def _static_manifest(self, record: CheckpointRecord) -> Manifest | None:
-        assert record.manifest is not None
-        if record.manifest.static is None:
-            return None
-        path = self.root / layout.STATIC_DIR / layout.static_dir_name(record.manifest.static)
-        return load_manifest(path, kind="static")
-
-    def _try_read(
-        self, chosen: _Candidate, validate: StateValidator | None, into: dict[str, Any]
-    ) -> str | None:
-        """Every rank: read this rank's piece into ``into``; what is wrong with it, or ``None``."""
-        try:
-            into.update(self._read(chosen, validate))
-        except InvalidCheckpointError as exc:
-            return exc.reason
-        except _Rejected as exc:
-            return str(exc)
-        except Exception as exc:  # anything wrong with this piece rejects the checkpoint
-            return describe_error(exc)
-        return None
-
-    def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
-        """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""
-        bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
-        if bad:
-            self._quarantine(chosen, "; ".join(bad[:4]))
-        return not bad
-
-    def _read(self, chosen: _Candidate, validate: StateValidator | None) -> dict[str, Any]:
-        """Every rank: read and check this rank's piece; raise on anything wrong with it."""
-        rank = self.comm.rank
-        state = read_rank(chosen.path, chosen.manifest, rank)
-        if chosen.static is not None:
-            static_dir = self.root / layout.STATIC_DIR / str(chosen.manifest.static)
-            state.update(read_rank(static_dir, chosen.static, rank))
-        if validate is None:
-            return state
-        try:
-            accepted = validate(state)
-        except Exception as exc:
-            raise _Rejected(f"validate hook raised {describe_error(exc)}") from None
-        if not accepted:
-            raise _Rejected(f"state rejected by the application's validate hook on rank {rank}")
-        return state
-
-    def _quarantine(self, chosen: _Candidate, why: str) -> None:
-        try:
-            storage.quarantine(chosen.path, chosen.manifest.step, why)
-        except OSError as exc:
-            log.warning("could not quarantine %s: %s", chosen.path, exc)
-        self._catalog.quarantined(chosen.manifest.step)
+        restored, state = self._restorer.restore(step, validate=validate)
+        self._last_saved_step = restored
+        return restored, state
 
     def _check_open(self) -> None:
         if self._closed:
@@ -380,10 +290,6 @@ class CheckpointManager:
 def _reraise(error: Exception | None) -> None:
     if error is not None:
         raise error
-
-
-class _Rejected(Exception):
-    """The application's validate hook rejected a restored state."""
 
 
 def _same_step(steps: list[int]) -> None:

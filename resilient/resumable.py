@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from resilient.errors import CheckpointNotFoundError
-from resilient.manager import CheckpointManager, StateValidator
+from resilient.manager import CheckpointManager
 from resilient.policies import KeepPolicyLike, SavePolicyLike
+from resilient.restorer import StateValidator
 from resilient.storage import is_permanent_storage_error
 
 __all__ = ["Resume", "resumable"]

@@ -26,8 +26,9 @@ from typing import Any
 from resilient import layout, storage
 from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
-from resilient.manager import CheckpointManager, StateValidator
+from resilient.manager import CheckpointManager
 from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
+from resilient.restorer import StateValidator
 from resilient.slurm import (
     DEFAULT_STOP_SIGNALS,
     ENV_CHECKPOINT_DIR,

@@ -23,10 +23,12 @@ from mpi4py import MPI
 import resilient.checkpointer
 import resilient.hdf5
 import resilient.manager
+import resilient.restorer
 import resilient.storage
 from resilient import CheckpointManager, EverySteps, KeepLast
 from resilient.catalog import Catalog
 from resilient.commit import PendingDir
+from resilient.restorer import Restorer
 from resilient.statics import StaticStore
 
 world = MPI.COMM_WORLD
@@ -115,8 +117,8 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "commit": (lambda: _patch(PendingDir, "commit"), _save),
     "save-log": (lambda: _patch(resilient.storage, "append_log"), _save),
     "rotation": (lambda: _patch(Catalog, "apply"), _save),
-    "choose": (lambda: _patch(resilient.manager, "iter_checkpoints"), _restore),
-    "judge": (lambda: _patch(CheckpointManager, "_judge"), _restore),
+    "choose": (lambda: _patch(resilient.restorer, "iter_checkpoints"), _restore),
+    "judge": (lambda: _patch(Restorer, "_judge"), _restore),
 }
 
 
