@@ -9,17 +9,18 @@ from pathlib import Path
 __all__ = ["find_mpiexec"]
 
 
-def find_mpiexec() -> str:
+def find_mpiexec(*, fallback: str | None = None) -> str:
     """The ``mpiexec`` next to this interpreter (the PyPI ``mpich`` wheel in a venv), else the
-    one on ``PATH``.
+    one on ``PATH``, else ``fallback`` (e.g. ``"mpiexec"``, for a command run elsewhere).
 
     Raises:
-        FileNotFoundError: there is none (install ``resilient[mpich]`` or a site MPI).
+        FileNotFoundError: there is none and no ``fallback`` (install ``resilient[mpich]`` or a
+            site MPI).
     """
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)
-    found = shutil.which("mpiexec")
+    found = shutil.which("mpiexec") or fallback
     if found is None:
         raise FileNotFoundError(
             "no mpiexec next to this Python or on PATH: pip install 'resilient[mpich]' "
