@@ -14,6 +14,7 @@ Every method but :attr:`stopped` is collective over ``comm``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -194,9 +195,11 @@ class Session:
             return True
         left = self.time_left_s
         step = self._last[0] if self._last is not None else 0
-        near_deadline = self._stop_before_deadline(
-            self.manager.save_context(step, time_left_s=left)
+        # the deadline rule alone: "this step is saved already" does not let the loop go on
+        ctx = dataclasses.replace(
+            self.manager.save_context(step, time_left_s=left), last_saved_step=None
         )
+        near_deadline = self._stop_before_deadline(ctx)
         if self.comm.any_true(self._signals.is_set or near_deadline):
             self.stopped = True
             if self._signals.received is not None:

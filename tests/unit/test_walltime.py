@@ -23,6 +23,7 @@ from resilient.slurm import (
     parse_signal,
     parse_squeue_time_left,
 )
+from resilient.validate import list_checkpoints
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
@@ -328,6 +329,30 @@ def test_session_deadline_near_stops_at_once(tmp_path: Path) -> None:
         assert "deadline" in s.stop_reason
         assert s.should_stop() is True  # sticky
     assert exc_info.value.code == 1  # stopped before any progress: not 75
+
+
+def test_session_stops_right_after_saving_the_current_step_near_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """The deadline rule is BeforeWalltime's, but "this step is saved" must not delay the stop:
+    the loop would run one more step and pay one more save."""
+    env = {ENV_DEADLINE: str(time.time() + 1000)}
+    with (
+        pytest.raises(SystemExit) as exc_info,
+        Session(tmp_path / "ck", environ=env, margin_s=1e6, save_when=EverySteps(1)) as s,
+    ):
+        assert s.maybe_save(5, {"u": np.zeros(3)}) is True
+        assert s.should_stop() is True
+        assert "deadline" in s.stop_reason
+    assert exc_info.value.code == 75  # progress was saved in this run
+    assert [r.step for r in list_checkpoints(tmp_path / "ck")] == [5]  # no second save
+
+
+def test_session_stop_rule_is_a_before_walltime_policy(tmp_path: Path) -> None:
+    with Session(tmp_path / "ck", environ={}, margin_s=42) as s:
+        assert s._stop_before_deadline == BeforeWalltime(margin_s=42.0)
+    with pytest.raises(ConfigError):
+        Session(tmp_path / "ck2", environ={}, margin_s=-1)
 
 
 def test_session_far_deadline_does_not_stop(tmp_path: Path) -> None:
