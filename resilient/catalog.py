@@ -1,16 +1,18 @@
 """What the coordinator knows of a root's checkpoints, so that rotation does not re-read history.
 
-Built once per process from one scan (:func:`resilient.validate.iter_checkpoints`: every
-checkpoint validated once), then kept up to date by the manager as it commits, quarantines and
-deletes. A save therefore costs the same on a root holding ten or ten thousand checkpoints.
-The root's lock guarantees that no other job changes it meanwhile.
+Built once per process (the directory listing plus the save log, ``saves.jsonl``: a checkpoint
+is validated only when the log does not know it), then kept up to date by the manager as it
+commits, quarantines and deletes. A save therefore costs the same on a root holding ten or ten
+thousand checkpoints. The root's lock guarantees that no other job changes it meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from resilient import layout, storage
 from resilient.errors import InvalidCheckpointError
@@ -18,7 +20,7 @@ from resilient.manifest import Manifest
 from resilient.policies import CheckpointInfo, KeepPolicyLike
 from resilient.rotation import RotationPlan, plan_rotation
 from resilient.statics import StaticStore
-from resilient.validate import iter_checkpoints, load_manifest
+from resilient.validate import load_manifest, validate_checkpoint
 
 __all__ = ["Catalog"]
 
@@ -46,19 +48,46 @@ class Catalog:
 
     def _entries(self) -> dict[int, _Entry]:
         if self._valid is None:
-            found: dict[int, _Entry] = {}
-            for rec in iter_checkpoints(self.root, quarantined=True):  # newest first
-                if rec.status == "valid" and rec.manifest is not None:
-                    found[rec.step] = _entry(rec.manifest)
-                    self.statics.ref(rec.manifest.static)
-                    continue
-                try:  # invalid or quarantined: its static data must survive it
-                    self.statics.ref(load_manifest(rec.path).static)
-                except InvalidCheckpointError:
-                    if rec.status == "quarantined":
-                        self.statics.pin()  # cannot tell what it uses: keep all static data
-            self._valid = dict(reversed(found.items()))
+            self._valid = self._load()
         return self._valid
+
+    def _load(self) -> dict[int, _Entry]:
+        """One scan: the directory listing, the save log, and validation of the rest only.
+
+        A checkpoint this library committed is in the save log with what rotation needs
+        (step, time, metrics, static reference), so it is not re-read; a checkpoint the log
+        does not know (an older library, a log line lost in a crash) is validated once. Static
+        references of quarantined and invalid checkpoints come from their manifests.
+        """
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            names = []
+        logged = _logged_entries(self.root / layout.SAVE_LOG)
+        found: dict[int, _Entry] = {}
+        for name in names:
+            step = layout.parse_step_dir(name)
+            if step is None:
+                if layout.parse_quarantined(name) is not None:
+                    self._ref_from_manifest(self.root / name, quarantined=True)
+                continue
+            entry = logged.get(step)
+            if entry is None:
+                try:
+                    entry = _entry(validate_checkpoint(self.root / name))
+                except InvalidCheckpointError:
+                    self._ref_from_manifest(self.root / name, quarantined=False)
+                    continue
+            found[step] = entry
+            self.statics.ref(entry.static)
+        return dict(sorted(found.items()))
+
+    def _ref_from_manifest(self, path: Path, *, quarantined: bool) -> None:
+        try:  # invalid or quarantined: its static data must survive it
+            self.statics.ref(load_manifest(path).static)
+        except InvalidCheckpointError:
+            if quarantined:
+                self.statics.pin()  # cannot tell what it uses: keep all static data
 
     def infos(self) -> list[CheckpointInfo]:
         """The valid checkpoints, oldest first."""
@@ -105,6 +134,34 @@ class Catalog:
             if entry is not None:
                 self.statics.unref(entry.static)
         return trash + self.statics.collect()
+
+
+def save_record(manifest: Manifest) -> dict[str, Any]:
+    """The fields of the save log (``saves.jsonl``) a catalog reads back (see :meth:`Catalog._load`)."""
+    return {
+        "step": manifest.step,
+        "manifest_time": manifest.time,
+        "metrics": dict(manifest.metrics),
+        "static": manifest.static,
+    }
+
+
+def _logged_entries(path: Path) -> dict[int, _Entry]:
+    """step -> entry from the save log's complete records (the last one of a step wins)."""
+    out: dict[int, _Entry] = {}
+    for rec in storage.read_jsonl(path):
+        step, when, metrics, static = (
+            rec.get("step"), rec.get("manifest_time"), rec.get("metrics"), rec.get("static", "")
+        )  # fmt: skip
+        if (
+            isinstance(step, int)
+            and not isinstance(step, bool)
+            and isinstance(when, (int, float))
+            and isinstance(metrics, dict)
+            and (static is None or (isinstance(static, str) and layout.is_static_dir(static)))
+        ):
+            out[step] = _Entry(CheckpointInfo(step=step, time=float(when), metrics=metrics), static)
+    return out
 
 
 def _entry(manifest: Manifest) -> _Entry:

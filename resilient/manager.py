@@ -21,7 +21,7 @@ from typing import Any
 
 from resilient import layout, storage
 from resilient._version import __version__
-from resilient.catalog import Catalog
+from resilient.catalog import Catalog, save_record
 from resilient.checkpointer import save_set
 from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
@@ -248,8 +248,8 @@ class CheckpointManager:
         """Coordinator: log the save, then rotate (a failed rotation only warns)."""
         storage.append_log(
             self.root / layout.SAVE_LOG,
-            {"step": manifest.step, "time": time.time(), "cost_s": round(self._clock() - start, 6),
-             "bytes": manifest.nbytes, "metrics": dict(manifest.metrics)},
+            {"time": time.time(), "cost_s": round(self._clock() - start, 6),
+             "bytes": manifest.nbytes, **save_record(manifest)},
         )  # fmt: skip
         if self.keep is None:
             return  # nothing is ever deleted: no need to know the history
