@@ -23,10 +23,11 @@ Targets (issue 8): a save at N = 10,000 costs <= 1.2x a save on an empty root,
 ``resilient latest`` < 300 ms and ``latest_step()`` < 50 ms at N = 10,000, also with the
 newest 5 corrupt.
 
-Building the root: a few real checkpoints are saved through the public API, then one of them
-is cloned into ``--n`` step directories (hard links to its data file; a manifest rewritten for
-the new step and a ``COMMITTED`` marker holding its checksum, through the library's own format
-functions), and a sample of the clones is validated. ``--root`` keeps the built root for later
+Building the root: a real checkpoint is saved through the public API, then cloned into ``--n``
+step directories (hard links to its data file; a manifest rewritten for the new step, a
+``COMMITTED`` marker holding its checksum and a line in the save log, through the library's own
+format functions: the root looks as if the library had written it), and a sample of the clones
+is validated. ``--root`` keeps the built root for later
 runs (it is reused when it already holds ``--n`` checkpoints).
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import statistics
@@ -49,6 +51,7 @@ from benchutil import library_revision
 
 from resilient import CheckpointManager, KeepEvery
 from resilient import layout as names
+from resilient.catalog import save_record
 from resilient.checksum import digest_bytes
 from resilient.manifest import parse_manifest
 from resilient.validate import marker_text, validate_checkpoint
@@ -68,14 +71,19 @@ def build_root(root: Path, n: int) -> None:
     template = root / names.step_dir_name(1)
     manifest = parse_manifest((template / names.MANIFEST).read_bytes())
     data = [p for p in template.iterdir() if names.is_data_file_name(p.name)]
+    log = []
     for step in range(2, n + 1):
         d = root / names.step_dir_name(step)
         d.mkdir()
         for f in data:
             os.link(f, d / f.name)
-        text = dataclasses.replace(manifest, step=step).to_json().encode()
+        clone = dataclasses.replace(manifest, step=step)
+        text = clone.to_json().encode()
         (d / names.MANIFEST).write_bytes(text)
         (d / names.COMMITTED).write_text(marker_text(step, digest_bytes(text)))
+        log.append(json.dumps(save_record(clone)) + "\n")  # as the library logs a commit
+    with open(root / names.SAVE_LOG, "a") as fh:
+        fh.writelines(log)
     for step in (2, n // 2 or 1, n):
         validate_checkpoint(root / names.step_dir_name(step))
 
