@@ -78,7 +78,7 @@ elif kind == "killsave":
                 if f"step_{int(step_s):08d}" in str(path):
                     os.kill(os.getpid(), signal.SIGKILL)
 
-            hdf5.write_file = write  # type: ignore[assignment]
+            hdf5.write_file = write
 elif kind == "enospc":
     if rank == MPI.COMM_WORLD.size - 1:
         from resilient import hdf5
