@@ -53,6 +53,7 @@ STATIC_DIR = "static"
 QUARANTINE_INFO = "QUARANTINE.json"
 ATTEMPT_LEDGER = "attempts.jsonl"  # one line per `resilient run` attempt
 SAVE_LOG = "saves.jsonl"  # one line per committed checkpoint (step, time, cost, bytes)
+LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "path"}]
 PROGRESS_LOG = "progress.jsonl"  # (time, step) samples written by Session, at most 1/s
 
 _STEP_RE = re.compile(r"^step_(\d{8,})\Z")

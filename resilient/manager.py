@@ -46,6 +46,7 @@ from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
 from resilient.staging import StagingArea
 from resilient.statics import StaticStore
+from resilient.tiers import LocalCheckpoint, LocalTier, record_local_tiers
 from resilient.topology import make_topology
 from resilient.validate import latest_valid
 
@@ -73,6 +74,14 @@ class CheckpointManager:
         clock: monotonic clock, injectable for tests.
         lock_owner: extra facts recorded in the root's lock file for the error message a second
             job gets (e.g. ``{"slurm_job_id": "123"}``).
+        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``): checkpoints are
+            written there (:mod:`resilient.tiers`) and copied to ``root`` in the background every
+            ``flush_every`` checkpoints, and always the newest one at :meth:`close`.
+            :meth:`restore` prefers a local copy that is intact on every node and at least as
+            new as the newest checkpoint in ``root``.
+        flush_every: with ``local_dir``: copy every this many checkpoints to ``root``.
+        local_keep: with ``local_dir``: local checkpoints kept per node (``keep`` applies to
+            ``root``).
     """
 
     def __init__(
@@ -86,6 +95,9 @@ class CheckpointManager:
         gc_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         lock_owner: Mapping[str, str] | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
     ) -> None:
         self.root = Path(root)
         self.comm: Comm = as_comm(comm)
@@ -102,7 +114,7 @@ class CheckpointManager:
         self._staging = StagingArea()
         self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
-        self._in_flight: _InFlight | None = None
+        self._in_flight: _SaveFlight | _FlushFlight | None = None
         self._saves = 0
         self._last_saved_step: int | None = None
         self._last_saved_time: float | None = clock()
@@ -114,6 +126,22 @@ class CheckpointManager:
             self.root, self._coll, self._catalog, layout=self.topology.layout_info
         )
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
+        if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
+            raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        self.flush_every = flush_every
+        self._local: LocalTier | None = None
+        self._unflushed: LocalCheckpoint | None = None
+        self._local_saves = 0
+        if local_dir is not None:
+            try:
+                self._local = LocalTier(local_dir, self.root, self.topology, keep=local_keep)
+                tiers = self._local.listing()
+                self._coll.broadcast(
+                    "recording the local tier", lambda: record_local_tiers(self.root, tiers)
+                )
+            except BaseException:
+                self._lock.release()
+                raise
 
     def _open_root(self) -> None:
         try:
@@ -131,7 +159,7 @@ class CheckpointManager:
         if self._closed:
             return
         try:
-            self.wait()
+            self.flush()  # the newest checkpoint always reaches the shared root
         finally:
             self._closed = True
             self._writer.shutdown()
@@ -264,10 +292,13 @@ class CheckpointManager:
         self._coll.all_reduce(f"save of step {step}", check_arguments, _same_step)
         request = built[0]
         static_hash = self._statics.store(self.topology, request.step, request.static)
-        pending = self._coll.broadcast(
-            f"creating a temporary directory in {self.root}",
-            lambda: PendingDir.for_step(self.root, request.step).create(),
-        )
+        if self._local is not None:
+            pending = self._local.create_pending(request.step)
+        else:
+            pending = self._coll.broadcast(
+                f"creating a temporary directory in {self.root}",
+                lambda: PendingDir.for_step(self.root, request.step).create(),
+            )
         outcome = planned(
             lambda: plan_write(
                 self.topology, pending.path, request.data, step=request.step,
@@ -281,7 +312,7 @@ class CheckpointManager:
             staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
             outcome = lambda: staged  # noqa: E731
         task = self._writer.submit(lambda: outcome().run(), inline=blocking)
-        self._in_flight = _InFlight(request, static_hash, pending, task, start)
+        self._in_flight = _SaveFlight(request, static_hash, pending, task, start)
         self._last_saved_step = request.step
         self._last_saved_time = self._clock()
         if blocking:
@@ -289,44 +320,25 @@ class CheckpointManager:
         return pending.final
 
     def wait(self) -> None:
-        """Collective: finish the save in flight, if any: wait for every rank's background
-        write, then commit it. Returns at once when nothing is in flight.
+        """Collective: finish what is in flight, if anything: wait for every rank's background
+        write, then commit it (and, with ``local_dir``, the flush to ``root`` it may start).
+        Returns at once when nothing is in flight.
 
         Raises:
-            CollectiveError: the save failed on some rank (on every rank; its temporary
+            CollectiveError: the save or flush failed on some rank (on every rank; its temporary
                 directory is removed, earlier checkpoints are intact).
         """
-        flight, self._in_flight = self._in_flight, None
-        if flight is None:
-            return
-        request = flight.request
-        what = f"save of checkpoint step {request.step}"
-        try:
-            manifest = finish_set(
-                self.topology, flight.task.result, step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__,
-                commit=lambda m: flight.pending.commit(m, what=what),
-            )  # fmt: skip
-        except Exception:
-            if self._coll.is_coordinator:
-                flight.pending.rollback()
-            raise
-        self._coll.broadcast(
-            "recording the save", lambda: self._after_commit(manifest, flight.start)
-        )
-        self._saves += 1
-        cost = self._clock() - flight.start
-        self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
-        if self.gc_every and self._saves % self.gc_every == 0:
-            gc.collect()
+        while self._in_flight is not None:
+            flight, self._in_flight = self._in_flight, None
+            self._finish(flight)
 
     def poll(self) -> bool:
-        """Collective: commit the save in flight if every rank's background write is done.
+        """Collective: commit what is in flight if every rank's background work is done.
 
-        Costs one small allreduce while a save is in flight, nothing otherwise.
+        Costs one small allreduce while something is in flight, nothing otherwise.
 
         Returns:
-            ``True`` when no save is in flight any more.
+            ``True`` when nothing is in flight any more.
 
         Raises:
             CollectiveError: as :meth:`wait`.
@@ -335,21 +347,99 @@ class CheckpointManager:
             return True
         if self.comm.any_true(not self._in_flight.task.done()):
             return False
+        flight, self._in_flight = self._in_flight, None
+        self._finish(flight)
+        return self._in_flight is None
+
+    def flush(self) -> None:
+        """Collective: with ``local_dir``, copy the newest local checkpoint to ``root`` now (if
+        it is not there yet) and wait until it is committed. Without ``local_dir``: :meth:`wait`.
+        """
         self.wait()
-        return True
+        if self._unflushed is not None:
+            self._start_flush()
+            self.wait()
+
+    def _finish(self, flight: _SaveFlight | _FlushFlight) -> None:
+        if isinstance(flight, _FlushFlight):
+            self._finish_flush(flight)
+        else:
+            self._finish_save(flight)
+
+    def _finish_save(self, flight: _SaveFlight) -> None:
+        request, pending, local = flight.request, flight.pending, self._local
+        what = f"save of checkpoint step {request.step}"
+        try:
+            manifest = finish_set(
+                self.topology, flight.task.result, step=request.step, static=flight.static,
+                metrics=request.metrics, library_version=__version__,
+                commit=None if local else lambda m: pending.commit(m, what=what),
+            )  # fmt: skip
+        except Exception:
+            if local is not None:
+                local.rollback(pending)
+            elif self._coll.is_coordinator:
+                pending.rollback()
+            raise
+        if local is None:
+            self._coll.broadcast(
+                "recording the save", lambda: self._after_commit(manifest, flight.start)
+            )
+        else:
+            local.commit(pending, manifest)
+            self._unflushed = LocalCheckpoint(pending.final, manifest)
+            self._local_saves += 1
+        self._saves += 1
+        cost = self._clock() - flight.start
+        self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
+        if self.gc_every and self._saves % self.gc_every == 0:
+            gc.collect()
+        if local is not None and self._local_saves % self.flush_every == 0:
+            self._start_flush()
+
+    def _start_flush(self) -> None:
+        """Collective: start copying the newest local checkpoint to ``root`` in the background."""
+        assert self._local is not None and self._unflushed is not None
+        checkpoint, self._unflushed = self._unflushed, None
+        step = checkpoint.manifest.step
+        pending = self._coll.broadcast(
+            f"creating a temporary directory in {self.root}",
+            lambda: PendingDir.for_step(self.root, step).create(),
+        )
+        task = self._writer.submit(self._local.flush_job(checkpoint, pending.path))
+        self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
+
+    def _finish_flush(self, flight: _FlushFlight) -> None:
+        manifest, pending = flight.checkpoint.manifest, flight.pending
+        what = f"flush of checkpoint step {manifest.step} to {self.root}"
+        try:
+            self._coll.all_reduce(
+                what, flight.task.result, lambda _: pending.commit(manifest, what=what)
+            )
+        except Exception:
+            if self._coll.is_coordinator:
+                pending.rollback()
+            raise
+        self._coll.broadcast(
+            "recording the flush",
+            lambda: self._after_commit(manifest, flight.start, flushed_from=self._local),
+        )
 
     @property
     def in_flight(self) -> bool:
         """Whether a save is in flight on this rank (local, no communication)."""
         return self._in_flight is not None
 
-    def _after_commit(self, manifest: Manifest, start: float) -> None:
-        """Coordinator: log the save, then rotate (a failed rotation only warns)."""
+    def _after_commit(
+        self, manifest: Manifest, start: float, *, flushed_from: LocalTier | None = None
+    ) -> None:
+        """Coordinator: log the save (or the flush), then rotate (a failed rotation only warns)."""
+        took = round(self._clock() - start, 6)
+        extra = {"cost_s": took} if flushed_from is None else {"flush_s": took, "tier": "local"}
         storage.append_log(
             self.root / layout.SAVE_LOG,
-            {"time": time.time(), "cost_s": round(self._clock() - start, 6),
-             "bytes": manifest.nbytes, **save_record(manifest)},
-        )  # fmt: skip
+            {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
+        )
         if self.keep is None:
             return  # nothing is ever deleted: no need to know the history
         try:
@@ -378,9 +468,34 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
-        restored, state = self._restorer.restore(step, validate=validate)
+        local = self._restore_local(step, validate) if self._local is not None else None
+        restored, state = local or self._restorer.restore(step, validate=validate)
         self._last_saved_step = restored
         return restored, state
+
+    def _restore_local(
+        self, step: int | None, validate: StateValidator | None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Collective: the newest local checkpoint if every rank has it intact and it is at
+        least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
+        assert self._local is not None
+        found = self._local.newest(self.layout, step=step)
+        if found is None:
+            return None
+        shared: int | None = None
+        if step is None:
+            shared = self.latest_step()
+            if shared is not None and shared > found.manifest.step:
+                return None
+        state, reasons = self._restorer.read(found.path, found.manifest, validate=validate)
+        if state is None:
+            why = "; ".join(reasons[:4])
+            log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
+            self._local.discard(found, why)
+            return None
+        if step is None and (shared is None or shared < found.manifest.step):
+            self._unflushed = found  # not in the shared root yet: flushed at the latest by close()
+        return found.manifest.step, state
 
     def _check_open(self) -> None:
         if self._closed:
@@ -388,13 +503,23 @@ class CheckpointManager:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _InFlight:
+class _SaveFlight:
     """A save whose data is being written; committed by :meth:`CheckpointManager.wait`."""
 
     request: SaveRequest
     static: str | None
     pending: PendingDir
     task: Future[RankWritten]
+    start: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FlushFlight:
+    """A local checkpoint being copied to the shared root; committed by ``wait``."""
+
+    checkpoint: LocalCheckpoint
+    pending: PendingDir
+    task: Future[None]
     start: float
 
 

@@ -63,6 +63,13 @@ class Session:
             quarantined and the next older one tried.
         exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
             run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``.
+        async_save: :meth:`maybe_save` saves with ``blocking=False`` (the program waits only
+            for a memory copy; the commit happens at the next save, at the latest when the
+            session ends). A stop waits for the save in flight, then writes the final
+            checkpoint synchronously.
+        local_dir: node-local storage for checkpoints, flushed to ``ckpt_dir`` every
+            ``flush_every`` checkpoints and always at the end of the session (see
+            :class:`~resilient.manager.CheckpointManager`); ``local_keep`` per node.
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -79,6 +86,10 @@ class Session:
         validate: StateValidator | None = None,
         exit_on_stop: bool = True,
         gc_every: int | None = None,
+        async_save: bool = False,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -91,6 +102,7 @@ class Session:
         self.margin_s = float(margin_s)
         self._stop_before_deadline = BeforeWalltime(margin_s=self.margin_s)
         self.exit_on_stop = exit_on_stop
+        self.async_save = bool(async_save)
         self._clock = clock
         self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
         self._own_signals = not self._signals.is_active
@@ -103,6 +115,9 @@ class Session:
             save_when=save_when,
             gc_every=gc_every,
             lock_owner=job_of(env),
+            local_dir=local_dir,
+            flush_every=flush_every,
+            local_keep=local_keep,
         )
         self.comm = self.manager.comm
         self.stopped = False
@@ -220,18 +235,29 @@ class Session:
         """
         self._last = (step, state, metrics)
         self._note_progress(step)
+        if self.manager.in_flight:
+            self.manager.poll()  # commit a finished background save now, not at the next one
         stop = self._signals.is_set
         if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
             return False
-        self.save(step, state, metrics=metrics)
+        self.save(step, state, metrics=metrics, blocking=not self.async_save)
         return True
 
     def save(
-        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        blocking: bool = True,
     ) -> None:
-        """Collective: write a checkpoint of ``step`` now."""
+        """Collective: write a checkpoint of ``step`` now (``blocking=False``: in the background,
+        see :meth:`~resilient.manager.CheckpointManager.save`)."""
         self._last = (step, state, metrics)
-        self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)
+        self.manager.save(
+            step, self._without_static(state), static=self._static, metrics=metrics,
+            blocking=blocking,
+        )  # fmt: skip
         self._saved_step = step
         self.saves_this_run += 1
 

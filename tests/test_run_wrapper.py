@@ -6,15 +6,18 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import h5py
 import pytest
 
+from resilient.layout import parse_step_dir
 from resilient.run import _descendants, read_ledger
 from resilient.validate import latest_valid, list_checkpoints
 from tests.mpirun import REPO, clean_env, mpiexec
@@ -216,3 +219,52 @@ def test_ledger_records_the_attempt(tmp_path: Path) -> None:
     (rec,) = read_ledger(ckpt)
     assert rec["slurm_job_id"] == "4242" and rec["reason"] == "finished" and rec["host"]
     assert json.loads(json.dumps(rec)) == rec
+
+
+@pytest.mark.parametrize("comm", ["self", "node"])
+def test_async_saves_with_a_local_tier_resume_bit_identically(
+    tmp_path: Path, reference: bytes, comm: str
+) -> None:
+    """Walltime stops with async saving and a node-local tier on /dev/shm; between attempts the
+    local tier is lost (a job on another node) or one local copy is corrupted."""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here")
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    local = Path(tempfile.mkdtemp(prefix="resilient-run-", dir="/dev/shm"))
+    try:
+        cmd = [
+            *heat_cmd(ckpt, out, delay=0.1),
+            "--async-save", "--local-dir", str(local), "--flush-every", "3",
+            "--checkpoint-comm", comm,
+        ]  # fmt: skip
+        codes = []
+        for attempt in range(40):
+            proc = resilient_run(
+                ["--checkpoint-dir", str(ckpt), "--walltime", "6", "--signal", "USR1@1",
+                 "--kill-wait", "1"],
+                cmd,
+            )  # fmt: skip
+            codes.append(proc.returncode)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == 75, proc.stderr
+            # the final checkpoint of every stopped attempt reached the shared root
+            flushed = latest_valid(ckpt)
+            assert flushed is not None
+            newest_local = max(filter(None, (parse_step_dir(p.name) for p in local.glob("*/*"))))
+            assert flushed.step == newest_local, (flushed.step, newest_local)
+            if attempt % 3 == 0:  # the next job lands on another node: no local copies
+                shutil.rmtree(local)
+                local.mkdir()
+            elif attempt % 3 == 1:  # a local copy went bad (same size: only checksums see it)
+                for data in sorted(local.glob("*/step_*/*.h5"))[-1:]:
+                    raw = bytearray(data.read_bytes())
+                    raw[-64] ^= 0xFF
+                    data.write_bytes(bytes(raw))
+        assert codes[-1] == 0 and codes.count(75) >= 3, codes
+        assert field(out) == reference
+        flushes = [s for s in (json.loads(line) for line in (ckpt / "saves.jsonl").open())
+                   if "flush_s" in s]  # fmt: skip
+        assert len(flushes) >= 3
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
