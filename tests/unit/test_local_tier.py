@@ -3,8 +3,11 @@ to a shared root on disk."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +32,12 @@ def local_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="resilient-test-", dir=SHM))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "resilient.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def steps_in(root: Path) -> list[int]:
@@ -154,3 +163,23 @@ def test_world_layout_spanning_nodes_is_refused_but_one_node_is_fine(
         m.save(1, state_of(1))
     with pytest.raises(Exception, match="local_keep"):
         CheckpointManager(tmp_path / "t", local_dir=local_dir, local_keep=0)
+
+
+def test_cli_shows_both_tiers_and_report_shows_flush_times(tmp_path: Path, local_dir: Path) -> None:
+    shared = tmp_path / "shared"
+    m = CheckpointManager(shared, local_dir=local_dir, flush_every=2)
+    for step in (1, 2, 3):
+        m.save(step, state_of(step), static=static_of())
+    m.wait()
+    crash(m)  # step 3 only in the local tier
+    ls = cli("ls", str(shared))
+    rows = [line.split()[:2] for line in ls.stdout.splitlines()[1:]]
+    assert rows == [["2", "shared"], ["2", "local"], ["3", "local"]], ls.stdout
+    assert all(" valid" in line for line in ls.stdout.splitlines()[1:]), ls.stdout
+    doc = json.loads(cli("status", str(shared), "--json").stdout)
+    assert doc["latest_step"] == 2 and doc["latest_local_step"] == 3
+    assert [(c["step"], c["tier"]) for c in doc["checkpoints"]] == [
+        (2, "shared"), (2, "local"), (3, "local"),
+    ]  # fmt: skip
+    report = cli("report", str(shared))
+    assert "flushes from the local tier: 1" in report.stdout, report.stdout
