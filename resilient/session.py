@@ -32,6 +32,7 @@ from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
 from resilient.restorer import StateValidator
 from resilient.slurm import (
     DEFAULT_STOP_SIGNALS,
+    ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     StopSignals,
     find_deadline,
@@ -55,7 +56,9 @@ class Session:
         keep: keep policy (e.g. ``KeepLast(3)``).
         margin_s: stop when less than this (plus the measured save cost) is left before the
             deadline: the rule of :class:`~resilient.policies.BeforeWalltime` (the one setting
-            for the deadline; ``walltime_margin_s`` in the YAML).
+            for the deadline; ``walltime_margin_s`` in the YAML). If less than the margin is
+            left at the start, half the time left is used instead (with a warning), so that a
+            short run still makes and saves progress.
         signals: signals that request a stop (a flag only; acted upon at the next step), or a
             :class:`StopSignals` the program installed early (before its slow imports: a
             warning signal that arrives before any handler is installed kills the process).
@@ -120,6 +123,21 @@ class Session:
             local_keep=local_keep,
         )
         self.comm = self.manager.comm
+        # A margin longer than the time left would stop the loop before its first step, every
+        # time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
+        self._time_left_at_start = self.time_left_s
+        self._stop_before_deadline = self._stop_before_deadline.fit_to(self._time_left_at_start)
+        if self._stop_before_deadline.margin_s != self.margin_s and self.comm.rank == 0:
+            log.warning(
+                "stop margin %.1f s is longer than the %.1f s left before the deadline (%s): "
+                "using %.1f s instead, so that this run can make and save progress",
+                self.margin_s,
+                self._time_left_at_start,
+                self.deadline_source,
+                self._stop_before_deadline.margin_s,
+            )
+        attempt = env.get(ENV_ATTEMPT, "")
+        self._attempt = int(attempt) if attempt.isdigit() else None
         self.stopped = False
         self.stop_reason = ""
         self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
@@ -152,6 +170,8 @@ class Session:
                 self.manager.close()
             else:
                 self.manager.__exit__(exc_type, exc, tb)
+        if exc is None and self.stopped:
+            self._record_stop()
         if exc is None and self.stopped and self.exit_on_stop:
             # The process is about to exit: a second warning signal (Slurm repeats them, launchers
             # forward them) must not kill it now. CPython restores the default action of signals
@@ -268,6 +288,24 @@ class Session:
             return
         self._last_progress = now
         storage.append_log(self.root / layout.PROGRESS_LOG, {"time": now, "step": step})
+
+    def _record_stop(self) -> None:
+        """Rank 0 appends why the run stopped early to the stop log (read by ``resilient run``)."""
+        if self.comm.rank != 0:
+            return
+        step = self._last[0] if self._last is not None else self._saved_step
+        record = {
+            "time": time.time(),
+            "attempt": self._attempt,
+            "step": step,
+            "reason": self.stop_reason,
+            "saved": self.saves_this_run > 0,
+            "margin_s": self.margin_s,
+            "margin_used_s": self._stop_before_deadline.margin_s,
+            "time_left_at_start_s": self._time_left_at_start,
+            "deadline_source": self.deadline_source,
+        }
+        storage.append_log(self.root / layout.STOP_LOG, record)
 
     def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self._static:
