@@ -51,7 +51,9 @@ def python_work(n: int = 3_000_000) -> int:
 def numpy_work(grid: np.ndarray, sweeps: int = 60) -> None:
     u = grid
     for _ in range(sweeps):
-        u[1:-1, 1:-1] += 0.2 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * u[1:-1, 1:-1])
+        u[1:-1, 1:-1] += 0.2 * (
+            u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * u[1:-1, 1:-1]
+        )
 
 
 def writer_process(name: str, nbytes: int, requests: Any, replies: Any) -> None:
@@ -89,7 +91,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="bench-mech-", dir=args.dir))
     mgr = CheckpointManager(base / "ck", keep=KeepLast(1))
     shm = shared_memory.SharedMemory(create=True, size=nbytes)
-    staged = np.ndarray(state["x"].shape, dtype=state["x"].dtype, buffer=shm.buf)
+    staging = {"x": np.ndarray(state["x"].shape, dtype=state["x"].dtype, buffer=shm.buf)}
     ctx = mp.get_context("spawn")
     requests, replies = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=writer_process, args=(shm.name, nbytes, requests, replies))
@@ -103,7 +105,7 @@ def main() -> None:
         if mode == "thread":
             mgr.save(step, state, blocking=False)
         elif mode == "process":
-            np.copyto(staged, state["x"])
+            np.copyto(staging["x"], state["x"])
             requests.put(str(base / f"proc_{step % 2}.bin"))
         w0 = time.perf_counter()
         work[kind]()
@@ -130,7 +132,7 @@ def main() -> None:
         requests.put(None)
         proc.join(timeout=30)
         mgr.close()
-        del staged
+        staging.clear()  # no view of the shared block may outlive it
         shm.close()
         shm.unlink()
         import shutil
@@ -146,7 +148,9 @@ def main() -> None:
         idle = statistics.median(results[f"{kind}/idle"]["work"])
         d = statistics.median(r["durable"])
         summary[key] = {"work_s": w, "slowdown": w / idle, "durable_s": d}
-        print(f"{kind:8} {mode:8} {w:8.3f} {w / idle:8.2f} {d if mode != 'idle' else float('nan'):10.3f}")
+        print(
+            f"{kind:8} {mode:8} {w:8.3f} {w / idle:8.2f} {d if mode != 'idle' else float('nan'):10.3f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 
