@@ -41,7 +41,7 @@ import xxhash
 from resilient import CheckpointManager, KeepLast
 
 
-def python_work(n: int = 3_000_000) -> int:
+def python_work(n: int = 12_000_000) -> int:
     total = 0
     for i in range(n):
         total += i & 7
