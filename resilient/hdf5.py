@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resilient.checksum import digest_bytes
 from resilient.manifest import Segment
@@ -107,8 +107,10 @@ def create_skeleton(
         for rank, specs in ranks:
             group = h5py.Group(h5py.h5g.create(f.id, rank_group_name(rank).encode(), gcpl=gcpl))
             group.attrs["rank"] = rank
+            groups = {"": group.id}  # nested leaves (model/layer1.weight) live in subgroups
             rank_offsets: dict[str, int | None] = {}
             for spec in specs:
+                parent, _, leaf = spec.name.rpartition("/")
                 dtype = np.dtype(spec.dtype)
                 space = (
                     h5py.h5s.create(h5py.h5s.SCALAR)
@@ -116,8 +118,9 @@ def create_skeleton(
                     else h5py.h5s.create_simple(spec.shape)
                 )
                 dset = h5py.h5d.create(
-                    group.id, spec.name.encode(), h5py.h5t.py_create(dtype), space, dcpl=dcpl
-                )
+                    _subgroup(groups, parent, gcpl), leaf.encode(), h5py.h5t.py_create(dtype),
+                    space, dcpl=dcpl,
+                )  # fmt: skip
                 nbytes = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
                 offset = dset.get_offset() if nbytes else None
                 dset.close()
@@ -136,6 +139,18 @@ def create_skeleton(
         os.close(fd)
     meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in image)
     return FileSkeleton(offsets=offsets, meta_segments=meta, size=size, image=image)
+
+
+def _subgroup(groups: dict[str, Any], path: str, gcpl: Any) -> Any:
+    """The group at ``path`` below the rank's group, created (without timestamps) if needed."""
+    import h5py
+
+    found = groups.get(path)
+    if found is None:
+        parent, _, name = path.rpartition("/")
+        found = h5py.h5g.create(_subgroup(groups, parent, gcpl), name.encode(), gcpl=gcpl)
+        groups[path] = found
+    return found
 
 
 def _pread_all(fd: int, offset: int, length: int) -> bytes:
