@@ -1,26 +1,30 @@
-"""One save or one read of a set of per-rank arrays: plan -> write -> commit. Collective.
+"""One save or one read of a set of per-rank arrays: plan -> write -> finish. Collective.
 
-Used by :class:`resilient.manager.CheckpointManager` for checkpoints and by
-:class:`resilient.statics.StaticStore` for static data. Call order of :func:`save_set` (DCP's
-``_save_state_dict``: plan, write, finish)::
+Used by :class:`resilient.manager.CheckpointManager` for checkpoints (synchronous and
+asynchronous) and by :class:`resilient.statics.StaticStore` for static data. Call order (DCP's
+``_save_state_dict``: plan, write, finish; NVRx's async ``plan``/``finalize``)::
 
-    every rank      RankPlan.of(data)                 names, shapes, dtypes, checksums, values
-    file group      leader: hdf5.create_skeleton()    file with early-allocated datasets; offsets
-    every rank      hdf5.write_arrays()               its bytes at its offsets, then fsync
-    coordinator     build_manifest(); pending.commit()  manifest, COMMITTED, rename
+    every rank   plan_write()       collective over the file's group: names, shapes, dtypes;
+                                    the leader creates the file with h5py, or reuses the
+                                    skeleton of the previous save when the structure is unchanged
+    every rank   WriteJob.run()     local, here or on a background thread: checksums, its
+                                    bytes at its offsets, fsync (no communication)
+    every rank   finish_set()       collective: every rank's outcome to the coordinator, which
+                                    builds the manifest and commits
 
-Every phase goes through :class:`~resilient.collective.Collective`, so a failure anywhere becomes
-the same exception on every rank, never a hang, and the temporary directory is rolled back.
+Every phase goes through :class:`~resilient.collective.Collective`, so a failure anywhere
+becomes the same exception on every rank, never a hang.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
 from resilient.checksum import digest_array, digest_text
@@ -39,31 +43,51 @@ from resilient.manifest import (
 from resilient.payload import LocalData
 from resilient.topology import Topology
 
-__all__ = ["FileWritten", "RankPlan", "RankWritten", "build_manifest", "read_rank", "save_set"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "FileWritten",
+    "RankPlan",
+    "RankWritten",
+    "SkeletonCache",
+    "WriteJob",
+    "build_manifest",
+    "finish_set",
+    "plan_write",
+    "planned",
+    "read_rank",
+    "save_set",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class RankPlan:
-    """What one rank will write: its arrays' specs and checksums, and its JSON values."""
+    """What one rank will write: its arrays' specs and (a private copy of) its JSON values."""
 
     rank: int
     specs: tuple[hdf5.ArraySpec, ...]
-    digests: Mapping[str, str]
     values: Mapping[str, Any]
 
     @classmethod
     def of(cls, rank: int, data: LocalData) -> RankPlan:
-        """Plan ``data`` of ``rank`` (checksums every array; no I/O)."""
+        """Plan ``data`` of ``rank`` (no checksums, no I/O)."""
         return cls(
             rank=rank,
             specs=tuple(
                 hdf5.ArraySpec(k, tuple(a.shape), a.dtype.str) for k, a in data.arrays.items()
             ),
-            digests={k: digest_array(a) for k, a in data.arrays.items()},
-            values=dict(data.values),
+            values=copy.deepcopy(dict(data.values)),
         )
 
-    def entry(self, file: str, offsets: Mapping[str, int | None], data: LocalData) -> RankEntry:
+    def entry(
+        self,
+        file: str,
+        offsets: Mapping[str, int | None],
+        arrays: Mapping[str, npt.NDArray[np.generic]],
+        digests: Mapping[str, str],
+    ) -> RankEntry:
         """This rank's manifest entry once its arrays sit at ``offsets`` in ``file``."""
         return RankEntry(
             file=file,
@@ -73,8 +97,8 @@ class RankPlan:
                     s.shape,
                     s.dtype,
                     offsets[s.name],
-                    data.arrays[s.name].nbytes,
-                    self.digests[s.name],
+                    arrays[s.name].nbytes,
+                    digests[s.name],
                 )
                 for s in self.specs
             ),
@@ -84,7 +108,7 @@ class RankPlan:
 
 @dataclass(frozen=True, slots=True)
 class FileWritten:
-    """A data file as its group leader created it: name, size, HDF5's own bytes, its ranks."""
+    """A data file as its group leader planned it: name, size, HDF5's own bytes, its ranks."""
 
     name: str
     size: int
@@ -100,19 +124,185 @@ class RankWritten:
     file: FileWritten | None
 
 
+@dataclass(slots=True)
+class SkeletonCache:
+    """The skeleton of this rank's last file, reused while its group's structure is unchanged.
+
+    Every rank keeps its own offsets and specs; the group's leader also keeps every rank's specs
+    and the file's bytes. ``generation`` names the skeleton the group agreed on last.
+    """
+
+    generation: int = 0
+    specs: tuple[hdf5.ArraySpec, ...] | None = None
+    offsets: Mapping[str, int | None] = field(default_factory=dict)
+    group_specs: Mapping[int, tuple[hdf5.ArraySpec, ...]] = field(default_factory=dict)
+    skeleton: hdf5.FileSkeleton | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    """What a rank sends its leader when planning: its specs, or ``None`` for "as last time"."""
+
+    rank: int
+    generation: int
+    specs: tuple[hdf5.ArraySpec, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Skeleton:
+    """The leader's answer: the skeleton's generation, and every rank's offsets if it is new."""
+
+    generation: int
+    offsets: Mapping[int, Mapping[str, int | None]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteJob:
+    """One rank's part of a save, planned: runs here or on a background thread.
+
+    :meth:`run` does no communication, so it may run on any thread; its outcome (or its
+    exception) goes to :func:`finish_set`.
+    """
+
+    path: Path
+    plan: RankPlan
+    offsets: Mapping[str, int | None]
+    arrays: Mapping[str, npt.NDArray[np.generic]]
+    skeleton: hdf5.FileSkeleton | None  # the group's leader writes HDF5's own bytes
+    file: FileWritten | None
+
+    def run(self) -> RankWritten:
+        """Checksum this rank's arrays, write them at their offsets, fsync."""
+        digests = {k: digest_array(a) for k, a in self.arrays.items()}
+        items = [(o, self.arrays[k]) for k, o in self.offsets.items() if o is not None]
+        storage.retry_io(
+            lambda: hdf5.write_file(self.path, items, skeleton=self.skeleton),
+            what=f"writing {self.path}",
+        )
+        entry = self.plan.entry(self.path.name, self.offsets, self.arrays, digests)
+        return RankWritten(entry, self.file)
+
+
+def plan_write(
+    topo: Topology, directory: Path, data: LocalData, *, step: int, cache: SkeletonCache
+) -> WriteJob:
+    """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
+    part of a save into ``directory``.
+
+    The leader creates the file's skeleton with h5py, unless every rank's structure (names,
+    shapes, dtypes) is the one of the previous save: then the cached skeleton is reused and
+    nothing touches the disk here. ``data`` must stay unchanged until the job has run.
+    """
+    plan = RankPlan.of(topo.comm.rank, data)
+    path = directory / topo.file_name
+    unchanged = cache.specs == plan.specs
+    offer = _Offer(plan.rank, cache.generation, None if unchanged else plan.specs)
+    leader = topo.group.rank == 0
+    answer = Collective(topo.group).all_reduce(
+        f"planning {topo.file_name} of step {step}",
+        lambda: offer,
+        lambda offers: _plan_file(path, topo.kind, offers, cache),
+    )
+    if answer.offsets is not None:
+        cache.specs = plan.specs
+        cache.offsets = dict(answer.offsets[plan.rank])
+    cache.generation = answer.generation
+    skeleton = cache.skeleton if leader else None
+    file = None
+    if leader:
+        assert skeleton is not None
+        file = FileWritten(topo.file_name, skeleton.size, skeleton.meta_segments, topo.members)
+    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, file)
+
+
+def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache) -> _Skeleton:
+    """Leader: reuse the cached skeleton if every rank offers the same structure, else create."""
+    current = cache.skeleton is not None and all(
+        o.specs is None and o.generation == cache.generation for o in offers
+    )
+    if current:
+        return _Skeleton(cache.generation, None)
+    specs = {
+        o.rank: o.specs if o.specs is not None else cache.group_specs.get(o.rank) for o in offers
+    }
+    missing = [r for r, s in specs.items() if s is None]
+    if missing:  # a rank's "as last time" refers to a skeleton this leader no longer has
+        raise RuntimeError(f"planning {path.name}: no cached structure for ranks {missing}")
+    members = [(r, s) for r, s in specs.items() if s is not None]
+    skeleton = storage.retry_io(
+        lambda: hdf5.create_skeleton(path, layout_kind=kind, ranks=members),
+        what=f"creating {path}",
+        cleanup=lambda: path.unlink(missing_ok=True),
+    )
+    cache.generation += 1
+    cache.group_specs = dict(members)
+    cache.skeleton = skeleton
+    return _Skeleton(cache.generation, skeleton.offsets)
+
+
+def planned(plan: Callable[[], WriteJob]) -> Callable[[], WriteJob]:
+    """Run ``plan`` now; return a function giving its job or raising its error later.
+
+    A rank whose planning failed must still take part in :func:`finish_set` (other groups
+    planned fine and are waiting there): its error travels as that rank's outcome.
+    """
+    try:
+        job = plan()
+    except Exception as exc:
+        error = exc
+
+        def fail() -> WriteJob:
+            raise error
+
+        return fail
+    return lambda: job
+
+
+def finish_set(
+    topo: Topology,
+    outcome: Callable[[], RankWritten],
+    *,
+    step: int,
+    kind: str = "checkpoint",
+    static: str | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    library_version: str = "",
+    commit: Callable[[Manifest], None] | None = None,
+) -> Manifest:
+    """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
+    returns it or raises the job's error), build the manifest and ``commit`` it on the
+    coordinator.
+
+    Returns:
+        The manifest, on every rank.
+    """
+
+    def combine(written: list[RankWritten]) -> Manifest:
+        manifest = build_manifest(
+            topo, written, step=step, kind=kind, static=static, metrics=metrics or {},
+            library_version=library_version,
+        )  # fmt: skip
+        if commit is not None:
+            commit(manifest)
+        return manifest
+
+    return Collective(topo.comm).all_reduce(f"save of {kind} step {step}", outcome, combine)
+
+
 def save_set(
     topo: Topology,
     pending: PendingDir,
     *,
     step: int,
     data: LocalData,
+    cache: SkeletonCache | None = None,
     kind: str = "checkpoint",
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
 ) -> Manifest:
     """Collective over ``topo.comm``: call on all ranks. Write ``data`` of every rank into
-    ``pending`` and commit it.
+    ``pending`` and commit it (:func:`plan_write`, :meth:`WriteJob.run`, :func:`finish_set`).
 
     The coordinator has already created ``pending``. On any failure every rank raises the same
     error and ``pending`` is rolled back; everything else is untouched.
@@ -121,49 +311,20 @@ def save_set(
         The committed manifest, on every rank.
     """
     what = f"save of {kind} step {step}"
-    path = pending.path / topo.file_name
-
-    def write() -> RankWritten:
-        plan = RankPlan.of(topo.comm.rank, data)
-        skeleton = Collective(topo.group).all_reduce(
-            f"creating {topo.file_name}",
-            lambda: plan,
-            lambda plans: _create_file(path, step, topo.kind, plans),
-        )
-        offsets = skeleton.offsets[topo.comm.rank]
-        items = [(o, data.arrays[k]) for k, o in offsets.items() if o is not None]
-        storage.retry_io(lambda: hdf5.write_arrays(path, items), what=f"writing {path}")
-        file = None
-        if topo.group.rank == 0:
-            file = FileWritten(topo.file_name, skeleton.size, skeleton.meta_segments, topo.members)
-        return RankWritten(plan.entry(topo.file_name, offsets, data), file)
-
-    def commit(written: list[RankWritten]) -> Manifest:
-        manifest = build_manifest(
-            topo, written, step=step, kind=kind, static=static, metrics=metrics or {},
-            library_version=library_version,
-        )  # fmt: skip
-        pending.commit(manifest, what=what)
-        return manifest
-
     coll = Collective(topo.comm)
     try:
-        return coll.all_reduce(what, write, commit)
+        outcome = planned(
+            lambda: plan_write(topo, pending.path, data, step=step, cache=cache or SkeletonCache())
+        )
+        return finish_set(
+            topo, lambda: outcome().run(), step=step, kind=kind, static=static, metrics=metrics,
+            library_version=library_version,
+            commit=lambda manifest: pending.commit(manifest, what=what),
+        )  # fmt: skip
     except Exception:
         if coll.is_coordinator:
             pending.rollback()
         raise
-
-
-def _create_file(
-    path: Path, step: int, kind: str, plans: Sequence[RankPlan]
-) -> hdf5.FileSkeleton:
-    members = [(p.rank, p.specs, p.values) for p in plans]
-    return storage.retry_io(
-        lambda: hdf5.create_skeleton(path, step=step, layout_kind=kind, ranks=members),
-        what=f"creating {path}",
-        cleanup=lambda: path.unlink(missing_ok=True),
-    )
 
 
 def build_manifest(

@@ -16,9 +16,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from resilient.checksum import digest_file_range
+from resilient.checksum import digest_bytes
 from resilient.manifest import Segment
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ __all__ = [
     "create_skeleton",
     "rank_group_name",
     "read_into",
-    "write_arrays",
+    "write_file",
 ]
 
 _ALIGN = 4096  # each dataset >= 4 KiB starts on its own page: no two ranks share a page
@@ -48,11 +48,24 @@ class ArraySpec:
 
 @dataclass(frozen=True, slots=True)
 class FileSkeleton:
-    """What the leader learned creating a file: offsets per rank, HDF5's own byte ranges, size."""
+    """A file as its leader planned it: offsets per rank, HDF5's own bytes, size.
+
+    The skeleton depends only on the structure (every rank's names, shapes and dtypes): HDF5
+    is told to record no timestamps, so equal structures give byte-identical skeletons, and a
+    later save of the same structure writes :attr:`image` instead of asking HDF5 again (seed
+    002's metadata cache).
+
+    Attributes:
+        offsets: per rank, each dataset's byte offset (``None`` for empty ones).
+        meta_segments: HDF5's own byte ranges (everything but the datasets) with checksums.
+        size: the file's size.
+        image: the bytes of ``meta_segments``, as ``(offset, bytes)``.
+    """
 
     offsets: Mapping[int, Mapping[str, int | None]]
     meta_segments: tuple[Segment, ...]
     size: int
+    image: tuple[tuple[int, bytes], ...] = ()
 
 
 def rank_group_name(rank: int) -> str:
@@ -61,19 +74,17 @@ def rank_group_name(rank: int) -> str:
 
 
 def create_skeleton(
-    path: Path,
-    *,
-    step: int,
-    layout_kind: str,
-    ranks: Sequence[tuple[int, Sequence[ArraySpec], Mapping[str, Any]]],
+    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
 ) -> FileSkeleton:
     """Create the file for a group of ranks, allocate every dataset, and describe it.
 
+    The file holds the structure only (the layout, the ranks, their datasets and offsets);
+    the step and the JSON values of a checkpoint are in its manifest.
+
     Args:
         path: the file to create (must not exist).
-        step: the checkpoint step (stored as an attribute).
         layout_kind: ``self``, ``node``, ``world`` or ``custom`` (stored as an attribute).
-        ranks: per rank of the group, its rank, its array specs and its JSON values.
+        ranks: per rank of the group, its rank and its array specs.
     """
     import h5py
     import numpy as np
@@ -83,18 +94,18 @@ def create_skeleton(
     with h5py.File(
         path, "w-", libver=("v110", "latest"), alignment_threshold=_ALIGN, alignment_interval=_ALIGN
     ) as f:
-        f.attrs["resilient_step"] = step
         f.attrs["resilient_layout"] = layout_kind
-        f.attrs["resilient_ranks"] = np.array([r for r, _, _ in ranks], dtype=np.int64)
+        f.attrs["resilient_ranks"] = np.array([r for r, _ in ranks], dtype=np.int64)
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_layout(h5py.h5d.CONTIGUOUS)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
         dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        for rank, specs, values in ranks:
-            group = f.create_group(rank_group_name(rank))
+        dcpl.set_obj_track_times(False)  # no timestamps: equal structures give equal bytes
+        gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+        gcpl.set_obj_track_times(False)
+        for rank, specs in ranks:
+            group = h5py.Group(h5py.h5g.create(f.id, rank_group_name(rank).encode(), gcpl=gcpl))
             group.attrs["rank"] = rank
-            group.attrs["step"] = step
-            group.attrs["values_json"] = json.dumps(dict(values), allow_nan=True)
             rank_offsets: dict[str, int | None] = {}
             for spec in specs:
                 dtype = np.dtype(spec.dtype)
@@ -115,16 +126,21 @@ def create_skeleton(
             group.attrs["offsets_json"] = json.dumps(rank_offsets)
             offsets[rank] = rank_offsets
     size = max([os.stat(path).st_size] + [o + n for o, n in extents])
-    fd = os.open(path, os.O_RDWR)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.ftruncate(fd, size)  # no fsync here: every rank of the group fsyncs after writing
-        meta = tuple(
-            Segment(start, end - start, digest_file_range(fd, start, end - start))
-            for start, end in _gaps(extents, size)
+        image = tuple(
+            (start, _pread_all(fd, start, end - start)) for start, end in _gaps(extents, size)
         )
     finally:
         os.close(fd)
-    return FileSkeleton(offsets=offsets, meta_segments=meta, size=size)
+    meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in image)
+    return FileSkeleton(offsets=offsets, meta_segments=meta, size=size, image=image)
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes from ``offset``; bytes past the end of the file read as zeros (a hole)."""
+    data = os.pread(fd, length, offset)
+    return data + bytes(length - len(data))
 
 
 def _gaps(extents: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
@@ -170,20 +186,33 @@ def _open_direct(path: Path) -> int | None:
         return None
 
 
-def write_arrays(
-    path: Path, items: Sequence[tuple[int, npt.NDArray[np.generic]]], *, direct: bool = True
+def write_file(
+    path: Path,
+    items: Sequence[tuple[int, npt.NDArray[np.generic]]],
+    *,
+    skeleton: FileSkeleton | None = None,
+    direct: bool = True,
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path``, then fsync.
 
-    Large arrays go through ``O_DIRECT`` (via a reused page-aligned buffer) when the filesystem
-    allows it: buffered writers to one shared file are serialised by the kernel (ext4 holds
-    the inode lock while it allocates page cache), which made shared-file saves bimodal here;
-    direct writes also leave the page cache alone. Unaligned heads and tails, and small
-    arrays, are written through the page cache.
+    Several ranks may write parts of one file concurrently, in any order: the file is created
+    if missing and never truncated by a writer. The group's leader passes ``skeleton``: it
+    writes HDF5's own bytes (the cached :attr:`FileSkeleton.image`) and sets the file's size.
+
+    Large arrays go through ``O_DIRECT`` when the filesystem allows it: buffered writers to one
+    shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
+    cache), which made shared-file saves bimodal here; direct writes also leave the page cache
+    alone. A page-aligned source (a staging buffer) is written as it is; any other goes through
+    a reused page-aligned buffer. Unaligned heads and tails, and small arrays, are written
+    through the page cache.
     """
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     dfd = None
     try:
+        if skeleton is not None:
+            for offset, data in skeleton.image:
+                _pwrite_all(fd, memoryview(data), offset)
+            os.ftruncate(fd, skeleton.size)
         if direct and any(arr.nbytes >= _DIRECT_MIN for _, arr in items):
             dfd = _open_direct(path)
         for offset, arr in items:
@@ -194,19 +223,27 @@ def write_arrays(
             head = (-offset) % _ALIGN
             body = (len(view) - head) // _ALIGN * _ALIGN
             _pwrite_all(fd, view[:head], offset)
-            bounce = _Bounce.get()
-            pos = head
-            while pos < head + body:
-                n = min(len(bounce), head + body - pos)
-                bounce[:n] = view[pos : pos + n]
-                _pwrite_all(dfd, bounce[:n], offset + pos)
-                pos += n
+            if (arr.ctypes.data + head) % _ALIGN == 0:
+                _pwrite_all(dfd, view[head : head + body], offset + head)
+            else:
+                _write_bounced(dfd, view[head : head + body], offset + head)
             _pwrite_all(fd, view[head + body :], offset + head + body)
         os.fsync(fd)
     finally:
         if dfd is not None:
             os.close(dfd)
         os.close(fd)
+
+
+def _write_bounced(dfd: int, view: memoryview, offset: int) -> None:
+    """Write an aligned-length ``view`` to aligned ``offset`` through the page-aligned buffer."""
+    bounce = _Bounce.get()
+    pos = 0
+    while pos < len(view):
+        n = min(len(bounce), len(view) - pos)
+        bounce[:n] = view[pos : pos + n]
+        _pwrite_all(dfd, bounce[:n], offset + pos)
+        pos += n
 
 
 def read_into(fd: int, offset: int, arr: npt.NDArray[np.generic]) -> None:

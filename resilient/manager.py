@@ -15,14 +15,23 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from resilient import layout, storage
 from resilient._version import __version__
+from resilient.background import BackgroundTask
 from resilient.catalog import Catalog, save_record
-from resilient.checkpointer import save_set
+from resilient.checkpointer import (
+    RankWritten,
+    SkeletonCache,
+    WriteJob,
+    finish_set,
+    plan_write,
+    planned,
+)
 from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
 from resilient.commit import PendingDir
@@ -31,9 +40,10 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo, Manifest
-from resilient.payload import SaveRequest
+from resilient.payload import LocalData, SaveRequest
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
+from resilient.staging import StagingArea
 from resilient.statics import StaticStore
 from resilient.topology import make_topology
 from resilient.validate import latest_valid
@@ -88,6 +98,9 @@ class CheckpointManager:
         self._statics = StaticStore(self.root)
         self._catalog = Catalog(self.root, self._statics)
         self._closed = False
+        self._staging = StagingArea()
+        self._skeletons = SkeletonCache()
+        self._in_flight: _InFlight | None = None
         self._saves = 0
         self._last_saved_step: int | None = None
         self._last_saved_time: float | None = clock()
@@ -115,7 +128,11 @@ class CheckpointManager:
         """Collective: release the root's lock. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._staging.release()
         self._deleter.wait()
         self.comm.barrier()
         self._lock.release()
@@ -133,6 +150,7 @@ class CheckpointManager:
             self.close()
         else:  # other ranks may be elsewhere: no collective on the error path
             self._closed = True
+            self._in_flight = None  # its temporary directory is removed by the next run
             self._deleter.wait()
             self._lock.release()
 
@@ -166,7 +184,9 @@ class CheckpointManager:
         error: Exception | None = None
         if self.comm.rank == 0 and self.save_when is not None:
             try:
-                ctx = self.save_context(step, time_left_s=time_left_s, stop_requested=stop_requested)
+                ctx = self.save_context(
+                    step, time_left_s=time_left_s, stop_requested=stop_requested
+                )
                 decision = bool(self.save_when(ctx))
             except Exception as exc:
                 error = exc
@@ -197,24 +217,40 @@ class CheckpointManager:
         state: Mapping[str, Any],
         static: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
+        *,
+        blocking: bool = True,
+        copy: bool = True,
     ) -> Path:
         """Collective over ``comm``: write and commit a checkpoint of ``step``.
+
+        A save still in flight is finished first (at most one is in flight).
 
         Args:
             step: a non-negative integer, the same on every rank.
             state: this rank's piece: names -> numpy arrays or small JSON values.
             static: data that does not change between steps; stored once by content hash and
-                shared by later checkpoints (rewritten only when it changes).
+                shared by later checkpoints (rewritten only when it changes). Always written
+                before this call returns.
             metrics: JSON values describing the checkpoint (rank 0's are kept), e.g. a loss
                 for :class:`~resilient.policies.KeepBest`.
+            blocking: ``False`` returns once the state is planned and copied into staging
+                buffers (reused between saves); checksums, writes and fsyncs run on a background
+                thread, and the commit (manifest, marker, rename, the save log, rotation)
+                happens collectively at the next :meth:`save`, :meth:`wait`, :meth:`poll`,
+                :meth:`restore` or :meth:`close`.
+            copy: with ``blocking=False``, ``False`` takes no copy at all: the caller promises
+                not to modify the arrays of ``state`` until :meth:`wait` (or another call
+                above) has finished the save, e.g. immutable or double-buffered arrays.
 
         Returns:
-            The committed checkpoint directory.
+            The checkpoint directory (committed, or to be committed by the next such call).
 
         Raises:
-            CollectiveError: some rank failed; raised on every rank, earlier checkpoints intact.
+            CollectiveError: this save, or the one still in flight, failed on some rank; raised
+                on every rank, earlier checkpoints intact.
         """
         self._check_open()
+        self.wait()
         start = self._clock()
         built: list[SaveRequest] = []
 
@@ -229,20 +265,80 @@ class CheckpointManager:
             f"creating a temporary directory in {self.root}",
             lambda: PendingDir.for_step(self.root, request.step).create(),
         )
-        manifest = save_set(
-            self.topology, pending, step=request.step, data=request.data, static=static_hash,
-            metrics=request.metrics, library_version=__version__,
-        )  # fmt: skip
-        self._coll.broadcast("recording the save", lambda: self._after_commit(manifest, start))
-        self._saves += 1
+        data = request.data
+        if not blocking and copy:
+            data = LocalData(self._staging.stage(data.arrays), data.values)
+        outcome = planned(
+            lambda: plan_write(
+                self.topology, pending.path, data, step=request.step, cache=self._skeletons
+            )
+        )
+        if not blocking and self.comm.any_true(_failed(outcome)):
+            blocking = True  # a rank could not plan: finish now, so every rank raises its error
+        task = BackgroundTask(
+            lambda: outcome().run(), name=f"resilient-save-{request.step}", inline=blocking
+        )
+        self._in_flight = _InFlight(request, static_hash, pending, task, start)
         self._last_saved_step = request.step
-        end = self._clock()
-        self._last_saved_time = end
-        cost = end - start
+        self._last_saved_time = self._clock()
+        if blocking:
+            self.wait()
+        return pending.final
+
+    def wait(self) -> None:
+        """Collective: finish the save in flight, if any: wait for every rank's background
+        write, then commit it. Returns at once when nothing is in flight.
+
+        Raises:
+            CollectiveError: the save failed on some rank (on every rank; its temporary
+                directory is removed, earlier checkpoints are intact).
+        """
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        request = flight.request
+        what = f"save of checkpoint step {request.step}"
+        try:
+            manifest = finish_set(
+                self.topology, flight.task.result, step=request.step, static=flight.static,
+                metrics=request.metrics, library_version=__version__,
+                commit=lambda m: flight.pending.commit(m, what=what),
+            )  # fmt: skip
+        except Exception:
+            if self._coll.is_coordinator:
+                flight.pending.rollback()
+            raise
+        self._coll.broadcast(
+            "recording the save", lambda: self._after_commit(manifest, flight.start)
+        )
+        self._saves += 1
+        cost = self._clock() - flight.start
         self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
         if self.gc_every and self._saves % self.gc_every == 0:
             gc.collect()
-        return pending.final
+
+    def poll(self) -> bool:
+        """Collective: commit the save in flight if every rank's background write is done.
+
+        Costs one small allreduce while a save is in flight, nothing otherwise.
+
+        Returns:
+            ``True`` when no save is in flight any more.
+
+        Raises:
+            CollectiveError: as :meth:`wait`.
+        """
+        if self._in_flight is None:
+            return True
+        if self.comm.any_true(not self._in_flight.task.done()):
+            return False
+        self.wait()
+        return True
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a save is in flight on this rank (local, no communication)."""
+        return self._in_flight is not None
 
     def _after_commit(self, manifest: Manifest, start: float) -> None:
         """Coordinator: log the save, then rotate (a failed rotation only warns)."""
@@ -278,6 +374,7 @@ class CheckpointManager:
             LayoutMismatchError: the newest checkpoint has another layout or rank count.
         """
         self._check_open()
+        self.wait()
         restored, state = self._restorer.restore(step, validate=validate)
         self._last_saved_step = restored
         return restored, state
@@ -285,6 +382,25 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ResilientError("this CheckpointManager is closed")
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A save whose data is being written; committed by :meth:`CheckpointManager.wait`."""
+
+    request: SaveRequest
+    static: str | None
+    pending: PendingDir
+    task: BackgroundTask[RankWritten]
+    start: float
+
+
+def _failed(outcome: Callable[[], WriteJob]) -> bool:
+    try:
+        outcome()
+    except Exception:
+        return True
+    return False
 
 
 def _reraise(error: Exception | None) -> None:

@@ -71,3 +71,36 @@ def test_restore_with_other_rank_count_or_layout_is_refused(tmp_path: Path) -> N
     assert "world (2 ranks, 1 files)" in other_kind[0]["message"]
     same = results(run_mpi(2, [SCENARIO, "restore", str(root), "self", "2"]))
     assert [r.get("step") for r in same] == [2, 2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [3, 4])
+def test_async_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
+    proc = run_mpi(n, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind], SCENARIO_ASYNC="1")
+    assert [r["ok"] for r in results(proc)] == [True] * n
+
+
+@pytest.mark.parametrize("kind", ["self", "split"])
+@pytest.mark.parametrize("where", ["write@1", "write@all", "manifest@0"])
+def test_kill_during_async_write_leaves_the_previous_checkpoint(
+    tmp_path: Path, kind: str, where: str
+) -> None:
+    """SIGKILL of one rank or of all while the background write (or its commit) runs."""
+    root = tmp_path / "ck"
+    killed = run_mpi(4, [SCENARIO, "kill", str(root), kind, where], check=False, SCENARIO_ASYNC="1")
+    assert killed.returncode != 0, killed.stdout
+    assert "survived" not in killed.stdout
+    proc = run_mpi(4, [SCENARIO, "restore", str(root), kind, "1"])
+    assert [r.get("step") for r in results(proc)] == [1] * 4
+    assert not [p for p in root.iterdir() if p.name.startswith(".step_")], "tmp dir not cleaned"
+
+
+@pytest.mark.parametrize("kind", ["self", "world", "split"])
+def test_background_write_error_on_one_rank_raises_everywhere(tmp_path: Path, kind: str) -> None:
+    proc = run_mpi(3, [SCENARIO, "fail", str(tmp_path / "ck"), kind, "enospc"], SCENARIO_ASYNC="1")
+    got = results(proc)
+    assert len(got) == 3
+    assert len({(r["error"], r["message"]) for r in got}) == 1
+    assert got[0]["error"] == "CollectiveError"
+    assert "No space left on device" in got[0]["message"]
+    assert "rank(s) [2]" in got[0]["message"]

@@ -71,14 +71,14 @@ elif kind == "killsave":
         if rank != 0:  # non-coordinators die while the coordinator commits
             from resilient import hdf5
 
-            real_write = hdf5.write_arrays
+            real_write = hdf5.write_file
 
-            def write(path: Any, items: Any) -> None:
-                real_write(path, items)
+            def write(path: Any, items: Any, **kwargs: Any) -> None:
+                real_write(path, items, **kwargs)
                 if f"step_{int(step_s):08d}" in str(path):
                     os.kill(os.getpid(), signal.SIGKILL)
 
-            hdf5.write_arrays = write  # type: ignore[assignment]
+            hdf5.write_file = write
 elif kind == "enospc":
     if rank == MPI.COMM_WORLD.size - 1:
         from resilient import hdf5

@@ -222,7 +222,7 @@ def test_empty_state_round_trip(tmp_path: Path) -> None:
 
 
 def test_data_file_is_plain_hdf5(tmp_path: Path) -> None:
-    """h5py reads what resilient wrote: same arrays under /rank_00000, values as an attribute."""
+    """h5py reads what resilient wrote: same arrays under /rank_00000."""
     root = tmp_path / "ck"
     state = {
         "x": sample("float32", (4, 5), seed=1),
@@ -241,5 +241,8 @@ def test_data_file_is_plain_hdf5(tmp_path: Path) -> None:
             data = g[key][()]
             np.testing.assert_array_equal(data, state[key])
             assert g[key].shape == np.asarray(state[key]).shape
-        assert json.loads(g.attrs["values_json"]) == {"v": {"k": [1, 2]}}
-        assert int(f.attrs["resilient_step"]) == 4
+        assert int(g.attrs["rank"]) == 0 and f.attrs["resilient_layout"] == "self"
+        # the step and the JSON values live in the manifest (the file is structure + data only)
+        assert "v" not in g and "values_json" not in g.attrs
+    manifest = json.loads((root / "step_00000004" / "manifest.json").read_text())
+    assert manifest["step"] == 4 and manifest["ranks"][0]["values"] == {"v": {"k": [1, 2]}}
