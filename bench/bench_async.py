@@ -135,6 +135,11 @@ MODES: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("read",),
         "per rank: read the newest raw file into a prefaulted buffer, caches dropped",
     ),
+    "cold_read_fresh": (
+        "read",
+        ("read",),
+        "as cold_read, into a newly allocated array (as restore does; diagnostic)",
+    ),
     "restore": (
         "read",
         ("restore",),
@@ -593,6 +598,21 @@ class Bench:
         sleep_barrier()
         return {"read": t}
 
+    def m_cold_read_fresh(self, check: bool) -> dict[str, float]:
+        path = self.latest["raw"]
+        drop_cache([self.base / "raw"], self.args.drop_caches)
+        t0 = time.perf_counter()
+        arr = np.empty_like(self.buf)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pread_all(fd, arr)
+        finally:
+            os.close(fd)
+        t = time.perf_counter() - t0
+        del arr
+        sleep_barrier()
+        return {"read": t}
+
     def m_restore(self, check: bool) -> dict[str, float]:
         mgr = self.mgrs["sync_self"]
         drop_cache([self.base / "mgr_self"], self.args.drop_caches)
@@ -931,7 +951,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown modes: {unknown}")
     # reads need what they read
-    for read, src in (("cold_read", "raw"), ("restore", "sync_self"), ("dcp_load", "dcp_save")):
+    for read, src in (
+        ("cold_read", "raw"),
+        ("cold_read_fresh", "raw"),
+        ("restore", "sync_self"),
+        ("dcp_load", "dcp_save"),
+    ):
         if read in wanted and src not in wanted:
             wanted.append(src)
     peers = Peers(set(wanted))
