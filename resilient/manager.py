@@ -9,20 +9,21 @@ memory for rotation).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from resilient import layout, storage
 from resilient._version import __version__
-from resilient.background import BackgroundTask
+from resilient.background import BackgroundWriter
 from resilient.catalog import Catalog, save_record
 from resilient.checkpointer import (
     RankWritten,
@@ -40,7 +41,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo, Manifest
-from resilient.payload import LocalData, SaveRequest
+from resilient.payload import SaveRequest
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
 from resilient.staging import StagingArea
@@ -99,6 +100,7 @@ class CheckpointManager:
         self._catalog = Catalog(self.root, self._statics)
         self._closed = False
         self._staging = StagingArea()
+        self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
         self._in_flight: _InFlight | None = None
         self._saves = 0
@@ -132,6 +134,7 @@ class CheckpointManager:
             self.wait()
         finally:
             self._closed = True
+            self._writer.shutdown()
             self._staging.release()
         self._deleter.wait()
         self.comm.barrier()
@@ -265,19 +268,19 @@ class CheckpointManager:
             f"creating a temporary directory in {self.root}",
             lambda: PendingDir.for_step(self.root, request.step).create(),
         )
-        data = request.data
-        if not blocking and copy:
-            data = LocalData(self._staging.stage(data.arrays), data.values)
         outcome = planned(
             lambda: plan_write(
-                self.topology, pending.path, data, step=request.step, cache=self._skeletons
+                self.topology, pending.path, request.data, step=request.step,
+                cache=self._skeletons,
             )
-        )
+        )  # fmt: skip
         if not blocking and self.comm.any_true(_failed(outcome)):
             blocking = True  # a rank could not plan: finish now, so every rank raises its error
-        task = BackgroundTask(
-            lambda: outcome().run(), name=f"resilient-save-{request.step}", inline=blocking
-        )
+        if not blocking and copy:  # the last step of the caller's wait: a local memcpy
+            job = outcome()
+            staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
+            outcome = lambda: staged  # noqa: E731
+        task = self._writer.submit(lambda: outcome().run(), inline=blocking)
         self._in_flight = _InFlight(request, static_hash, pending, task, start)
         self._last_saved_step = request.step
         self._last_saved_time = self._clock()
@@ -384,14 +387,14 @@ class CheckpointManager:
             raise ResilientError("this CheckpointManager is closed")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class _InFlight:
     """A save whose data is being written; committed by :meth:`CheckpointManager.wait`."""
 
     request: SaveRequest
     static: str | None
     pending: PendingDir
-    task: BackgroundTask[RankWritten]
+    task: Future[RankWritten]
     start: float
 
 
