@@ -191,6 +191,11 @@ def pread_all(fd: int, buf: np.ndarray) -> None:
         view, pos = view[n:], pos + n
 
 
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality of two float64 arrays (NaN patterns included)."""
+    return bool(np.array_equal(a.view(np.uint64), b.view(np.uint64)))
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -308,6 +313,8 @@ class Peers:
 
     def _import_orbax(self) -> None:
         import jax
+
+        jax.config.update("jax_enable_x64", True)  # else jnp.asarray stores float64 as float32
         import jax.numpy as jnp
         import orbax.checkpoint as ocp
 
@@ -344,13 +351,19 @@ class Bench:
         self.args = args
         self.peers = peers
         self.buf = np.empty(n, dtype=np.float64)
-        self.buf.fill(RANK + 0.25)  # prefault: every page touched once, reused by every run
+        # random, so that no peer gains by compressing (Orbax/tensorstore compresses by default);
+        # filling also prefaults: every page touched once, reused by every run
+        self.buf.view(np.uint8)[:] = np.frombuffer(
+            np.random.default_rng(1234 + RANK).bytes(self.buf.nbytes), dtype=np.uint8
+        )  # random bits (some are NaN patterns: compare with same_bits)
+        self.buf[0] = 0.0  # element 0 is the step marker
         self.readbuf = np.empty(n, dtype=np.float64)
         self.readbuf.fill(0.0)
         self.memdst = np.empty(n, dtype=np.float64)
         self.memdst.fill(0.0)
         self.runs: dict[str, int] = dict.fromkeys(MODES, 0)
         self.latest: dict[str, Path] = {}
+        self.disk_bytes: dict[str, int] = {}
         self.mgrs: dict[str, Any] = {}
         self.shm: Path | None = None
         if RANK == 0:
@@ -385,6 +398,7 @@ class Bench:
         if peers.jnp is not None:
             self.jarr = peers.jnp.asarray(self.buf)  # a jax array made once (outside timing)
             self.jarr.block_until_ready()
+            assert self.jarr.dtype == np.float64, self.jarr.dtype
 
     def close(self) -> None:
         for mgr in self.mgrs.values():
@@ -403,6 +417,8 @@ class Bench:
 
     def retire(self, mode: str, path: Path, shared: bool = False) -> None:
         """Untimed: remove the previous output of ``mode``, remember ``path`` as the newest."""
+        if RANK == 0:  # bytes on disk of rank 0's output (all ranks' for a shared directory)
+            self.disk_bytes[mode] = sum(p.stat().st_size for p in files_under(path))
         old = self.latest.get(mode)
         self.latest[mode] = path
         if old is not None and (RANK == 0 or not shared):
@@ -435,7 +451,7 @@ class Bench:
         t0 = time.perf_counter()
         np.copyto(self.memdst, self.buf)
         t = time.perf_counter() - t0
-        if check and not np.array_equal(self.memdst, self.buf):
+        if check and not same_bits(self.memdst, self.buf):
             raise AssertionError("memcpy differs")
         return {"copy": t}
 
@@ -592,7 +608,7 @@ class Bench:
             os.close(fd)
         t = time.perf_counter() - t0
         if check and not (
-            self.readbuf[0] == self.raw_first and np.array_equal(self.readbuf[1:], self.buf[1:])
+            self.readbuf[0] == self.raw_first and same_bits(self.readbuf[1:], self.buf[1:])
         ):
             raise AssertionError(f"rank {RANK}: raw file content differs")
         sleep_barrier()
@@ -621,7 +637,7 @@ class Bench:
         t = time.perf_counter() - t0
         if step != self.runs["sync_self"]:
             raise AssertionError(f"restored step {step}, expected {self.runs['sync_self']}")
-        if check and not np.array_equal(state["x"][1:], self.buf[1:]):
+        if check and not same_bits(state["x"][1:], self.buf[1:]):
             raise AssertionError(f"rank {RANK}: restored content differs")
         del state
         sleep_barrier()
@@ -634,7 +650,7 @@ class Bench:
         t0 = time.perf_counter()
         self.peers.dcp.load(self._dcp_state(self.readtensor), checkpoint_id=str(path))
         t = time.perf_counter() - t0
-        if check and not np.array_equal(self.readbuf[1:], self.buf[1:]):
+        if check and not same_bits(self.readbuf[1:], self.buf[1:]):
             raise AssertionError(f"rank {RANK}: DCP load content differs")
         sleep_barrier()
         return {"load": t}
@@ -994,6 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if RANK == 0:
                 line = " ".join(f"{m}={times[f'{m}.{MODES[m][1][0]}'][-1]:.3f}" for m in order)
                 print(f"round {rnd + 1}/{args.runs}: {line}", file=sys.stderr, flush=True)
+        disk = dict(bench.disk_bytes)
         bench.close()
         bench = None
         if args.history_n > 0:
@@ -1043,6 +1060,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table("Writes (time = max over ranks; speed = raw median / median; blocked = time until "
                 "the call returns)", writes, total, "raw", what)  # fmt: skip
     print_table("Reads, cold page cache", reads, total, "cold_read", what)
+    nbytes = args.mib * (1 << 20)
+    print(f"\nBytes on disk of one output (rank 0's; DCP: all ranks') / one rank's buffer ({nbytes}): "
+          + ", ".join(f"{m} {b / nbytes:.3f}" for m, b in disk.items()))  # fmt: skip
     if history:
         print(f"\nNewest valid among N = {history['n']} committed checkpoints "
               f"(rank 0, median of {history['runs']}, ms; root built in {history['build_s']:.1f} s)\n")  # fmt: skip
@@ -1088,6 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "writes": writes,
             "reads": reads,
+            "disk_bytes_rank0": disk,
             "history": history,
             "heat": heat if heat else heat_note,
             "targets": targets,
