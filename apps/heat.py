@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from resilient.config import CheckpointConfig, load_checkpoint_config
+from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.policies import EverySteps, KeepLast, OnSignal
 from resilient.session import Session
 
@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", help="checkpoint policy YAML (configs/checkpoint/*.yaml)")
     p.add_argument("--checkpoint-every", type=int, default=None, help="overrides the config")
     p.add_argument("--checkpoint-comm", choices=["self", "node", "world"], default=None)
+    p.add_argument("--async-save", action="store_true", help="save in the background")
+    p.add_argument("--local-dir", help="node-local checkpoint tier (e.g. /dev/shm, $SLURM_TMPDIR)")
+    p.add_argument("--flush-every", type=int, default=None, help="with --local-dir (default 1)")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demos, tests)")
     p.add_argument("--alpha", type=float, default=0.2, help="diffusion number (<= 0.25 is stable)")
     return p.parse_args(argv)
@@ -70,6 +73,7 @@ def checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
         changes["save_when"] = EverySteps(args.checkpoint_every) | OnSignal()
     if args.checkpoint_comm:
         changes["checkpoint_comm"] = args.checkpoint_comm
+    changes.update(tier_options(args))
     import dataclasses
 
     return dataclasses.replace(cfg, **changes) if changes else cfg
@@ -167,12 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     with Session(
         args.checkpoint_dir,
         comm=comm,
-        checkpoint_comm=cfg.checkpoint_comm,
-        save_when=cfg.save_when,
-        keep=cfg.keep,
-        margin_s=cfg.walltime_margin_s,
-        gc_every=cfg.gc_every,
         signals=EARLY_SIGNALS,
+        **cfg.session_options(),
         validate=lambda s: bool(np.isfinite(s["u"]).all()),
     ) as s:
         step, state = s.restore_or(state0, static=static)

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from resilient.config import CheckpointConfig, load_checkpoint_config
+from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.errors import ConfigError
 from resilient.policies import EverySteps, KeepBest, KeepLast
 from resilient.session import Session
@@ -207,6 +207,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("self", "node", "world"),
         help="ranks sharing a checkpoint file (default self; overrides --config)",
     )
+    p.add_argument("--async-save", action="store_true", help="save in the background")
+    p.add_argument("--local-dir", help="node-local checkpoint tier (e.g. /dev/shm, $SLURM_TMPDIR)")
+    p.add_argument("--flush-every", type=int, default=None, help="with --local-dir (default 1)")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep seconds per step")
     args = p.parse_args(argv)
     if args.steps < 0 or args.step_delay < 0:
@@ -228,6 +231,7 @@ def checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
         changes["save_when"] = EverySteps(args.checkpoint_every)
     if args.checkpoint_comm is not None:
         changes["checkpoint_comm"] = args.checkpoint_comm
+    changes.update(tier_options(args))
     return dataclasses.replace(cfg, **changes)
 
 
@@ -263,12 +267,8 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> No
     with Session(
         args.checkpoint_dir,
         comm=comm,
-        checkpoint_comm=cfg.checkpoint_comm,
-        save_when=cfg.save_when,
-        keep=cfg.keep,
-        margin_s=cfg.walltime_margin_s,
-        gc_every=cfg.gc_every,
         signals=EARLY_SIGNALS,
+        **cfg.session_options(),
     ) as s:
         step, state = s.restore_or(initial_state)
         write_pidfile(rank)

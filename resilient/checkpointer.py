@@ -41,6 +41,7 @@ from resilient.manifest import (
     file_segments,
 )
 from resilient.payload import LocalData
+from resilient.staging import allocate
 from resilient.topology import Topology
 
 if TYPE_CHECKING:
@@ -389,7 +390,7 @@ def _read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         for d in entry.datasets:
-            arr = np.empty(d.shape, dtype=np.dtype(d.dtype))
+            arr = allocate(d.shape, np.dtype(d.dtype))
             if d.offset is not None and d.nbytes:
                 try:
                     hdf5.read_into(fd, d.offset, arr)

@@ -24,6 +24,7 @@ from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.policies import KeepLast
 from resilient.run import build_parser as run_parser
 from resilient.statics import StaticStore
+from resilient.tiers import known_local_roots
 from resilient.validate import (
     CheckpointRecord,
     latest_valid,
@@ -59,10 +60,21 @@ def _root(path: str) -> Path:
     return root
 
 
-def _record_json(r: CheckpointRecord) -> dict[str, Any]:
+def _tiered(root: Path, *, full: bool) -> list[tuple[str, CheckpointRecord]]:
+    """Checkpoints of the shared root and of its node-local tiers on this host, oldest first."""
+    found = [("shared", r) for r in list_checkpoints(root, full=full)]
+    for local in known_local_roots(root):
+        records = list_checkpoints(local, full=full, static_root=root, node_local=True)
+        found += [("local", r) for r in records]
+    found.sort(key=lambda t: (t[1].step, t[0] == "local", t[1].status != "valid"))
+    return found
+
+
+def _record_json(r: CheckpointRecord, tier: str = "shared") -> dict[str, Any]:
     m = r.manifest
     return {
         "step": r.step,
+        "tier": tier,
         "status": r.status,
         "path": str(r.path),
         "bytes": m.nbytes if m else None,
@@ -86,42 +98,50 @@ def _human_bytes(n: int | None) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    records = list_checkpoints(_root(args.root), full=args.full)
+    records = _tiered(_root(args.root), full=args.full)
     if not records:
         print(f"no checkpoints in {args.root}")
         return EXIT_OK
-    print(f"{'step':>10}  {'time':19}  {'size':>10}  {'ranks':>5}  {'layout':6}  status")
-    for r in records:
+    print(f"{'step':>10}  {'tier':6}  {'time':19}  {'size':>10}  {'ranks':>5}  {'layout':6}  status")
+    for tier, r in records:
         m = r.manifest
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)) if m else "-"
         status = r.status + (f" ({r.reason})" if r.reason else "")
         ranks = str(m.layout.nranks) if m else "-"
         kind = m.layout.kind if m else "-"
-        print(
-            f"{r.step:>10}  {when:19}  {_human_bytes(m.nbytes if m else None):>10}  {ranks:>5}  {kind:6}  {status}"
-        )
+        size = _human_bytes(m.nbytes if m else None)
+        print(f"{r.step:>10}  {tier:6}  {when:19}  {size:>10}  {ranks:>5}  {kind:6}  {status}")
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     root = _root(args.root)
-    records = list_checkpoints(root, full=args.full)
+    tiered = _tiered(root, full=args.full)
+    records = [r for tier, r in tiered if tier == "shared"]
     valid = [r for r in records if r.status == "valid"]
     latest = valid[-1] if valid else None
+    local_valid = [r for tier, r in tiered if tier == "local" and r.status == "valid"]
     doc = {
         "root": str(root),
         "latest_step": latest.step if latest else None,
         "latest_path": str(latest.path) if latest else None,
-        "checkpoints": [_record_json(r) for r in records],
+        "latest_local_step": local_valid[-1].step if local_valid else None,
+        "local_roots": [str(p) for p in known_local_roots(root)],
+        "checkpoints": [_record_json(r, tier) for tier, r in tiered],
     }
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
         print(f"latest valid step: {doc['latest_step']} ({doc['latest_path']})")
         counts: dict[str, int] = {}
-        for r in records:
-            counts[r.status] = counts.get(r.status, 0) + 1
+        for tier, r in tiered:
+            key = f"{r.status} ({tier})"
+            counts[key] = counts.get(key, 0) + 1
         print("checkpoints: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        local_roots = [str(p) for p in known_local_roots(root)]
+        if local_roots:
+            print(f"local tier on this host: {', '.join(local_roots)}; "
+                  f"latest valid local step: {doc['latest_local_step']}")  # fmt: skip
     return EXIT_OK
 
 

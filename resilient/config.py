@@ -14,6 +14,10 @@ Example::
       best: {metric: loss, n: 2, mode: min}
     walltime_margin_s: 120         # stop, final checkpoint, exit 75: this long before the deadline
     gc_every: 10
+    async_save: true               # the program waits only for a memory copy
+    local_dir: ${SLURM_TMPDIR:-/dev/shm}  # node-local tier, flushed to the shared root
+    flush_every: 5                 # ... every 5 checkpoints, and always the last one
+    local_keep: 2                  # local checkpoints kept per node
 
 ``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.session.Session`
 stops (and writes its final checkpoint) once less than this margin plus the measured save cost
@@ -24,6 +28,7 @@ raise :class:`~resilient.errors.ConfigError` naming the file and the key.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +47,13 @@ from resilient.policies import (
 )
 from resilient.schema import Section
 
-__all__ = ["CheckpointConfig", "load_checkpoint_config", "load_yaml"]
+__all__ = [
+    "CheckpointConfig",
+    "expand_path",
+    "load_checkpoint_config",
+    "load_yaml",
+    "tier_options",
+]
 
 _NUMBER = (int, float)
 
@@ -56,6 +67,10 @@ class CheckpointConfig:
     keep: KeepPolicy | None = None
     walltime_margin_s: float = 60.0
     gc_every: int | None = None
+    async_save: bool = False
+    local_dir: str | None = None
+    flush_every: int = 1
+    local_keep: int = 2
 
     def __post_init__(self) -> None:
         if self.checkpoint_comm not in ("self", "node", "world"):
@@ -66,6 +81,21 @@ class CheckpointConfig:
             raise ConfigError("walltime_margin_s: must be >= 0")
         if self.gc_every is not None and self.gc_every < 1:
             raise ConfigError("gc_every: must be >= 1 (or absent)")
+        if self.flush_every < 1 or self.local_keep < 1:
+            raise ConfigError("flush_every and local_keep: must be >= 1")
+        if self.local_dir is not None and "$" in self.local_dir:
+            raise ConfigError(
+                f"local_dir: {self.local_dir!r} names an environment variable that is not set"
+            )
+
+    def session_options(self) -> dict[str, Any]:
+        """These settings as keyword arguments of :class:`~resilient.session.Session`."""
+        return {
+            "checkpoint_comm": self.checkpoint_comm, "save_when": self.save_when,
+            "keep": self.keep, "margin_s": self.walltime_margin_s, "gc_every": self.gc_every,
+            "async_save": self.async_save, "local_dir": self.local_dir,
+            "flush_every": self.flush_every, "local_keep": self.local_keep,
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, doc: Any, *, where: str = "config") -> CheckpointConfig:
@@ -73,14 +103,45 @@ class CheckpointConfig:
         if not isinstance(doc, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level")
         top = Section(doc, where=where)
-        top.only({"checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every"})
+        top.only({
+            "checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every",
+            "async_save", "local_dir", "flush_every", "local_keep",
+        })  # fmt: skip
+        local_dir = top.get("local_dir", str, None)
         return cls(
             checkpoint_comm=top.get("checkpoint_comm", str, "self"),
             save_when=_save_policy(top.optional_section("save_when")),
             keep=_keep_policy(top.optional_section("keep")),
             walltime_margin_s=float(top.get("walltime_margin_s", _NUMBER, 60.0)),
             gc_every=top.get("gc_every", int, None),
+            async_save=top.get("async_save", bool, False),
+            local_dir=None if local_dir is None else expand_path(local_dir),
+            flush_every=top.get("flush_every", int, 1),
+            local_keep=top.get("local_keep", int, 2),
         )
+
+
+_VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def expand_path(text: str) -> str:
+    """Expand ``${VAR:-default}`` (the default when ``VAR`` is unset or empty), then ``$VAR`` and
+    ``${VAR}`` (left as they are when unset) and ``~``."""
+    text = _VAR.sub(lambda m: os.environ.get(m.group(1)) or m.group(2), text)
+    return os.path.expanduser(os.path.expandvars(text))
+
+
+def tier_options(args: Any) -> dict[str, Any]:
+    """Overrides from a program's ``--async-save``, ``--local-dir`` and ``--flush-every`` flags
+    (an ``argparse.Namespace``; absent or unset flags change nothing)."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "async_save", False):
+        changes["async_save"] = True
+    if getattr(args, "local_dir", None):
+        changes["local_dir"] = expand_path(args.local_dir)
+    if getattr(args, "flush_every", None) is not None:
+        changes["flush_every"] = args.flush_every
+    return changes
 
 
 def load_checkpoint_config(path: str | os.PathLike[str]) -> CheckpointConfig:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArraySpec",
     "FileSkeleton",
+    "copy_ranges",
     "create_skeleton",
     "rank_group_name",
     "read_into",
@@ -244,6 +245,54 @@ def _write_bounced(dfd: int, view: memoryview, offset: int) -> None:
         bounce[:n] = view[pos : pos + n]
         _pwrite_all(dfd, bounce[:n], offset + pos)
         pos += n
+
+
+def copy_ranges(
+    src: Path,
+    dst: Path,
+    ranges: Sequence[tuple[int, int, str, str]],
+    *,
+    size: int | None = None,
+) -> None:
+    """Copy byte ranges of ``src`` to the same offsets of ``dst``, verifying each one, then fsync.
+
+    Each range is ``(offset, length, xxh3-64 hex digest, label)``; its bytes are hashed as they
+    are read, so a corrupt source is never copied as if it were good. Like :func:`write_file`,
+    several ranks may copy parts of one file concurrently: ``dst`` is created if missing and
+    never truncated; the one passing ``size`` sets the file's size.
+
+    Raises:
+        ValueError: a range's bytes do not match its digest (naming its label).
+        EOFError: ``src`` ends early.
+    """
+    import xxhash
+
+    chunk = _Bounce.get()
+    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
+    dfd = _open_direct(dst) if any(n >= _DIRECT_MIN for _, n, _, _ in ranges) else None
+    try:
+        if size is not None:
+            os.ftruncate(fd, size)
+        for offset, length, expected, label in ranges:
+            h = xxhash.xxh3_64()
+            pos, end = offset, offset + length
+            while pos < end:
+                n = min(len(chunk), end - pos)
+                got = os.preadv(sfd, [chunk[:n]], pos)
+                if got == 0:
+                    raise EOFError(f"{src.name} ends at byte {pos}, expected {end}")
+                h.update(chunk[:got])
+                aligned = dfd is not None and pos % _ALIGN == 0 and got % _ALIGN == 0
+                _pwrite_all(dfd if aligned else fd, chunk[:got], pos)  # type: ignore[arg-type]
+                pos += got
+            if h.hexdigest() != expected:
+                raise ValueError(f"checksum mismatch in {src}: {label}")
+        os.fsync(fd)
+    finally:
+        for f in (sfd, fd, dfd):
+            if f is not None:
+                os.close(f)
 
 
 def read_into(fd: int, offset: int, arr: npt.NDArray[np.generic]) -> None:

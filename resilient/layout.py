@@ -5,8 +5,8 @@ A checkpoint root looks like::
     ROOT/
       .resilient-root                 marker: this directory belongs to resilient
       .lock                           held (flock) by the job that writes here
-      attempts.jsonl, saves.jsonl,    small append-only logs (resilient run, saves, progress)
-      progress.jsonl
+      attempts.jsonl, saves.jsonl,    small append-only logs (resilient run, saves, progress,
+      progress.jsonl, stops.jsonl     early stops)
       step_00001200/                  a committed checkpoint
         manifest.json
         COMMITTED                     written last; holds the manifest's checksum
@@ -53,7 +53,9 @@ STATIC_DIR = "static"
 QUARANTINE_INFO = "QUARANTINE.json"
 ATTEMPT_LEDGER = "attempts.jsonl"  # one line per `resilient run` attempt
 SAVE_LOG = "saves.jsonl"  # one line per committed checkpoint (step, time, cost, bytes)
+LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "path"}]
 PROGRESS_LOG = "progress.jsonl"  # (time, step) samples written by Session, at most 1/s
+STOP_LOG = "stops.jsonl"  # one line per early stop of a Session: why, step, margins, saved?
 
 _STEP_RE = re.compile(r"^step_(\d{8,})\Z")
 _TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}\Z")

@@ -1,51 +1,41 @@
 """CheckpointManager: steps, policies and rotation; the public API of the core.
 
 The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
-policy. How a set of ranks writes and commits one checkpoint is :mod:`resilient.checkpointer`;
-static data is :mod:`resilient.statics`; restoring with fallback is :mod:`resilient.restorer`;
+policy. Saves in flight, their commits and the flush of a node-local tier are
+:mod:`resilient.saving` (the tier itself is :mod:`resilient.tiers`); how a set of ranks writes
+and commits one checkpoint is :mod:`resilient.checkpointer`; static data is
+:mod:`resilient.statics`; restoring with fallback is :mod:`resilient.restorer`;
 what is on disk is :mod:`resilient.validate` (read) and :mod:`resilient.catalog` (kept in
 memory for rotation).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from resilient import layout, storage
-from resilient._version import __version__
-from resilient.background import BackgroundWriter
-from resilient.catalog import Catalog, save_record
-from resilient.checkpointer import (
-    RankWritten,
-    SkeletonCache,
-    WriteJob,
-    finish_set,
-    plan_write,
-    planned,
-)
+from resilient import storage
+from resilient.catalog import Catalog
 from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
-from resilient.commit import PendingDir
 from resilient.errors import (
     ConfigError,
     ResilientError,
 )
-from resilient.manifest import LayoutInfo, Manifest
+from resilient.manifest import LayoutInfo
 from resilient.payload import SaveRequest
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
-from resilient.staging import StagingArea
+from resilient.saving import SavePipeline
 from resilient.statics import StaticStore
+from resilient.tiers import LocalTier, record_local_tiers
 from resilient.topology import make_topology
 from resilient.validate import latest_valid
 
@@ -73,6 +63,14 @@ class CheckpointManager:
         clock: monotonic clock, injectable for tests.
         lock_owner: extra facts recorded in the root's lock file for the error message a second
             job gets (e.g. ``{"slurm_job_id": "123"}``).
+        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``): checkpoints are
+            written there (:mod:`resilient.tiers`) and copied to ``root`` in the background every
+            ``flush_every`` checkpoints, and always the newest one at :meth:`close`.
+            :meth:`restore` prefers a local copy that is intact on every node and at least as
+            new as the newest checkpoint in ``root``.
+        flush_every: with ``local_dir``: copy every this many checkpoints to ``root``.
+        local_keep: with ``local_dir``: local checkpoints kept per node (``keep`` applies to
+            ``root``).
     """
 
     def __init__(
@@ -86,6 +84,9 @@ class CheckpointManager:
         gc_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         lock_owner: Mapping[str, str] | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
     ) -> None:
         self.root = Path(root)
         self.comm: Comm = as_comm(comm)
@@ -99,21 +100,34 @@ class CheckpointManager:
         self._statics = StaticStore(self.root)
         self._catalog = Catalog(self.root, self._statics)
         self._closed = False
-        self._staging = StagingArea()
-        self._writer = BackgroundWriter("resilient-writer")
-        self._skeletons = SkeletonCache()
-        self._in_flight: _InFlight | None = None
         self._saves = 0
         self._last_saved_step: int | None = None
         self._last_saved_time: float | None = clock()
         self.save_cost_s: float | None = None
         if gc_every is not None and (not isinstance(gc_every, int) or gc_every < 1):
             raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
+        if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
+            raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
         self.topology = make_topology(self.comm, checkpoint_comm)
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.topology.layout_info
         )
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
+        self._local: LocalTier | None = None
+        if local_dir is not None:
+            try:
+                self._local = LocalTier(local_dir, self.root, self.topology, keep=local_keep)
+                tiers = self._local.listing()
+                self._coll.broadcast(
+                    "recording the local tier", lambda: record_local_tiers(self.root, tiers)
+                )
+            except BaseException:
+                self._lock.release()
+                raise
+        self._pipeline = SavePipeline(
+            self.root, self.topology, catalog=self._catalog, deleter=self._deleter, keep=keep,
+            local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
+        )  # fmt: skip
 
     def _open_root(self) -> None:
         try:
@@ -131,11 +145,10 @@ class CheckpointManager:
         if self._closed:
             return
         try:
-            self.wait()
+            self.flush()  # the newest checkpoint always reaches the shared root
         finally:
             self._closed = True
-            self._writer.shutdown()
-            self._staging.release()
+            self._pipeline.shutdown()
         self._deleter.wait()
         self.comm.barrier()
         self._lock.release()
@@ -153,7 +166,7 @@ class CheckpointManager:
             self.close()
         else:  # other ranks may be elsewhere: no collective on the error path
             self._closed = True
-            self._in_flight = None  # its temporary directory is removed by the next run
+            self._pipeline.shutdown()  # what was in flight is removed by the next run
             self._deleter.wait()
             self._lock.release()
 
@@ -264,99 +277,51 @@ class CheckpointManager:
         self._coll.all_reduce(f"save of step {step}", check_arguments, _same_step)
         request = built[0]
         static_hash = self._statics.store(self.topology, request.step, request.static)
-        pending = self._coll.broadcast(
-            f"creating a temporary directory in {self.root}",
-            lambda: PendingDir.for_step(self.root, request.step).create(),
-        )
-        outcome = planned(
-            lambda: plan_write(
-                self.topology, pending.path, request.data, step=request.step,
-                cache=self._skeletons,
-            )
-        )  # fmt: skip
-        if not blocking and self.comm.any_true(_failed(outcome)):
-            blocking = True  # a rank could not plan: finish now, so every rank raises its error
-        if not blocking and copy:  # the last step of the caller's wait: a local memcpy
-            job = outcome()
-            staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
-            outcome = lambda: staged  # noqa: E731
-        task = self._writer.submit(lambda: outcome().run(), inline=blocking)
-        self._in_flight = _InFlight(request, static_hash, pending, task, start)
         self._last_saved_step = request.step
         self._last_saved_time = self._clock()
-        if blocking:
-            self.wait()
-        return pending.final
+        return self._pipeline.start(request, static_hash, blocking=blocking, copy=copy, start=start)
 
     def wait(self) -> None:
-        """Collective: finish the save in flight, if any: wait for every rank's background
-        write, then commit it. Returns at once when nothing is in flight.
+        """Collective: finish what is in flight, if anything: wait for every rank's background
+        write, then commit it (and, with ``local_dir``, the flush to ``root`` it may start).
+        Returns at once when nothing is in flight.
 
         Raises:
-            CollectiveError: the save failed on some rank (on every rank; its temporary
+            CollectiveError: the save or flush failed on some rank (on every rank; its temporary
                 directory is removed, earlier checkpoints are intact).
         """
-        flight, self._in_flight = self._in_flight, None
-        if flight is None:
-            return
-        request = flight.request
-        what = f"save of checkpoint step {request.step}"
-        try:
-            manifest = finish_set(
-                self.topology, flight.task.result, step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__,
-                commit=lambda m: flight.pending.commit(m, what=what),
-            )  # fmt: skip
-        except Exception:
-            if self._coll.is_coordinator:
-                flight.pending.rollback()
-            raise
-        self._coll.broadcast(
-            "recording the save", lambda: self._after_commit(manifest, flight.start)
-        )
-        self._saves += 1
-        cost = self._clock() - flight.start
-        self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
-        if self.gc_every and self._saves % self.gc_every == 0:
-            gc.collect()
+        self._pipeline.wait()
 
     def poll(self) -> bool:
-        """Collective: commit the save in flight if every rank's background write is done.
+        """Collective: commit what is in flight if every rank's background work is done.
 
-        Costs one small allreduce while a save is in flight, nothing otherwise.
+        Costs one small allreduce while something is in flight, nothing otherwise.
 
         Returns:
-            ``True`` when no save is in flight any more.
+            ``True`` when nothing is in flight any more.
 
         Raises:
             CollectiveError: as :meth:`wait`.
         """
-        if self._in_flight is None:
-            return True
-        if self.comm.any_true(not self._in_flight.task.done()):
-            return False
-        self.wait()
-        return True
+        return self._pipeline.poll()
+
+    def flush(self) -> None:
+        """Collective: with ``local_dir``, copy the newest local checkpoint to ``root`` now (if
+        it is not there yet) and wait until it is committed. Without ``local_dir``: :meth:`wait`.
+        """
+        self._pipeline.flush()
 
     @property
     def in_flight(self) -> bool:
-        """Whether a save is in flight on this rank (local, no communication)."""
-        return self._in_flight is not None
+        """Whether a save or flush is in flight on this rank (local, no communication)."""
+        return self._pipeline.in_flight
 
-    def _after_commit(self, manifest: Manifest, start: float) -> None:
-        """Coordinator: log the save, then rotate (a failed rotation only warns)."""
-        storage.append_log(
-            self.root / layout.SAVE_LOG,
-            {"time": time.time(), "cost_s": round(self._clock() - start, 6),
-             "bytes": manifest.nbytes, **save_record(manifest)},
-        )  # fmt: skip
-        if self.keep is None:
-            return  # nothing is ever deleted: no need to know the history
-        try:
-            self._catalog.add(manifest)
-            self._deleter.delete(self._catalog.apply(self._catalog.plan(self.keep)))
-        except (OSError, ResilientError) as exc:
-            log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
+    def _committed(self, cost: float) -> None:
+        """Called on every rank after each commit of a save (not of a flush)."""
+        self._saves += 1
+        self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
+        if self.gc_every and self._saves % self.gc_every == 0:
+            gc.collect()
 
     # ------------------------------------------------------------------ restore
 
@@ -378,32 +343,38 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
-        restored, state = self._restorer.restore(step, validate=validate)
+        local = self._restore_local(step, validate) if self._local is not None else None
+        restored, state = local or self._restorer.restore(step, validate=validate)
         self._last_saved_step = restored
         return restored, state
+
+    def _restore_local(
+        self, step: int | None, validate: StateValidator | None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Collective: the newest local checkpoint if every rank has it intact and it is at
+        least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
+        assert self._local is not None
+        found = self._local.newest(self.layout, step=step)
+        if found is None:
+            return None
+        shared: int | None = None
+        if step is None:
+            shared = self.latest_step()
+            if shared is not None and shared > found.manifest.step:
+                return None
+        state, reasons = self._restorer.read(found.path, found.manifest, validate=validate)
+        if state is None:
+            why = "; ".join(reasons[:4])
+            log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
+            self._local.discard(found, why)
+            return None
+        if step is None and (shared is None or shared < found.manifest.step):
+            self._pipeline.adopt_unflushed(found)  # not in the shared root: close() flushes it
+        return found.manifest.step, state
 
     def _check_open(self) -> None:
         if self._closed:
             raise ResilientError("this CheckpointManager is closed")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _InFlight:
-    """A save whose data is being written; committed by :meth:`CheckpointManager.wait`."""
-
-    request: SaveRequest
-    static: str | None
-    pending: PendingDir
-    task: Future[RankWritten]
-    start: float
-
-
-def _failed(outcome: Callable[[], WriteJob]) -> bool:
-    try:
-        outcome()
-    except Exception:
-        return True
-    return False
 
 
 def _reraise(error: Exception | None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from resilient.errors import ConfigError
@@ -38,6 +38,7 @@ __all__ = [
     "SaveContext",
     "SavePolicy",
     "SavePolicyLike",
+    "SHORT_RUN_MARGIN_SHARE",
 ]
 
 
@@ -273,6 +274,20 @@ class OnSignal(SavePolicy):
         return ctx.stop_requested and ctx.step != ctx.last_saved_step
 
 
+SHORT_RUN_MARGIN_SHARE = 0.5
+"""Share of the time left at the start that a stop margin that does not fit takes instead.
+
+A margin longer than the time left would stop the run before its first step. Nothing is
+measured yet at the start, so nothing says how to split the time between steps and the final
+save plus the exit; half bounds both: the loop gets at least half the time to make progress,
+and the final checkpoint and the exit get the other half. That half also ends ahead of the
+warning signal of ``resilient run --walltime`` (10 % of the walltime, at least 1 s, before it).
+A smaller share runs the loop so close to the deadline that the final save may be killed (and a
+killed save keeps nothing, as if the run had not stopped at all); a larger one leaves so little
+time that startup costs can again eat it before the first step.
+"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BeforeWalltime(SavePolicy):
     """Save once the time left falls below ``margin_s`` plus this job's measured save cost."""
@@ -287,6 +302,18 @@ class BeforeWalltime(SavePolicy):
         if ctx.time_left_s is None or ctx.step == ctx.last_saved_step:
             return False
         return ctx.time_left_s <= self.margin_s + (ctx.save_cost_s or 0.0)
+
+    def fit_to(self, time_left_s: float | None) -> BeforeWalltime:
+        """This rule for a run that starts with ``time_left_s`` before its deadline.
+
+        Itself when the margin fits in the time left (or no deadline is known); otherwise the
+        run would stop at its first check, before any step, and never save anything: the same
+        rule with the margin clamped to :data:`SHORT_RUN_MARGIN_SHARE` of the time left (0 once
+        the deadline has passed).
+        """
+        if time_left_s is None or not time_left_s <= self.margin_s:
+            return self
+        return replace(self, margin_s=max(0.0, SHORT_RUN_MARGIN_SHARE * time_left_s))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

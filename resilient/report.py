@@ -58,6 +58,7 @@ class TaskReport:
     wall_kept_s: float
     finished: bool
     progress: tuple[tuple[float, int], ...] = field(default=())
+    flush_s: tuple[float, ...] = ()  # seconds each flush from a node-local tier took
 
     @property
     def goodput(self) -> float | None:
@@ -130,6 +131,7 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
         wall_kept_s=kept,
         finished=bool(attempts) and attempts[-1].exit_code == 0,
         progress=tuple(progress),
+        flush_s=tuple(f for s in saves if (f := _num(s, "flush_s")) is not None),
     )
 
 
@@ -162,6 +164,12 @@ def format_table(reports: Sequence[TaskReport]) -> str:
             f"{t.name}: {len(t.attempts)} attempts, {t.kills} kills, {t.checkpoints_written} checkpoints written, "
             f"{t.steps_recomputed} steps recomputed, goodput {gp}, {'finished' if t.finished else 'NOT finished'}"
         )
+        if t.flush_s:
+            ordered = sorted(t.flush_s)
+            lines.append(
+                f"  flushes from the local tier: {len(ordered)}, median "
+                f"{ordered[len(ordered) // 2]:.2f} s, max {ordered[-1]:.2f} s"
+            )
         for a in t.attempts:
             job = f" job {a.slurm_job_id}" if a.slurm_job_id else ""
             lines.append(

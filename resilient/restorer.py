@@ -24,7 +24,7 @@ from resilient.checkpointer import read_rank
 from resilient.collective import Collective, describe_error
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, LayoutMismatchError
 from resilient.manifest import LayoutInfo, Manifest
-from resilient.validate import CheckpointRecord, iter_checkpoints, load_manifest
+from resilient.validate import iter_checkpoints, load_manifest
 
 __all__ = ["Restorer", "StateValidator"]
 
@@ -81,6 +81,29 @@ class Restorer:
                     f"checkpoint of step {step} in {self.root} failed validation"
                 )
 
+    def read(
+        self, path: Path, manifest: Manifest, *, validate: StateValidator | None = None
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """Collective over ``coll``: every rank reads its piece of the checkpoint at ``path``
+        (e.g. a node-local copy; its static data comes from :attr:`root`).
+
+        Nothing is quarantined here.
+
+        Returns:
+            ``(state, [])`` for this rank, or ``(None, reasons)`` when a rank's piece failed.
+        """
+        chosen = self.coll.broadcast(
+            f"loading the static data of {path}",
+            lambda: _Candidate(path, manifest, self._static_manifest(manifest)),
+        )
+        state: dict[str, Any] = {}
+        reasons = self.coll.all_reduce(
+            f"restore of {path}",
+            functools.partial(self._try_read, chosen, validate, state),
+            lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
+        )
+        return (None, reasons) if reasons else (state, [])
+
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
         current = self.layout
@@ -92,15 +115,14 @@ class Restorer:
             saved = record.manifest.layout
             if saved.nranks != current.nranks or saved.kind != current.kind:
                 raise LayoutMismatchError(saved.describe(), current.describe())
-            yield _Candidate(record.path, record.manifest, self._static_manifest(record))
+            yield _Candidate(record.path, record.manifest, self._static_manifest(record.manifest))
         where = f"of step {step} " if step is not None else ""
         raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
 
-    def _static_manifest(self, record: CheckpointRecord) -> Manifest | None:
-        assert record.manifest is not None
-        if record.manifest.static is None:
+    def _static_manifest(self, manifest: Manifest) -> Manifest | None:
+        if manifest.static is None:
             return None
-        path = self.root / layout.STATIC_DIR / layout.static_dir_name(record.manifest.static)
+        path = self.root / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
         return load_manifest(path, kind="static")
 
     def _try_read(

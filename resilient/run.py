@@ -13,6 +13,12 @@ Exit codes (the contract):
 * ``74`` a permanent storage error (disk full, permission denied, read-only): do not retry
   blindly (passed through from the program);
 * anything else: the program's own failure, passed through (``128 + N`` if killed by signal N).
+
+A program using :class:`~resilient.session.Session` that stops early (deadline, signal) records
+why in ``CHECKPOINT_DIR/stops.jsonl``. An attempt that stopped that way before its first
+checkpoint (it exits 1) is reported as such, not as a crash; it made no progress, so it counts
+towards ``--max-no-progress`` like any attempt without progress (the same walltime would stop
+the same way again), and ``--retries`` does not relaunch it.
 """
 
 from __future__ import annotations
@@ -127,6 +133,7 @@ class AttemptRecord:
     slurm_job_id: str | None = None
     command: list[str] = field(default_factory=list)
     exit_code: int = 0
+    program_stop: dict[str, Any] | None = None  # the program's own stop record, if it wrote one
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -145,6 +152,45 @@ def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
             break
         count += 1
     return count
+
+
+def program_stop(
+    checkpoint_dir: Path | None, *, attempt: int, start: float, end: float
+) -> dict[str, Any] | None:
+    """The stop record a Session wrote during this attempt (``stops.jsonl``), if any."""
+    if checkpoint_dir is None:
+        return None
+    found = None
+    for rec in storage.read_jsonl(checkpoint_dir / layout.STOP_LOG):
+        when = rec.get("time")
+        if not isinstance(when, (int, float)) or not start <= when <= end:
+            continue
+        if rec.get("attempt") in (None, attempt):
+            found = rec
+    return found
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 or value == int(value) else f"{value:.1f} s"
+
+
+def _stopped_before_first_checkpoint(stop: Mapping[str, Any], walltime_s: float | None) -> str:
+    """Why an attempt stopped before its first checkpoint, from the program's stop record."""
+    margin, left = stop.get("margin_s"), stop.get("time_left_at_start_s")
+    why = str(stop.get("reason") or "stop requested")
+    if isinstance(margin, (int, float)) and isinstance(left, (int, float)) and left < margin:
+        if left <= 0:
+            return (
+                "stopped before its first checkpoint: the deadline had passed when it started "
+                f"({why})"
+            )
+        walltime = walltime_s if walltime_s is not None else left
+        return (
+            f"stopped before its first checkpoint: walltime {_seconds(walltime)} is shorter than "
+            f"the program's stop margin {_seconds(margin)} ({_seconds(left)} left when it "
+            f"started; {why})"
+        )
+    return f"stopped before its first checkpoint ({why})"
 
 
 def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
@@ -249,9 +295,19 @@ class _Attempt:
 
 
 def _classify(
-    status: int, sent: str | None, progress: bool, no_progress_run: int, max_no_progress: int
+    status: int,
+    sent: str | None,
+    progress: bool,
+    no_progress_run: int,
+    max_no_progress: int,
+    *,
+    stop: Mapping[str, Any] | None = None,
+    walltime_s: float | None = None,
 ) -> tuple[str, int]:
-    """(reason, exit code) of one attempt, per the contract in the module docstring."""
+    """(reason, exit code) of one attempt, per the contract in the module docstring.
+
+    ``stop`` is the program's own stop record for this attempt (see :func:`program_stop`).
+    """
     if status == 0:
         return "finished", 0
     if status == EXIT_PERMANENT:
@@ -259,6 +315,9 @@ def _classify(
     killed = status < 0 or sent is not None
     if status == EXIT_RESUME:
         reason = "stopped early (checkpointed and exited 75)"
+    elif status > 0 and stop is not None and stop.get("saved") is False:
+        reason = _stopped_before_first_checkpoint(stop, walltime_s)
+        killed = False  # it stopped on its own, whatever we had sent
     elif killed:
         name = sent or signal.Signals(-status).name
         reason = f"killed ({name})" if status < 0 else f"exited {status} after {name}"
@@ -338,8 +397,17 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
         no_progress_run = 0
         if not record.progress and status != 0:
             no_progress_run = 1 + trailing_no_progress(ledger)
+        record.program_stop = program_stop(
+            ckdir, attempt=number, start=record.start, end=record.end
+        )
         record.reason, record.exit_code = _classify(
-            status, sent, record.progress, no_progress_run, opts.max_no_progress
+            status,
+            sent,
+            record.progress,
+            no_progress_run,
+            opts.max_no_progress,
+            stop=record.program_stop,
+            walltime_s=opts.walltime_s,
         )
         if ckdir is not None:
             _append_ledger(ckdir, record)
@@ -356,6 +424,8 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     def should_retry(result: tuple[int, AttemptRecord]) -> bool:
         code, rec = result
         if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT) or rec.signal is not None:
+            return False
+        if rec.program_stop is not None:  # stopped on its own (deadline, signal): not a crash
             return False
         return deadline is None or time.time() < deadline
 

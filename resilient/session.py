@@ -32,6 +32,7 @@ from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
 from resilient.restorer import StateValidator
 from resilient.slurm import (
     DEFAULT_STOP_SIGNALS,
+    ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     StopSignals,
     find_deadline,
@@ -55,7 +56,9 @@ class Session:
         keep: keep policy (e.g. ``KeepLast(3)``).
         margin_s: stop when less than this (plus the measured save cost) is left before the
             deadline: the rule of :class:`~resilient.policies.BeforeWalltime` (the one setting
-            for the deadline; ``walltime_margin_s`` in the YAML).
+            for the deadline; ``walltime_margin_s`` in the YAML). If less than the margin is
+            left at the start, half the time left is used instead (with a warning), so that a
+            short run still makes and saves progress.
         signals: signals that request a stop (a flag only; acted upon at the next step), or a
             :class:`StopSignals` the program installed early (before its slow imports: a
             warning signal that arrives before any handler is installed kills the process).
@@ -63,6 +66,13 @@ class Session:
             quarantined and the next older one tried.
         exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
             run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``.
+        async_save: :meth:`maybe_save` saves with ``blocking=False`` (the program waits only
+            for a memory copy; the commit happens at the next save, at the latest when the
+            session ends). A stop waits for the save in flight, then writes the final
+            checkpoint synchronously.
+        local_dir: node-local storage for checkpoints, flushed to ``ckpt_dir`` every
+            ``flush_every`` checkpoints and always at the end of the session (see
+            :class:`~resilient.manager.CheckpointManager`); ``local_keep`` per node.
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -79,6 +89,10 @@ class Session:
         validate: StateValidator | None = None,
         exit_on_stop: bool = True,
         gc_every: int | None = None,
+        async_save: bool = False,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -91,6 +105,7 @@ class Session:
         self.margin_s = float(margin_s)
         self._stop_before_deadline = BeforeWalltime(margin_s=self.margin_s)
         self.exit_on_stop = exit_on_stop
+        self.async_save = bool(async_save)
         self._clock = clock
         self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
         self._own_signals = not self._signals.is_active
@@ -103,8 +118,26 @@ class Session:
             save_when=save_when,
             gc_every=gc_every,
             lock_owner=job_of(env),
+            local_dir=local_dir,
+            flush_every=flush_every,
+            local_keep=local_keep,
         )
         self.comm = self.manager.comm
+        # A margin longer than the time left would stop the loop before its first step, every
+        # time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
+        self._time_left_at_start = self.time_left_s
+        self._stop_before_deadline = self._stop_before_deadline.fit_to(self._time_left_at_start)
+        if self._stop_before_deadline.margin_s != self.margin_s and self.comm.rank == 0:
+            log.warning(
+                "stop margin %.1f s is longer than the %.1f s left before the deadline (%s): "
+                "using %.1f s instead, so that this run can make and save progress",
+                self.margin_s,
+                self._time_left_at_start,
+                self.deadline_source,
+                self._stop_before_deadline.margin_s,
+            )
+        attempt = env.get(ENV_ATTEMPT, "")
+        self._attempt = int(attempt) if attempt.isdigit() else None
         self.stopped = False
         self.stop_reason = ""
         self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
@@ -137,6 +170,8 @@ class Session:
                 self.manager.close()
             else:
                 self.manager.__exit__(exc_type, exc, tb)
+        if exc is None and self.stopped:
+            self._record_stop()
         if exc is None and self.stopped and self.exit_on_stop:
             # The process is about to exit: a second warning signal (Slurm repeats them, launchers
             # forward them) must not kill it now. CPython restores the default action of signals
@@ -220,18 +255,29 @@ class Session:
         """
         self._last = (step, state, metrics)
         self._note_progress(step)
+        if self.manager.in_flight:
+            self.manager.poll()  # commit a finished background save now, not at the next one
         stop = self._signals.is_set
         if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
             return False
-        self.save(step, state, metrics=metrics)
+        self.save(step, state, metrics=metrics, blocking=not self.async_save)
         return True
 
     def save(
-        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        blocking: bool = True,
     ) -> None:
-        """Collective: write a checkpoint of ``step`` now."""
+        """Collective: write a checkpoint of ``step`` now (``blocking=False``: in the background,
+        see :meth:`~resilient.manager.CheckpointManager.save`)."""
         self._last = (step, state, metrics)
-        self.manager.save(step, self._without_static(state), static=self._static, metrics=metrics)
+        self.manager.save(
+            step, self._without_static(state), static=self._static, metrics=metrics,
+            blocking=blocking,
+        )  # fmt: skip
         self._saved_step = step
         self.saves_this_run += 1
 
@@ -242,6 +288,24 @@ class Session:
             return
         self._last_progress = now
         storage.append_log(self.root / layout.PROGRESS_LOG, {"time": now, "step": step})
+
+    def _record_stop(self) -> None:
+        """Rank 0 appends why the run stopped early to the stop log (read by ``resilient run``)."""
+        if self.comm.rank != 0:
+            return
+        step = self._last[0] if self._last is not None else self._saved_step
+        record = {
+            "time": time.time(),
+            "attempt": self._attempt,
+            "step": step,
+            "reason": self.stop_reason,
+            "saved": self.saves_this_run > 0,
+            "margin_s": self.margin_s,
+            "margin_used_s": self._stop_before_deadline.margin_s,
+            "time_left_at_start_s": self._time_left_at_start,
+            "deadline_source": self.deadline_source,
+        }
+        storage.append_log(self.root / layout.STOP_LOG, record)
 
     def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self._static:

@@ -118,13 +118,15 @@ def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
     return manifest
 
 
-def _check_files(path: Path, manifest: Manifest, *, full: bool) -> None:
+def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
     where = str(path)
     for entry in manifest.files:
         fpath = path / entry.name
         try:
             st = os.lstat(fpath)
         except FileNotFoundError:
+            if node_local:
+                continue  # a node-local copy holds only its node's files
             raise InvalidCheckpointError(where, f"data file {entry.name} is missing") from None
         if not stat.S_ISREG(st.st_mode):
             raise InvalidCheckpointError(where, f"data file {entry.name} is not a regular file")
@@ -155,16 +157,31 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool) -> None:
             raise InvalidCheckpointError(where, f"file checksum mismatch for {entry.name}")
 
 
-def validate_checkpoint(path: Path, *, full: bool = False, kind: str = "checkpoint") -> Manifest:
+def validate_checkpoint(
+    path: Path,
+    *,
+    full: bool = False,
+    kind: str = "checkpoint",
+    static_root: Path | None = None,
+    node_local: bool = False,
+) -> Manifest:
     """Validate one committed checkpoint (and its static data); return its manifest.
+
+    Args:
+        path: the checkpoint directory.
+        full: verify every checksum, not only sizes.
+        kind: ``checkpoint`` or ``static``.
+        static_root: the root holding its static data (default: ``path``'s parent).
+        node_local: a node-local copy (:mod:`resilient.tiers`): files of other nodes are absent.
 
     Raises:
         InvalidCheckpointError: with the reason.
     """
     manifest = load_manifest(path, kind=kind)
-    _check_files(path, manifest, full=full)
+    _check_files(path, manifest, full=full, node_local=node_local)
     if manifest.static is not None:
-        static_path = path.parent / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
+        parent = path.parent if static_root is None else static_root
+        static_path = parent / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
         try:
             validate_checkpoint(static_path, full=full, kind="static")
         except InvalidCheckpointError as exc:
@@ -175,7 +192,13 @@ def validate_checkpoint(path: Path, *, full: bool = False, kind: str = "checkpoi
 
 
 def iter_checkpoints(
-    root: Path, *, full: bool = False, step: int | None = None, quarantined: bool = False
+    root: Path,
+    *,
+    full: bool = False,
+    step: int | None = None,
+    quarantined: bool = False,
+    static_root: Path | None = None,
+    node_local: bool = False,
 ) -> Iterator[CheckpointRecord]:
     """The checkpoints under ``root``, newest first, each with its verdict.
 
@@ -191,6 +214,7 @@ def iter_checkpoints(
         step: only the checkpoint(s) of this step.
         quarantined: also yield quarantined directories (status ``quarantined``), after the
             committed directory of the same step.
+        static_root, node_local: for a node-local tier, see :func:`validate_checkpoint`.
     """
     try:
         names = os.listdir(root)
@@ -214,7 +238,9 @@ def iter_checkpoints(
             yield CheckpointRecord(number, path, "quarantined", _quarantine_reason(path))
             continue
         try:
-            manifest = validate_checkpoint(path, full=full)
+            manifest = validate_checkpoint(
+                path, full=full, static_root=static_root, node_local=node_local
+            )
         except InvalidCheckpointError as exc:
             yield CheckpointRecord(number, path, "invalid", exc.reason)
         else:
@@ -229,9 +255,15 @@ def _quarantine_reason(path: Path) -> str:
         return ""
 
 
-def list_checkpoints(root: Path, *, full: bool = False) -> list[CheckpointRecord]:
+def list_checkpoints(
+    root: Path, *, full: bool = False, static_root: Path | None = None, node_local: bool = False
+) -> list[CheckpointRecord]:
     """Every checkpoint directory under ``root`` (quarantined ones too), oldest first, validated."""
-    records = list(iter_checkpoints(root, full=full, quarantined=True))
+    records = list(
+        iter_checkpoints(
+            root, full=full, quarantined=True, static_root=static_root, node_local=node_local
+        )
+    )
     records.sort(key=lambda r: (r.step, r.status != "valid", r.path.name))
     return records
 

@@ -6,15 +6,18 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import h5py
 import pytest
 
+from resilient.layout import parse_step_dir
 from resilient.run import _descendants, read_ledger
 from resilient.validate import latest_valid, list_checkpoints
 from tests.mpirun import REPO, clean_env, mpiexec
@@ -25,14 +28,21 @@ STEPS = 120
 
 
 def heat_cmd(
-    ckpt: Path, out: Path, *, n: int = 4, delay: float = 0.01, program: str = "apps.heat"
+    ckpt: Path,
+    out: Path,
+    *,
+    n: int = 4,
+    delay: float = 0.01,
+    program: str = "apps.heat",
+    config: str | None = "configs/checkpoint/demo.yaml",
 ) -> list[str]:
+    """``apps.heat`` on ``n`` ranks; ``config=None``: the app's own defaults (margin 10 s)."""
     script = ["-m", "apps.heat"] if program == "apps.heat" else [program]
     return [
         mpiexec(), "-n", str(n), sys.executable, *script, "--nx", "64", "--ny", "48",
         "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--out", str(out),
         "--checkpoint-every", "10", "--step-delay", str(delay),
-        "--config", str(REPO / "configs/checkpoint/demo.yaml"),
+        *(["--config", str(REPO / config)] if config else []),
     ]  # fmt: skip
 
 
@@ -216,3 +226,110 @@ def test_ledger_records_the_attempt(tmp_path: Path) -> None:
     (rec,) = read_ledger(ckpt)
     assert rec["slurm_job_id"] == "4242" and rec["reason"] == "finished" and rec["host"]
     assert json.loads(json.dumps(rec)) == rec
+
+
+@pytest.mark.parametrize("comm", ["self", "node"])
+def test_async_saves_with_a_local_tier_resume_bit_identically(
+    tmp_path: Path, reference: bytes, comm: str
+) -> None:
+    """Walltime stops with async saving and a node-local tier on /dev/shm; between attempts the
+    local tier is lost (a job on another node) or one local copy is corrupted."""
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm here")
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    local = Path(tempfile.mkdtemp(prefix="resilient-run-", dir="/dev/shm"))
+    try:
+        cmd = [
+            *heat_cmd(ckpt, out, delay=0.1),
+            "--async-save", "--local-dir", str(local), "--flush-every", "3",
+            "--checkpoint-comm", comm,
+        ]  # fmt: skip
+        codes = []
+        for attempt in range(40):
+            proc = resilient_run(
+                ["--checkpoint-dir", str(ckpt), "--walltime", "6", "--signal", "USR1@1",
+                 "--kill-wait", "1"],
+                cmd,
+            )  # fmt: skip
+            codes.append(proc.returncode)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == 75, proc.stderr
+            # the final checkpoint of every stopped attempt reached the shared root
+            flushed = latest_valid(ckpt)
+            assert flushed is not None
+            newest_local = max(filter(None, (parse_step_dir(p.name) for p in local.glob("*/*"))))
+            assert flushed.step == newest_local, (flushed.step, newest_local)
+            if attempt % 3 == 0:  # the next job lands on another node: no local copies
+                shutil.rmtree(local)
+                local.mkdir()
+            elif attempt % 3 == 1:  # a local copy went bad (same size: only checksums see it)
+                for data in sorted(local.glob("*/step_*/*.h5"))[-1:]:
+                    raw = bytearray(data.read_bytes())
+                    raw[-64] ^= 0xFF
+                    data.write_bytes(bytes(raw))
+        assert codes[-1] == 0 and codes.count(75) >= 3, codes
+        assert field(out) == reference
+        flushes = [s for s in (json.loads(line) for line in (ckpt / "saves.jsonl").open())
+                   if "flush_s" in s]  # fmt: skip
+        assert len(flushes) >= 3
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+MARGIN_WARNING = "stop margin 10.0 s is longer than the"
+
+
+def test_walltime_shorter_than_the_stop_margin_still_makes_progress(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """Issue 9: `--walltime 3s` with the app's default 10 s margin stopped every attempt at
+    step 0 ("crashed (exit 1)", then 93). Now each attempt clamps the margin, checkpoints and
+    exits 75, and the attempts finish the run. (5 s, not 3 s: room for a slow `mpiexec` start
+    on a busy machine; any walltime below the margin is the case.)"""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    codes, warnings = [], []
+    for _ in range(30):
+        proc = resilient_run(
+            ["--checkpoint-dir", str(ckpt), "--walltime", "5s"],
+            heat_cmd(ckpt, out, delay=0.04, config=None),
+        )
+        codes.append(proc.returncode)
+        warnings.append(proc.stderr.count(MARGIN_WARNING))
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 75, proc.stderr
+    assert codes[-1] == 0 and codes.count(75) >= 1, codes
+    assert field(out) == reference
+    ledger = read_ledger(ckpt)
+    assert [r["exit_code"] for r in ledger] == codes
+    assert all(r["progress"] for r in ledger[:-1])
+    assert not [r for r in ledger if "crashed" in r["reason"]]
+    assert all(n == 1 for n in warnings[:-1]), warnings  # one warning per run, not per rank
+    for stop in (r["program_stop"] for r in ledger[:-1]):
+        assert stop["saved"] is True and stop["margin_s"] == 10
+        assert 0 < stop["margin_used_s"] < stop["time_left_at_start_s"] < 5
+
+
+def test_stop_before_the_first_checkpoint_is_reported_not_as_a_crash(tmp_path: Path) -> None:
+    """A start slower than the clamped margin (a 3 s restore in a 4 s walltime) still stops
+    before any step: the ledger says so, and it counts towards --max-no-progress."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py", config=None)
+    args = ["--checkpoint-dir", str(ckpt), "--walltime", "4s", "--max-no-progress", "3"]
+    first = resilient_run([*args, "--retries", "2", "--backoff", "0.1"], cmd, FAULT="slowrestore@3")
+    assert first.returncode == 1, first.stderr
+    assert len(read_ledger(ckpt)) == 1  # a stop is not relaunched like a crash
+    codes = [resilient_run(args, cmd, FAULT="slowrestore@3").returncode for _ in range(3)]
+    assert codes == [1, 93, 93]  # the 4th invocation refuses to start
+    ledger = read_ledger(ckpt)
+    assert len(ledger) == 3
+    want = (
+        "stopped before its first checkpoint: walltime 4 s is shorter than the program's stop "
+        "margin 10 s"
+    )
+    assert all(r["reason"].startswith(want) for r in ledger), [r["reason"] for r in ledger]
+    assert not [r for r in ledger if "crashed" in r["reason"]]
+    assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
+    assert all(r["program_stop"]["saved"] is False for r in ledger)
+    assert latest_valid(ckpt) is None

@@ -63,6 +63,7 @@ KEPT_FILES = frozenset(
         layout.ATTEMPT_LEDGER,
         layout.SAVE_LOG,
         layout.PROGRESS_LOG,
+        layout.STOP_LOG,
     }
 )
 
@@ -278,10 +279,10 @@ def cleanup(
 
     Removes the ``step_*`` directories, ``static/``, quarantined checkpoints and leftovers of
     killed saves, under the root's lock. With ``keep_logs`` (the default) the small logs stay
-    (``attempts.jsonl``, ``saves.jsonl``, ``progress.jsonl``, ``.resilient-root``), so that
-    ``resilient report`` still describes the run; without it the whole directory goes. With
-    ``remove_stale`` the task's :func:`stale_siblings` are removed entirely too (a locked one
-    is skipped with a warning).
+    (``attempts.jsonl``, ``saves.jsonl``, ``progress.jsonl``, ``stops.jsonl``,
+    ``.resilient-root``), so that ``resilient report`` still describes the run; without it the
+    whole directory goes. With ``remove_stale`` the task's :func:`stale_siblings` are removed
+    entirely too (a locked one is skipped with a warning).
 
     Does nothing while an output is missing: the checkpoints are then the only way to resume.
 

@@ -7,6 +7,7 @@ Environment:
     FAULT=killsave@STEP:ATTEMPTS    every rank SIGKILLs itself inside the commit of STEP
     FAULT=enospc@STEP               the save of STEP hits ENOSPC on the last rank
     FAULT=usr1@STEP:RANK            RANK (only) receives SIGUSR1 at STEP
+    FAULT=slowrestore@SECONDS       every rank sleeps SECONDS after its restore (a slow start)
     STOPLOG=PATH                    each rank appends "rank step" when its loop ends
 """
 
@@ -95,6 +96,19 @@ elif kind == "usr1":
     step_s, _, who = spec.partition(":")
     if rank == int(who):
         _step_hook(int(step_s), lambda: os.kill(os.getpid(), signal.SIGUSR1))
+elif kind == "slowrestore":
+    import time
+
+    from resilient.session import Session
+
+    real_restore_or = Session.restore_or
+
+    def restore_or(self: Session, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        out = real_restore_or(self, *args, **kwargs)
+        time.sleep(float(spec))
+        return out
+
+    Session.restore_or = restore_or  # type: ignore[method-assign]
 
 if os.environ.get("STOPLOG"):
     from resilient.session import Session

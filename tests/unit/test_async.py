@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ import pytest
 
 from resilient import hdf5
 from resilient.errors import CollectiveError
+from resilient.exitcodes import EXIT_RESUME
 from resilient.manager import CheckpointManager
-from resilient.policies import KeepLast
-from resilient.validate import latest_valid
+from resilient.policies import EverySteps, KeepLast
+from resilient.session import Session
+from resilient.validate import latest_valid, list_checkpoints
 from tests.unit.ckutil import assert_state_equal, state_of
 
 
@@ -213,3 +216,28 @@ def test_second_save_finishes_the_first(tmp_path: Path) -> None:
         assert (tmp_path / "step_00000001" / "COMMITTED").exists()
         m.wait()
         assert (tmp_path / "step_00000002" / "COMMITTED").exists()
+
+
+def test_session_stop_waits_for_the_async_save_then_saves_synchronously(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldWrites(monkeypatch)
+    root = tmp_path / "ck"
+    with (
+        pytest.raises(SystemExit) as exc_info,
+        Session(root, environ={}, save_when=EverySteps(2), async_save=True) as s,
+    ):
+        step, state = s.restore_or(lambda: state_of(0))
+        for step in (1, 2, 3):
+            state = state_of(step)
+            s.maybe_save(step, state)
+        assert s.manager.in_flight  # step 2 is being written in the background
+        signal.raise_signal(signal.SIGTERM)
+        assert s.should_stop()
+        held.release()
+    assert exc_info.value.code == EXIT_RESUME
+    assert [r.step for r in list_checkpoints(root)] == [2, 3]  # step 2 committed, then 3 saved
+    with CheckpointManager(root) as m:
+        step, got = m.restore()
+    assert step == 3
+    assert_state_equal(got, state_of(3))

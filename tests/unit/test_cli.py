@@ -39,7 +39,7 @@ def test_ls_and_status_json(root: Path) -> None:
     ls = cli("ls", str(root))
     assert ls.returncode == 0
     lines = ls.stdout.splitlines()
-    assert lines[0].split()[:2] == ["step", "time"] and len(lines) == 4
+    assert lines[0].split()[:3] == ["step", "tier", "time"] and len(lines) == 4
     assert all("valid" in line and "self" in line for line in lines[1:])
     st = cli("status", str(root), "--json")
     doc = json.loads(st.stdout)

@@ -242,3 +242,32 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         load_checkpoint_config(write(tmp_path, "retries: many\n"))
+
+
+def test_async_and_local_tier_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_TMPDIR", raising=False)
+    doc = {"async_save": True, "local_dir": "${SLURM_TMPDIR:-/dev/shm}", "flush_every": 4,
+           "local_keep": 3}  # fmt: skip
+    cfg = CheckpointConfig.from_dict(doc)
+    assert (cfg.async_save, cfg.local_dir, cfg.flush_every, cfg.local_keep) == (
+        True, "/dev/shm", 4, 3,
+    )  # fmt: skip
+    monkeypatch.setenv("SLURM_TMPDIR", "/scratch/job7")
+    assert CheckpointConfig.from_dict(doc).local_dir == "/scratch/job7"
+    opts = CheckpointConfig.from_dict(doc).session_options()
+    assert opts["async_save"] is True and opts["local_dir"] == "/scratch/job7"
+    assert CheckpointConfig.from_dict({}).session_options()["local_dir"] is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"async_save": "yes"}, "async_save"),
+        ({"flush_every": 0}, "flush_every"),
+        ({"local_keep": 0}, "local_keep"),
+        ({"local_dir": "$RESILIENT_SURELY_UNSET_VAR/x"}, "not set"),
+    ],
+)
+def test_async_and_local_tier_keys_are_checked(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        CheckpointConfig.from_dict(doc)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient import storage
+from resilient import layout, storage
 from resilient.errors import CollectiveError, CommitError, RankFailure
 from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.run import (
@@ -21,6 +21,7 @@ from resilient.run import (
     _classify,
     parse_duration,
     parse_signal_spec,
+    program_stop,
     read_ledger,
     run,
 )
@@ -131,6 +132,80 @@ def test_classify(
     assert words in reason
 
 
+def stop_record(**kw: object) -> dict[str, object]:
+    """A Session's stop record (``stops.jsonl``) for a stop before the first checkpoint."""
+    rec: dict[str, object] = {
+        "time": 0.0,
+        "attempt": 1,
+        "step": None,
+        "reason": "deadline in 1 s",
+        "saved": False,
+        "margin_s": 10.0,
+        "margin_used_s": 1.2,
+        "time_left_at_start_s": 2.4,
+        "deadline_source": ENV_DEADLINE,
+    }
+    rec.update(kw)
+    return rec
+
+
+FIRST = "stopped before its first checkpoint"
+SHORT = f"{FIRST}: walltime 3 s is shorter than the program's stop margin 10 s (2.4 s left"
+
+
+@pytest.mark.parametrize(
+    ("status", "sent", "run_", "stop", "code", "words"),
+    [
+        (1, None, 1, stop_record(), 1, SHORT),
+        (1, None, 2, stop_record(), 1, SHORT),
+        (1, None, 3, stop_record(), EXIT_NO_PROGRESS, SHORT),  # it counts: no endless loop
+        (1, "SIGUSR1", 1, stop_record(reason="signal SIGUSR1"), 1, "started; signal SIGUSR1)"),
+        (1, "SIGTERM", 1, stop_record(), 1, SHORT),  # it stopped on its own, not "after SIGTERM"
+        (1, None, 1, stop_record(time_left_at_start_s=30.0), 1, f"{FIRST} (deadline in 1 s)"),
+        (1, None, 1, stop_record(time_left_at_start_s=-2.0), 1, "deadline had passed"),
+        (1, None, 1, stop_record(saved=True), 1, "crashed (exit 1)"),  # not what Session does
+        (1, None, 1, stop_record(margin_s="?"), 1, f"{FIRST} (deadline in 1 s)"),
+        (3, None, 1, None, 3, "crashed (exit 3)"),
+        (-9, "SIGKILL", 1, stop_record(), 128 + 9, "killed (SIGKILL)"),  # died, did not stop
+        (EXIT_RESUME, None, 0, stop_record(saved=True), EXIT_RESUME, "stopped early"),
+    ],
+)
+def test_classify_a_stop_before_the_first_checkpoint(
+    status: int,
+    sent: str | None,
+    run_: int,
+    stop: dict[str, object] | None,
+    code: int,
+    words: str,
+) -> None:
+    progress = status == EXIT_RESUME
+    reason, got = _classify(status, sent, progress, run_, 3, stop=stop, walltime_s=3.0)
+    assert got == code
+    assert words in reason, reason
+    assert ("crashed" in reason) is (words == "crashed (exit 1)" or status == 3)
+
+
+def test_classify_without_walltime_names_the_time_left_at_the_start() -> None:
+    reason, _ = _classify(1, None, False, 1, 3, stop=stop_record(), walltime_s=None)
+    assert reason.startswith(f"{FIRST}: walltime 2.4 s is shorter than the program's stop margin")
+
+
+def test_program_stop_takes_this_attempts_record(tmp_path: Path) -> None:
+    storage.ensure_root(tmp_path)
+    for rec in (
+        stop_record(time=5.0, attempt=1, reason="before the attempt"),
+        stop_record(time=15.0, attempt=1, reason="this one"),
+        stop_record(time=16.0, attempt=7, reason="another attempt numbering"),
+        stop_record(time=25.0, attempt=1, reason="after the attempt"),
+    ):
+        storage.append_log(tmp_path / layout.STOP_LOG, rec)
+    got = program_stop(tmp_path, attempt=1, start=10.0, end=20.0)
+    assert got is not None and got["reason"] == "this one"
+    assert program_stop(tmp_path, attempt=2, start=10.0, end=14.0) is None
+    assert program_stop(None, attempt=1, start=0.0, end=1e12) is None
+    assert program_stop(tmp_path / "missing", attempt=1, start=0.0, end=1e12) is None
+
+
 # --------------------------------------------------------------------------- real attempts
 
 
@@ -185,6 +260,60 @@ def test_run_program_that_checkpoints_and_exits_75(tmp_path: Path) -> None:
 
     assert run(opts, environ=clean_env(STEP="9")) == EXIT_RESUME
     assert read_ledger(ck)[-1]["progress"] is True
+
+
+SESSION_LOOP = py(
+    """
+    import numpy as np
+    from resilient.policies import EverySteps
+    from resilient.session import Session
+    with Session(margin_s=10, save_when=EverySteps(1000)) as s:  # the root comes from run
+        step, state = s.restore_or({"x": np.zeros(4)})
+        while step < 10**9 and not s.should_stop():
+            step += 1
+            s.maybe_save(step, state)
+    """
+)
+
+
+def test_run_reports_a_stop_before_the_first_checkpoint(tmp_path: Path) -> None:
+    """A Session that stops before any step (the deadline has passed) exits 1: not a crash."""
+    ck = tmp_path / "ck"
+    opts = RunOptions(command=SESSION_LOOP, checkpoint_dir=ck, retries=2, backoff_s=0.01)
+    env = clean_env(**{ENV_DEADLINE: str(time.time() - 1.0)})
+    assert run(opts, environ=env) == 1
+    (rec,) = read_ledger(ck)  # --retries does not relaunch it: it stopped, it did not crash
+    assert rec["reason"].startswith("stopped before its first checkpoint: the deadline had passed")
+    assert "crashed" not in rec["reason"]
+    assert rec["progress"] is False and rec["exit_status"] == 1
+    stop = rec["program_stop"]
+    assert stop["attempt"] == 1 and stop["saved"] is False and stop["margin_s"] == 10
+    assert run(opts, environ=env) == 1
+    assert run(opts, environ=env) == EXIT_NO_PROGRESS  # it counts towards the limit
+    assert all(FIRST in r["reason"] for r in read_ledger(ck))
+
+
+def test_run_does_not_relaunch_a_program_that_stopped_on_request(tmp_path: Path) -> None:
+    """--retries relaunches crashes; a stop request before the first checkpoint is not one."""
+    ck = tmp_path / "ck"
+    prog = py(
+        """
+        import os, signal
+        import numpy as np
+        from resilient.session import Session
+        with Session(margin_s=10) as s:
+            step, state = s.restore_or({"x": np.zeros(4)})
+            os.kill(os.getpid(), signal.SIGUSR1)  # as if sent by scancel --signal=USR1
+            while not s.should_stop():
+                step += 1
+                s.maybe_save(step, state)
+        """
+    )
+    opts = RunOptions(command=prog, checkpoint_dir=ck, retries=2, backoff_s=0.01)
+    assert run(opts, environ=clean_env()) == 1
+    (rec,) = read_ledger(ck)
+    assert rec["reason"] == f"{FIRST} (signal SIGUSR1)"
+    assert rec["program_stop"]["time_left_at_start_s"] is None  # no deadline known
 
 
 def test_run_no_progress_limit_gives_93(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -12,11 +13,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, Session
+from resilient import CheckpointManager, Session, layout, storage
 from resilient.errors import ConfigError
 from resilient.exitcodes import EXIT_RESUME
-from resilient.policies import BeforeWalltime, EverySteps, OnSignal, SaveContext, YoungDaly
+from resilient.policies import (
+    SHORT_RUN_MARGIN_SHARE,
+    BeforeWalltime,
+    EverySteps,
+    OnSignal,
+    SaveContext,
+    YoungDaly,
+)
 from resilient.slurm import (
+    ENV_ATTEMPT,
     ENV_DEADLINE,
     StopSignals,
     find_deadline,
@@ -317,16 +326,30 @@ def _state(step: int) -> dict[str, Any]:
     return {"x": np.full(16, float(step)), "step": step}
 
 
-def test_session_deadline_near_stops_at_once(tmp_path: Path) -> None:
-    env = {ENV_DEADLINE: str(time.time() + 1000)}
+class Clock:
+    """A clock the test moves by hand (Session(clock=...) measures the time left with it)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_session_deadline_near_stops(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    env = {ENV_DEADLINE: "1000"}
     with (
         pytest.raises(SystemExit) as exc_info,
-        Session(tmp_path / "ck", environ=env, margin_s=1e6) as s,
+        Session(tmp_path / "ck", environ=env, margin_s=60, clock=clock) as s,
     ):
         assert s.deadline_source == ENV_DEADLINE
-        assert s.time_left_s is not None and 900 < s.time_left_s <= 1000
+        assert s.time_left_s == 1000
+        assert s.should_stop() is False
+        clock.now = 940.0  # 60 s left: the margin
         assert s.should_stop() is True
         assert "deadline" in s.stop_reason
+        clock.now = 0.0
         assert s.should_stop() is True  # sticky
     assert exc_info.value.code == 1  # stopped before any progress: not 75
 
@@ -336,12 +359,16 @@ def test_session_stops_right_after_saving_the_current_step_near_the_deadline(
 ) -> None:
     """The deadline rule is BeforeWalltime's, but "this step is saved" must not delay the stop:
     the loop would run one more step and pay one more save."""
-    env = {ENV_DEADLINE: str(time.time() + 1000)}
+    clock = Clock(0.0)
+    env = {ENV_DEADLINE: "1000"}
     with (
         pytest.raises(SystemExit) as exc_info,
-        Session(tmp_path / "ck", environ=env, margin_s=1e6, save_when=EverySteps(1)) as s,
+        Session(
+            tmp_path / "ck", environ=env, margin_s=60, save_when=EverySteps(1), clock=clock
+        ) as s,
     ):
         assert s.maybe_save(5, {"u": np.zeros(3)}) is True
+        clock.now = 950.0
         assert s.should_stop() is True
         assert "deadline" in s.stop_reason
     assert exc_info.value.code == 75  # progress was saved in this run
@@ -353,6 +380,114 @@ def test_session_stop_rule_is_a_before_walltime_policy(tmp_path: Path) -> None:
         assert s._stop_before_deadline == BeforeWalltime(margin_s=42.0)
     with pytest.raises(ConfigError):
         Session(tmp_path / "ck2", environ={}, margin_s=-1)
+
+
+# --------------------------------------------------------------------------- a margin that does not fit
+
+
+@pytest.mark.parametrize(
+    ("margin", "left", "used"),
+    [
+        (10.0, None, 10.0),  # no deadline known
+        (10.0, 30.0, 10.0),  # fits
+        (10.0, 10.01, 10.0),
+        (10.0, 10.0, 5.0),  # would stop at the first check: half the time left
+        (10.0, 3.0, 1.5),
+        (1e6, 1000.0, 500.0),
+        (10.0, 0.0, 0.0),  # the deadline is here, or has passed: stop at once
+        (10.0, -5.0, 0.0),
+        (0.0, 3.0, 0.0),
+        (10.0, math.nan, 10.0),
+    ],
+)
+def test_before_walltime_fit_to_the_time_left(
+    margin: float, left: float | None, used: float
+) -> None:
+    rule = BeforeWalltime(margin_s=margin)
+    fitted = rule.fit_to(left)
+    assert fitted.margin_s == pytest.approx(used)
+    if used == margin:
+        assert fitted is rule
+    assert SHORT_RUN_MARGIN_SHARE == 0.5
+
+
+@pytest.mark.parametrize("left", [0.001, 0.5, 3.0, 9.99, 10.0, 60.0, 1e5])
+def test_fitted_before_walltime_never_stops_a_run_at_its_first_check(left: float) -> None:
+    """With time left at the start, the fitted rule leaves room for steps before it fires."""
+    fitted = BeforeWalltime(margin_s=10.0).fit_to(left)
+    assert fitted(ctx(0, time_left_s=left)) is False
+    assert fitted(ctx(0, time_left_s=fitted.margin_s)) is True  # it still stops, later
+
+
+def test_session_clamps_a_margin_longer_than_the_time_left_and_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock(0.0)
+    env = {ENV_DEADLINE: "3", ENV_ATTEMPT: "2"}
+    root = tmp_path / "ck"
+    with (
+        caplog.at_level(logging.WARNING, logger="resilient.session"),
+        pytest.raises(SystemExit) as exc_info,
+        Session(root, environ=env, margin_s=10, save_when=EverySteps(100), clock=clock) as s,
+    ):
+        step, _ = s.restore_or(_state(0))
+        assert s.margin_s == 10.0  # the setting is kept; the rule uses the clamped margin
+        assert s._stop_before_deadline == BeforeWalltime(margin_s=1.5)
+        while not s.should_stop():
+            step += 1
+            s.maybe_save(step, _state(step))
+            clock.now += 0.5  # a step takes half a second
+        assert "deadline" in s.stop_reason
+    assert exc_info.value.code == EXIT_RESUME  # progress saved: resume me
+    assert step == 3  # stopped once 1.5 s were left
+    assert [r.step for r in list_checkpoints(root)] == [3]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert all(x in warnings[0] for x in ("10.0 s", "3.0 s", "1.5 s")), warnings
+    (stop,) = storage.read_jsonl(root / layout.STOP_LOG)
+    assert stop["saved"] is True and stop["step"] == 3 and stop["attempt"] == 2
+    assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 1.5, 3)
+    assert stop["deadline_source"] == ENV_DEADLINE
+
+
+def test_session_with_a_margin_that_fits_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {ENV_DEADLINE: "1000"}
+    with (
+        caplog.at_level(logging.WARNING, logger="resilient.session"),
+        Session(tmp_path / "ck", environ=env, margin_s=10, clock=Clock(0.0)) as s,
+    ):
+        assert s._stop_before_deadline == BeforeWalltime(margin_s=10.0)
+    with Session(tmp_path / "ck2", environ={}, margin_s=10) as s:  # no deadline at all
+        assert s._stop_before_deadline == BeforeWalltime(margin_s=10.0)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_session_stopped_before_any_progress_records_why(tmp_path: Path) -> None:
+    """The stop log tells `resilient run` that exit 1 was a stop before the first checkpoint."""
+    root = tmp_path / "ck"
+    env = {ENV_DEADLINE: "100"}
+    with (
+        pytest.raises(SystemExit) as exc_info,
+        Session(root, environ=env, margin_s=10, clock=Clock(101.0)) as s,  # deadline passed
+    ):
+        s.restore_or(_state(0))
+        assert s.should_stop() is True
+    assert exc_info.value.code == 1
+    (stop,) = storage.read_jsonl(root / layout.STOP_LOG)
+    assert stop["saved"] is False and stop["step"] is None and stop["attempt"] is None
+    assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 0, -1)
+    assert "deadline" in stop["reason"]
+
+
+def test_session_that_finishes_writes_no_stop_record(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    with Session(root, environ={ENV_DEADLINE: "3"}, margin_s=10, clock=Clock(0.0)) as s:
+        s.restore_or(_state(0))
+        assert s.should_stop() is False
+        s.maybe_save(1, _state(1))
+    assert not (root / layout.STOP_LOG).exists()
 
 
 def test_session_far_deadline_does_not_stop(tmp_path: Path) -> None:

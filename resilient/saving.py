@@ -1,0 +1,293 @@
+"""Saves from planning to commit, at most one in flight, and the flush of a node-local tier.
+
+:class:`SavePipeline` is the manager's writer: it plans a save (collective), hands the bytes to
+a background thread (or writes them here, for a blocking save: the same path), and commits the
+save collectively when asked (:meth:`SavePipeline.wait`, :meth:`SavePipeline.poll`). With a
+node-local tier (:mod:`resilient.tiers`) a save is committed on every node, and every
+``flush_every`` commits a flush to the shared root starts in the background, committed the same
+way. Logging and rotation run only after a commit in the shared root: a checkpoint is never
+deleted before a newer one is durable (KempnerForge#102).
+
+Call order of one asynchronous save (NVRx's ``save_state_dict_async_plan`` / ``finalize``)::
+
+    start()   every rank    temporary directory (shared root, or every node's local root)
+              file group    plan_write: the leader creates the file's skeleton or reuses it
+              every rank    one small allreduce: did every rank plan?
+              every rank    copy the arrays into staging buffers; submit the write; return
+    ... the program computes; the writer thread checksums, writes and fsyncs ...
+    wait()    every rank    finish_set: every rank's outcome to the coordinator, manifest,
+                            commit; then the save log and rotation (or the local commit and,
+                            every flush_every saves, the start of a flush)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from resilient import layout, storage
+from resilient._version import __version__
+from resilient.background import BackgroundWriter
+from resilient.catalog import Catalog, save_record
+from resilient.checkpointer import (
+    RankWritten,
+    SkeletonCache,
+    WriteJob,
+    finish_set,
+    plan_write,
+    planned,
+)
+from resilient.collective import Collective
+from resilient.commit import PendingDir
+from resilient.errors import ResilientError
+from resilient.manifest import Manifest
+from resilient.payload import SaveRequest
+from resilient.policies import KeepPolicyLike
+from resilient.staging import StagingArea
+from resilient.tiers import LocalCheckpoint, LocalTier
+from resilient.topology import Topology
+
+__all__ = ["SavePipeline"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SaveFlight:
+    """A save whose data is being written."""
+
+    request: SaveRequest
+    static: str | None
+    pending: PendingDir
+    task: Future[RankWritten]
+    start: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _FlushFlight:
+    """A local checkpoint being copied to the shared root."""
+
+    checkpoint: LocalCheckpoint
+    pending: PendingDir
+    task: Future[None]
+    start: float
+
+
+class SavePipeline:
+    """The saves of one manager. Every method but :attr:`in_flight` and :meth:`shutdown` is
+    collective over ``topo.comm``.
+
+    Args:
+        root: the shared checkpoint root.
+        topo: who writes which file.
+        catalog: the shared root's history, for rotation.
+        deleter: deletes what rotation drops, in the background.
+        keep: keep policy of the shared root (``None`` keeps everything).
+        local: the node-local tier, if any.
+        flush_every: with ``local``: flush every this many commits.
+        clock: monotonic clock.
+        committed: called on every rank after each save's commit with its cost in seconds.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        topo: Topology,
+        *,
+        catalog: Catalog,
+        deleter: storage.BackgroundDeleter,
+        keep: KeepPolicyLike | None,
+        local: LocalTier | None,
+        flush_every: int,
+        clock: Callable[[], float],
+        committed: Callable[[float], None],
+    ) -> None:
+        self.root = root
+        self.topo = topo
+        self.keep = keep
+        self.local = local
+        self.flush_every = flush_every
+        self._coll = Collective(topo.comm)
+        self._catalog = catalog
+        self._deleter = deleter
+        self._clock = clock
+        self._committed = committed
+        self._staging = StagingArea()
+        self._writer = BackgroundWriter("resilient-writer")
+        self._skeletons = SkeletonCache()
+        self._in_flight: _SaveFlight | _FlushFlight | None = None
+        self._unflushed: LocalCheckpoint | None = None
+        self._local_commits = 0
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a save or a flush is in flight (local, no communication)."""
+        return self._in_flight is not None
+
+    def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
+        """A restored local checkpoint that is not in the shared root yet: flush it at the
+        latest in :meth:`flush`."""
+        self._unflushed = checkpoint
+
+    # ------------------------------------------------------------------ saving
+
+    def start(
+        self,
+        request: SaveRequest,
+        static: str | None,
+        *,
+        blocking: bool,
+        copy: bool,
+        start: float,
+    ) -> Path:
+        """Collective: plan a save of ``request`` and start writing it (or write and commit it,
+        with ``blocking``). Nothing may be in flight. Returns the checkpoint's directory."""
+        assert self._in_flight is None, "finish the save in flight first"
+        step = request.step
+        if self.local is not None:
+            pending = self.local.create_pending(step)
+        else:
+            pending = self._coll.broadcast(
+                f"creating a temporary directory in {self.root}",
+                lambda: PendingDir.for_step(self.root, step).create(),
+            )
+        outcome = planned(
+            lambda: plan_write(
+                self.topo, pending.path, request.data, step=step, cache=self._skeletons
+            )
+        )
+        if not blocking and self.topo.comm.any_true(_failed(outcome)):
+            blocking = True  # a rank could not plan: finish now, so every rank raises its error
+        if not blocking and copy:  # the last step of the caller's wait: a local memcpy
+            job = outcome()
+            staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
+            outcome = lambda: staged  # noqa: E731
+        task = self._writer.submit(lambda: outcome().run(), inline=blocking)
+        self._in_flight = _SaveFlight(request, static, pending, task, start)
+        if blocking:
+            self.wait()
+        return pending.final
+
+    def wait(self) -> None:
+        """Collective: finish what is in flight, including a flush that a commit starts."""
+        while self._in_flight is not None:
+            flight, self._in_flight = self._in_flight, None
+            self._finish(flight)
+
+    def poll(self) -> bool:
+        """Collective: finish what is in flight if every rank's part is done; ``True`` when
+        nothing is in flight any more."""
+        if self._in_flight is None:
+            return True
+        if self.topo.comm.any_true(not self._in_flight.task.done()):
+            return False
+        flight, self._in_flight = self._in_flight, None
+        self._finish(flight)
+        return self._in_flight is None
+
+    def flush(self) -> None:
+        """Collective: finish what is in flight, then copy the newest local checkpoint to the
+        shared root if it is not there yet, and wait for that."""
+        self.wait()
+        if self._unflushed is not None:
+            self._start_flush()
+            self.wait()
+
+    def shutdown(self) -> None:
+        """Local: stop the writer thread and free the staging buffers (nothing in flight)."""
+        self._in_flight = None
+        self._writer.shutdown()
+        self._staging.release()
+
+    def _finish(self, flight: _SaveFlight | _FlushFlight) -> None:
+        if isinstance(flight, _FlushFlight):
+            self._finish_flush(flight)
+        else:
+            self._finish_save(flight)
+
+    def _finish_save(self, flight: _SaveFlight) -> None:
+        request, pending, local = flight.request, flight.pending, self.local
+        what = f"save of checkpoint step {request.step}"
+        try:
+            manifest = finish_set(
+                self.topo, flight.task.result, step=request.step, static=flight.static,
+                metrics=request.metrics, library_version=__version__,
+                commit=None if local else lambda m: pending.commit(m, what=what),
+            )  # fmt: skip
+        except Exception:
+            if local is not None:
+                local.rollback(pending)
+            elif self._coll.is_coordinator:
+                pending.rollback()
+            raise
+        if local is None:
+            self._coll.broadcast(
+                "recording the save", lambda: self._after_commit(manifest, flight.start)
+            )
+        else:
+            local.commit(pending, manifest)
+            self._unflushed = LocalCheckpoint(pending.final, manifest)
+            self._local_commits += 1
+        self._committed(self._clock() - flight.start)
+        if local is not None and self._local_commits % self.flush_every == 0:
+            self._start_flush()
+
+    # ------------------------------------------------------------------ flushing
+
+    def _start_flush(self) -> None:
+        """Collective: start copying the newest local checkpoint to the shared root."""
+        assert self.local is not None and self._unflushed is not None
+        checkpoint, self._unflushed = self._unflushed, None
+        step = checkpoint.manifest.step
+        pending = self._coll.broadcast(
+            f"creating a temporary directory in {self.root}",
+            lambda: PendingDir.for_step(self.root, step).create(),
+        )
+        task = self._writer.submit(self.local.flush_job(checkpoint, pending.path))
+        self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
+
+    def _finish_flush(self, flight: _FlushFlight) -> None:
+        manifest, pending = flight.checkpoint.manifest, flight.pending
+        what = f"flush of checkpoint step {manifest.step} to {self.root}"
+        try:
+            self._coll.all_reduce(
+                what, flight.task.result, lambda _: pending.commit(manifest, what=what)
+            )
+        except Exception:
+            if self._coll.is_coordinator:
+                pending.rollback()
+            raise
+        self._coll.broadcast(
+            "recording the flush",
+            lambda: self._after_commit(manifest, flight.start, flushed=True),
+        )
+
+    # ------------------------------------------------------------------ after a commit
+
+    def _after_commit(self, manifest: Manifest, start: float, *, flushed: bool = False) -> None:
+        """Coordinator: log the save (or flush), then rotate (a failed rotation only warns)."""
+        took = round(self._clock() - start, 6)
+        extra = {"flush_s": took, "tier": "local"} if flushed else {"cost_s": took}
+        storage.append_log(
+            self.root / layout.SAVE_LOG,
+            {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
+        )
+        if self.keep is None:
+            return  # nothing is ever deleted: no need to know the history
+        try:
+            self._catalog.add(manifest)
+            self._deleter.delete(self._catalog.apply(self._catalog.plan(self.keep)))
+        except (OSError, ResilientError) as exc:
+            log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
+
+
+def _failed(outcome: Callable[[], WriteJob]) -> bool:
+    try:
+        outcome()
+    except Exception:
+        return True
+    return False
