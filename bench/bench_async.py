@@ -815,6 +815,87 @@ def heat_bench(base: Path, heat_mib: int, cycles: int, baseline_steps: int) -> d
     }
 
 
+def app_heat_bench(base: Path, heat_mib: int, runs: int, steps: int, every: int) -> dict[str, Any]:
+    """Rank 0 only: ``mpiexec -n SIZE python -m apps.heat`` end to end, per checkpoint setting.
+
+    Settings, interleaved in a shuffled order per round: ``none`` (no checkpoint during the
+    run: ``--checkpoint-every`` above ``--steps``; the final checkpoint at the end remains),
+    ``sync``, ``async`` (``--async-save``) and ``local`` (``--async-save --local-dir
+    /dev/shm/...``), each saving every ``every`` steps. The launched job gets an environment
+    without this job's launcher variables (MACHINE.md section 6).
+    """
+    repo = Path(__file__).resolve().parents[1]
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    launcher = str(mpiexec) if mpiexec.exists() else (shutil.which("mpiexec") or "mpiexec")
+    n = int((heat_mib * (1 << 20) // 8 * SIZE) ** 0.5)
+    env = mpi_free_env()
+    shm = Path(tempfile.mkdtemp(prefix="resilient-bench-heat-", dir="/dev/shm"))
+    settings: dict[str, list[str]] = {
+        "none": ["--checkpoint-every", str(10 * steps)],
+        "sync": ["--checkpoint-every", str(every)],
+        "async": ["--checkpoint-every", str(every), "--async-save"],
+        "local": ["--checkpoint-every", str(every), "--async-save", "--local-dir", str(shm)],
+    }
+    times: dict[str, list[float]] = {k: [] for k in settings}
+    rng = random.Random(7)
+    try:
+        for rnd in range(runs + 1):  # round 0 is a warm-up
+            for name in rng.sample(list(settings), len(settings)):
+                work = base / f"app_{name}"
+                shutil.rmtree(work, ignore_errors=True)
+                shutil.rmtree(shm, ignore_errors=True)
+                shm.mkdir()
+                cmd = [launcher, "-n", str(SIZE), sys.executable, "-m", "apps.heat",
+                       "--nx", str(n), "--ny", str(n), "--steps", str(steps),
+                       "--checkpoint-comm", "self", "--checkpoint-dir", str(work / "ckpt"),
+                       "--out", str(work / "out.h5"), *settings[name]]  # fmt: skip
+                t0 = time.perf_counter()
+                p = subprocess.run(
+                    cmd, cwd=repo, env=env, capture_output=True, text=True, check=False
+                )
+                t = time.perf_counter() - t0
+                if p.returncode != 0:
+                    raise RuntimeError(
+                        f"apps.heat {name} failed ({p.returncode}): {p.stderr[-2000:]}"
+                    )
+                if rnd:
+                    times[name].append(t)
+                shutil.rmtree(work, ignore_errors=True)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    saves = steps // every
+    none = statistics.median(times["none"])
+    rows = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows[name] = {
+            "times_s": ts,
+            "median_s": med,
+            "extra_s": med - none,
+            "extra_per_save_s": (med - none) / saves if name != "none" else 0.0,
+            "paired_extra_s": statistics.median(
+                a - b for a, b in zip(ts, times["none"], strict=True)
+            ),
+        }
+    return {"grid": [n, n], "mib_per_rank": heat_mib, "steps": steps, "every": every,
+            "saves": saves, "runs": runs, "rows": rows}  # fmt: skip
+
+
+def heat_help() -> str:
+    """``python -m apps.heat --help`` (to know whether it has ``--async-save``)."""
+    repo = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "apps.heat", "--help"], cwd=repo, env=mpi_free_env(),
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    return p.stdout
+
+
+def idle_barrier() -> None:
+    """A barrier for ranks that wait a long time (coarse sleeps: they take no CPU from rank 0)."""
+    req = COMM.Ibarrier()
+    while not req.Test():
+        time.sleep(0.02)
+
+
 # ---------------------------------------------------------------------------- summary
 
 
@@ -949,6 +1030,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-heat", action="store_true", help="skip the heat-app step-time measurement")
     p.add_argument("--heat-mib", type=int, default=64, help="heat field MiB per rank (default 64)")
     p.add_argument("--heat-cycles", type=int, default=5, help="save cycles in the heat measurement")
+    p.add_argument("--heat-app-runs", type=int, default=3,
+                   help="rounds of the end-to-end apps.heat runs (0: skip)")  # fmt: skip
+    p.add_argument("--heat-app-steps", type=int, default=40, help="steps of each apps.heat run")
+    p.add_argument("--heat-app-every", type=int, default=5, help="apps.heat --checkpoint-every")
     args = p.parse_args(argv)
     if args.mib < 1 or args.runs < 1:
         p.error("--mib and --runs must be positive")
@@ -1018,12 +1103,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hroot = Path(args.history_root) if args.history_root else base / "history"
                 history = history_bench(hroot, args.history_n, args.history_runs)
             sleep_barrier()
+        app_ok = COMM.bcast(
+            RANK == 0 and args.heat_app_runs > 0 and "--async-save" in heat_help(), root=0
+        )
         if args.no_heat:
             heat_note = "skipped (--no-heat)"
         elif not HAS_ASYNC:
             heat_note = "not measured: the library has no async save (save(blocking=False)) yet"
         else:
             heat = heat_bench(base, args.heat_mib, args.heat_cycles, baseline_steps=5)
+            if RANK == 0 and app_ok:
+                heat["app"] = app_heat_bench(
+                    base,
+                    args.heat_mib,
+                    args.heat_app_runs,
+                    args.heat_app_steps,
+                    args.heat_app_every,
+                )
+            idle_barrier()
     except BaseException:  # no collective on the error path: any failing rank cleans up
         if RANK == 0:
             shutil.rmtree(base, ignore_errors=True)
@@ -1081,6 +1178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{heat['steps_overlapped_median']} steps per save; save(blocking=False) blocks "
               f"{heat['save_blocked_s'] * 1000:.1f} ms, a blocking save takes "
               f"{heat['sync_save_s'] * 1000:.1f} ms")  # fmt: skip
+        app = heat.get("app")
+        if app:
+            print(f"\napps.heat end to end (mpiexec -n {SIZE}, grid {app['grid'][0]}x{app['grid'][1]}, "
+                  f"{app['steps']} steps, a save every {app['every']} = {app['saves']} saves + the final "
+                  f"one, median of {app['runs']} runs, s)\n")  # fmt: skip
+            print("| setting | wall s | min | max | extra vs none s (paired) | extra per save s |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for name, r in app["rows"].items():
+                print(f"| {name} | {r['median_s']:.2f} | {min(r['times_s']):.2f} | {max(r['times_s']):.2f} "
+                      f"| {r['extra_s']:.2f} ({r['paired_extra_s']:.2f}) | {r['extra_per_save_s']:.3f} |")  # fmt: skip
     else:
         print(f"\nHeat loop: {heat_note}")
     print_targets(targets)
