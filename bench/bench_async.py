@@ -21,7 +21,10 @@ jax/orbax) are skipped with a note; the others still run.
 
 After the rounds: finding the newest valid checkpoint among ``--history-n`` committed ones
 (rank 0 only, clones built by bench_history.build_root), and, when the library has async
-saves, the heat app's step time with and without an async save in flight.
+saves, the heat app's step time with and without an async save in flight (in process), and,
+when ``apps.heat`` has ``--async-save``, the app end to end (rank 0 launches
+``mpiexec -n SIZE python -m apps.heat`` without checkpoints, with sync, async and local-tier
+saves).
 """
 
 from __future__ import annotations
