@@ -171,7 +171,7 @@ def _gaps(extents: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
 
 
 _DIRECT_MIN = 1 << 20  # arrays from 1 MiB go through O_DIRECT
-_BOUNCE_BYTES = 8 << 20  # page-aligned staging buffer, allocated once per process
+_BOUNCE_BYTES = 32 << 20  # page-aligned staging buffer, allocated once per process
 
 
 class _Bounce:
