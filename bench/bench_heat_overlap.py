@@ -14,7 +14,6 @@ slowdown while a save drains; target <= 1.10), the median time ``save()`` blocke
 same for synchronous saves for comparison (``--sync``).
 """
 
-# ruff: noqa: E402  (apps/ is importable once the repository root is on sys.path)
 from __future__ import annotations
 
 import argparse
