@@ -412,8 +412,7 @@ def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> N
             kind = f"torch.{saved}" if saved else d.dtype
             have = f"torch.{here['torch']}" if "torch" in here else dtype
             raise ConfigError(
-                f"{what}: {d.name!r} is {have} {shape} here but {kind} {d.shape} in the "
-                "checkpoint"
+                f"{what}: {d.name!r} is {have} {shape} here but {kind} {d.shape} in the checkpoint"
             )
         if not _is_writable(target):
             raise ConfigError(f"{what}: {d.name!r} is read-only and cannot be restored in place")
@@ -440,30 +439,31 @@ def _read_rank(
     import numpy as np
 
     entry = manifest.ranks[rank]
-    arrays: dict[str, Any] = {}
+    # (dataset, the array read into, the template leaf to copy into afterwards, or None)
+    targets: list[tuple[Any, Any, Any]] = []
+    for d in entry.datasets:
+        target = into.get(d.name)
+        view = None if target is None else writable_view(target)
+        arr = view if view is not None else allocate(d.shape, np.dtype(d.dtype))
+        targets.append((d, arr, target if view is None else None))
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        for d in entry.datasets:
-            target = into.get(d.name)
-            view = None if target is None else writable_view(target)
-            arr = view if view is not None else allocate(d.shape, np.dtype(d.dtype))
-            if d.offset is not None and d.nbytes:
-                try:
-                    hdf5.read_into(fd, d.offset, arr)
-                except EOFError as exc:
-                    raise InvalidCheckpointError(
-                        str(directory), f"{entry.file} truncated: {exc}"
-                    ) from None
-            if digest_array(arr) != d.checksum:
-                raise InvalidCheckpointError(
-                    str(directory),
-                    f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
-                )
-            if target is not None and view is None:
-                _fill(target, arr)
-            arrays[d.name] = target if target is not None else arr
+        hdf5.read_many(fd, [(d.offset, arr) for d, arr, _ in targets if d.offset is not None])
+    except EOFError as exc:
+        raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
     finally:
         os.close(fd)
+    arrays: dict[str, Any] = {}
+    for d, arr, target in targets:
+        if digest_array(arr) != d.checksum:
+            raise InvalidCheckpointError(
+                str(directory),
+                f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
+            )
+        if target is not None:  # a template leaf that could not be read into directly
+            _fill(target, arr)
+        template = into.get(d.name)
+        arrays[d.name] = template if template is not None else arr
     if entry.tree is None:  # written before nested states: flat names, values beside them
         return {**entry.values, **arrays}
     built = unflatten(

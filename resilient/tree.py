@@ -24,6 +24,7 @@ Tree nodes (JSON arrays, first element the tag)::
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ def decode_key(component: str) -> str:
     return raw.decode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same names come back at every save and restore
 def is_valid_path(path: str) -> bool:
     """Whether ``path`` is a well-formed leaf path (escaped components joined by ``/``)."""
     if not path or len(path) > _MAX_PATH:
