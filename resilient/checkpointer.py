@@ -18,7 +18,7 @@ becomes the same exception on every rank, never a hang.
 
 from __future__ import annotations
 
-import copy
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
+from resilient.arrays import leaf_meta, restore_leaf, template_spec, writable_view
 from resilient.checksum import digest_array, digest_text
 from resilient.collective import Collective
 from resilient.commit import PendingDir
-from resilient.errors import InvalidCheckpointError
+from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import (
     DatasetEntry,
     FileEntry,
@@ -43,6 +44,7 @@ from resilient.manifest import (
 from resilient.payload import LocalData
 from resilient.staging import allocate
 from resilient.topology import Topology
+from resilient.tree import leaf_paths, unflatten
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,6 +57,7 @@ __all__ = [
     "SkeletonCache",
     "WriteJob",
     "build_manifest",
+    "check_template",
     "finish_set",
     "plan_write",
     "planned",
@@ -65,11 +68,11 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class RankPlan:
-    """What one rank will write: its arrays' specs and (a private copy of) its JSON values."""
+    """What one rank will write: its arrays' specs and (a private copy of) its tree."""
 
     rank: int
     specs: tuple[hdf5.ArraySpec, ...]
-    values: Mapping[str, Any]
+    tree: Any
 
     @classmethod
     def of(cls, rank: int, data: LocalData) -> RankPlan:
@@ -79,7 +82,8 @@ class RankPlan:
             specs=tuple(
                 hdf5.ArraySpec(k, tuple(a.shape), a.dtype.str) for k, a in data.arrays.items()
             ),
-            values=copy.deepcopy(dict(data.values)),
+            # a private copy (JSON in, JSON out: ~20x faster than copy.deepcopy for big trees)
+            tree=json.loads(json.dumps(data.tree, allow_nan=True)),
         )
 
     def entry(
@@ -103,7 +107,7 @@ class RankPlan:
                 )
                 for s in self.specs
             ),
-            values=self.values,
+            tree=self.tree,
         )
 
 
@@ -370,27 +374,79 @@ def build_manifest(
     )  # fmt: skip
 
 
-def read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]:
-    """Read one rank's arrays and values from a checkpoint, verifying each array's checksum.
+def read_rank(
+    directory: Path, manifest: Manifest, rank: int, *, into: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
+    structure (torch tensors where tensors were saved).
+
+    Args:
+        into: existing arrays or tensors by leaf path (see :func:`check_template`) that array
+            leaves are read into instead of new ones; they appear in the result as themselves.
 
     Raises:
         InvalidCheckpointError: a checksum mismatch or a truncated file.
         OSError: the file cannot be read (transient errors are retried first).
     """
     return storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank), what=f"reading {directory} for rank {rank}"
+        lambda: _read_rank(directory, manifest, rank, into or {}),
+        what=f"reading {directory} for rank {rank}",
     )
 
 
-def _read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]:
+def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> None:
+    """Check that the arrays of ``into`` that the checkpoint holds have its shapes and dtypes.
+
+    Raises:
+        ConfigError: naming the first leaf that does not fit, or that is read-only.
+    """
+    metas = leaf_paths(entry.tree) if entry.tree is not None else {}
+    for d in entry.datasets:
+        target = into.get(d.name)
+        if target is None:
+            continue
+        saved = metas.get(d.name, {}).get("torch")
+        here = leaf_meta(target) or {}
+        shape, dtype = template_spec(target)
+        if shape != d.shape or dtype != d.dtype or saved != here.get("torch"):
+            kind = f"torch.{saved}" if saved else d.dtype
+            have = f"torch.{here['torch']}" if "torch" in here else dtype
+            raise ConfigError(
+                f"{what}: {d.name!r} is {have} {shape} here but {kind} {d.shape} in the "
+                "checkpoint"
+            )
+        if not _is_writable(target):
+            raise ConfigError(f"{what}: {d.name!r} is read-only and cannot be restored in place")
+
+
+def _is_writable(target: Any) -> bool:
+    flags = getattr(target, "flags", None)
+    return flags is None or bool(flags.writeable)
+
+
+def _fill(target: Any, arr: Any) -> None:
+    """Copy a verified array into a template leaf that could not be read into directly."""
+    import numpy as np
+
+    if isinstance(target, np.ndarray):
+        np.copyto(target, arr)
+    else:  # a torch tensor on another device, or not contiguous
+        target.copy_(restore_leaf(arr, leaf_meta(target) or {}))
+
+
+def _read_rank(
+    directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any]
+) -> dict[str, Any]:
     import numpy as np
 
     entry = manifest.ranks[rank]
-    out: dict[str, Any] = dict(entry.values)
+    arrays: dict[str, Any] = {}
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         for d in entry.datasets:
-            arr = allocate(d.shape, np.dtype(d.dtype))
+            target = into.get(d.name)
+            view = None if target is None else writable_view(target)
+            arr = view if view is not None else allocate(d.shape, np.dtype(d.dtype))
             if d.offset is not None and d.nbytes:
                 try:
                     hdf5.read_into(fd, d.offset, arr)
@@ -403,7 +459,16 @@ def _read_rank(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any]
                     str(directory),
                     f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
                 )
-            out[d.name] = arr
+            if target is not None and view is None:
+                _fill(target, arr)
+            arrays[d.name] = target if target is not None else arr
     finally:
         os.close(fd)
-    return out
+    if entry.tree is None:  # written before nested states: flat names, values beside them
+        return {**entry.values, **arrays}
+    built = unflatten(
+        entry.tree,
+        lambda path, meta: arrays[path] if path in into else restore_leaf(arrays[path], meta),
+    )
+    assert isinstance(built, dict)
+    return built

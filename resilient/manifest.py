@@ -16,6 +16,7 @@ from typing import Any
 
 from resilient import layout
 from resilient.schema import Section
+from resilient.tree import TreeError, is_valid_path, leaf_paths
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -29,7 +30,6 @@ __all__ = [
     "RankEntry",
     "Segment",
     "dtype_itemsize",
-    "is_valid_key",
     "parse_manifest",
 ]
 
@@ -38,7 +38,6 @@ SCHEMA_VERSION = 1
 CHECKSUM_ALGORITHM = "xxh3_64"
 
 _DTYPE_RE = re.compile(r"^[<>|=]?([biufc])(\d{1,2})\Z")
-_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-+]{0,127}\Z")
 _HEX16_RE = re.compile(r"^[0-9a-f]{16}\Z")
 _HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _KINDS = ("self", "node", "world", "custom")
@@ -48,11 +47,6 @@ _MAX_INT = 1 << 62
 
 class ManifestError(ValueError):
     """A manifest is malformed or hostile."""
-
-
-def is_valid_key(key: str) -> bool:
-    """Whether ``key`` can name a dataset (one HDF5 path component, no tricks)."""
-    return bool(_KEY_RE.match(key))
 
 
 def dtype_itemsize(dtype: str) -> int:
@@ -101,6 +95,7 @@ class RankEntry:
     file: str
     datasets: tuple[DatasetEntry, ...]
     values: Mapping[str, Any] = field(default_factory=dict)
+    tree: Any = None  # the state's structure (resilient.tree); None in older manifests
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,13 +188,16 @@ class Manifest:
                         for d in r.datasets
                     ],
                     "values": dict(r.values),
+                    **({} if r.tree is None else {"tree": r.tree}),
                 }
                 for r in self.ranks
             ],
             "static": self.static,
             "metrics": dict(self.metrics),
         }
-        return json.dumps(doc, indent=1, allow_nan=True)  # NaN/inf metrics of a diverged run
+        # compact: json.dumps with indent falls back to the pure-Python encoder (220 ms of a
+        # 410 ms save of 4,000 arrays); `python -m json.tool` shows it indented
+        return json.dumps(doc, allow_nan=True, separators=(",", ":"))  # NaN/inf: diverged runs
 
 
 # --------------------------------------------------------------------------- parsing
@@ -222,7 +220,7 @@ def _is_index(value: Any, upper: int) -> bool:
 def _parse_dataset(sec: Section) -> DatasetEntry:
     where = sec.path
     name = sec.require("name", str)
-    if not is_valid_key(name):
+    if not is_valid_path(name):
         raise ManifestError(f"{where}: illegal dataset name {name!r}")
     shape_raw = sec.require("shape", list)
     if len(shape_raw) > 32 or not all(_is_index(n, 1 << 48) for n in shape_raw):
@@ -288,9 +286,18 @@ def _parse_rank(sec: Section, file_names: set[str]) -> RankEntry:
     if fname not in file_names:
         raise ManifestError(f"{sec.path}: file {fname!r} is not listed in files")
     datasets = tuple(_parse_dataset(d) for d in sec.sections("datasets"))
-    if len({d.name for d in datasets}) != len(datasets):
+    names = {d.name for d in datasets}
+    if len(names) != len(datasets):
         raise ManifestError(f"{sec.path}: repeated dataset name")
-    return RankEntry(fname, datasets, sec.require("values", dict))
+    tree = sec.doc.get("tree")
+    if tree is not None:
+        try:
+            leaves = leaf_paths(tree)
+        except TreeError as exc:
+            raise ManifestError(f"{sec.path}.tree: {exc}") from None
+        if tree[0] != "d" or set(leaves) != names:
+            raise ManifestError(f"{sec.path}.tree: does not match the datasets")
+    return RankEntry(fname, datasets, sec.require("values", dict), tree)
 
 
 def parse_manifest(text: str | bytes) -> Manifest:

@@ -1,4 +1,4 @@
-"""What a caller hands to ``save()``: checked and split into arrays and JSON values. Pure.
+"""What a caller hands to ``save()``: checked and split into array leaves and a tree. Pure.
 
 :func:`split_state` is the one place that decides what a state may hold; :class:`SaveRequest`
 checks one rank's arguments of a save before anything touches the disk.
@@ -11,80 +11,77 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilient.arrays import leaf_meta, to_numpy
 from resilient.checksum import digest_array
 from resilient.errors import ConfigError
-from resilient.manifest import dtype_itemsize, is_valid_key
+from resilient.tree import TreeError, flatten
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["LocalData", "SaveRequest", "split_state"]
+__all__ = ["LocalData", "SaveRequest", "split_state", "template_leaves"]
 
 
 @dataclass(frozen=True, slots=True)
 class LocalData:
-    """One rank's payload split into arrays (written to HDF5) and JSON values (manifest)."""
+    """One rank's payload: its array leaves by path (written to HDF5) and its tree (the
+    structure with the JSON leaves inline, kept in the manifest; see :mod:`resilient.tree`)."""
 
     arrays: Mapping[str, npt.NDArray[np.generic]]
-    values: Mapping[str, Any]
+    tree: Any = None
 
     def describe(self) -> list[Any]:
-        """A JSON-able content description (names, dtypes, shapes, checksums, values)."""
+        """A JSON-able content description (paths, dtypes, shapes, checksums, the tree)."""
         return [
             sorted(
                 (k, a.dtype.str, list(a.shape), digest_array(a)) for k, a in self.arrays.items()
             ),
-            json.dumps(dict(self.values), sort_keys=True, allow_nan=True),
+            json.dumps(self.tree, allow_nan=True),
         ]
 
     def names(self) -> set[str]:
-        """Every name, arrays and values."""
-        return set(self.arrays) | set(self.values)
+        """The top-level names."""
+        if self.tree is None:
+            return set()
+        return {key for _, key, _ in self.tree[1]}
 
 
-EMPTY = LocalData({}, {})
+EMPTY = LocalData({}, None)
 
 
 def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> LocalData:
-    """Split a user mapping into arrays and JSON values, checking names and types.
+    """Flatten a user mapping (any nesting of mappings, lists and tuples whose leaves are
+    arrays, tensors or JSON values) into array leaves and a tree.
 
     Raises:
-        ConfigError: a key is not a legal name or a value is neither an array nor JSON-able.
+        ConfigError: a key that is neither a string nor an int, a value that is neither an
+            array nor JSON, or an array dtype that cannot be stored.
     """
+    if state is None:
+        return EMPTY
+    try:
+        tree, leaves = flatten(state, leaf_meta, what=what)
+    except TreeError as exc:
+        raise ConfigError(str(exc)) from None
+    arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
+    return LocalData(arrays, tree)
+
+
+def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The array leaves of a restore template by path (the arrays a restore reads into).
+
+    Raises:
+        ConfigError: the template is not a state (see :func:`split_state`).
+    """
+    try:
+        _, leaves = flatten(template, leaf_meta, what="restore template")
+    except TreeError as exc:
+        raise ConfigError(str(exc)) from None
     import numpy as np
 
-    arrays: dict[str, npt.NDArray[np.generic]] = {}
-    values: dict[str, Any] = {}
-    if state is None:
-        return LocalData(arrays, values)
-    if not isinstance(state, Mapping):
-        raise ConfigError(f"{what} must be a mapping of names to arrays or JSON values")
-    for key, value in state.items():
-        if not isinstance(key, str) or not is_valid_key(key):
-            raise ConfigError(
-                f"{what} key {key!r}: use letters, digits, '_', '.', '-', '+' (<= 128 chars, no '/')"
-            )
-        if isinstance(value, (np.ndarray, np.generic)):
-            arr = np.asarray(value)
-            if not arr.flags.c_contiguous:
-                arr = np.array(arr, order="C")
-            try:
-                dtype_itemsize(arr.dtype.str)
-            except ValueError:
-                raise ConfigError(
-                    f"{what}[{key!r}]: dtype {arr.dtype} is not supported (numeric and bool only)"
-                ) from None
-            arrays[key] = arr
-        else:
-            try:
-                json.dumps(value, allow_nan=True)
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"{what}[{key!r}]: {type(value).__name__} is neither a numpy array nor JSON-able"
-                ) from None
-            values[key] = value
-    return LocalData(arrays, values)
+    # numpy scalars are immutable: they come back as new values, like JSON leaves
+    return {p: leaf.value for p, leaf in leaves.items() if not isinstance(leaf.value, np.generic)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,13 +44,31 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def agent_store() -> Any:
+    """A rendezvous store served by this process, as torchrun's agent serves one.
+
+    With ``TORCHELASTIC_USE_AGENT_STORE=True`` every rank is a client of it. Its port is bound
+    here, at once: a port picked free and bound later by rank 0 was taken in between once
+    (other jobs on this machine), and the other ranks then waited on someone else's store.
+    """
+    import torch.distributed as dist
+
+    store_type = vars(dist)["TCPStore"]  # re-exported by torch.distributed, not in its stubs
+    return store_type("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
 def run_ranks(n: int, args: list[str], **extra: str) -> list[dict[str, Any]]:
     """Start ``n`` ranks of ``python SCENARIO ARGS``; their RESULT lines, by rank.
 
     Fails if any rank fails, and if they have not all finished within ``TIMEOUT_S`` (a hang).
     """
+    store = agent_store()  # lives until the ranks are done
     env = base_env(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n), **extra
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store.port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        WORLD_SIZE=str(n),
+        **extra,
     )
     procs = [
         subprocess.Popen(
@@ -70,10 +89,16 @@ def run_ranks(n: int, args: list[str], **extra: str) -> list[dict[str, Any]]:
             outputs.append((p.returncode, out, err))
     except subprocess.TimeoutExpired:
         for p in procs:
-            p.kill()
+            p.send_signal(signal.SIGQUIT)  # faulthandler: every thread's stack to stderr
+        time.sleep(1.0)
         for p in procs:
-            p.communicate()
-        raise AssertionError(f"{n} ranks of {args} did not finish within {TIMEOUT_S} s") from None
+            p.kill()
+        report = "".join(
+            f"--- rank {r}\n{p.communicate()[1][-4000:]}\n" for r, p in enumerate(procs)
+        )
+        raise AssertionError(
+            f"{n} ranks of {args} did not finish within {TIMEOUT_S} s\n{report}"
+        ) from None
     failed = [(r, rc, err) for r, (rc, _, err) in enumerate(outputs) if rc != 0]
     assert not failed, "\n".join(f"--- rank {r} exited {rc}\n{err}" for r, rc, err in failed)
     return [parse_result(out) for _, out, _ in outputs]
@@ -106,6 +131,12 @@ def test_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
     assert layout["groups"] == expected_groups(n, kind)
     restored = run_ranks(n, ["restore", root, kind, "5"])  # a new process group
     assert [r["step"] for r in restored] == [5] * n
+
+
+def test_a_sub_group_as_comm_splits_by_host(tmp_path: Path) -> None:
+    """Two checkpoint sets over pair groups, each pair on two faked hosts: "node" is per rank."""
+    got = run_ranks(4, ["subgroup", str(tmp_path / "ck"), "node"])
+    assert [r["layout"] for r in got] == [{"kind": "node", "nranks": 2, "groups": [[0], [1]]}] * 4
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -13,8 +13,10 @@ group per pair of ranks, passed as a custom ``checkpoint_comm``). Each rank prin
 from __future__ import annotations
 
 import errno
+import faulthandler
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -28,6 +30,7 @@ from resilient import CheckpointManager, EverySteps, KeepLast, Session
 # by the following wait()
 BLOCKING = os.environ.get("SCENARIO_ASYNC") != "1"
 
+faulthandler.register(signal.SIGQUIT)  # the test asks a hung rank where it is
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
 
@@ -140,10 +143,32 @@ def scenario_fail(root: str, kind: str) -> None:
     result(ok=True, error=err[0], message=err[1])
 
 
+def scenario_subgroup(root: str, kind: str) -> None:
+    """A sub-group as ``comm``: one checkpoint set per pair of ranks, each pair on two "hosts".
+
+    ``checkpoint_comm="node"`` then splits a group that is not the world: each rank creates only
+    its own host's group (the other pair is not there to create theirs).
+    """
+    from resilient import torchdist
+
+    torchdist._hostname = lambda: f"host{rank % 2}"
+    pair = checkpoint_comm("split")
+    mine = os.path.join(root, f"pair{rank // 2}")
+    with CheckpointManager(mine, comm=pair, checkpoint_comm=kind) as m:
+        assert (m.comm.rank, m.comm.size) == (rank % 2, min(2, size - rank + rank % 2))
+        for step in (1, 2):
+            m.save(step, make_state(step))
+    with CheckpointManager(mine, comm=pair, checkpoint_comm=kind) as m:
+        step, state = m.restore()
+        assert step == 2
+        assert_same(state, make_state(2))
+    with open(os.path.join(mine, "step_00000002", "manifest.json")) as f:
+        layout = json.load(f)["layout"]
+    result(ok=True, layout=layout)
+
+
 def scenario_session(root: str, kind: str) -> None:
     """A Session over the group: saves every 2 steps; a signal on the last rank stops everyone."""
-    import signal
-
     with Session(
         root, comm=dist.group.WORLD, checkpoint_comm=checkpoint_comm(kind),
         save_when=EverySteps(2), keep=KeepLast(2), exit_on_stop=False, async_save=not BLOCKING,

@@ -1,0 +1,152 @@
+"""Array leaves of a state: numpy arrays, torch tensors and other array-likes, as numpy and back.
+
+Which values are arrays, how they become C-contiguous numpy arrays that :mod:`resilient.hdf5`
+writes (without a copy where possible), and what they become again on restore:
+
+* numpy arrays and scalars: as they are (a non-contiguous array is copied);
+* torch tensors (CPU; a CUDA tensor is copied to the host): ``tensor.numpy()`` shares memory.
+  Dtypes numpy lacks (``bfloat16``, the float8 types) are stored as unsigned words of the same
+  size, their dtype recorded, so a reader without torch still gets the bits. They come back as
+  tensors of the saved dtype, on the saved device when it exists here, else on the CPU;
+* anything else with ``__array__`` (jax arrays) or the buffer protocol (``memoryview``,
+  ``bytearray``): ``numpy.asarray``, which shares memory where the object allows it.
+
+torch is never imported by this module: a tensor is recognised through ``sys.modules`` (a
+program holding one has imported torch already), and torch is imported on restore only for a
+leaf saved from a tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from resilient.errors import ConfigError
+from resilient.manifest import dtype_itemsize
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["leaf_meta", "restore_leaf", "template_spec", "to_numpy", "writable_view"]
+
+# torch dtypes numpy has no dtype for, stored as unsigned words of their size
+_WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
+          "float8_e4m3fnuz": "|u1", "float8_e5m2fnuz": "|u1"}  # fmt: skip
+
+
+def _torch_tensor_type() -> Any:
+    torch = sys.modules.get("torch")
+    return None if torch is None else getattr(torch, "Tensor", None)
+
+
+def _is_tensor(value: Any) -> bool:
+    cls = _torch_tensor_type()
+    return cls is not None and isinstance(value, cls)
+
+
+def leaf_meta(value: Any) -> Mapping[str, Any] | None:
+    """The tree metadata of an array leaf (``{}`` for numpy), or ``None`` if ``value`` is not one.
+
+    JSON scalars (``int``, ``float``, ...) are not arrays; numpy scalars are (0-d arrays).
+    """
+    import numpy as np
+
+    if isinstance(value, (np.ndarray, np.generic)):
+        return {}
+    if _is_tensor(value):
+        meta = {"torch": str(value.dtype).removeprefix("torch.")}
+        if value.device.type != "cpu":
+            meta["device"] = str(value.device)
+        return meta
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return None
+    if hasattr(value, "__array__") or isinstance(value, (memoryview, bytearray)):
+        return {"array_like": type(value).__name__}
+    return None
+
+
+def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
+    """The C-contiguous numpy array to write for an array leaf (shares memory where possible).
+
+    Raises:
+        ConfigError: a dtype that cannot be stored (objects, strings, ...), naming ``what``.
+    """
+    import numpy as np
+
+    if _is_tensor(value):
+        tensor = value.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name in _WORDS:
+            torch = sys.modules["torch"]
+            word = torch.int16 if _WORDS[name] == "<u2" else torch.uint8
+            arr = tensor.view(word).numpy().view(_WORDS[name])
+        else:
+            try:
+                arr = tensor.numpy()
+            except TypeError as exc:
+                raise ConfigError(f"{what}: torch dtype {tensor.dtype} is not supported") from exc
+    else:
+        arr = np.asarray(value)
+    out: npt.NDArray[np.generic] = arr
+    if not out.flags.c_contiguous:
+        out = np.ascontiguousarray(out)
+    try:
+        dtype_itemsize(out.dtype.str)
+    except ValueError:
+        raise ConfigError(
+            f"{what}: dtype {out.dtype} is not supported (numeric and bool only)"
+        ) from None
+    return out
+
+
+def restore_leaf(arr: npt.NDArray[np.generic], meta: Mapping[str, Any]) -> Any:
+    """What an array read back becomes: a torch tensor for a leaf saved from one, else ``arr``."""
+    name = meta.get("torch")
+    if not isinstance(name, str):
+        return arr
+    import torch  # the leaf was a tensor when it was saved
+
+    if name in _WORDS:  # stored as unsigned words: view them as a signed int tensor first
+        signed = "<i2" if _WORDS[name] == "<u2" else "|u1"
+        tensor = torch.from_numpy(arr.view(signed)).view(getattr(torch, name))
+    else:
+        tensor = torch.from_numpy(arr)
+    device = meta.get("device")
+    if isinstance(device, str):  # a device that does not exist here: the tensor stays on the CPU
+        with contextlib.suppress(RuntimeError, AssertionError):
+            tensor = tensor.to(device)
+    return tensor
+
+
+def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
+    """A numpy view of an existing array or CPU tensor to read into (``None`` if there is
+    none, e.g. a CUDA tensor or a read-only array)."""
+    import numpy as np
+
+    if _is_tensor(value):
+        if value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        return to_numpy(value, what="restore target")
+    if isinstance(value, np.ndarray) and value.flags.writeable and value.flags.c_contiguous:
+        return value
+    return None
+
+
+def template_spec(value: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and stored dtype string of an array leaf (without copying a device tensor)."""
+    import numpy as np
+
+    if _is_tensor(value):
+        name = str(value.dtype).removeprefix("torch.")
+        if name in _WORDS:
+            return tuple(value.shape), _WORDS[name]
+        return tuple(value.shape), np.dtype(str(value.dtype).removeprefix("torch.")).str
+    arr = np.asarray(value)
+    return tuple(arr.shape), arr.dtype.str
