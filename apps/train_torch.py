@@ -53,6 +53,7 @@ import logging
 import os
 import random
 import re
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -181,7 +182,48 @@ def init_process_group(launch: Launch) -> None:
 
 def session_comm() -> Any:
     """The Session's communicator: the torch process group (``None`` for one process)."""
-    return dist.group.WORLD if dist.get_world_size() > 1 else None
+    if dist.get_world_size() == 1:
+        return None
+    try:
+        import resilient.torchdist  # noqa: F401
+    except ImportError:  # TEMPORARY until branch torchcomm is merged
+        return _InterimComm()
+    return dist.group.WORLD
+
+
+class _InterimComm:  # TEMPORARY: one node only
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        out = self.allgather(obj)
+        return out if self.rank == root else None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def any_true(self, flag: bool) -> bool:
+        t = torch.tensor([int(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def split_node(self) -> Any:
+        return self
 
 
 # --------------------------------------------------------------------------- data and model
@@ -443,6 +485,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         train(args, cfg)
     finally:
         dist.destroy_process_group()
+    # Finished, output written: a warning signal that arrives now (the walltime's, just too
+    # late) must not kill the process during shutdown and turn a success into a failure.
+    for sig in EARLY_SIGNALS.signals:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
