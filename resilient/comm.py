@@ -1,12 +1,14 @@
 """The communicator the core talks to.
 
-The core never imports mpi4py. It talks to a :class:`Comm`: :class:`SerialComm` for one
-process, :class:`resilient.mpi.MPIComm` for an mpi4py communicator. :func:`as_comm` turns what
-the user passed into one. How ranks agree on success or failure is :mod:`resilient.collective`.
+The core never imports mpi4py or torch. It talks to a :class:`Comm`: :class:`SerialComm` for one
+process, :class:`resilient.mpi.MPIComm` for an mpi4py communicator,
+:class:`resilient.torchdist.TorchComm` for a torch.distributed process group. :func:`as_comm`
+turns what the user passed into one. How ranks agree on success or failure is :mod:`resilient.collective`.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["Comm", "SerialComm", "as_comm"]
@@ -75,12 +77,33 @@ class SerialComm:
         return self
 
 
+def _is_torch_group(obj: Any) -> bool:
+    """Whether ``obj`` is a torch.distributed process group or the ``torch.distributed`` module.
+
+    Decided from names alone: this module never imports torch.
+    """
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__ == "torch.distributed"
+    cls = type(obj)
+    return cls.__module__.partition(".")[0] == "torch" and cls.__name__.startswith("ProcessGroup")
+
+
 def as_comm(obj: Any) -> Comm:
-    """Wrap ``obj`` (a :class:`Comm`, an mpi4py communicator, or ``None``) as a :class:`Comm`."""
+    """Wrap ``obj`` as a :class:`Comm`.
+
+    ``obj`` is a :class:`Comm`, an mpi4py communicator, a torch.distributed process group (or
+    the ``torch.distributed`` module: its default group), or ``None`` (one process).
+    """
     if obj is None:
         return SerialComm()
     if isinstance(obj, Comm):
         return obj
+    if _is_torch_group(obj):
+        # torchdist.py is the only module that touches torch; imported only when the caller
+        # already holds a process group (so torch is loaded and the group initialised).
+        from resilient.torchdist import TorchComm
+
+        return TorchComm(obj)
     if hasattr(obj, "Get_rank") and hasattr(obj, "Ibarrier"):
         # mpi.py is the only module that touches mpi4py; it is imported only when the caller
         # already holds an mpi4py communicator (so mpi4py is loaded and MPI initialised).
@@ -88,5 +111,6 @@ def as_comm(obj: Any) -> Comm:
 
         return MPIComm(obj)
     raise TypeError(
-        f"expected an mpi4py communicator or a resilient Comm, got {type(obj).__name__}"
+        "expected an mpi4py communicator, a torch.distributed process group or a resilient Comm, "
+        f"got {type(obj).__name__}"
     )

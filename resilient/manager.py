@@ -52,7 +52,8 @@ class CheckpointManager:
 
     Args:
         root: the checkpoint root directory (created if needed; shared by all ranks).
-        comm: the ranks of this checkpoint set: an mpi4py communicator, a
+        comm: the ranks of this checkpoint set: an mpi4py communicator, a torch.distributed
+            process group (or ``torch.distributed`` itself: its default group), a
             :class:`resilient.comm.Comm`, or ``None`` for one process. Rank 0 coordinates.
         checkpoint_comm: which ranks share a file: ``"self"`` (one file per rank), ``"node"``
             (one per node), ``"world"`` (one for all), or any sub-communicator of ``comm``

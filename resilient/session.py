@@ -50,7 +50,8 @@ class Session:
 
     Args:
         ckpt_dir: checkpoint root; default ``$RESILIENT_CHECKPOINT_DIR`` (set by ``resilient run``).
-        comm: mpi4py communicator (or ``None`` for one process).
+        comm: mpi4py communicator or torch.distributed process group (or ``None`` for one
+            process).
         checkpoint_comm: ``"self"``, ``"node"``, ``"world"`` or a sub-communicator.
         save_when: save policy (e.g. ``EverySteps(100) | EverySeconds(1800)``).
         keep: keep policy (e.g. ``KeepLast(3)``).

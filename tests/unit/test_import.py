@@ -1,4 +1,4 @@
-"""Importing resilient is cheap and side-effect free; serial use needs no MPI or workflow tool."""
+"""Importing resilient is cheap and side-effect free; serial use needs no MPI, torch or workflow tool."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ BLOCKER = textwrap.dedent(
     """
     import sys
 
-    BLOCKED = {"mpi4py", "snakemake", "parsl"}
+    BLOCKED = {"mpi4py", "snakemake", "parsl", "torch"}
 
     class Blocker:
         def find_spec(self, name, path=None, target=None):
@@ -41,12 +41,12 @@ def run_python(code: str, *args: str) -> dict[str, object]:
     return out
 
 
-def test_serial_round_trip_without_mpi4py_snakemake_parsl(tmp_path: Path) -> None:
+def test_serial_round_trip_without_mpi4py_snakemake_parsl_torch(tmp_path: Path) -> None:
     code = BLOCKER + textwrap.dedent(
         """
         import json
         blocked = []
-        for name in ("mpi4py", "mpi4py.MPI", "snakemake", "parsl"):
+        for name in ("mpi4py", "mpi4py.MPI", "snakemake", "parsl", "torch"):
             try:
                 __import__(name)
             except ImportError:
@@ -70,13 +70,14 @@ def test_serial_round_trip_without_mpi4py_snakemake_parsl(tmp_path: Path) -> Non
             "x_ok": bool((state["x"] == x * 2).all()) and state["x"].dtype == np.float32,
             "grid": state["grid"].tolist(),
             "mpi_loaded": sorted(
-                m for m in sys.modules if m.partition(".")[0] in ("mpi4py", "snakemake", "parsl")
+                m for m in sys.modules
+                if m.partition(".")[0] in ("mpi4py", "snakemake", "parsl", "torch")
             ),
         }))
         """
     )
     out = run_python(code, str(tmp_path / "ck"))
-    assert out["blocked"] == ["mpi4py", "mpi4py.MPI", "snakemake", "parsl"]
+    assert out["blocked"] == ["mpi4py", "mpi4py.MPI", "snakemake", "parsl", "torch"]
     assert out["step"] == 2
     assert out["it"] == 2
     assert out["x_ok"] is True
@@ -84,15 +85,16 @@ def test_serial_round_trip_without_mpi4py_snakemake_parsl(tmp_path: Path) -> Non
     assert out["mpi_loaded"] == []
 
 
-def test_import_resilient_loads_neither_mpi4py_nor_h5py() -> None:
+def test_import_resilient_loads_neither_mpi4py_nor_h5py_nor_torch() -> None:
     code = textwrap.dedent(
         """
         import json, sys
         before = set(sys.modules)
         import resilient
-        import resilient.manager, resilient.validate, resilient.policies
+        import resilient.manager, resilient.validate, resilient.policies, resilient.session
+        import resilient.comm, resilient.topology
         new = set(sys.modules) - before
-        heavy = ("mpi4py", "h5py", "snakemake", "parsl")
+        heavy = ("mpi4py", "h5py", "snakemake", "parsl", "torch")
         print(json.dumps({
             "loaded": sorted(m for m in new if m.partition(".")[0] in heavy),
             "resilient": "resilient" in sys.modules,
@@ -143,8 +145,10 @@ def test_serial_manager_does_not_load_mpi4py(tmp_path: Path) -> None:
         with CheckpointManager(sys.argv[1]) as m:
             m.save(3, {"a": np.ones(4)})
             step, _ = m.restore()
-        print(json.dumps({"step": step, "mpi4py": "mpi4py" in sys.modules}))
+        print(json.dumps({
+            "step": step, "mpi4py": "mpi4py" in sys.modules, "torch": "torch" in sys.modules
+        }))
         """
     )
     out = run_python(code, str(tmp_path / "ck"))
-    assert out == {"step": 3, "mpi4py": False}
+    assert out == {"step": 3, "mpi4py": False, "torch": False}

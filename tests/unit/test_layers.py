@@ -42,3 +42,9 @@ def test_the_engine_rule_covers_every_module_but_the_integrations() -> None:
     (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == ["snakemake", "parsl"]]
     assert isinstance(rule["source_modules"], list)
     assert set(rule["source_modules"]) == _top_level_modules() - {"resilient.integrations"}
+
+
+def test_the_torch_rule_covers_every_module_but_torchdist() -> None:
+    (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == ["torch"]]
+    assert isinstance(rule["source_modules"], list)
+    assert set(rule["source_modules"]) == _top_level_modules() - {"resilient.torchdist"}

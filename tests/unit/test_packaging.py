@@ -30,6 +30,7 @@ PYPI_TO_CONDA = {
     "matplotlib": "matplotlib-base",
     "xxhash": "python-xxhash",
     "mpich": "mpich",  # the PyPI MPICH wheel <-> conda-forge's mpich
+    "torch": "pytorch",
 }
 
 TOOLS = ("pytest", "pytest-timeout", "hypothesis", "ruff", "mypy")
@@ -135,7 +136,7 @@ def test_runtime_dependencies_have_conda_forge_counterparts(
     assert not missing, f"runtime deps missing from pixi [dependencies]: {missing}"
 
 
-@pytest.mark.parametrize("extra", ["mpich", "test", "dev", "workflows", "report"])
+@pytest.mark.parametrize("extra", ["mpich", "test", "dev", "workflows", "report", "torch"])
 def test_extras_have_pixi_counterparts(
     pyproject: dict[str, Any], pixi: dict[str, Any], extra: str
 ) -> None:
@@ -171,6 +172,25 @@ def test_extras_chain_dev_to_test_to_mpich(pyproject: dict[str, Any]) -> None:
 
     assert "test" in includes("dev")
     assert "mpich" in includes("test")
+
+
+def test_torch_is_an_extra_outside_the_default_install(
+    pyproject: dict[str, Any], pixi: dict[str, Any]
+) -> None:
+    """PyTorch is several GB from PyPI: only `[torch]`, its own pixi environment, and CI."""
+    extras = pyproject["project"]["optional-dependencies"]
+    assert [norm(r.name) for r in extra_requirements(pyproject, "torch")] == ["torch"]
+    for extra, reqs in extras.items():
+        if extra != "torch":
+            assert not any("torch" in r for r in reqs), f"[{extra}] pulls in torch"
+    assert "pytorch" not in pixi_default_deps(pixi)
+    for env in ("default", "openmpi"):
+        assert "torch" not in pixi["environments"][env]["features"]
+    assert "torch" in pixi["environments"]["torch"]["features"]
+    markers = pyproject["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("torch:") for m in markers)
+    run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "export RESILIENT_TORCH=1" in run, "CI must run the torch tests"
 
 
 def test_pixi_installs_the_project_editable(pixi: dict[str, Any]) -> None:
