@@ -181,49 +181,8 @@ def init_process_group(launch: Launch) -> None:
 
 
 def session_comm() -> Any:
-    """The Session's communicator: the torch process group (``None`` for one process)."""
-    if dist.get_world_size() == 1:
-        return None
-    try:
-        import resilient.torchdist  # noqa: F401
-    except ImportError:  # TEMPORARY until branch torchcomm is merged
-        return _InterimComm()
+    """The Session's communicator: the torch process group (``resilient.torchdist``)."""
     return dist.group.WORLD
-
-
-class _InterimComm:  # TEMPORARY: one node only
-    @property
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    @property
-    def size(self) -> int:
-        return dist.get_world_size()
-
-    def allgather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        out = self.allgather(obj)
-        return out if self.rank == root else None
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=root)
-        return box[0]
-
-    def barrier(self) -> None:
-        dist.barrier()
-
-    def any_true(self, flag: bool) -> bool:
-        t = torch.tensor([int(flag)])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
-    def split_node(self) -> Any:
-        return self
 
 
 # --------------------------------------------------------------------------- data and model
