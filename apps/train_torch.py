@@ -26,8 +26,9 @@ Rank and size come from ``RANK``/``WORLD_SIZE`` (torchrun), ``PMI_RANK``/``PMI_S
 hydra, Intel MPI), ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI) or
 ``SLURM_PROCID``/``SLURM_STEP_NUM_TASKS`` (srun). The rendezvous address is ``MASTER_ADDR``,
 else the step's first node under srun, else 127.0.0.1 (one host; set ``MASTER_ADDR`` for
-``mpiexec`` across hosts); the port ``MASTER_PORT``, else one derived from ``SLURM_JOB_ID``,
-else 29500. The torch process group is the Session's communicator.
+``mpiexec`` across hosts); the port ``MASTER_PORT``, else one in 20000-39999 derived from the
+checkpoint directory and ``SLURM_JOB_ID`` (the same on every rank, and different for two tasks
+that share a host). The torch process group is the Session's communicator.
 
 Checkpoint policy: ``--config configs/checkpoint/training.yaml`` (see :mod:`resilient.config`),
 else every 20 steps, keeping the newest 3 and the best 2 by loss; ``--checkpoint-every`` and
@@ -55,6 +56,7 @@ import random
 import re
 import signal
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -64,7 +66,7 @@ import h5py
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F  # noqa: N812  (torch's own convention)
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -86,7 +88,7 @@ DATA_SEED, INIT_SEED, SHUFFLE_SEED, AUG_SEED = 20240611, 42, 7, 1234
 LEARNING_RATE, WEIGHT_DECAY = 3e-3, 1e-2
 MAX_NOISE = 0.1  # augmentation: N(0, s^2) input noise, s uniform in [0, MAX_NOISE) per batch
 PROGRESS_EVERY = 10
-DEFAULT_PORT = 29500
+PORT_BASE, PORT_RANGE = 20000, 20000  # without $MASTER_PORT: below Linux's ephemeral ports
 DIST_TIMEOUT = timedelta(minutes=10)  # a rank that dies leaves the others waiting this long
 PIDFILE_ENV = "RESILIENT_TEST_PIDFILE_DIR"  # test hook: write rank<r>.pid there once running
 DEFAULT_CONFIG = CheckpointConfig(
@@ -128,8 +130,11 @@ def first_host(nodelist: str) -> str:
     return prefix if ranges is None else prefix + ranges.split(",")[0].split("-")[0]
 
 
-def find_launch(environ: Mapping[str, str]) -> Launch:
+def find_launch(environ: Mapping[str, str], *, task: str = "") -> Launch:
     """Rank, size and rendezvous point from the launcher's environment (see the module doc).
+
+    ``task`` names the run (the checkpoint directory): without ``$MASTER_PORT`` the port is
+    derived from it and from ``$SLURM_JOB_ID``.
 
     Raises:
         ConfigError: the variables are malformed.
@@ -157,10 +162,9 @@ def find_launch(environ: Mapping[str, str]) -> Launch:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
             raise ConfigError(f"$MASTER_PORT={port_text!r} is not a port number")
         port = int(port_text)
-    elif environ.get("SLURM_JOB_ID", "").isdigit():
-        port = 20000 + int(environ["SLURM_JOB_ID"]) % 20000  # jobs sharing a node differ
-    else:
-        port = DEFAULT_PORT
+    else:  # deterministic, so every rank agrees; tasks and jobs sharing a host differ
+        key = f"{environ.get('SLURM_JOB_ID', '')}:{task}".encode()
+        port = PORT_BASE + zlib.crc32(key) % PORT_RANGE
     return Launch(rank=rank, world_size=size, master_addr=addr, master_port=port, source=source)
 
 
@@ -422,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: ``torchrun --nproc-per-node N -m apps.train_torch ...`` (or mpiexec, srun)."""
     args = parse_args(argv)
     try:
-        launch = find_launch(os.environ)
+        launch = find_launch(os.environ, task=str(args.checkpoint_dir.resolve()))
     except ConfigError as exc:
         log.error("%s", exc)
         raise SystemExit(EXIT_USAGE) from None

@@ -13,6 +13,7 @@ Skipped without PyTorch (``pytest -m torch`` selects these tests).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -20,19 +21,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'resilient[torch]')")
 
-from apps.train_torch import Launch, find_launch, first_host  # noqa: E402
-from resilient.errors import ConfigError  # noqa: E402
-from resilient.run import read_ledger  # noqa: E402
-from resilient.validate import list_checkpoints  # noqa: E402
-from tests.mpirun import REPO, clean_env, mpiexec  # noqa: E402
-from tests.test_train_app import (  # noqa: E402
+from apps.train_torch import Launch, find_launch, first_host
+from resilient.errors import ConfigError
+from resilient.run import read_ledger
+from resilient.validate import list_checkpoints
+from tests.mpirun import REPO, clean_env, mpiexec
+from tests.test_train_app import (
     HAVE_PROC,
     Run,
     kill_everything,
@@ -120,6 +121,11 @@ def finish(run: Run, code: int | None = 0) -> str:
     return run.text()
 
 
+def resumed(run: Run) -> Callable[[], bool | None]:
+    """A probe: ``True`` once the run's log says it resumed."""
+    return lambda: True if "resumed from step" in run.text() else None
+
+
 def assert_same_output(got: Path, reference: Path) -> None:
     got_data, got_attrs = read_out(got)
     ref_data, ref_attrs = read_out(reference)
@@ -170,9 +176,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_launch_environment_of_each_launcher() -> None:
-    assert find_launch({}) == Launch(
-        rank=0, world_size=1, master_addr="127.0.0.1", master_port=29500, source="single process"
-    )
+    one = find_launch({}, task="/ck/a")
+    assert (one.rank, one.world_size, one.master_addr, one.source) == (
+        0, 1, "127.0.0.1", "single process"
+    )  # fmt: skip
+    assert 20000 <= one.master_port < 40000
+    assert find_launch({}, task="/ck/a") == one  # every rank derives the same port ...
+    assert find_launch({}, task="/ck/b").master_port != one.master_port  # ... tasks differ
+    in_job = find_launch({"SLURM_JOB_ID": "17"}, task="/ck/a")
+    assert in_job.master_port != one.master_port
     torchrun = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
     assert find_launch(torchrun) == Launch(
         rank=1, world_size=4, master_addr="h0", master_port=1234, source="torchrun"
@@ -187,10 +199,10 @@ def test_launch_environment_of_each_launcher() -> None:
         "SLURM_STEP_NODELIST": "cn[017-020,031],gpu1", "SLURM_JOB_ID": "123456",
     })  # fmt: skip
     assert (srun.rank, srun.world_size, srun.source) == (3, 8, "srun")
-    assert srun.master_addr == "cn017" and srun.master_port == 20000 + 123456 % 20000
+    assert srun.master_addr == "cn017"
     # a batch shell (no job step) is one process, whatever the allocation's size
     batch = find_launch({"SLURM_PROCID": "0", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "7"})
-    assert (batch.world_size, batch.master_port) == (1, 20007)
+    assert (batch.world_size, batch.source) == (1, "single process")
     assert first_host("node7") == "node7" and first_host("a[2,5-6]") == "a2"
     for bad in ({"RANK": "x", "WORLD_SIZE": "2"}, {"PMI_RANK": "2", "PMI_SIZE": "2"},
                 {"MASTER_PORT": "http"}, {"MASTER_PORT": "70000"}):  # fmt: skip
@@ -218,7 +230,7 @@ def test_sigkill_of_everything_twice_under_mpiexec_is_bit_identical(
     for attempt, target in enumerate((15, 40)):
         run = launch(work, attempt, "mpiexec")
         if previous is not None:
-            wait_for("the resume", lambda: True if "resumed from step" in run.text() else None, run)
+            wait_for("the resume", resumed(run), run)
             assert f"resumed from step {previous}" in run.text()
         wait_for(f"a checkpoint after step {target}", newer_than(ckpt, target), run)
         time.sleep(0.07 * attempt)  # vary where the kill lands relative to a save
@@ -251,7 +263,11 @@ def test_sigterm_to_torchrun_then_resume_is_bit_identical(work: Path, reference:
 
 
 def test_walltime_signal_via_resilient_run_is_bit_identical(work: Path, reference: Path) -> None:
-    """``resilient run --walltime``: SIGUSR1 before the limit, exit 75, until it finishes."""
+    """``resilient run --walltime``: SIGUSR1 before the limit, exit 75, until it finishes.
+
+    Attempts of 20 s (SIGUSR1 at 18 s): torch's start-up takes 3-8 s on two busy cores; the 15 s
+    of steps need two attempts or more.
+    """
     ckpt = work / "ckpt"
     policy = work / "policy.yaml"
     policy.write_text(
@@ -262,9 +278,9 @@ def test_walltime_signal_via_resilient_run_is_bit_identical(work: Path, referenc
     for attempt in range(10):
         cmd = [
             sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
-            "--walltime", "9", "--signal", "USR1@2", "--kill-wait", "5", "--",
+            "--walltime", "20", "--signal", "USR1@2", "--kill-wait", "5", "--",
             *command("mpiexec", [*app_args(work), "--config", str(policy),
-                                 "--step-delay", "0.08"]),
+                                 "--step-delay", "0.25"]),
         ]  # fmt: skip
         proc = subprocess.run(
             cmd, cwd=REPO, env=env(work), capture_output=True, text=True, timeout=120
@@ -278,7 +294,7 @@ def test_walltime_signal_via_resilient_run_is_bit_identical(work: Path, referenc
     assert any("reason=signal SIGUSR1" in text for text in logs), logs
     ledger = read_ledger(ckpt)
     assert [r["exit_code"] for r in ledger] == codes
-    for before, after in zip(ledger, ledger[1:], strict=False):
+    for before, after in itertools.pairwise(ledger):
         assert after["latest_before"] == before["latest_after"], ledger
     latest = [r for r in list_checkpoints(ckpt) if r.status == "valid"][-1]
     assert latest.manifest is not None and latest.manifest.layout.kind == "node"
