@@ -426,7 +426,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: ``torchrun --nproc-per-node N -m apps.train_torch ...`` (or mpiexec, srun)."""
     args = parse_args(argv)
     try:
-        launch = find_launch(os.environ, task=str(args.checkpoint_dir.resolve()))
+        # the checkpoint directory names the task (abspath: no symlinks resolved, so every rank
+        # of one launch derives the same port)
+        launch = find_launch(os.environ, task=os.path.abspath(args.checkpoint_dir))
     except ConfigError as exc:
         log.error("%s", exc)
         raise SystemExit(EXIT_USAGE) from None
