@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["leaf_meta", "restore_leaf", "to_numpy", "writable_view"]
+__all__ = ["leaf_meta", "restore_leaf", "template_spec", "to_numpy", "writable_view"]
 
 # torch dtypes numpy has no dtype for, stored as unsigned words of their size
 _WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
@@ -137,3 +137,16 @@ def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
     if isinstance(value, np.ndarray) and value.flags.writeable and value.flags.c_contiguous:
         return value
     return None
+
+
+def template_spec(value: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and stored dtype string of an array leaf (without copying a device tensor)."""
+    import numpy as np
+
+    if _is_tensor(value):
+        name = str(value.dtype).removeprefix("torch.")
+        if name in _WORDS:
+            return tuple(value.shape), _WORDS[name]
+        return tuple(value.shape), np.dtype(str(value.dtype).removeprefix("torch.")).str
+    arr = np.asarray(value)
+    return tuple(arr.shape), arr.dtype.str

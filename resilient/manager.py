@@ -30,7 +30,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo
-from resilient.payload import SaveRequest
+from resilient.payload import SaveRequest, template_leaves
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
 from resilient.saving import SavePipeline
@@ -327,7 +327,11 @@ class CheckpointManager:
     # ------------------------------------------------------------------ restore
 
     def restore(
-        self, step: int | None = None, *, validate: StateValidator | None = None
+        self,
+        step: int | None = None,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective over ``comm``: load the newest valid checkpoint (or ``step``'s).
 
@@ -335,22 +339,35 @@ class CheckpointManager:
         every array's checksum. A checkpoint that fails on any rank, or whose state
         ``validate`` rejects on any rank, is quarantined and the next older one is tried.
 
+        Args:
+            step: restore this step instead of the newest.
+            validate: ``callable(state) -> bool``; a rejected checkpoint is quarantined.
+            into: a state of the same structure (e.g. ``{"model": model.state_dict()}``) whose
+                arrays and CPU tensors are filled in place instead of allocating new ones
+                (shapes and dtypes are checked first: a mismatch raises :class:`ConfigError`
+                naming the leaf and quarantines nothing). The result holds those very objects,
+                so ``model.load_state_dict(state["model"])`` copies nothing twice. If a
+                checkpoint fails its checksums half-way, its older fallback overwrites them.
+
         Returns:
-            ``(step, state)`` for this rank.
+            ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
+            arrays, and torch tensors where tensors were saved.
 
         Raises:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
             LayoutMismatchError: the newest checkpoint has another layout or rank count.
+            ConfigError: ``into`` does not fit the checkpoint.
         """
         self._check_open()
         self.wait()
-        local = self._restore_local(step, validate) if self._local is not None else None
-        restored, state = local or self._restorer.restore(step, validate=validate)
+        leaves = template_leaves(into) if into is not None else None
+        local = self._restore_local(step, validate, leaves) if self._local is not None else None
+        restored, state = local or self._restorer.restore(step, validate=validate, into=leaves)
         self._last_saved_step = restored
         return restored, state
 
     def _restore_local(
-        self, step: int | None, validate: StateValidator | None
+        self, step: int | None, validate: StateValidator | None, into: Mapping[str, Any] | None
     ) -> tuple[int, dict[str, Any]] | None:
         """Collective: the newest local checkpoint if every rank has it intact and it is at
         least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
@@ -363,7 +380,9 @@ class CheckpointManager:
             shared = self.latest_step()
             if shared is not None and shared > found.manifest.step:
                 return None
-        state, reasons = self._restorer.read(found.path, found.manifest, validate=validate)
+        state, reasons = self._restorer.read(
+            found.path, found.manifest, validate=validate, into=into
+        )
         if state is None:
             why = "; ".join(reasons[:4])
             log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)

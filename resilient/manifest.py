@@ -195,7 +195,9 @@ class Manifest:
             "static": self.static,
             "metrics": dict(self.metrics),
         }
-        return json.dumps(doc, indent=1, allow_nan=True)  # NaN/inf metrics of a diverged run
+        # compact: json.dumps with indent falls back to the pure-Python encoder (220 ms of a
+        # 410 ms save of 4,000 arrays); `python -m json.tool` shows it indented
+        return json.dumps(doc, allow_nan=True, separators=(",", ":"))  # NaN/inf: diverged runs
 
 
 # --------------------------------------------------------------------------- parsing

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["LocalData", "SaveRequest", "split_state"]
+__all__ = ["LocalData", "SaveRequest", "split_state", "template_leaves"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,22 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
         raise ConfigError(str(exc)) from None
     arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
     return LocalData(arrays, tree)
+
+
+def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The array leaves of a restore template by path (the arrays a restore reads into).
+
+    Raises:
+        ConfigError: the template is not a state (see :func:`split_state`).
+    """
+    try:
+        _, leaves = flatten(template, leaf_meta, what="restore template")
+    except TreeError as exc:
+        raise ConfigError(str(exc)) from None
+    import numpy as np
+
+    # numpy scalars are immutable: they come back as new values, like JSON leaves
+    return {p: leaf.value for p, leaf in leaves.items() if not isinstance(leaf.value, np.generic)}
 
 
 @dataclass(frozen=True, slots=True)

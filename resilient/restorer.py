@@ -20,7 +20,7 @@ from typing import Any
 
 from resilient import layout, storage
 from resilient.catalog import Catalog
-from resilient.checkpointer import read_rank
+from resilient.checkpointer import check_template, read_rank
 from resilient.collective import Collective, describe_error
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, LayoutMismatchError
 from resilient.manifest import LayoutInfo, Manifest
@@ -61,17 +61,24 @@ class Restorer:
         self.layout = layout
 
     def restore(
-        self, step: int | None = None, *, validate: StateValidator | None = None
+        self,
+        step: int | None = None,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective over ``coll``: call on all ranks. See
-        :meth:`resilient.manager.CheckpointManager.restore`."""
+        :meth:`resilient.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
+        arrays to read into."""
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
         while True:
             chosen = self.coll.broadcast("choosing a checkpoint", lambda: next(candidates))
+            if into:
+                self._check_template(chosen, into)
             state: dict[str, Any] = {}
             accepted = self.coll.all_reduce(
                 f"restore of {chosen.path.name}",
-                functools.partial(self._try_read, chosen, validate, state),
+                functools.partial(self._try_read, chosen, validate, state, into or {}),
                 functools.partial(self._judge, chosen),
             )
             if accepted:
@@ -82,7 +89,12 @@ class Restorer:
                 )
 
     def read(
-        self, path: Path, manifest: Manifest, *, validate: StateValidator | None = None
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any] | None, list[str]]:
         """Collective over ``coll``: every rank reads its piece of the checkpoint at ``path``
         (e.g. a node-local copy; its static data comes from :attr:`root`).
@@ -96,10 +108,12 @@ class Restorer:
             f"loading the static data of {path}",
             lambda: _Candidate(path, manifest, self._static_manifest(manifest)),
         )
+        if into:
+            self._check_template(chosen, into)
         state: dict[str, Any] = {}
         reasons = self.coll.all_reduce(
             f"restore of {path}",
-            functools.partial(self._try_read, chosen, validate, state),
+            functools.partial(self._try_read, chosen, validate, state, into or {}),
             lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
         )
         return (None, reasons) if reasons else (state, [])
@@ -125,12 +139,28 @@ class Restorer:
         path = self.root / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
         return load_manifest(path, kind="static")
 
+    def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
+        """Collective: every rank checks that its template fits (not the checkpoint's fault: a
+        mismatch raises :class:`ConfigError` and quarantines nothing)."""
+        rank, what = self.coll.rank, f"restore into the given arrays ({chosen.path.name})"
+
+        def check() -> None:
+            check_template(chosen.manifest.ranks[rank], into, what=what)
+            if chosen.static is not None:
+                check_template(chosen.static.ranks[rank], into, what=what)
+
+        self.coll.check(what, check)
+
     def _try_read(
-        self, chosen: _Candidate, validate: StateValidator | None, into: dict[str, Any]
+        self,
+        chosen: _Candidate,
+        validate: StateValidator | None,
+        state: dict[str, Any],
+        into: Mapping[str, Any],
     ) -> str | None:
-        """Every rank: read this rank's piece into ``into``; what is wrong with it, or ``None``."""
+        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``."""
         try:
-            into.update(self._read(chosen, validate))
+            state.update(self._read(chosen, validate, into))
         except InvalidCheckpointError as exc:
             return exc.reason
         except _Rejected as exc:
@@ -146,13 +176,15 @@ class Restorer:
             self._quarantine(chosen, "; ".join(bad[:4]))
         return not bad
 
-    def _read(self, chosen: _Candidate, validate: StateValidator | None) -> dict[str, Any]:
+    def _read(
+        self, chosen: _Candidate, validate: StateValidator | None, into: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """Every rank: read and check this rank's piece; raise on anything wrong with it."""
         rank = self.coll.rank
-        state = read_rank(chosen.path, chosen.manifest, rank)
+        state = read_rank(chosen.path, chosen.manifest, rank, into=into)
         if chosen.static is not None:
             static_dir = self.root / layout.STATIC_DIR / str(chosen.manifest.static)
-            state.update(read_rank(static_dir, chosen.static, rank))
+            state.update(read_rank(static_dir, chosen.static, rank, into=into))
         if validate is None:
             return state
         try:

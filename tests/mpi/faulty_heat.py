@@ -84,14 +84,22 @@ elif kind == "enospc":
     if rank == MPI.COMM_WORLD.size - 1:
         from resilient import hdf5
 
-        real_pwrite = os.pwrite
+        real_pwrite, real_pwritev = os.pwrite, os.pwritev
 
-        def pwrite(fd: int, data: Any, offset: int) -> int:
+        def full_for_step(fd: int) -> None:
             if f"step_{int(spec):08d}" in os.readlink(f"/proc/self/fd/{fd}"):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            full_for_step(fd)
             return real_pwrite(fd, data, offset)
 
+        def pwritev(fd: int, buffers: Any, offset: int) -> int:
+            full_for_step(fd)
+            return real_pwritev(fd, buffers, offset)
+
         hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
+        hdf5.os.pwritev = pwritev  # type: ignore[attr-defined]
 elif kind == "usr1":
     step_s, _, who = spec.partition(":")
     if rank == int(who):

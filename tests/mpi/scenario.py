@@ -171,7 +171,11 @@ def _arm_kill(phase: str) -> None:
             _die()
             return 0
 
+        def pwritev(fd: int, buffers: Any, offset: int) -> int:
+            return pwrite(fd, buffers[0], offset)
+
         hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
+        hdf5.os.pwritev = pwritev  # type: ignore[attr-defined]
     elif phase == "manifest":  # coordinator dies before writing the manifest
         PendingDir.commit = _die  # type: ignore[method-assign]
     elif phase == "rename":  # manifest and marker written, not yet renamed
@@ -202,6 +206,7 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
                 hdf5.os.pwrite = full  # type: ignore[attr-defined]
+                hdf5.os.pwritev = full  # type: ignore[attr-defined]
             elif how == "badvalue":
                 state["bad"] = object()
             elif how == "badstep":

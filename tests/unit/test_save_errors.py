@@ -66,6 +66,7 @@ def test_enospc_during_data_write(
     root, m = two_steps
     before = entries(root)
     monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device") as info:
         m.save(3, state_of(3), static=static_of(1))
     monkeypatch.undo()
@@ -84,6 +85,7 @@ def test_enospc_while_writing_new_static_data(
     root, m = two_steps
     before = entries(root)
     monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device"):
         m.save(3, state_of(3), static=static_of(2))  # new static content is written first
     monkeypatch.undo()
@@ -97,6 +99,7 @@ def test_manager_is_usable_after_a_failed_save(
 ) -> None:
     _, m = two_steps
     monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
     with pytest.raises(ResilientError):
         m.save(3, state_of(3))
     monkeypatch.undo()

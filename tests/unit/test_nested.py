@@ -1,0 +1,158 @@
+"""Nested states: any nesting of mappings, lists and tuples; restore into existing arrays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from resilient.errors import ConfigError
+from resilient.manager import CheckpointManager
+from resilient.validate import list_checkpoints
+
+
+def nested_state(step: int) -> dict[str, Any]:
+    return {
+        "model": {
+            "layer1.weight": np.arange(12, dtype=np.float32).reshape(3, 4) * step,
+            "layer1.bias": np.zeros(3, dtype=np.float16) + step,
+            "scalar": np.float64(step),
+        },
+        "optim": {
+            "state": {0: {"step": np.array(float(step)), "exp_avg": np.ones((3, 4)) * step},
+                      1: {"step": np.array(float(step)), "exp_avg": np.full(3, 0.5)}},
+            "param_groups": [{"lr": 0.01, "betas": (0.9, 0.999), "params": [0, 1]}],
+        },
+        "rng": (3, tuple(range(5)), None),
+        "empty_dict": {},
+        "empty_list": [],
+        "empty_tuple": (),
+        "none": None,
+        "empty_array": np.zeros((0, 4)),
+        "mixed": [np.arange(3), "text", 2.5, [np.ones(1), {"deep": np.eye(2)}]],
+        "weird keys": {"": 1, ".": 2, "a/b": np.arange(2), "ü": 3, 7: "int key", -1: "negative"},
+    }  # fmt: skip
+
+
+def assert_same(got: Any, want: Any, where: str = "") -> None:
+    if isinstance(want, np.ndarray | np.generic):
+        assert isinstance(got, np.ndarray), where
+        assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want), where
+        assert got.tobytes() == np.asarray(want).tobytes(), where
+        return
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want), where  # same keys, same order, same key types
+        for k in want:
+            assert_same(got[k], want[k], f"{where}/{k}")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}/{i}")
+    else:
+        assert got == want, where
+
+
+def test_nested_state_round_trips_with_its_structure(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, nested_state(1), static={"mesh": {"coords": np.linspace(0, 1, 5)}})
+        m.save(2, nested_state(2), static={"mesh": {"coords": np.linspace(0, 1, 5)}})
+        step, got = m.restore()
+    assert step == 2
+    assert_same(got, {**nested_state(2), "mesh": {"coords": np.linspace(0, 1, 5)}})
+
+
+def test_every_array_leaf_is_its_own_dataset_in_nested_groups(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, nested_state(1))
+    with h5py.File(tmp_path / "step_00000001" / "rank_00000.h5", "r") as f:
+        g = f["rank_00000"]
+        assert (
+            g["model/layer1.weight"][()].tolist()
+            == nested_state(1)["model"]["layer1.weight"].tolist()
+        )
+        assert g["model/layer1.bias"].dtype == np.float16
+        assert g["optim/state/%i0/exp_avg"].shape == (3, 4)  # int key 0
+        assert g["weird%20keys/a%2Fb"][()].tolist() == [0, 1]  # " " and "/" escaped
+        assert g["mixed/3/1/deep"].shape == (2, 2)
+    manifest = json.loads((tmp_path / "step_00000001" / "manifest.json").read_text())
+    assert manifest["ranks"][0]["tree"][0] == "d"
+
+
+def test_non_contiguous_arrays_are_saved_as_their_values(tmp_path: Path) -> None:
+    base = np.arange(24.0).reshape(4, 6)
+    state = {"t": base.T, "s": base[:, ::2], "f": np.asfortranarray(base)}
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, state)
+        _, got = m.restore()
+    for k, v in state.items():
+        assert got[k].tolist() == v.tolist() and got[k].flags.c_contiguous
+
+
+def test_restore_into_existing_arrays(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, nested_state(1))
+        m.save(2, nested_state(2))
+        template = nested_state(0)
+        weight = template["model"]["layer1.weight"]
+        exp_avg = template["optim"]["state"][1]["exp_avg"]
+        step, got = m.restore(into={"model": template["model"], "optim": template["optim"]})
+    assert step == 2
+    assert got["model"]["layer1.weight"] is weight  # filled in place: the very same array
+    assert got["optim"]["state"][1]["exp_avg"] is exp_avg
+    assert_same(got, nested_state(2))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layer1.weight": np.zeros((4, 3), dtype=np.float32)}, r"'model/layer1.weight' is <f4 \(4, 3\) here"),
+        ({"layer1.weight": np.zeros((3, 4), dtype=np.float64)}, r"'model/layer1.weight' is <f8 \(3, 4\) here but <f4"),
+        ({"layer1.bias": np.broadcast_to(np.float16(0), (3,))}, "'model/layer1.bias' is read-only"),
+    ],
+)  # fmt: skip
+def test_restore_into_mismatched_arrays_is_a_clear_error_and_loses_nothing(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, nested_state(1))
+        template = {"model": {**nested_state(0)["model"], **change}}
+        with pytest.raises(ConfigError, match=message):
+            m.restore(into=template)
+        step, got = m.restore()  # nothing was quarantined
+    assert step == 1 and [r.status for r in list_checkpoints(tmp_path)] == ["valid"]
+    assert_same(got, nested_state(1))
+
+
+def test_restore_into_a_non_contiguous_array_fills_it(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"w": np.arange(12.0).reshape(3, 4)})
+        target = np.zeros((4, 3)).T  # a transposed view: not C-contiguous
+        _, got = m.restore(into={"w": target})
+    assert got["w"] is target and target.tolist() == np.arange(12.0).reshape(3, 4).tolist()
+
+
+def test_checkpoints_of_older_versions_still_restore(tmp_path: Path) -> None:
+    """A manifest without a tree (flat names, JSON values beside them) reads as before."""
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"x": np.arange(3.0), "v": {"a": [1, 2]}})
+    path = tmp_path / "step_00000001"
+    doc = json.loads((path / "manifest.json").read_text())
+    rank = doc["ranks"][0]
+    del rank["tree"]
+    rank["values"] = {"v": {"a": [1, 2]}}
+    rank["datasets"] = [d for d in rank["datasets"] if d["name"] == "x"]
+    text = json.dumps(doc, indent=1).encode()
+    (path / "manifest.json").write_bytes(text)
+    import xxhash
+
+    (path / "COMMITTED").write_text(
+        json.dumps({"step": 1, "manifest_checksum": xxhash.xxh3_64_hexdigest(text)})
+    )
+    with CheckpointManager(tmp_path) as m:
+        _, got = m.restore()
+    assert got["x"].tolist() == [0.0, 1.0, 2.0] and got["v"] == {"a": [1, 2]}
