@@ -83,6 +83,14 @@ def run_reference(out: Path) -> dict[str, Path]:
             "--checkpoint-every", str(train["checkpoint_every"])]  # fmt: skip
     _reference_run(int(train["ranks"]), argv, policy, ref / "ckpt" / "train", dest)
     outputs["train"] = dest
+    if "train_torch" in json.loads((out / "results" / "summary.json").read_text())["tasks"]:
+        # the campaign ran the PyTorch task (train_torch.enabled, torch installed)
+        torch_task = campaign["train_torch"]
+        dest = ref / "train_torch" / "model.h5"
+        argv = ["-m", "apps.train_torch", "--steps", str(torch_task["steps"]),
+                "--checkpoint-every", str(torch_task["checkpoint_every"])]  # fmt: skip
+        _reference_run(int(torch_task["ranks"]), argv, policy, ref / "ckpt" / "train_torch", dest)
+        outputs["train_torch"] = dest
     return outputs
 
 

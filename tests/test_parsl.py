@@ -8,6 +8,7 @@ progress, which stop after a bounded number of tries with exit 93.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import pickle
 import re
@@ -444,3 +445,69 @@ def test_mpi_executor_app(
         assert int(f.attrs["ranks"]) == 2
     assert heat_field(tmp_path / "out.h5") == reference
     assert "-- $PARSL_MPI_PREFIX" in (tmp_path / "e.txt").read_text()
+
+
+# --------------------------------------------------------------------------- the PyTorch task
+
+
+def test_campaign_torch_task_follows_enabled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train_torch.enabled``: auto (torch installed here), true, false; anything else names the key."""
+    monkeypatch.syspath_prepend(str(REPO / "workflows"))
+    from pipeline import load_campaign  # type: ignore[import-not-found]
+
+    doc = (REPO / "configs" / "campaign.yaml").read_text()
+    assert "train_torch:" in doc and "enabled: auto" in doc
+    have_torch = importlib.util.find_spec("torch") is not None
+    tasks, *_ = load_campaign(REPO / "configs" / "campaign.yaml", tmp_path, tmp_path)
+    assert ("train_torch" in [t.name for t in tasks]) is have_torch
+    for value, expected in (("true", True), ("false", False), ("auto", have_torch)):
+        path = tmp_path / f"{value}.yaml"
+        path.write_text(doc.replace("enabled: auto", f"enabled: {value}"))
+        tasks, *_ = load_campaign(path, tmp_path, tmp_path, "node")
+        names = {t.name: t for t in tasks}
+        assert ("train_torch" in names) is expected, value
+        if expected:
+            t = names["train_torch"]
+            assert t.checkpoint_dir.parent == tmp_path / "train_torch"
+            assert t.min_walltime > 4 and t.params == {"steps": 400, "ranks": 2}
+    path = tmp_path / "bad.yaml"
+    path.write_text(doc.replace("enabled: auto", "enabled: sometimes"))
+    with pytest.raises(ConfigError, match=r"train_torch\.enabled"):
+        load_campaign(path, tmp_path, tmp_path)
+
+
+@pytest.mark.torch
+@pytest.mark.mpi
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path) -> None:
+    """``CampaignApps.submit("train_torch", ...)``: 2 processes under mpiexec, a 14-s simulated
+    walltime per try (torch's start-up included); free retries; bit-identical output."""
+    ref = tmp_path / "ref"
+    cmd = [
+        mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "100",
+        "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=180)
+
+    ck, out = tmp_path / "ck", tmp_path / "out.h5"
+    fut = CampaignApps(cwd=REPO).submit(
+        "train_torch", ranks=2, steps=100, checkpoint_every=10, step_delay=0.1,
+        config=str(policy), checkpoint_dir=str(ck), out=str(out), walltime_s=14,
+        run_extra=["--signal", "USR1@1", "--kill-wait", "3"],
+        stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),
+    )  # fmt: skip
+    try:
+        assert fut.result(timeout=400) == 0
+    except Exception:
+        print((tmp_path / "t.err").read_text()[-3000:])
+        raise
+    codes = [r["exit_code"] for r in read_ledger(ck)]
+    assert codes[-1] == 0 and codes.count(75) >= 1, codes
+    assert fut.task_record["fail_cost"] == 0
+    with h5py.File(out) as got, h5py.File(ref / "out.h5") as want:
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert got[name][()].tobytes() == want[name][()].tobytes(), name
+        assert int(got.attrs["steps"]) == 100

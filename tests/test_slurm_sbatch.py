@@ -7,6 +7,7 @@ allocation of ``--time=1`` (Slurm kills at 60-90 s), so the scenarios are starte
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -117,3 +118,30 @@ def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Path]) -> Non
     assert [r["exit_code"] for r in ledger] == [93], ledger
     log = (d / "job.log").read_text()
     assert "submitted job" not in log and "resilient run exited 93" in log, log
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_torch_array_chain_resumes_and_matches(tmp_path: Path) -> None:
+    """workflows/sbatch/train-torch.sbatch: apps.train_torch on 2 srun tasks (no MPI), 1-minute
+    allocations chained by an array; the output equals an uninterrupted 2-process run's."""
+    require_slurm()
+    args = "--steps 150 --checkpoint-every 10"
+    submit("train-torch.sbatch", "--array=1-6%1", "-o", str(tmp_path / "job-%A_%a.log"),
+           CKPT=str(tmp_path / "ck"), OUT=str(tmp_path / "out.h5"),
+           TRAIN_ARGS=f"{args} --step-delay 0.45")  # fmt: skip  # 68 s of steps: 2+ allocations
+    ref = tmp_path / "ref"
+    subprocess.run(
+        [mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", *args.split(),
+         "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")],
+        cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    wait_for(tmp_path / "out.h5.done", ("torch-chain",))
+    with h5py.File(tmp_path / "out.h5") as got, h5py.File(ref / "out.h5") as want:
+        assert sorted(got) == sorted(want) and int(got.attrs["steps"]) == 150
+        for name in want:
+            assert got[name][()].tobytes() == want[name][()].tobytes(), name
+    ledger = read_ledger(tmp_path / "ck")
+    codes = [r["exit_code"] for r in ledger]
+    assert codes[-1] == 0 and codes.count(75) >= 1, codes
+    assert all(r["slurm_job_id"] for r in ledger)

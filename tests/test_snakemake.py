@@ -8,6 +8,7 @@ works in ``tmp_path`` (``--directory``), with the campaign replaced by a small t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -346,3 +347,60 @@ def test_cleanup_command_never_fails_the_job(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert latest_checkpoint(ck) is None and read_ledger(ck)
+
+
+# --------------------------------------------------------------------------- the PyTorch task
+
+TORCH_TASK = {
+    "enabled": True, "ranks": 2, "steps": 100, "checkpoint_every": 10, "step_delay": 0.1,
+    "min_walltime": 14,
+}  # fmt: skip
+
+
+@pytest.mark.torch
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_torch_task_resumes_to_bit_identical_output(tmp_path: Path) -> None:
+    """The campaign's ``train_torch`` rule (``apps.train_torch`` on 2 processes started by
+    mpiexec): stopped by the simulated walltime (14 s per attempt, torch's start-up included),
+    retried, finished bit-identical to an uninterrupted run."""
+    ref = tmp_path / "reference"
+    cmd = [
+        mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch",
+        "--steps", str(TORCH_TASK["steps"]), "--checkpoint-dir", str(ref / "ck"),
+        "--out", str(ref / "out.h5"),
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    out = tmp_path / "results" / "train_torch" / "model.h5"
+    proc = snakemake(tmp_path, campaign(tmp_path, train_torch=dict(TORCH_TASK)), str(out))
+    assert proc.returncode == 0, fail(proc)
+    (d,) = (tmp_path / "ckpt" / "train_torch").iterdir()
+    codes = [r["exit_code"] for r in read_ledger(d)]
+    assert codes[-1] == 0 and codes.count(75) >= 1, codes
+    assert dataset_sha256(out) == dataset_sha256(ref / "out.h5")
+
+
+def test_torch_task_only_when_enabled(tmp_path: Path) -> None:
+    """``train_torch.enabled: false`` (or no section) leaves the rule out of ``all``; ``true``
+    puts it in (a dry run: nothing is executed)."""
+    doc = campaign(tmp_path)
+    for section, expected in ((None, False), ({**TORCH_TASK, "enabled": False}, False),
+                              ({**TORCH_TASK, "enabled": True}, True)):  # fmt: skip
+        if section is not None:
+            doc["train_torch"] = section
+        configfile = tmp_path / "campaign.yaml"
+        configfile.write_text(yaml.safe_dump(doc))
+        cmd = [
+            sys.executable, "-m", "snakemake", "-n", "-s", str(SNAKEFILE), "--cores", "1",
+            "--directory", str(tmp_path / "dry"), "--configfile", str(configfile),
+            "--replace-workflow-config",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert ("train_torch" in proc.stdout) is expected, proc.stdout

@@ -1,4 +1,4 @@
-"""The example campaign's programs (``apps.heat``, ``apps.train``) as Parsl apps.
+"""The example campaign's programs (``apps.heat``, ``apps.train``, ``apps.train_torch``) as Parsl apps.
 
 Built on the library's generic apps (:func:`resilient.integrations.parsl.resumable_apps`): this
 module only knows the programs' command lines. The tasks run in the repository root
@@ -8,6 +8,10 @@ module only knows the programs' command lines. The tasks run in the repository r
     future = apps.submit("heat", nx=256, ny=256, steps=2000, ranks=4,
                          checkpoint_dir="ckpt/heat/hot", out="results/hot.h5")
     future = apps.submit("train", steps=400, ranks=2, mpi=True, ...)   # on an MPIExecutor
+    future = apps.submit("train_torch", steps=400, ranks=2, ...)       # PyTorch DDP (gloo)
+
+``apps.train_torch`` takes the same arguments as ``apps.train``; it reads its rank from the
+launcher's environment (``mpiexec``, ``srun``) and never initialises MPI.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def train_args(
 PROGRAMS: dict[str, tuple[str, Callable[..., list[str]]]] = {
     "heat": ("apps.heat", heat_args),
     "train": ("apps.train", train_args),
+    "train_torch": ("apps.train_torch", train_args),
 }
 _PATHS = ("checkpoint_dir", "out", "config")
 
@@ -85,7 +90,8 @@ class CampaignApps:
         stderr: str | None = None,
         **params: Any,
     ) -> Any:
-        """Submit ``program`` (``heat`` or ``train``) with its parameters; returns the future.
+        """Submit ``program`` (``heat``, ``train``, ``train_torch``) with its parameters; returns
+        the future.
 
         ``mpi`` runs it on an ``MPIExecutor`` (ranks started by ``$PARSL_MPI_PREFIX``), else
         it is started by ``mpiexec -n ranks``.

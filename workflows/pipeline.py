@@ -4,9 +4,11 @@
                                  [--walltime SECONDS] [--results DIR] [--checkpoint-root DIR]
                                  [--checkpoint-config configs/checkpoint/demo.yaml]
 
-One heat task per case and one train task, each a bash app running ``resilient run --
-mpiexec -n N python -m apps.<app> ...`` (workflows/campaign_apps.py, on the generic apps of
-:mod:`resilient.integrations.parsl`). Each task
+One heat task per case, one train task and, when the campaign's ``train_torch.enabled`` is
+true (``auto``: PyTorch is installed), one PyTorch DDP task (``apps.train_torch``), each a bash
+app running ``resilient run -- mpiexec -n N python -m apps.<app> ...``
+(workflows/campaign_apps.py, on the generic apps of :mod:`resilient.integrations.parsl`). Each
+task
 has its own checkpoint directory, keyed exactly as in workflows/Snakefile
 (``<checkpoint_root>/heat/<case>-<12 hex>``, ``<checkpoint_root>/train/train-<12 hex>``, the hex a
 hash of what determines the result: app, grid, steps, alpha, rank count, checkpoint layout), so
@@ -26,6 +28,7 @@ the tasks run in the repository root, and Parsl's run_dir is relative to it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
@@ -47,10 +50,11 @@ from resilient.schema import Section
 
 REPO = Path(__file__).resolve().parent.parent
 
-_CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train"}
+_CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train", "train_torch"}
 _HEAT_KEYS = {"ranks", "checkpoint_every", "step_delay", "cases"}
 _CASE_KEYS = {"nx", "ny", "steps", "alpha"}
 _TRAIN_KEYS = {"ranks", "steps", "checkpoint_every", "step_delay"}
+_TORCH_KEYS = _TRAIN_KEYS | {"enabled", "min_walltime"}
 
 
 @dataclass
@@ -58,10 +62,11 @@ class Task:
     """One task of the campaign."""
 
     name: str
-    app: str  # "heat" | "train"
+    app: str  # "heat" | "train" | "train_torch"
     params: dict[str, Any]  # what determines the result (hashed into the checkpoint dir)
     options: dict[str, Any]  # cadence, slow-down: not hashed
     out: Path
+    min_walltime: float = 0.0  # a simulated walltime per try is at least this
     checkpoint_dir: Path = field(init=False)
     future: Any = None
 
@@ -76,14 +81,30 @@ class Task:
             self.checkpoint_dir = Path(
                 checkpoint_dir(checkpoint_root, "heat", {"case": case}, keyed)
             )
-        else:
+        else:  # "train" and "train_torch": ckpt/<app>/<app>-<hash>
             keyed = {
-                "app": "apps.train",
+                "app": f"apps.{self.app}",
                 "ranks": p["ranks"],
                 "steps": p["steps"],
                 "layout": layout,
             }
-            self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, "train", {}, keyed))
+            self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, self.app, {}, keyed))
+
+
+def torch_task_enabled(value: Any) -> bool:
+    """The campaign's ``train_torch.enabled``: ``auto`` (PyTorch is installed here), true, false.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return importlib.util.find_spec("torch") is not None
+    if text in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return text in ("true", "yes", "on", "1")
+    raise ValueError(f"expected auto, true or false, got {value!r}")
 
 
 def load_campaign(
@@ -126,6 +147,25 @@ def load_campaign(
             "step_delay": float(train.get("step_delay", (int, float), 0.0)),
         }
         tasks.append(Task("train", "train", params, options, results / "train" / "model.h5"))
+    torch_task = top.optional_section("train_torch")
+    if torch_task is not None:
+        torch_task.only(_TORCH_KEYS)
+        try:
+            enabled = torch_task_enabled(torch_task.get("enabled", (str, bool), "auto"))
+        except ValueError as exc:
+            raise torch_task.fail("enabled", str(exc)) from None
+        if enabled:
+            params = {
+                "steps": torch_task.require("steps", int, minimum=0),
+                "ranks": torch_task.require("ranks", int, minimum=1),
+            }
+            options = {
+                "checkpoint_every": torch_task.require("checkpoint_every", int, minimum=1),
+                "step_delay": float(torch_task.get("step_delay", (int, float), 0.0)),
+            }
+            min_walltime = float(torch_task.get("min_walltime", (int, float), 0.0, minimum=0))
+            out = results / "train_torch" / "model.h5"
+            tasks.append(Task("train_torch", "train_torch", params, options, out, min_walltime))
     for task in tasks:
         task.place(ckroot, layout)
     return tasks, results, ckroot, top.doc.get("walltime")
@@ -221,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 "checkpoint_dir": str(t.checkpoint_dir),
                 "out": str(t.out),
                 "config": str(policy),
-                "walltime_s": walltime,
+                "walltime_s": None if walltime is None else max(walltime, t.min_walltime),
                 "stdout": str(logs / f"{t.name}.out"),
                 "stderr": str(logs / f"{t.name}.err"),
                 **t.options,

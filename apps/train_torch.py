@@ -1,0 +1,460 @@
+"""Data-parallel PyTorch training (``DistributedDataParallel`` over gloo, CPU) under a Session.
+
+A deterministic example (and test subject) for checkpoint/restart of a real PyTorch job: a
+24 -> 64 -> 64 -> 4 MLP with dropout, classifying a synthetic data set that every rank generates
+from a fixed seed (no downloads), trained with AdamW and a cosine learning-rate schedule.
+Batches are augmented with noise whose strength comes from Python's ``random`` and whose values
+come from a numpy ``Generator``; dropout draws from torch's generator. Every rank takes its
+shard of each global batch through a ``DistributedSampler`` (``set_epoch`` per epoch); DDP
+averages the gradients.
+
+The checkpoint holds, per rank: the model's, the optimizer's and the scheduler's state dicts,
+the three RNG states (torch's CPU generator as a uint8 tensor, the numpy generator's
+``bit_generator.state``, ``random.getstate()``), the data position (epoch, batch in the epoch)
+and the loss. The sampler's order is a function of its seed and the epoch, so the position
+alone restores the data stream. A run killed and resumed any number of times ends bit-identical
+to an uninterrupted run on the same number of ranks.
+
+Launch (the app never initialises MPI; it reads its rank from the launcher's environment)::
+
+    torchrun --nproc-per-node 2 -m apps.train_torch --steps 200 --checkpoint-dir ckpt --out m.h5
+    mpiexec -n 2 python -m apps.train_torch --steps 200 --checkpoint-dir ckpt --out m.h5
+    srun -n 2 python -m apps.train_torch ...        # in a Slurm allocation
+    python -m apps.train_torch ...                  # one process
+
+Rank and size come from ``RANK``/``WORLD_SIZE`` (torchrun), ``PMI_RANK``/``PMI_SIZE`` (MPICH's
+hydra, Intel MPI), ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI) or
+``SLURM_PROCID``/``SLURM_STEP_NUM_TASKS`` (srun). The rendezvous address is ``MASTER_ADDR``,
+else the step's first node under srun, else 127.0.0.1 (one host; set ``MASTER_ADDR`` for
+``mpiexec`` across hosts); the port ``MASTER_PORT``, else one in 20000-39999 derived from the
+checkpoint directory and ``SLURM_JOB_ID`` (the same on every rank, and different for two tasks
+that share a host). The torch process group is the Session's communicator.
+
+Checkpoint policy: ``--config configs/checkpoint/training.yaml`` (see :mod:`resilient.config`),
+else every 20 steps, keeping the newest 3 and the best 2 by loss; ``--checkpoint-every`` and
+``--checkpoint-comm`` override either.
+
+Exit codes: 0 done (``--out`` written by rank 0), 75 stopped early by a signal or the deadline
+with a final checkpoint written (run the same command again to resume), 2 bad arguments or
+config.
+"""
+
+# ruff: noqa: E402  (stop-signal handlers are installed before the slow imports, on purpose)
+from __future__ import annotations
+
+# Install the stop-signal handlers before the slow imports (torch takes seconds): under Slurm a
+# warning signal can arrive within the first second, and without a handler it would kill the rank.
+from resilient.slurm import StopSignals
+
+EARLY_SIGNALS = StopSignals().__enter__()
+
+import argparse
+import dataclasses
+import logging
+import os
+import random
+import re
+import signal
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
+from resilient.errors import ConfigError
+from resilient.policies import EverySteps, KeepBest, KeepLast
+from resilient.session import Session
+
+__all__ = ["Launch", "find_launch", "main"]
+
+log = logging.getLogger("apps.train_torch")
+
+N_IN, N_HIDDEN, N_CLASSES = 24, 64, 4
+N_SAMPLES = 1024
+GLOBAL_BATCH = 32  # 32 steps per epoch
+DROPOUT = 0.1
+DATA_SEED, INIT_SEED, SHUFFLE_SEED, AUG_SEED = 20240611, 42, 7, 1234
+LEARNING_RATE, WEIGHT_DECAY = 3e-3, 1e-2
+MAX_NOISE = 0.1  # augmentation: N(0, s^2) input noise, s uniform in [0, MAX_NOISE) per batch
+PROGRESS_EVERY = 10
+PORT_BASE, PORT_RANGE = 20000, 20000  # without $MASTER_PORT: below Linux's ephemeral ports
+DIST_TIMEOUT = timedelta(minutes=10)  # a rank that dies leaves the others waiting this long
+PIDFILE_ENV = "RESILIENT_TEST_PIDFILE_DIR"  # test hook: write rank<r>.pid there once running
+DEFAULT_CONFIG = CheckpointConfig(
+    checkpoint_comm="self",
+    save_when=EverySteps(20),
+    keep=KeepLast(3) | KeepBest("loss", n=2),
+)
+EXIT_USAGE = 2
+
+
+# --------------------------------------------------------------------------- launch
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """Where this process sits in the job, as its launcher described it."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # which launcher's variables were read
+
+
+_RANK_VARS = (
+    ("torchrun", "RANK", "WORLD_SIZE"),
+    ("hydra", "PMI_RANK", "PMI_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),  # set in a job step only, not a batch shell
+)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``n[07-09,12],m1`` -> ``n07``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if m is None:
+        raise ConfigError(f"cannot read a host from the node list {nodelist!r}")
+    prefix, ranges = m.group(1), m.group(2)
+    return prefix if ranges is None else prefix + ranges.split(",")[0].split("-")[0]
+
+
+def find_launch(environ: Mapping[str, str], *, task: str = "") -> Launch:
+    """Rank, size and rendezvous point from the launcher's environment (see the module doc).
+
+    ``task`` names the run (the checkpoint directory): without ``$MASTER_PORT`` the port is
+    derived from it and from ``$SLURM_JOB_ID``.
+
+    Raises:
+        ConfigError: the variables are malformed.
+    """
+    rank, size, source = 0, 1, "single process"
+    for name, rank_var, size_var in _RANK_VARS:
+        if rank_var in environ and size_var in environ:
+            try:
+                rank, size = int(environ[rank_var]), int(environ[size_var])
+            except ValueError:
+                raise ConfigError(
+                    f"${rank_var}={environ[rank_var]!r}, ${size_var}={environ[size_var]!r}: "
+                    "not integers"
+                ) from None
+            source = name
+            break
+    if not 0 <= rank < size:
+        raise ConfigError(f"rank {rank} is not in a world of size {size} ({source})")
+    addr = environ.get("MASTER_ADDR")
+    if not addr:
+        nodes = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        addr = first_host(nodes) if source == "srun" and nodes else "127.0.0.1"
+    port_text = environ.get("MASTER_PORT")
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ConfigError(f"$MASTER_PORT={port_text!r} is not a port number")
+        port = int(port_text)
+    else:  # deterministic, so every rank agrees; tasks and jobs sharing a host differ
+        key = f"{environ.get('SLURM_JOB_ID', '')}:{task}".encode()
+        port = PORT_BASE + zlib.crc32(key) % PORT_RANGE
+    return Launch(rank=rank, world_size=size, master_addr=addr, master_port=port, source=source)
+
+
+def init_process_group(launch: Launch) -> None:
+    """The gloo process group: a TCP rendezvous, or an in-memory store for one process."""
+    if launch.world_size == 1:  # no port: concurrent single-process runs must not collide
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=DIST_TIMEOUT
+        )
+        return
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=DIST_TIMEOUT,
+    )
+
+
+def session_comm() -> Any:
+    """The Session's communicator: the torch process group (``resilient.torchdist``)."""
+    return dist.group.WORLD
+
+
+# --------------------------------------------------------------------------- data and model
+
+
+def make_data() -> TensorDataset:
+    """The synthetic classification set, identical on every rank (fixed seed)."""
+    g = torch.Generator().manual_seed(DATA_SEED)
+    x = torch.randn(N_SAMPLES, N_IN, generator=g)
+    proj = torch.randn(N_IN, N_CLASSES, generator=g) / N_IN**0.5
+    logits = torch.tanh(2.0 * x @ proj) + 0.3 * torch.randn(N_SAMPLES, N_CLASSES, generator=g)
+    return TensorDataset(x, logits.argmax(dim=1))
+
+
+def make_model() -> nn.Module:
+    """The MLP, with the same initial weights on every rank (seeded)."""
+    torch.manual_seed(INIT_SEED)
+    return nn.Sequential(
+        nn.Linear(N_IN, N_HIDDEN),
+        nn.GELU(),
+        nn.Dropout(DROPOUT),
+        nn.Linear(N_HIDDEN, N_HIDDEN),
+        nn.GELU(),
+        nn.Dropout(DROPOUT),
+        nn.Linear(N_HIDDEN, N_CLASSES),
+    )
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything that changes during training, and the checkpoint state made of it."""
+
+    model: nn.Module  # the DDP-wrapped module's ``.module``
+    ddp: DistributedDataParallel
+    optim: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    sampler: DistributedSampler[Any]
+    data: TensorDataset
+    np_rng: np.random.Generator
+    local_batch: int
+    epoch: int = 0
+    batch: int = 0  # next batch of this epoch
+    loss: float | None = None  # global mean loss of the last step
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.sampler) // self.local_batch
+
+    def state(self) -> dict[str, Any]:
+        """This rank's checkpoint state (tensors by reference: the save copies what it needs)."""
+        version, internal, gauss = random.getstate()
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optim.state_dict(),
+            "sched": self.sched.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": self.np_rng.bit_generator.state,
+                "python": {
+                    "version": version,
+                    "state": np.array(internal, dtype=np.uint32),
+                    "gauss_next": gauss,
+                },
+            },
+            "data": {"epoch": self.epoch, "batch": self.batch},
+            "loss": self.loss,
+        }
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Set everything from a checkpoint state (or from :meth:`state`'s own output)."""
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.sched.load_state_dict(state["sched"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.np_rng.bit_generator.state = dict(rng["numpy"])
+        py = rng["python"]
+        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]))
+        self.epoch, self.batch = int(state["data"]["epoch"]), int(state["data"]["batch"])
+        self.loss = None if state["loss"] is None else float(state["loss"])
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's shard of the current global batch; advances the position."""
+        self.sampler.set_epoch(self.epoch)  # the order is a function of (seed, epoch)
+        indices = list(self.sampler)
+        start = self.batch * self.local_batch
+        idx = torch.tensor(indices[start : start + self.local_batch])
+        self.batch += 1
+        if self.batch == self.batches_per_epoch:
+            self.epoch, self.batch = self.epoch + 1, 0
+        x, y = self.data.tensors
+        return x[idx], y[idx]
+
+    def step(self) -> float:
+        """One step: augment, forward, backward (DDP averages the gradients), AdamW, schedule."""
+        x, y = self.next_batch()
+        scale = MAX_NOISE * random.random()
+        noise = self.np_rng.standard_normal(x.shape, dtype=np.float32)
+        x = x + scale * torch.from_numpy(noise)
+        self.ddp.train()
+        self.optim.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.ddp(x), y)
+        loss.backward()
+        self.optim.step()
+        self.sched.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        self.loss = float(total) / dist.get_world_size()
+        return self.loss
+
+
+def build_trainer(steps: int, rank: int, world: int) -> Trainer:
+    """Model (wrapped in DDP), AdamW, cosine schedule, sampler and RNGs at their step-0 state."""
+    if GLOBAL_BATCH % world:
+        raise ConfigError(f"the global batch {GLOBAL_BATCH} does not split over {world} ranks")
+    model = make_model()
+    ddp = DistributedDataParallel(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=max(steps, 1))
+    data = make_data()
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=SHUFFLE_SEED, drop_last=True
+    )
+    # per-rank streams: dropout masks and augmentation differ between ranks
+    torch.manual_seed(AUG_SEED + rank)
+    random.seed(AUG_SEED + rank)
+    np_rng = np.random.Generator(np.random.PCG64(AUG_SEED + rank))
+    return Trainer(model, ddp, optim, sched, sampler, data, np_rng, GLOBAL_BATCH // world)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m apps.train_torch", description=(__doc__ or "").split("\n")[0]
+    )
+    p.add_argument("--steps", type=int, required=True, help="total training steps")
+    p.add_argument("--checkpoint-dir", type=Path, required=True, help="checkpoint root")
+    p.add_argument("--out", type=Path, required=True, help="HDF5 file written at completion")
+    p.add_argument("--config", type=Path, help="checkpoint policy YAML (configs/checkpoint/)")
+    p.add_argument(
+        "--checkpoint-every", type=int, help="save every N steps (default 20; overrides --config)"
+    )
+    p.add_argument(
+        "--checkpoint-comm",
+        choices=("self", "node", "world"),
+        help="ranks sharing a checkpoint file (default self; overrides --config)",
+    )
+    p.add_argument("--async-save", action="store_true", help="save in the background")
+    p.add_argument("--local-dir", help="node-local checkpoint tier (e.g. /dev/shm, $SLURM_TMPDIR)")
+    p.add_argument("--flush-every", type=int, default=None, help="with --local-dir (default 1)")
+    p.add_argument("--step-delay", type=float, default=0.0, help="sleep seconds per step")
+    args = p.parse_args(argv)
+    if args.steps < 0 or args.step_delay < 0:
+        p.error("--steps and --step-delay must be >= 0")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be >= 1")
+    return args
+
+
+def checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
+    """``--config`` (else the defaults), with the explicitly given flags overriding it.
+
+    Raises:
+        ConfigError: the config file is unreadable or invalid.
+    """
+    cfg = DEFAULT_CONFIG if args.config is None else load_checkpoint_config(args.config)
+    changes: dict[str, Any] = {}
+    if args.checkpoint_every is not None:
+        changes["save_when"] = EverySteps(args.checkpoint_every)
+    if args.checkpoint_comm is not None:
+        changes["checkpoint_comm"] = args.checkpoint_comm
+    changes.update(tier_options(args))
+    return dataclasses.replace(cfg, **changes)
+
+
+def write_pidfile(rank: int) -> None:
+    """Test hook: with ``$RESILIENT_TEST_PIDFILE_DIR`` set, write ``rank<r>.pid`` there."""
+    where = os.environ.get(PIDFILE_ENV)
+    if not where:
+        return
+    folder = Path(where)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".rank{rank}.pid.tmp"
+    tmp.write_text(f"{os.getpid()}\n")
+    os.replace(tmp, folder / f"rank{rank}.pid")
+
+
+def write_output(path: Path, model: nn.Module, steps: int, loss: float | None) -> None:
+    """Rank 0: the final weights as HDF5 datasets, with attrs ``steps`` and ``final_loss``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        for name, tensor in model.state_dict().items():
+            f.create_dataset(name, data=tensor.detach().numpy())
+        f.attrs["steps"] = steps
+        f.attrs["final_loss"] = float("nan") if loss is None else float(loss)
+    os.replace(tmp, path)
+
+
+def train(args: argparse.Namespace, cfg: CheckpointConfig) -> None:
+    """Train under a Session; raises ``SystemExit(75)`` when stopped early."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainer = build_trainer(args.steps, rank, world)
+    with Session(
+        args.checkpoint_dir,
+        comm=session_comm(),
+        signals=EARLY_SIGNALS,
+        **cfg.session_options(),
+    ) as s:
+        step, state = s.restore_or(trainer.state)
+        trainer.load(state)  # a no-op on a fresh start
+        write_pidfile(rank)
+        saved = step
+        while step < args.steps and not s.should_stop():
+            loss = trainer.step()
+            step += 1
+            if s.maybe_save(step, trainer.state(), metrics={"loss": loss}):
+                saved = step
+            if rank == 0 and step % PROGRESS_EVERY == 0:
+                print(f"step {step} epoch {trainer.epoch} loss {loss:.6f}", flush=True)
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        if s.stopped:
+            print(f"STOPPED rank={rank} step={step} reason={s.stop_reason}", flush=True)
+            return  # the Session writes the final checkpoint and raises SystemExit(75)
+        if saved != step:
+            s.save(step, trainer.state(), metrics={"loss": trainer.loss})
+    if rank == 0:
+        write_output(args.out, trainer.model, step, trainer.loss)
+        print(f"done: {step} steps, final loss {trainer.loss}, wrote {args.out}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: ``torchrun --nproc-per-node N -m apps.train_torch ...`` (or mpiexec, srun)."""
+    args = parse_args(argv)
+    try:
+        # the checkpoint directory names the task (abspath: no symlinks resolved, so every rank
+        # of one launch derives the same port)
+        launch = find_launch(os.environ, task=os.path.abspath(args.checkpoint_dir))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise SystemExit(EXIT_USAGE) from None
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[rank {launch.rank}] %(asctime)s %(name)s %(levelname)s: %(message)s",
+    )
+    try:
+        cfg = checkpoint_config(args)
+    except ConfigError as exc:  # every rank reads the same file and fails alike: no collective
+        if launch.rank == 0:
+            log.error("%s", exc)
+        raise SystemExit(EXIT_USAGE) from None
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    init_process_group(launch)
+    try:
+        train(args, cfg)
+    finally:
+        dist.destroy_process_group()
+    # Finished, output written: a warning signal that arrives now (the walltime's, just too
+    # late) must not kill the process during shutdown and turn a success into a failure.
+    for sig in EARLY_SIGNALS.signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+if __name__ == "__main__":
+    main()
