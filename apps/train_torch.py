@@ -171,9 +171,8 @@ def find_launch(environ: Mapping[str, str], *, task: str = "") -> Launch:
 def init_process_group(launch: Launch) -> None:
     """The gloo process group: a TCP rendezvous, or an in-memory store for one process."""
     if launch.world_size == 1:  # no port: concurrent single-process runs must not collide
-        dist.init_process_group(
-            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=DIST_TIMEOUT
-        )
+        store = dist.HashStore()  # type: ignore[attr-defined,unused-ignore]
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=DIST_TIMEOUT)
         return
     dist.init_process_group(
         "gloo",
@@ -286,10 +285,10 @@ class Trainer:
         scale = MAX_NOISE * random.random()
         noise = self.np_rng.standard_normal(x.shape, dtype=np.float32)
         x = x + scale * torch.from_numpy(noise)
-        self.ddp.train()
+        self.ddp.train()  # type: ignore[no-untyped-call,unused-ignore]
         self.optim.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.ddp(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call,unused-ignore]
         self.optim.step()
         self.sched.step()
         total = loss.detach().clone()
