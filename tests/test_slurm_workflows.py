@@ -150,6 +150,7 @@ def start_snakemake(d: Path, t0: float) -> Scenario:
         "retries": 8,
         "heat": {"ranks": 4, "checkpoint_every": EVERY, "step_delay": DELAY, "cases": {"hot": CASE}},
         "train": {"ranks": 2, "steps": 20, "checkpoint_every": 10, "step_delay": 0.0},  # tiny
+        "train_torch": {"enabled": False},  # explicit: jobs merge the default configfile back in
     }  # fmt: skip
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", "configs/profiles/slurm",

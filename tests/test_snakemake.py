@@ -70,6 +70,10 @@ def campaign(tmp: Path, **changes: Any) -> dict[str, Any]:
         "walltime": WALLTIME,
         "heat": {"ranks": 4, "checkpoint_every": 20, "step_delay": HEAT_DELAY, "cases": cases},
         "train": dict(TRAIN),
+        # explicit: Snakemake's job subprocesses merge the Snakefile's default configfile back
+        # in despite --replace-workflow-config, so an absent section would read as the
+        # default's `enabled: auto` there (and as absent in the main process)
+        "train_torch": {"enabled": False},
     }
     doc.update(changes)
     return doc
