@@ -262,16 +262,22 @@ def _pwrite_runs(fd: int, pieces: list[tuple[int, memoryview]]) -> None:
     A state of 4,000 small arrays is a few runs (HDF5's metadata between them included), not
     4,000 system calls.
     """
-    pieces = sorted((p for p in pieces if len(p[1])), key=lambda p: p[0])
-    i = 0
-    while i < len(pieces):
-        start, end, run = pieces[i][0], pieces[i][0] + len(pieces[i][1]), [pieces[i][1]]
-        i += 1
-        while i < len(pieces) and pieces[i][0] == end and len(run) < _IOV_MAX:
-            run.append(pieces[i][1])
-            end += len(pieces[i][1])
-            i += 1
+    for start, run in _runs(pieces):
         _pwritev_all(fd, run, start)
+
+
+def _runs(pieces: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[memoryview]]]:
+    """Non-empty pieces sorted by offset, grouped into runs of adjacent ones (<= IOV_MAX each)."""
+    ordered = sorted((p for p in pieces if len(p[1])), key=lambda p: p[0])
+    runs: list[tuple[int, list[memoryview]]] = []
+    end = -1
+    for offset, view in ordered:
+        if offset == end and len(runs[-1][1]) < _IOV_MAX:
+            runs[-1][1].append(view)
+        else:
+            runs.append((offset, [view]))
+        end = offset + len(view)
+    return runs
 
 
 def _pwritev_all(fd: int, views: list[memoryview], pos: int) -> None:
@@ -361,15 +367,7 @@ def read_many(fd: int, items: Sequence[tuple[int, npt.NDArray[np.generic]]]) -> 
     Raises:
         EOFError: the file ends early.
     """
-    pieces = sorted(((o, _bytes_view(a)) for o, a in items if a.nbytes), key=lambda p: p[0])
-    i = 0
-    while i < len(pieces):
-        start, end, run = pieces[i][0], pieces[i][0] + len(pieces[i][1]), [pieces[i][1]]
-        i += 1
-        while i < len(pieces) and pieces[i][0] == end and len(run) < _IOV_MAX:
-            run.append(pieces[i][1])
-            end += len(pieces[i][1])
-            i += 1
+    for start, run in _runs([(o, _bytes_view(a)) for o, a in items]):
         _preadv_all(fd, run, start)
 
 
