@@ -42,7 +42,7 @@ from resilient.manifest import (
     file_segments,
 )
 from resilient.payload import LocalData
-from resilient.staging import allocate
+from resilient.staging import allocate_many
 from resilient.topology import Topology
 from resilient.tree import leaf_paths, unflatten
 
@@ -440,11 +440,19 @@ def _read_rank(
 
     entry = manifest.ranks[rank]
     # (dataset, the array read into, the template leaf to copy into afterwards, or None)
+    views = {}
+    for name, target in into.items():
+        views[name] = writable_view(target)
+    fresh = iter(
+        allocate_many(
+            [(d.shape, np.dtype(d.dtype)) for d in entry.datasets if views.get(d.name) is None]
+        )
+    )
     targets: list[tuple[Any, Any, Any]] = []
     for d in entry.datasets:
+        view = views.get(d.name)
+        arr = view if view is not None else next(fresh)
         target = into.get(d.name)
-        view = None if target is None else writable_view(target)
-        arr = view if view is not None else allocate(d.shape, np.dtype(d.dtype))
         targets.append((d, arr, target if view is None else None))
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:

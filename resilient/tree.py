@@ -61,6 +61,7 @@ class ArrayLeaf:
     meta: Mapping[str, Any]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same keys come back at every save
 def encode_key(key: str) -> str:
     """``key`` as one path component (reversible; see the module docstring)."""
     if key == "":
@@ -153,17 +154,20 @@ def _flatten(
     depth: int,
     active: set[int],
 ) -> Any:
-    where = f"{what}[{path!r}]" if path else what
     if depth > MAX_DEPTH:
-        raise TreeError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
     meta = is_array(value)
     if meta is not None:
         if not path:
             raise TreeError(f"{what} must be a mapping, not an array")
+        if not meta:
+            arrays[path] = ArrayLeaf(value, {})
+            return ["a", path]
         arrays[path] = ArrayLeaf(value, dict(meta))
-        return ["a", path, dict(meta)] if meta else ["a", path]
+        return ["a", path, dict(meta)]
     if path and _plain_json(value, depth):
         return ["j", value]
+    where = _where(what, path)
     if id(value) in active:
         raise TreeError(f"{where}: contains itself")
     if isinstance(value, Mapping):
@@ -191,6 +195,10 @@ def _flatten(
     raise TreeError(
         f"{where}: {type(value).__name__} is neither an array, a mapping, a list, a tuple nor JSON"
     )
+
+
+def _where(what: str, path: str) -> str:
+    return f"{what}[{path!r}]" if path else what
 
 
 def leaf_paths(tree: Any) -> dict[str, Mapping[str, Any]]:
