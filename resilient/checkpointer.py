@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
 from resilient.arrays import leaf_meta, restore_leaf, template_spec, writable_view
-from resilient.checksum import digest_array, digest_text
+from resilient.checksum import digest_array, digest_bytes, digest_text
 from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
@@ -63,6 +63,7 @@ __all__ = [
     "planned",
     "read_rank",
     "save_set",
+    "seed_cache",
 ]
 
 
@@ -480,3 +481,47 @@ def _read_rank(
     )
     assert isinstance(built, dict)
     return built
+
+
+def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
+    """Local: after a restore, remember the restored file's skeleton, so that the first save of
+    the same structure (the usual first save after a restart) skips h5py altogether.
+
+    Every rank decides from the manifest alone (the same on every rank of a group): the file
+    must have been written by exactly this group. The leader also reads HDF5's own bytes back
+    and checks them against the manifest; if it cannot, it keeps only the structure, and its
+    first save creates a new skeleton as usual.
+    """
+    entry = next((f for f in manifest.files if f.name == topo.file_name), None)
+    if (
+        manifest.layout.groups != topo.groups
+        or manifest.layout.kind != topo.kind
+        or entry is None
+        or entry.ranks != topo.members
+    ):
+        return
+    specs = {
+        r: tuple(hdf5.ArraySpec(d.name, d.shape, d.dtype) for d in manifest.ranks[r].datasets)
+        for r in topo.members
+    }
+    offsets = {r: {d.name: d.offset for d in manifest.ranks[r].datasets} for r in topo.members}
+    rank = topo.comm.rank
+    cache.generation += 1
+    cache.specs = specs[rank]
+    cache.offsets = offsets[rank]
+    if topo.group.rank != 0:
+        return
+    cache.group_specs = specs
+    cache.skeleton = None
+    try:
+        fd = os.open(directory / entry.name, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            image = tuple((s.offset, os.pread(fd, s.length, s.offset)) for s in entry.meta_segments)
+        finally:
+            os.close(fd)
+    except OSError:
+        return
+    if all(
+        digest_bytes(b) == s.checksum for (_, b), s in zip(image, entry.meta_segments, strict=True)
+    ):
+        cache.skeleton = hdf5.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
