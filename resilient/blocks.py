@@ -125,8 +125,8 @@ class Block:
     """
 
     local: Any
-    global_shape: tuple[int, ...]
-    start: tuple[int, ...]
+    global_shape: Sequence[int]  # normalised to a tuple of ints
+    start: Sequence[int]
 
     def __post_init__(self) -> None:
         g = _ints(self.global_shape, "Block: global_shape")

@@ -59,7 +59,9 @@ def sl(start: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))
 
 
-def state_of(step: int, n: int, r: int, *, extra: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+def state_of(
+    step: int, n: int, r: int, *, extra: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     d = decomposition(n, r)
     state: dict[str, Any] = {
         "u": Block(np.ascontiguousarray(global_u(step)[sl(*d["u"])]), U_SHAPE, d["u"][0]),
@@ -77,7 +79,8 @@ def layout_comm(comm: MPI.Intracomm, kind: str) -> Any:
     return comm.Split(comm.rank // 2, comm.rank) if kind == "split" else kind
 
 
-def sub(n: int) -> MPI.Intracomm | None:
+def sub(n: int) -> Any:
+    """The first ``n`` ranks' communicator (``None`` on the others)."""
     comm = world.Split(0 if rank < n else MPI.UNDEFINED, rank)
     return None if comm == MPI.COMM_NULL else comm
 
@@ -114,10 +117,12 @@ def bound(saved_n: int, want: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
 
 def restore(root: str, m_ranks: int, saved_n: int, step: int) -> dict[str, Any] | None:
     comm = sub(m_ranks)
-    out = None
+    out: dict[str, Any] | None = None
     if comm is not None:
         want = decomposition(m_ranks, comm.rank)
-        blocks = {k: (shape, *want[k]) for k, shape in (("u", U_SHAPE), ("v", V_SHAPE), ("k", K_SHAPE))}
+        blocks = {
+            k: (shape, *want[k]) for k, shape in (("u", U_SHAPE), ("v", V_SHAPE), ("k", K_SHAPE))
+        }
         with CheckpointManager(root, comm=comm) as m:
             got_step, st = m.restore(blocks=blocks)
             stats = m._restorer.last_read
@@ -157,7 +162,9 @@ def scenario_undeclared(root: str, kind: str, arg: str) -> None:
     res: dict[str, Any] = {"rank": rank}
     if comm is not None:
         d = decomposition(3, comm.rank)
-        blocks = {k: (shape, *d[k]) for k, shape in (("u", U_SHAPE), ("v", V_SHAPE), ("k", K_SHAPE))}
+        blocks = {
+            k: (shape, *d[k]) for k, shape in (("u", U_SHAPE), ("v", V_SHAPE), ("k", K_SHAPE))
+        }
         with CheckpointManager(root, comm=comm) as m:
             try:
                 m.restore(blocks=blocks)
