@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
+from resilient.validate import validate_checkpoint
 from tests.mpirun import REPO, clean_env, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
@@ -57,17 +58,22 @@ def test_the_result_does_not_depend_on_the_rank_count(
     assert field(tmp_path / "out.h5", STEPS) == reference
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 6])
+@pytest.mark.parametrize(("n", "extra"), [(1, ()), (2, ()), (3, ("--async-save",)), (6, ())])
 def test_a_4_rank_checkpoint_resumes_on_n_ranks_bit_identically(
-    tmp_path: Path, reference: bytes, half: Path, n: int
+    tmp_path: Path, reference: bytes, half: Path, n: int, extra: tuple[str, ...]
 ) -> None:
     ckpt = tmp_path / "ck"
     shutil.copytree(half / "ck", ckpt)
-    log = heat(n, ckpt, tmp_path / "out.h5", STEPS)
+    log = heat(n, ckpt, tmp_path / "out.h5", STEPS, *extra)
     assert f"resumed from step {HALF}" in log
     assert field(tmp_path / "out.h5", STEPS) == reference
     saves = [json.loads(line) for line in (ckpt / "saves.jsonl").read_text().splitlines()]
     assert [s["step"] for s in saves] == [20, 40, 60, 80, 100, 120]
+    # the saves after the resume wrote kappa anew for n ranks, and everything verifies
+    newest = validate_checkpoint(ckpt / "step_00000120", full=True)
+    assert newest.layout.nranks == n and newest.static is not None
+    static = validate_checkpoint(ckpt / "static" / newest.static, full=True, kind="static")
+    assert static.layout.nranks == n
 
 
 @pytest.mark.parametrize("copy", [False, True])
