@@ -6,7 +6,14 @@ fixed seed. Each rank takes its shard of every global minibatch; gradients are s
 ``Allreduce`` and divided by the global batch size. The checkpointed state is the weights, the
 Adam moments and step count, the shuffling RNG's state and the position in the data, so a run
 that is killed and resumed any number of times ends bit-identical to an uninterrupted run on the
-same number of ranks::
+same number of ranks.
+
+Every value of the state is the same on every rank (data parallelism: the gradients are summed
+over all ranks), so it is saved as :class:`resilient.Replicated`, and the data position is a
+global sample index; a checkpoint therefore resumes on any number of ranks with the same global
+batch. On another rank count the gradient sum is added up in another order (each rank's shard
+changes), so the result then differs from the uninterrupted run in the last bits (see the
+README for the tolerance)::
 
     mpiexec -n 2 python -m apps.train --steps 200 --checkpoint-dir ckpt --out out.h5
 
@@ -41,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
+from resilient.blocks import Replicated
 from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.errors import ConfigError
 from resilient.policies import EverySteps, KeepBest, KeepLast
@@ -260,6 +268,11 @@ def write_output(path: Path, state: Mapping[str, Any], steps: int) -> None:
     os.replace(tmp, path)
 
 
+def replicated(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The state as saved: every value the same on every rank, so restorable on any rank count."""
+    return {key: Replicated(value) for key, value in state.items()}
+
+
 def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> None:
     """Train under a Session; raises ``SystemExit(75)`` when stopped early."""
     rank = comm.Get_rank()
@@ -276,7 +289,7 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> No
         while step < args.steps and not s.should_stop():
             loss = train_step(state, data, comm)
             step += 1
-            if s.maybe_save(step, dict(state), metrics={"loss": loss}):
+            if s.maybe_save(step, replicated(state), metrics={"loss": loss}):
                 saved = step
             if rank == 0 and step % PROGRESS_EVERY == 0:
                 print(f"step {step} loss {loss:.6f}", flush=True)
@@ -286,7 +299,7 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> No
             print(f"STOPPED rank={rank} step={step} reason={s.stop_reason}", flush=True)
             return  # the Session writes the final checkpoint and raises SystemExit(75)
         if saved != step:
-            s.save(step, dict(state), metrics={"loss": state["loss"]})
+            s.save(step, replicated(state), metrics={"loss": state["loss"]})
     if rank == 0:
         write_output(args.out, state, step)
         print(f"done: {step} steps, final loss {state['loss']}, wrote {args.out}", flush=True)

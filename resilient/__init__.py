@@ -6,6 +6,7 @@ Importing this package does no work: no MPI initialisation, no signal handlers, 
 from __future__ import annotations
 
 from resilient._version import __version__
+from resilient.blocks import Block, BlockSpec, Replicated, block_1d, cartesian_block
 from resilient.comm import Comm, SerialComm
 from resilient.errors import (
     CheckpointLockedError,
@@ -37,6 +38,11 @@ from resilient.resumable import Resume, resumable
 from resilient.session import Session
 
 __all__ = [
+    "Block",
+    "BlockSpec",
+    "Replicated",
+    "block_1d",
+    "cartesian_block",
     "BeforeWalltime",
     "OnSignal",
     "Resume",

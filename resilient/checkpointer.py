@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
 from resilient.arrays import leaf_meta, restore_leaf, template_spec, writable_view
-from resilient.checksum import digest_array, digest_bytes, digest_text
+from resilient.blocks import stripe_rows
+from resilient.checksum import digest_array, digest_bytes, digest_stripes, digest_text
 from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
@@ -38,6 +39,7 @@ from resilient.manifest import (
     Manifest,
     RankEntry,
     Segment,
+    Stripes,
     combine_checksums,
     file_segments,
 )
@@ -74,6 +76,7 @@ class RankPlan:
     rank: int
     specs: tuple[hdf5.ArraySpec, ...]
     tree: Any
+    striped: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, rank: int, data: LocalData) -> RankPlan:
@@ -85,6 +88,7 @@ class RankPlan:
             ),
             # a private copy (JSON in, JSON out: ~20x faster than copy.deepcopy for big trees)
             tree=json.loads(json.dumps(data.tree, allow_nan=True)),
+            striped=data.striped,
         )
 
     def entry(
@@ -93,6 +97,7 @@ class RankPlan:
         offsets: Mapping[str, int | None],
         arrays: Mapping[str, npt.NDArray[np.generic]],
         digests: Mapping[str, str],
+        stripes: Mapping[str, Stripes] | None = None,
     ) -> RankEntry:
         """This rank's manifest entry once its arrays sit at ``offsets`` in ``file``."""
         return RankEntry(
@@ -105,6 +110,7 @@ class RankPlan:
                     offsets[s.name],
                     arrays[s.name].nbytes,
                     digests[s.name],
+                    (stripes or {}).get(s.name),
                 )
                 for s in self.specs
             ),
@@ -178,14 +184,20 @@ class WriteJob:
     file: FileWritten | None
 
     def run(self) -> RankWritten:
-        """Checksum this rank's arrays, write them at their offsets, fsync."""
+        """Checksum this rank's arrays (Block leaves also by stripes of rows), write them at their
+        offsets, fsync."""
         digests = {k: digest_array(a) for k, a in self.arrays.items()}
+        stripes = {}
+        for k in self.plan.striped:
+            arr = self.arrays[k]
+            rows = stripe_rows(arr.shape, arr.dtype.itemsize)
+            stripes[k] = Stripes(rows, tuple(digest_stripes(arr, rows)))
         items = [(o, self.arrays[k]) for k, o in self.offsets.items() if o is not None]
         storage.retry_io(
             lambda: hdf5.write_file(self.path, items, skeleton=self.skeleton),
             what=f"writing {self.path}",
         )
-        entry = self.plan.entry(self.path.name, self.offsets, self.arrays, digests)
+        entry = self.plan.entry(self.path.name, self.offsets, self.arrays, digests, stripes)
         return RankWritten(entry, self.file)
 
 

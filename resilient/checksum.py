@@ -11,7 +11,15 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["digest_array", "digest_bytes", "digest_file_range", "digest_text", "hash128"]
+__all__ = [
+    "digest_array",
+    "digest_bytes",
+    "digest_file_range",
+    "digest_file_stripes",
+    "digest_stripes",
+    "digest_text",
+    "hash128",
+]
 
 _CHUNK = 8 << 20
 
@@ -31,6 +39,43 @@ def digest_array(arr: npt.NDArray[np.generic]) -> str:
     if arr.flags.c_contiguous:  # numpy exports a plain buffer: no view objects (5x faster)
         return xxhash.xxh3_64_hexdigest(arr)  # type: ignore[arg-type]
     return digest_bytes(memoryview(arr.reshape(-1).view("u1")))  # type: ignore[arg-type]
+
+
+def digest_stripes(arr: npt.NDArray[np.generic], rows: int) -> list[str]:
+    """xxh3-64 of each stripe of ``rows`` rows (axis 0) of a C-contiguous array (no copy)."""
+    if arr.ndim == 0 or arr.shape[0] == 0:
+        return []
+    view = memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]
+    step = rows * (arr.nbytes // arr.shape[0])
+    return [digest_bytes(view[pos : pos + step]) for pos in range(0, len(view), step)]
+
+
+def digest_file_stripes(fd: int, offset: int, length: int, stripe: int) -> tuple[str, list[str]]:
+    """xxh3-64 of ``length`` bytes of ``fd`` from ``offset`` and of each ``stripe`` bytes of it,
+    reading every byte once.
+
+    Raises:
+        EOFError: the file ends before ``offset + length``.
+    """
+    whole = xxhash.xxh3_64()
+    parts = []
+    buf = bytearray(max(1, min(stripe, length, _CHUNK)))
+    view = memoryview(buf)
+    pos, end = offset, offset + length
+    while pos < end:
+        want = min(stripe, end - pos)
+        part = xxhash.xxh3_64()
+        got = 0
+        while got < want:
+            n = os.preadv(fd, [view[: min(len(buf), want - got)]], pos + got)
+            if n == 0:
+                raise EOFError(f"file ends at {pos + got}, expected {end}")
+            whole.update(view[:n])
+            part.update(view[:n])
+            got += n
+        parts.append(part.hexdigest())
+        pos += want
+    return whole.hexdigest(), parts
 
 
 def hash128(text: str) -> str:

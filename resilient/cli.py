@@ -102,7 +102,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not records:
         print(f"no checkpoints in {args.root}")
         return EXIT_OK
-    print(f"{'step':>10}  {'tier':6}  {'time':19}  {'size':>10}  {'ranks':>5}  {'layout':6}  status")
+    print(
+        f"{'step':>10}  {'tier':6}  {'time':19}  {'size':>10}  {'ranks':>5}  {'layout':6}  status"
+    )
     for tier, r in records:
         m = r.manifest
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)) if m else "-"
@@ -228,6 +230,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from resilient.errors import CheckpointNotFoundError
+    from resilient.export import export
+
+    root = _root(args.root)
+    if len(args.where) == 1:
+        step, out = None, args.where[0]
+    elif len(args.where) == 2 and args.where[0].isdigit():
+        step, out = int(args.where[0]), args.where[1]
+    else:
+        raise CliError("usage: resilient export ROOT [STEP] OUT.h5 [--copy]")
+    try:
+        result = export(root, Path(out), step=step, copy=args.copy)
+    except CheckpointNotFoundError as exc:
+        raise CliError(str(exc), EXIT_NOT_FOUND) from None
+    except InvalidCheckpointError as exc:
+        raise CliError(f"step {step}: INVALID: {exc.reason}", EXIT_NOT_FOUND) from None
+    for note in result.skipped:
+        print(f"resilient export: skipped {note}", file=sys.stderr)
+    how = "copied, checksums verified" if args.copy else "virtual datasets over the checkpoint"
+    print(f"step {result.step}: {len(result.datasets)} dataset(s) to {out} ({how})")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from resilient.run import launch, options_from_args
 
@@ -284,6 +310,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="PNG", help="also write progress against wall-clock time")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "export", help="write a checkpoint's Block leaves as global arrays to one HDF5 file"
+    )
+    p.add_argument("root")
+    p.add_argument("where", nargs="+", metavar="[STEP] OUT.h5")
+    p.add_argument(
+        "--copy", action="store_true",
+        help="copy the data (verified) instead of virtual datasets over the checkpoint's files",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("run", help="run CMD resumably (walltime, signals, retries, exit 0/75/93)")
     run_parser(p)

@@ -153,9 +153,7 @@ class Collective:
             _raise(what, failed, self.comm.size)
         return result  # type: ignore[return-value]
 
-    def all_reduce(
-        self, what: str, local: Callable[[], T], combine: Callable[[list[T]], R]
-    ) -> R:
+    def all_reduce(self, what: str, local: Callable[[], T], combine: Callable[[list[T]], R]) -> R:
         """Collective over ``comm``: call on all ranks. Every rank runs ``local``; then the
         coordinator runs ``combine`` on the results of all ranks (in rank order).
 

@@ -6,7 +6,7 @@ survives pickling (exceptions cross mpi4py messages and Parsl workers).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -63,17 +63,26 @@ class LayoutMismatchError(ResilientError):
     Attributes:
         saved: description of the layout on disk.
         current: description of the layout of this run.
+        keys: the leaf paths that block a restore on another rank count: per-rank data
+            declared neither ``Block`` nor ``Replicated`` (empty when not known).
     """
 
-    def __init__(self, saved: str, current: str) -> None:
-        super().__init__(saved, current)
+    def __init__(self, saved: str, current: str, keys: Sequence[str] = ()) -> None:
+        super().__init__(saved, current, tuple(keys))
         self.saved = saved
         self.current = current
+        self.keys = tuple(keys)
 
     def __str__(self) -> str:
-        return (
-            f"checkpoint layout {self.saved} does not match this run's layout {self.current}; "
-            "restart with the same number of ranks and the same checkpoint_comm"
+        text = f"checkpoint layout {self.saved} does not match this run's layout {self.current}; "
+        if not self.keys:
+            return text + "restart with the same number of ranks and the same checkpoint_comm"
+        shown = ", ".join(repr(k) for k in self.keys[:12])
+        more = f" and {len(self.keys) - 12} more" if len(self.keys) > 12 else ""
+        return text + (
+            f"per-rank data not declared Block or Replicated blocks an elastic restore: "
+            f"{shown}{more} (restart with the same number of ranks and checkpoint_comm, or "
+            "declare them)"
         )
 
 

@@ -15,8 +15,8 @@ import math
 import mmap
 import os
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +30,15 @@ if TYPE_CHECKING:
 __all__ = [
     "ArraySpec",
     "FileSkeleton",
+    "GlobalDataset",
+    "VirtualSource",
     "copy_ranges",
     "create_skeleton",
     "rank_group_name",
     "read_into",
     "read_many",
     "write_file",
+    "write_global_file",
 ]
 
 _ALIGN = 4096  # O_DIRECT's alignment: every dataset written through it starts on a page
@@ -503,3 +506,79 @@ def _preadv_all(fd: int, views: list[memoryview], pos: int) -> None:
 def _bytes_view(arr: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a C-contiguous array (no copy)."""
     return memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualSource:
+    """One stored block as a source of a virtual dataset: its file, the dataset in it, its shape
+    and where it starts in the global array."""
+
+    file: Path
+    dataset: str
+    shape: tuple[int, ...]
+    start: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalDataset:
+    """One dataset of an exported file (:mod:`resilient.export`).
+
+    Attributes:
+        name: its path in the file (groups are created as needed).
+        shape: its shape.
+        dtype: its dtype string.
+        sources: for a virtual dataset, the stored blocks it maps (no data is copied).
+        pieces: otherwise, yields ``(start, array)`` pieces that together fill it.
+        attrs: its attributes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    sources: tuple[VirtualSource, ...] | None = None
+    pieces: Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]] | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def write_global_file(
+    path: Path, datasets: Sequence[GlobalDataset], *, attrs: Mapping[str, Any]
+) -> None:
+    """Write ``path`` (through a temporary file and a rename) holding ``datasets``: virtual
+    datasets over the checkpoint's files, or real data written piece by piece."""
+    import h5py
+    import numpy as np
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w", libver=("v110", "latest")) as f:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            for d in datasets:
+                dtype = np.dtype(d.dtype)
+                size: int = math.prod(d.shape)
+                if d.sources is not None and size:
+                    layout = h5py.VirtualLayout(shape=d.shape, dtype=dtype)
+                    for s in d.sources:
+                        if math.prod(s.shape):
+                            index = tuple(
+                                slice(a, a + n) for a, n in zip(s.start, s.shape, strict=True)
+                            )
+                            layout[index] = h5py.VirtualSource(
+                                os.fspath(s.file), s.dataset, shape=s.shape, dtype=dtype
+                            )
+                    dset = f.create_virtual_dataset(d.name, layout)
+                else:
+                    dset = f.create_dataset(d.name, shape=d.shape, dtype=dtype)
+                    for start, arr in d.pieces() if d.pieces is not None else ():
+                        if arr.size:
+                            dset[
+                                tuple(
+                                    slice(a, a + n) for a, n in zip(start, arr.shape, strict=True)
+                                )
+                            ] = arr
+                for key, value in d.attrs.items():
+                    dset.attrs[key] = value
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from resilient import storage
+from resilient.blocks import BlockSpec
 from resilient.catalog import Catalog
 from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
@@ -30,7 +31,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo
-from resilient.payload import SaveRequest, template_leaves
+from resilient.payload import SaveRequest, template_blocks, template_leaves
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
 from resilient.saving import SavePipeline
@@ -332,12 +333,23 @@ class CheckpointManager:
         *,
         validate: StateValidator | None = None,
         into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """Collective over ``comm``: load the newest valid checkpoint (or ``step``'s).
+        """Collective over ``comm``: call on all ranks. Load the newest valid checkpoint (or
+        ``step``'s).
 
         Each rank reads its own piece (and its static data, merged into the state) and checks
         every array's checksum. A checkpoint that fails on any rank, or whose state
         ``validate`` rejects on any rank, is quarantined and the next older one is tried.
+
+        A checkpoint saved on another number of ranks (or with another ``checkpoint_comm``) is
+        restored *elastically* when all its per-rank data is declared:
+        :class:`~resilient.blocks.Block` leaves (each rank gets its new block, given by
+        ``blocks`` or by a ``Block`` in ``into``; it reads only the stripes of rows of the
+        stored blocks that overlap it, from whatever files hold them, and verifies each stripe
+        it reads) and :class:`~resilient.blocks.Replicated` subtrees (saved rank 0's copy).
+        The same happens on the same rank count when some rank's new block differs from the one
+        it saved.
 
         Args:
             step: restore this step instead of the newest.
@@ -348,6 +360,11 @@ class CheckpointManager:
                 naming the leaf and quarantines nothing). The result holds those very objects,
                 so ``model.load_state_dict(state["model"])`` copies nothing twice. If a
                 checkpoint fails its checksums half-way, its older fallback overwrites them.
+                A ``Block(np.empty(shape), global_shape, start)`` leaf is this rank's new block
+                of that leaf, read in place.
+            blocks: this rank's new block of each Block leaf, by leaf path (``"u"``,
+                ``"model/layer1.weight"``): ``(global_shape, start, shape)`` or a
+                :class:`~resilient.blocks.BlockSpec` (see :func:`~resilient.blocks.cartesian_block`).
 
         Returns:
             ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
@@ -355,19 +372,39 @@ class CheckpointManager:
 
         Raises:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
-            LayoutMismatchError: the newest checkpoint has another layout or rank count.
-            ConfigError: ``into`` does not fit the checkpoint.
+            LayoutMismatchError: the newest checkpoint has another layout or rank count and
+                per-rank data that is neither a Block nor Replicated (its ``keys`` name them).
+            ConfigError: ``into`` does not fit the checkpoint, or an elastic restore lacks the
+                new block of a Block leaf (naming it).
         """
         self._check_open()
         self.wait()
-        leaves = template_leaves(into) if into is not None else None
-        local = self._restore_local(step, validate, leaves) if self._local is not None else None
-        restored, state = local or self._restorer.restore(step, validate=validate, into=leaves)
+
+        def arguments() -> tuple[dict[str, Any] | None, dict[str, BlockSpec]]:
+            leaves = template_leaves(into) if into is not None else None
+            specs = template_blocks(into) if into is not None else {}
+            for path, value in (blocks or {}).items():
+                specs[path] = _block_spec(path, value)
+            return leaves, specs
+
+        leaves, specs = self._coll.check("checking the restore's arguments", arguments)
+        local = (
+            self._restore_local(step, validate, leaves, specs) if self._local is not None else None
+        )
+        restored, state = local or self._restorer.restore(
+            step, validate=validate, into=leaves, blocks=specs
+        )
+        if self._restorer.last_restored is not None:  # a restart's first save skips h5py
+            self._pipeline.reuse_skeleton(*self._restorer.last_restored)
         self._last_saved_step = restored
         return restored, state
 
     def _restore_local(
-        self, step: int | None, validate: StateValidator | None, into: Mapping[str, Any] | None
+        self,
+        step: int | None,
+        validate: StateValidator | None,
+        into: Mapping[str, Any] | None,
+        blocks: Mapping[str, BlockSpec],
     ) -> tuple[int, dict[str, Any]] | None:
         """Collective: the newest local checkpoint if every rank has it intact and it is at
         least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
@@ -381,8 +418,10 @@ class CheckpointManager:
             if shared is not None and shared > found.manifest.step:
                 return None
         state, reasons = self._restorer.read(
-            found.path, found.manifest, validate=validate, into=into
+            found.path, found.manifest, validate=validate, into=into, blocks=blocks
         )
+        if state is None and not reasons:  # an elastic restore: from the shared root
+            return None
         if state is None:
             why = "; ".join(reasons[:4])
             log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
@@ -395,6 +434,19 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ResilientError("this CheckpointManager is closed")
+
+
+def _block_spec(path: str, value: Any) -> BlockSpec:
+    """``blocks[path]`` as a checked spec."""
+    if isinstance(value, BlockSpec):
+        return BlockSpec.of(value.global_shape, value.start, value.shape, what=f"blocks[{path!r}]")
+    try:
+        global_shape, start, shape = value
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"blocks[{path!r}] must be (global_shape, start, shape), got {value!r}"
+        ) from None
+    return BlockSpec.of(global_shape, start, shape, what=f"blocks[{path!r}]")
 
 
 def _reraise(error: Exception | None) -> None:

@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilient import layout
+from resilient.blocks import BlockSpec, stripe_count
+from resilient.blocks import check_tiling as tiling_problem
+from resilient.errors import ConfigError
 from resilient.schema import Section
-from resilient.tree import TreeError, is_valid_path, leaf_paths
+from resilient.tree import TreeError, elastic_kinds, is_valid_path, leaf_paths
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -30,6 +33,8 @@ __all__ = [
     "ManifestError",
     "RankEntry",
     "Segment",
+    "Stripes",
+    "block_of",
     "dtype_itemsize",
     "parse_manifest",
 ]
@@ -78,6 +83,20 @@ class Segment:
 
 
 @dataclass(frozen=True, slots=True)
+class Stripes:
+    """Checksums of a stored block by stripes of whole rows (axis 0), so that a reader needing
+    part of the block verifies what it read without reading all of it.
+
+    Attributes:
+        rows: rows per stripe (the last stripe may hold fewer).
+        digests: one xxh3-64 per stripe, in order.
+    """
+
+    rows: int
+    digests: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DatasetEntry:
     """One array of one rank: where it lives in its file and what it hashes to."""
 
@@ -87,6 +106,7 @@ class DatasetEntry:
     offset: int | None
     nbytes: int
     checksum: str
+    stripes: Stripes | None = None  # for Block leaves (resilient.blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +205,16 @@ class Manifest:
                             "offset": d.offset,
                             "nbytes": d.nbytes,
                             "checksum": d.checksum,
+                            **(
+                                {}
+                                if d.stripes is None
+                                else {
+                                    "stripes": {
+                                        "rows": d.stripes.rows,
+                                        "digests": list(d.stripes.digests),
+                                    }
+                                }
+                            ),
                         }
                         for d in r.datasets
                     ],
@@ -230,7 +260,7 @@ def _dataset_fast(doc: Any) -> DatasetEntry | None:
     """A well-formed dataset entry, checked in a few microseconds; ``None`` for anything else
     (which :func:`_parse_dataset` then rejects with the precise reason). Accepts nothing that
     :func:`_parse_dataset` would reject: a manifest lists thousands of datasets."""
-    if type(doc) is not dict:
+    if type(doc) is not dict or doc.get("stripes") is not None:  # stripes: the full parser
         return None
     name, shape, dtype = doc.get("name"), doc.get("shape"), doc.get("dtype")
     nbytes, offset, checksum = doc.get("nbytes"), doc.get("offset"), doc.get("checksum")
@@ -277,7 +307,17 @@ def _parse_dataset(sec: Section) -> DatasetEntry:
     if offset is None and nbytes:
         raise ManifestError(f"{where}: non-empty dataset without an offset")
     checksum = _checksum(sec.doc.get("checksum"), where)
-    return DatasetEntry(name, shape, dtype, offset, nbytes, checksum)
+    stripes = None
+    sub = sec.optional_section("stripes")
+    if sub is not None:
+        if not shape:
+            raise ManifestError(f"{where}: stripes of a 0-d dataset")
+        rows = sub.require("rows", int, minimum=1, maximum=max(1, shape[0]))
+        raw = sub.require("digests", list)
+        if len(raw) != stripe_count(shape[0], rows):
+            raise ManifestError(f"{where}: {len(raw)} stripe digests for {shape[0]} rows by {rows}")
+        stripes = Stripes(rows, tuple(_checksum(c, f"{where}.stripes") for c in raw))
+    return DatasetEntry(name, shape, dtype, offset, nbytes, checksum, stripes)
 
 
 def _parse_layout(sec: Section) -> LayoutInfo:
@@ -320,7 +360,9 @@ def _parse_file(sec: Section, nranks: int) -> FileEntry:
         ):
             raise ManifestError(f"{where}.meta_segments[{j}]: malformed")
         segs.append(Segment(s[0], s[1], _checksum(s[2], f"{where}.meta_segments[{j}]")))
-    return FileEntry(name, size, _checksum(sec.doc.get("checksum"), where), tuple(ranks), tuple(segs))
+    return FileEntry(
+        name, size, _checksum(sec.doc.get("checksum"), where), tuple(ranks), tuple(segs)
+    )
 
 
 def _parse_rank(sec: Section, file_names: set[str]) -> RankEntry:
@@ -342,7 +384,33 @@ def _parse_rank(sec: Section, file_names: set[str]) -> RankEntry:
             raise ManifestError(f"{sec.path}.tree: {exc}") from None
         if tree[0] != "d" or set(leaves) != names:
             raise ManifestError(f"{sec.path}.tree: does not match the datasets")
+        by_name = {d.name: d for d in datasets}
+        for path, meta in leaves.items():
+            if "block" in meta:
+                block_of(meta, by_name[path], where=f"{sec.path}.tree")
     return RankEntry(fname, datasets, sec.require("values", dict), tree)
+
+
+def block_of(meta: Mapping[str, Any], dataset: DatasetEntry, *, where: str = "") -> BlockSpec:
+    """The block a Block leaf's dataset holds (its tree metadata, checked against the dataset).
+
+    Raises:
+        ManifestError: malformed block metadata, a block outside its global shape, or a block
+            without stripe checksums.
+    """
+    block = meta.get("block")
+    label = f"{where}: {dataset.name!r}" if where else repr(dataset.name)
+    if not isinstance(block, dict) or set(block) != {"global_shape", "start"}:
+        raise ManifestError(f"{label}: malformed block metadata")
+    try:
+        spec = BlockSpec.of(block["global_shape"], block["start"], dataset.shape, what=label)
+    except ConfigError as exc:
+        raise ManifestError(str(exc)) from None
+    if any(n >= 1 << 48 for n in spec.global_shape):
+        raise ManifestError(f"{label}: implausible global shape {spec.global_shape}")
+    if dataset.stripes is None:
+        raise ManifestError(f"{label}: a block without stripe checksums")
+    return spec
 
 
 def parse_manifest(text: str | bytes) -> Manifest:
@@ -403,7 +471,39 @@ def parse_manifest(text: str | bytes) -> Manifest:
         schema_version=version,
     )
     check_tiling(manifest)
+    check_blocks(manifest)
     return manifest
+
+
+def check_blocks(manifest: Manifest) -> None:
+    """Check that every Block leaf's blocks, over all ranks, tile one global array exactly once
+    and agree on its global shape and dtype (a leaf that is a block on one rank and not on
+    another is left to the elastic restore, which names it).
+
+    Raises:
+        ManifestError: naming the leaf.
+    """
+    found: dict[str, list[tuple[BlockSpec, str]]] = {}
+    for entry in manifest.ranks:
+        if entry.tree is None:
+            continue
+        by_name = {d.name: d for d in entry.datasets}
+        for path, meta in elastic_kinds(entry.tree).blocks.items():
+            dataset = by_name[path]
+            found.setdefault(path, []).append((block_of(meta, dataset), dataset.dtype))
+    for path, blocks in found.items():
+        shapes = {b.global_shape for b, _ in blocks}
+        dtypes = {d for _, d in blocks}
+        if len(shapes) > 1 or len(dtypes) > 1:
+            raise ManifestError(
+                f"block {path!r}: ranks disagree on its global shape or dtype "
+                f"({sorted(shapes)[:4]}, {sorted(dtypes)[:4]})"
+            )
+        if len(blocks) != len(manifest.ranks):
+            continue
+        why = tiling_problem(next(iter(shapes)), [b for b, _ in blocks])
+        if why is not None:
+            raise ManifestError(f"block {path!r}: {why}")
 
 
 def file_segments(manifest: Manifest, entry: FileEntry) -> list[tuple[int, int, str, str]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilient.arrays import leaf_meta, to_numpy
+from resilient.blocks import BlockSpec
 from resilient.checksum import digest_array
 from resilient.errors import ConfigError
 from resilient.tree import TreeError, flatten
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["LocalData", "SaveRequest", "split_state", "template_leaves"]
+__all__ = ["LocalData", "SaveRequest", "split_state", "template_blocks", "template_leaves"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class LocalData:
 
     arrays: Mapping[str, npt.NDArray[np.generic]]
     tree: Any = None
+    striped: frozenset[str] = frozenset()  # Block leaves: checksummed by stripes too
 
     def describe(self) -> list[Any]:
         """A JSON-able content description (paths, dtypes, shapes, checksums, the tree)."""
@@ -65,7 +67,14 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
-    return LocalData(arrays, tree)
+    striped = []
+    for p, leaf in leaves.items():
+        block = leaf.meta.get("block")
+        if block is not None:
+            BlockSpec.of(block["global_shape"], block["start"], arrays[p].shape,
+                         what=f"{what}[{p!r}]")  # fmt: skip
+            striped.append(p)
+    return LocalData(arrays, tree, frozenset(striped))
 
 
 def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,6 +91,29 @@ def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
 
     # numpy scalars are immutable: they come back as new values, like JSON leaves
     return {p: leaf.value for p, leaf in leaves.items() if not isinstance(leaf.value, np.generic)}
+
+
+def template_blocks(template: Mapping[str, Any]) -> dict[str, BlockSpec]:
+    """The :class:`~resilient.blocks.Block` leaves of a restore template by path: the blocks an
+    elastic restore reads into them.
+
+    Raises:
+        ConfigError: the template is not a state, or a block is not inside its global shape.
+    """
+    try:
+        _, leaves = flatten(template, leaf_meta, what="restore template")
+    except TreeError as exc:
+        raise ConfigError(str(exc)) from None
+    from resilient.arrays import template_spec
+
+    out = {}
+    for p, leaf in leaves.items():
+        block = leaf.meta.get("block")
+        if block is not None:
+            shape, _ = template_spec(leaf.value)
+            out[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
+                                  what=f"restore template[{p!r}]")  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,12 @@ Call order of :meth:`Restorer.restore` (every step through
 :class:`~resilient.collective.Collective`)::
 
     coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
-                  checkpoints that fail quick validation; layout checked)
-    every rank    read its piece and its static data, verify checksums, run the validate hook
+                  checkpoints that fail quick validation; layout checked: another rank count
+                  or layout needs a checkpoint that can be restored elastically)
+    every rank    elastic or not: another layout, or a rank whose new blocks differ from its
+                  saved ones (one small allreduce)
+    every rank    read its piece and its static data (or, elastically, its new blocks and the
+                  replicated values: resilient.elastic), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
 """
 
@@ -19,10 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from resilient import layout, storage
+from resilient.blocks import BlockSpec
 from resilient.catalog import Catalog
 from resilient.checkpointer import check_template, read_rank
 from resilient.collective import Collective, describe_error
-from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, LayoutMismatchError
+from resilient.elastic import ElasticPlan, ReadStats, needs_elastic, read_elastic
+from resilient.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    InvalidCheckpointError,
+)
 from resilient.manifest import LayoutInfo, Manifest
 from resilient.validate import iter_checkpoints, load_manifest
 
@@ -40,6 +50,15 @@ class _Candidate:
     path: Path
     manifest: Manifest
     static: Manifest | None
+    elastic: bool = False  # another layout: only an elastic restore can read it
+
+
+@dataclass(frozen=True, slots=True)
+class _Elastic:
+    """The elastic plans of a candidate (its state's and its static data's)."""
+
+    state: ElasticPlan
+    static: ElasticPlan | None
 
 
 class Restorer:
@@ -59,6 +78,9 @@ class Restorer:
         self.coll = coll
         self.catalog = catalog
         self.layout = layout
+        self.last_read: ReadStats | None = None  # of this rank's last elastic read
+        # the checkpoint the last restore or read returned: (its directory, its manifest)
+        self.last_restored: tuple[Path, Manifest] | None = None
 
     def restore(
         self,
@@ -66,22 +88,27 @@ class Restorer:
         *,
         validate: StateValidator | None = None,
         into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, BlockSpec] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective over ``coll``: call on all ranks. See
         :meth:`resilient.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
-        arrays to read into."""
+        arrays to read into, ``blocks`` leaf paths to this rank's new blocks."""
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
         while True:
             chosen = self.coll.broadcast("choosing a checkpoint", lambda: next(candidates))
-            if into:
+            plan = self._plan(chosen, blocks or {})
+            if into and plan is None:
                 self._check_template(chosen, into)
             state: dict[str, Any] = {}
             accepted = self.coll.all_reduce(
                 f"restore of {chosen.path.name}",
-                functools.partial(self._try_read, chosen, validate, state, into or {}),
+                functools.partial(
+                    self._try_read, chosen, validate, state, into or {}, plan, blocks or {}
+                ),
                 functools.partial(self._judge, chosen),
             )
             if accepted:
+                self.last_restored = (chosen.path, chosen.manifest)
                 return chosen.manifest.step, state
             if step is not None:
                 raise CheckpointNotFoundError(
@@ -95,28 +122,70 @@ class Restorer:
         *,
         validate: StateValidator | None = None,
         into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, BlockSpec] | None = None,
     ) -> tuple[dict[str, Any] | None, list[str]]:
         """Collective over ``coll``: every rank reads its piece of the checkpoint at ``path``
-        (e.g. a node-local copy; its static data comes from :attr:`root`).
+        (e.g. a node-local copy; its static data comes from :attr:`root`), saved with this
+        run's layout.
 
         Nothing is quarantined here.
 
         Returns:
-            ``(state, [])`` for this rank, or ``(None, reasons)`` when a rank's piece failed.
+            ``(state, [])`` for this rank, ``(None, reasons)`` when a rank's piece failed, or
+            ``(None, [])`` when some rank's ``blocks`` differ from its saved ones (an elastic
+            restore, which reads other ranks' files: use the shared root).
         """
         chosen = self.coll.broadcast(
             f"loading the static data of {path}",
             lambda: _Candidate(path, manifest, self._static_manifest(manifest)),
         )
+        if self._needs_elastic(chosen, blocks or {}):
+            return None, []
         if into:
             self._check_template(chosen, into)
         state: dict[str, Any] = {}
         reasons = self.coll.all_reduce(
             f"restore of {path}",
-            functools.partial(self._try_read, chosen, validate, state, into or {}),
+            functools.partial(self._try_read, chosen, validate, state, into or {}, None, {}),
             lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
         )
-        return (None, reasons) if reasons else (state, [])
+        if reasons:
+            return None, reasons
+        self.last_restored = (path, manifest)
+        return state, []
+
+    def _needs_elastic(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> bool:
+        """Collective: whether the candidate must be read elastically (another layout, or a
+        rank whose new blocks differ from its saved ones)."""
+        if chosen.elastic:
+            return True
+
+        def mine() -> bool:
+            rank = self.coll.rank
+            if needs_elastic(chosen.manifest.ranks[rank], blocks):
+                return True
+            return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
+
+        return bool(self.coll.all_reduce("deciding on an elastic restore", mine, any))
+
+    def _plan(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> _Elastic | None:
+        """Collective: the candidate's elastic plans, or ``None`` for a plain read.
+
+        Raises:
+            LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
+        """
+        if not self._needs_elastic(chosen, blocks):
+            return None
+        current = self.layout.describe()
+
+        def plan() -> _Elastic:
+            static = chosen.static
+            return _Elastic(
+                ElasticPlan.of(chosen.manifest, current=current),
+                None if static is None else ElasticPlan.of(static, current=current),
+            )
+
+        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
 
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
@@ -127,9 +196,13 @@ class Restorer:
                 self.catalog.quarantined(record.step)
                 continue
             saved = record.manifest.layout
-            if saved.nranks != current.nranks or saved.kind != current.kind:
-                raise LayoutMismatchError(saved.describe(), current.describe())
-            yield _Candidate(record.path, record.manifest, self._static_manifest(record.manifest))
+            static = self._static_manifest(record.manifest)
+            elastic = saved.nranks != current.nranks or saved.kind != current.kind
+            if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
+                ElasticPlan.of(record.manifest, current=current.describe())
+                if static is not None:
+                    ElasticPlan.of(static, current=current.describe())
+            yield _Candidate(record.path, record.manifest, static, elastic)
         where = f"of step {step} " if step is not None else ""
         raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
 
@@ -157,10 +230,19 @@ class Restorer:
         validate: StateValidator | None,
         state: dict[str, Any],
         into: Mapping[str, Any],
+        plan: _Elastic | None,
+        blocks: Mapping[str, BlockSpec],
     ) -> str | None:
-        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``."""
+        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``.
+
+        Raises:
+            ConfigError: the caller's ``blocks`` or ``into`` do not fit an elastic restore (not
+                the checkpoint's fault: nothing is quarantined).
+        """
         try:
-            state.update(self._read(chosen, validate, into))
+            state.update(self._read(chosen, validate, into, plan, blocks))
+        except ConfigError:
+            raise
         except InvalidCheckpointError as exc:
             return exc.reason
         except _Rejected as exc:
@@ -177,14 +259,28 @@ class Restorer:
         return not bad
 
     def _read(
-        self, chosen: _Candidate, validate: StateValidator | None, into: Mapping[str, Any]
+        self,
+        chosen: _Candidate,
+        validate: StateValidator | None,
+        into: Mapping[str, Any],
+        plan: _Elastic | None,
+        blocks: Mapping[str, BlockSpec],
     ) -> dict[str, Any]:
         """Every rank: read and check this rank's piece; raise on anything wrong with it."""
         rank = self.coll.rank
-        state = read_rank(chosen.path, chosen.manifest, rank, into=into)
-        if chosen.static is not None:
-            static_dir = self.root / layout.STATIC_DIR / str(chosen.manifest.static)
-            state.update(read_rank(static_dir, chosen.static, rank, into=into))
+        static_dir = self.root / layout.STATIC_DIR / str(chosen.manifest.static)
+        if plan is not None:
+            stats = ReadStats()
+            self.last_read = stats
+            state = read_elastic(chosen.path, plan.state, blocks=blocks, into=into, stats=stats)
+            if plan.static is not None:
+                state.update(
+                    read_elastic(static_dir, plan.static, blocks=blocks, into=into, stats=stats)
+                )
+        else:
+            state = read_rank(chosen.path, chosen.manifest, rank, into=into)
+            if chosen.static is not None:
+                state.update(read_rank(static_dir, chosen.static, rank, into=into))
         if validate is None:
             return state
         try:

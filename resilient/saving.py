@@ -40,6 +40,7 @@ from resilient.checkpointer import (
     finish_set,
     plan_write,
     planned,
+    seed_cache,
 )
 from resilient.collective import Collective
 from resilient.commit import PendingDir
@@ -127,6 +128,12 @@ class SavePipeline:
     def in_flight(self) -> bool:
         """Whether a save or a flush is in flight (local, no communication)."""
         return self._in_flight is not None
+
+    def reuse_skeleton(self, directory: Path, manifest: Manifest) -> None:
+        """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
+        same structure reuse its file's skeleton (see :func:`~resilient.checkpointer.seed_cache`;
+        the planning of that save checks that every rank of the group agrees)."""
+        seed_cache(self._skeletons, self.topo, directory, manifest)
 
     def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
         """A restored local checkpoint that is not in the shared root yet: flush it at the

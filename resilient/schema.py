@@ -169,9 +169,13 @@ class Section:
             )
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if minimum is not None and value < minimum:
-                raise self._fail(self.name(key), f"out of range: must be >= {minimum}, got {value!r}")
+                raise self._fail(
+                    self.name(key), f"out of range: must be >= {minimum}, got {value!r}"
+                )
             if maximum is not None and value > maximum:
-                raise self._fail(self.name(key), f"out of range: must be <= {maximum}, got {value!r}")
+                raise self._fail(
+                    self.name(key), f"out of range: must be <= {maximum}, got {value!r}"
+                )
         return value
 
     def choice(self, key: str, choices: Sequence[str], default: str | None) -> str | None:

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from resilient import layout, storage
+from resilient.blocks import unwrap
 from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager
@@ -200,20 +201,25 @@ class Session:
         *,
         static: Mapping[str, Any] | None = None,
         step: int = 0,
+        blocks: Mapping[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective: the newest valid checkpoint's ``(step, state)``, else ``(step, initial)``.
 
         ``static`` is saved with every checkpoint (stored once by content hash); a restored
-        state includes the static entries too.
+        state includes the static entries too. ``blocks`` gives this rank's block of each
+        :class:`~resilient.blocks.Block` leaf for a checkpoint saved on another rank count (see
+        :meth:`~resilient.manager.CheckpointManager.restore`). Either way the state comes back
+        without wrappers: ``initial``'s and ``static``'s Blocks and Replicated values are
+        unwrapped too.
         """
         self._static = static
         try:
-            restored_step, state = self.manager.restore(validate=self.validate)
+            restored_step, state = self.manager.restore(validate=self.validate, blocks=blocks)
         except CheckpointNotFoundError:
             init = initial() if callable(initial) else initial
-            state = dict(init)
+            state = unwrap(dict(init))
             if static:
-                state.update(static)
+                state.update(unwrap(dict(static)))
             self._note_progress(step, force=True)
             log.info("no checkpoint in %s: starting at step %d", self.root, step)
             return step, state

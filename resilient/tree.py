@@ -16,7 +16,10 @@ Tree nodes (JSON arrays, first element the tag)::
 
     ["j", value]             a plain JSON subtree (str-keyed dicts, lists, scalars)
     ["a", path]              an array leaf (numpy)
-    ["a", path, {meta}]      an array leaf with metadata, e.g. {"torch": "bfloat16"}
+    ["a", path, {meta}]      an array leaf with metadata, e.g. {"torch": "bfloat16"}; a
+                             :class:`~resilient.blocks.Block` leaf has
+                             {"block": {"global_shape": [...], "start": [...]}}
+    ["r", node]              a :class:`~resilient.blocks.Replicated` subtree
     ["d", [[k, key, node]]]  a mapping; k is "s" (str key) or "i" (int key)
     ["l", [node, ...]]       a list
     ["t", [node, ...]]       a tuple
@@ -30,15 +33,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from resilient.blocks import Block, Replicated
+
 __all__ = [
     "MAX_DEPTH",
     "ArrayLeaf",
+    "ElasticKinds",
     "TreeError",
     "decode_key",
+    "elastic_kinds",
     "encode_key",
     "flatten",
     "is_valid_path",
     "leaf_paths",
+    "structure_of",
     "unflatten",
 ]
 
@@ -141,7 +149,7 @@ def flatten(
     if not isinstance(state, Mapping):
         raise TreeError(f"{what} must be a mapping of names to values")
     arrays: dict[str, ArrayLeaf] = {}
-    tree = _flatten(state, "", arrays, is_array, what, 0, set())
+    tree = _flatten(state, "", arrays, is_array, what, 0, set(), False)
     return tree, arrays
 
 
@@ -153,9 +161,25 @@ def _flatten(
     what: str,
     depth: int,
     active: set[int],
+    replicated: bool,
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, Replicated):
+        if not path:
+            raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
+        inner = _flatten(value.value, path, arrays, is_array, what, depth + 1, active, True)
+        return inner if replicated else ["r", inner]  # nested Replicated: once is enough
+    if isinstance(value, Block):
+        if replicated:
+            raise TreeError(f"{_where(what, path)}: a Block inside a Replicated value")
+        meta = is_array(value.local)
+        if meta is None or not path:
+            raise TreeError(f"{_where(what, path)}: a Block must wrap an array, inside a mapping")
+        block = {"global_shape": list(value.global_shape), "start": list(value.start)}
+        full = {**meta, "block": block}
+        arrays[path] = ArrayLeaf(value.local, full)
+        return ["a", path, full]
     meta = is_array(value)
     if meta is not None:
         if not path:
@@ -179,13 +203,23 @@ def _flatten(
             tag = "s" if isinstance(key, str) else "i"
             name = encode_key(key) if isinstance(key, str) else f"%i{key}"  # never an escape
             sub = f"{path}/{name}" if path else name
-            items.append([tag, key, _flatten(child, sub, arrays, is_array, what, depth + 1, active)])
+            node = _flatten(child, sub, arrays, is_array, what, depth + 1, active, replicated)
+            items.append([tag, key, node])
         active.discard(id(value))
         return ["d", items]
     if isinstance(value, (list, tuple)):
         active.add(id(value))
         children = [
-            _flatten(child, f"{path}/{i}" if path else str(i), arrays, is_array, what, depth + 1, active)
+            _flatten(
+                child,
+                f"{path}/{i}" if path else str(i),
+                arrays,
+                is_array,
+                what,
+                depth + 1,
+                active,
+                replicated,
+            )
             for i, child in enumerate(value)
         ]
         active.discard(id(value))
@@ -240,6 +274,9 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
         for child in node[1]:
             _walk(child, out, depth + 1)
         return
+    if tag == "r" and len(node) == 2:
+        _walk(node[1], out, depth + 1)
+        return
     raise TreeError(f"malformed tree node {str(node)[:60]!r}")
 
 
@@ -249,9 +286,78 @@ def unflatten(tree: Any, leaf: Callable[[str, Mapping[str, Any]], Any]) -> Any:
     tag = tree[0]
     if tag == "j":
         return tree[1]
+    if tag == "r":
+        return unflatten(tree[1], leaf)
     if tag == "a":
         return leaf(tree[1], tree[2] if len(tree) == 3 else {})
     if tag == "d":
         return {key: unflatten(node, leaf) for _, key, node in tree[1]}
     children = [unflatten(node, leaf) for node in tree[1]]
     return tuple(children) if tag == "t" else children
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticKinds:
+    """What each part of a (checked) tree is for a restore on another rank count.
+
+    Attributes:
+        blocks: Block leaves: path -> their metadata (with ``"block"``).
+        replicated: array leaves inside a Replicated subtree.
+        blocking: paths of everything else (plain arrays and JSON values outside a Replicated
+            subtree): per-rank data that cannot be given to another rank count.
+    """
+
+    blocks: Mapping[str, Mapping[str, Any]]
+    replicated: frozenset[str]
+    blocking: tuple[str, ...]
+
+
+def elastic_kinds(tree: Any) -> ElasticKinds:
+    """Sort the leaves of a checked tree (see :func:`leaf_paths`) by :class:`ElasticKinds`."""
+    blocks: dict[str, Mapping[str, Any]] = {}
+    replicated: set[str] = set()
+    blocking: list[str] = []
+
+    def walk(node: Any, path: str, inside: bool) -> None:
+        tag = node[0]
+        if tag == "r":
+            walk(node[1], path, True)
+        elif tag == "a":
+            meta = node[2] if len(node) == 3 else {}
+            if inside:
+                replicated.add(node[1])
+            elif "block" in meta:
+                blocks[node[1]] = meta
+            else:
+                blocking.append(node[1])
+        elif tag == "j":
+            if not inside:
+                blocking.append(path)
+        elif tag == "d":
+            for kind, key, child in node[1]:
+                name = encode_key(key) if kind == "s" else f"%i{key}"
+                walk(child, f"{path}/{name}" if path else name, inside)
+        else:
+            for i, child in enumerate(node[1]):
+                walk(child, f"{path}/{i}" if path else str(i), inside)
+
+    walk(tree, "", False)
+    return ElasticKinds(blocks, frozenset(replicated), tuple(blocking))
+
+
+def structure_of(tree: Any) -> Any:
+    """A checked tree without what may differ between the ranks of an elastic checkpoint: JSON
+    values and block starts (so that equal structures compare equal)."""
+    tag = tree[0]
+    if tag == "j":
+        return ["j"]
+    if tag == "a":
+        meta = dict(tree[2]) if len(tree) == 3 else {}
+        if isinstance(meta.get("block"), dict):
+            meta["block"] = {k: v for k, v in meta["block"].items() if k != "start"}
+        return ["a", tree[1], meta]
+    if tag == "r":
+        return ["r", structure_of(tree[1])]
+    if tag == "d":
+        return ["d", [[k, key, structure_of(node)] for k, key, node in tree[1]]]
+    return [tag, [structure_of(node) for node in tree[1]]]

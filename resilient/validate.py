@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient import layout
-from resilient.checksum import digest_bytes, digest_file_range, digest_text
+from resilient.checksum import digest_bytes, digest_file_range, digest_file_stripes, digest_text
 from resilient.errors import InvalidCheckpointError
 from resilient.manifest import (
     Manifest,
@@ -136,11 +136,23 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool
             )
         if not full:
             continue
+        striped = _striped(manifest, entry.name)
         fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             digests = []
             for offset, length, expected, label in file_segments(manifest, entry):
-                got = digest_file_range(fd, offset, length)
+                stripes = striped.get(offset)
+                if stripes is None:
+                    got = digest_file_range(fd, offset, length)
+                else:  # a Block leaf: its stripes' checksums too, in the same pass
+                    got, parts = digest_file_stripes(fd, offset, length, stripes[0])
+                    bad = [
+                        i for i, (a, b) in enumerate(zip(parts, stripes[1], strict=False)) if a != b
+                    ]
+                    if bad or len(parts) != len(stripes[1]):
+                        raise InvalidCheckpointError(
+                            where, f"checksum mismatch in {entry.name}: {label} stripe {bad[:1]}"
+                        )
                 if got != expected:
                     raise InvalidCheckpointError(
                         where,
@@ -155,6 +167,18 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool
             os.close(fd)
         if digest_text(combine_checksums(digests)) != entry.checksum:
             raise InvalidCheckpointError(where, f"file checksum mismatch for {entry.name}")
+
+
+def _striped(manifest: Manifest, file: str) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """Datasets of ``file`` with stripe checksums: offset -> (bytes per stripe, digests)."""
+    out = {}
+    for rank in manifest.ranks:
+        if rank.file != file:
+            continue
+        for d in rank.datasets:
+            if d.stripes is not None and d.offset is not None and d.nbytes:
+                out[d.offset] = (d.stripes.rows * (d.nbytes // d.shape[0]), d.stripes.digests)
+    return out
 
 
 def validate_checkpoint(

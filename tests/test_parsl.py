@@ -511,3 +511,64 @@ def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path
         for name in want:
             assert got[name][()].tobytes() == want[name][()].tobytes(), name
         assert int(got.attrs["steps"]) == 100
+
+
+# --------------------------------------------------------------------------- other rank counts
+
+
+def test_the_campaign_key_has_no_rank_count_for_elastic_apps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """heat and train checkpoint Blocks and Replicated values: another ``ranks`` is the same
+    checkpoint directory (so it resumes); train_torch's per-rank state is keyed by ``ranks``."""
+    monkeypatch.syspath_prepend(str(REPO / "workflows"))
+    from pipeline import Task
+
+    def placed(app: str, name: str, **params: Any) -> Path:
+        task = Task(name=name, app=app, params=params, options={}, out=tmp_path / "o.h5")
+        task.place(tmp_path / "ckpt", "node")
+        where: Path = task.checkpoint_dir
+        return where
+
+    heat = {"nx": 64, "ny": 32, "steps": 100, "alpha": 0.2}
+    assert placed("heat", "heat-hot", ranks=4, **heat) == placed(
+        "heat", "heat-hot", ranks=2, **heat
+    )
+    assert placed("train", "train", ranks=2, steps=9) == placed("train", "train", ranks=5, steps=9)
+    torch_a = placed("train_torch", "train_torch", ranks=2, steps=9)
+    assert torch_a != placed("train_torch", "train_torch", ranks=3, steps=9)
+
+
+def test_an_app_invoked_again_with_other_ranks_resumes(
+    tmp_path: Path, policy: Path, reference: bytes
+) -> None:
+    """A heat app stopped by its walltime on 2 ranks, then invoked again on 3 ranks: the second
+    invocation resumes from the first one's checkpoint and ends bit-identical."""
+    path = tmp_path / "local.yaml"
+    path.write_text(
+        f"retries: 0\nretry_handler: none\nrun_dir: {tmp_path / 'runinfo'}\nstrategy_period: 0.5\n"
+        "executor: {kind: htex, label: ranks, max_workers_per_node: 1}\n"
+        "provider: {kind: local, init_blocks: 1, max_blocks: 1}\n"
+    )
+    dfk = parsl.load(load_config(path))
+    ck, out = tmp_path / "ck", tmp_path / "out.h5"
+    common = {**HEAT, "config": str(policy), "checkpoint_dir": str(ck), "out": str(out),
+              "stderr": str(tmp_path / "heat.err")}  # fmt: skip
+    try:
+        apps = CampaignApps(cwd=REPO)
+        first = apps.submit(
+            "heat", **{**common, "ranks": 2}, step_delay=0.04, walltime_s=2.5,
+            run_extra=["--signal", "USR1@0.5", "--kill-wait", "1"],
+        )  # fmt: skip
+        exc = first.exception(timeout=300)
+        assert isinstance(exc, BashExitFailure) and exc.exitcode == 75, repr(exc)
+        second = apps.submit("heat", **{**common, "ranks": 3})
+        assert second.result(timeout=300) == 0, (tmp_path / "heat.err").read_text()[-3000:]
+    finally:
+        dfk.cleanup()
+    ledger = read_ledger(ck)
+    assert [r["exit_code"] for r in ledger] == [75, 0]
+    assert ledger[1]["latest_before"] == ledger[0]["latest_after"] is not None
+    with h5py.File(out) as f:
+        assert int(f.attrs["ranks"]) == 3
+    assert heat_field(out) == reference

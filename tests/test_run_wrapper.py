@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -95,6 +96,29 @@ def test_walltime_kills_resume_bit_identically(tmp_path: Path, reference: bytes)
     assert [r["exit_code"] for r in ledger] == codes
     assert all(r["progress"] for r in ledger[:-1])
     assert all(r["latest_after"] > (r["latest_before"] or 0) for r in ledger[:-1])
+
+
+def test_walltime_stops_on_4_ranks_resume_on_other_rank_counts(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """Each attempt gets another rank count (a requeued job on another allocation): every one
+    resumes where the last stopped, and the result is the uninterrupted 4-rank run's."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    opts = ["--checkpoint-dir", str(ckpt), "--walltime", "4", "--signal", "USR1@1",
+            "--kill-wait", "1"]  # fmt: skip
+    codes = []
+    for n in [4, 2, 3, 1, 6, 4, 2, 3, 1, 6]:
+        proc = resilient_run(opts, heat_cmd(ckpt, out, n=n, delay=0.06))
+        codes.append((n, proc.returncode))
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == 75, proc.stderr
+    assert codes[-1][1] == 0 and len(codes) >= 3, codes
+    assert field(out) == reference
+    ledger = read_ledger(ckpt)
+    assert all(r["latest_after"] > (r["latest_before"] or 0) for r in ledger[:-1]), ledger
+    for before, after in itertools.pairwise(ledger):
+        assert after["latest_before"] == before["latest_after"]
 
 
 def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, reference: bytes) -> None:

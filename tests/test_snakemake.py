@@ -238,6 +238,31 @@ def test_changed_parameter_starts_fresh_while_unchanged_case_resumes(tmp_path: P
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_changed_rank_count_resumes_instead_of_starting_over(
+    tmp_path: Path, reference: dict[str, str]
+) -> None:
+    """A rule whose rank count changes between attempts (4, then 2) keeps its checkpoint
+    directory (the key has no rank count) and resumes the 4-rank checkpoint on 2 ranks."""
+    out = tmp_path / "results" / "heat" / "hot.h5"
+    first = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0)
+    assert first.returncode != 0, fail(first)
+    (before,) = task_dirs(tmp_path).values()
+    assert [r["exit_code"] for r in read_ledger(before)] == [75]
+
+    doc = campaign(tmp_path)
+    doc["heat"]["ranks"] = 2
+    second = snakemake(tmp_path, doc, str(out))
+    assert second.returncode == 0, fail(second)
+    assert list(task_dirs(tmp_path).values()) == [before]
+    ledger = read_ledger(before)
+    assert ledger[1]["latest_before"] == ledger[0]["latest_after"] is not None, ledger
+    assert ledger[-1]["exit_code"] == 0
+    assert dataset_sha256(out) == reference["heat/hot"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
     out = tmp_path / "results" / "heat" / "hot.h5"
     proc = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0)

@@ -72,22 +72,20 @@ class Task:
 
     def place(self, checkpoint_root: Path, layout: str | None = None) -> None:
         """Key the checkpoint directory exactly as workflows/Snakefile does, so that a campaign
-        started under one engine resumes under the other."""
+        started under one engine resumes under the other. The rank count is not in the key of
+        heat and train (their checkpoints restore on any rank count), only of train_torch."""
         p = self.params
         if self.app == "heat":
             case = self.name.removeprefix("heat-")
-            keyed = {"app": "apps.heat", "ranks": p["ranks"], "nx": p["nx"], "ny": p["ny"],
+            keyed = {"app": "apps.heat", "nx": p["nx"], "ny": p["ny"],
                      "steps": p["steps"], "alpha": p["alpha"], "layout": layout}  # fmt: skip
             self.checkpoint_dir = Path(
                 checkpoint_dir(checkpoint_root, "heat", {"case": case}, keyed)
             )
         else:  # "train" and "train_torch": ckpt/<app>/<app>-<hash>
-            keyed = {
-                "app": f"apps.{self.app}",
-                "ranks": p["ranks"],
-                "steps": p["steps"],
-                "layout": layout,
-            }
+            keyed = {"app": f"apps.{self.app}", "steps": p["steps"], "layout": layout}
+            if self.app == "train_torch":  # per-rank RNG streams: no elastic restore
+                keyed = {"app": keyed["app"], "ranks": p["ranks"], **keyed}
             self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, self.app, {}, keyed))
 
 

@@ -173,9 +173,12 @@ def checkpoint_dir(
     Deterministic: the same rule, wildcards, parameters and input files always give the same
     directory (so a retry resumes), any change gives a new one (so it starts fresh). Only the
     parameters that change the computation belong in ``params``: the step count, the physics,
-    the rank count (a checkpoint restores only on the same rank count), not the checkpoint
-    cadence or a demo's slow-down. Without wildcards the rule's name stands for the wildcard
-    values (``ckpt/train/train-<fingerprint>``), so reports name the task.
+    not the checkpoint cadence or a demo's slow-down. The rank count belongs there only for a
+    program whose checkpoints restore on the same rank count alone; one that saves
+    :class:`~resilient.blocks.Block` and :class:`~resilient.blocks.Replicated` values resumes on
+    any rank count, so leave it out and a retry with other ranks resumes. Without wildcards the
+    rule's name stands for the wildcard values (``ckpt/train/train-<fingerprint>``), so reports
+    name the task.
 
     Raises:
         ValueError: ``rule`` is not a plain name.

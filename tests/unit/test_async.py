@@ -209,6 +209,43 @@ def test_unchanged_structure_reuses_the_file_skeleton(
     )
 
 
+@pytest.mark.parametrize("corrupt_metadata", [False, True])
+def test_a_restart_reuses_the_restored_checkpoints_skeleton(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, corrupt_metadata: bool
+) -> None:
+    root = tmp_path / "root"
+    with CheckpointManager(root) as m:
+        m.save(1, state_of(1))
+    if corrupt_metadata:  # HDF5's own bytes (not a dataset): restore still succeeds
+        path = root / "step_00000001" / "rank_00000.h5"
+        data = bytearray(path.read_bytes())
+        data[200] ^= 0xFF
+        path.write_bytes(bytes(data))
+    created: list[Path] = []
+    real = hdf5.create_skeleton
+
+    def counting(path: Path, **kwargs: Any) -> hdf5.FileSkeleton:
+        created.append(path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(hdf5, "create_skeleton", counting)
+    with CheckpointManager(root) as m:  # a new process, as after a requeue
+        step, got = m.restore()
+        assert step == 1
+        m.save(2, state_of(2))
+        # a verified skeleton is reused; a corrupt one is never copied into a new checkpoint
+        assert len(created) == (1 if corrupt_metadata else 0)
+        m.save(3, {**state_of(3), "x": np.zeros(10)})  # another structure: planned anew
+        assert len(created) == (2 if corrupt_metadata else 1)
+        assert m.restore(step=2)[0] == 2
+    assert_state_equal(got, state_of(1))
+    record = latest_valid(root, full=True)
+    assert record is not None and record.step == 3
+    with CheckpointManager(tmp_path / "fresh") as m:
+        m.save(2, state_of(2))
+    assert data_files(tmp_path / "fresh" / "step_00000002") == data_files(root / "step_00000002")
+
+
 def test_second_save_finishes_the_first(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path) as m:
         m.save(1, big_state(1), blocking=False)

@@ -344,7 +344,11 @@ def resumable_apps(
     ``log_path`` are resolved against. ``mpi_ranks`` is the default ``ranks`` of ``mpi_bash``.
     """
     root = str(Path(cwd if cwd is not None else os.getcwd()).resolve())
-    opts: dict[str, Any] = {"executors": executors, "cache": cache, "ignore_for_cache": ["resume_from"]}
+    opts: dict[str, Any] = {
+        "executors": executors,
+        "cache": cache,
+        "ignore_for_cache": ["resume_from"],
+    }
     return ResumableApps(
         bash=Submit(parsl.bash_app(resumable_bash, **opts), resumable_bash, root),
         mpi_bash=Submit(

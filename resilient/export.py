@@ -1,0 +1,180 @@
+"""``resilient export``: a checkpoint's Block leaves as global arrays in one HDF5 file.
+
+Every :class:`~resilient.blocks.Block` leaf of a checkpoint (and of its static data) becomes one
+dataset of its global shape, at the leaf's path (``u``, ``model/layer1.weight``). By default it is
+an HDF5 *virtual dataset* over the stored blocks in the checkpoint's data files: nothing is
+copied, and the sources are named by absolute path, so the exported file may live anywhere but
+reads only while the checkpoint exists (rotation deletes it). ``copy=True`` writes the data
+itself, block by block (one stored block in memory at a time), verifying every block's and
+stripe's checksum on the way: a self-contained file.
+
+Array leaves inside :class:`~resilient.blocks.Replicated` values are written once, from saved
+rank 0, as plain datasets (verified). Undeclared per-rank arrays (neither a Block nor inside a
+Replicated value) have no global shape: they are skipped with a note; JSON values stay in the
+checkpoint's ``manifest.json``. Attributes: the file's ``step`` and ``checkpoint`` (its path);
+each global dataset's ``global_shape``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resilient import hdf5, layout
+from resilient.checksum import digest_array
+from resilient.elastic import ReadStats, StoredBlock, read_stored_block
+from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError
+from resilient.manifest import Manifest, block_of
+from resilient.tree import elastic_kinds, leaf_paths
+from resilient.validate import latest_valid, load_manifest, validate_checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["ExportResult", "export"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What :func:`export` wrote.
+
+    Attributes:
+        step: the checkpoint's step.
+        path: the exported file.
+        datasets: the global datasets (leaf paths) and the replicated ones.
+        skipped: notes on what was left out, one line each.
+        stats: what was read (with ``copy``).
+    """
+
+    step: int
+    path: Path
+    datasets: tuple[str, ...]
+    skipped: tuple[str, ...]
+    stats: ReadStats = field(default_factory=ReadStats)
+
+
+def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False) -> ExportResult:
+    """Write the Block leaves of a checkpoint of ``root`` as global arrays to ``out``.
+
+    Args:
+        root: the checkpoint root.
+        out: the HDF5 file to write (replaced atomically).
+        step: the checkpoint's step (default: the newest valid one).
+        copy: write the data (verified) instead of virtual datasets.
+
+    Raises:
+        CheckpointNotFoundError: no valid checkpoint (of ``step``).
+        InvalidCheckpointError: the checkpoint fails validation, or (with ``copy``) a checksum.
+    """
+    if step is None:
+        record = latest_valid(root)
+        if record is None or record.manifest is None:
+            raise CheckpointNotFoundError(f"no valid checkpoint in {root}")
+        path, manifest = record.path, record.manifest
+    else:
+        path = root / layout.step_dir_name(step)
+        if not path.exists():
+            raise CheckpointNotFoundError(f"no checkpoint of step {step} in {root}")
+        manifest = validate_checkpoint(path)
+    sets = [(path, manifest)]
+    if manifest.static is not None:
+        static_dir = root / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
+        sets.append((static_dir, load_manifest(static_dir, kind="static")))
+    stats = ReadStats()
+    datasets: list[hdf5.GlobalDataset] = []
+    skipped: list[str] = []
+    for directory, m in sets:
+        datasets += _datasets(directory.resolve(), m, copy=copy, stats=stats, skipped=skipped)
+    hdf5.write_global_file(
+        out, datasets, attrs={"step": manifest.step, "checkpoint": str(path.resolve())}
+    )
+    return ExportResult(manifest.step, out, tuple(d.name for d in datasets), tuple(skipped), stats)
+
+
+def _datasets(
+    directory: Path, manifest: Manifest, *, copy: bool, stats: ReadStats, skipped: list[str]
+) -> list[hdf5.GlobalDataset]:
+    first = manifest.ranks[0]
+    if first.tree is None:
+        skipped.append(f"{directory.name}: written before nested states (no declared blocks)")
+        return []
+    kinds = [elastic_kinds(r.tree) if r.tree is not None else None for r in manifest.ranks]
+    mine = kinds[0]
+    assert mine is not None
+    out: list[hdf5.GlobalDataset] = []
+    for path in mine.blocks:
+        if not all(k is not None and path in k.blocks for k in kinds):
+            skipped.append(f"{path}: a Block on some ranks only")
+            continue
+        stored = []
+        for r, entry in enumerate(manifest.ranks):
+            d = next(d for d in entry.datasets if d.name == path)
+            stored.append(StoredBlock(r, entry.file, d, block_of(leaf_paths(entry.tree)[path], d)))
+        spec = stored[0].spec
+        dtype = stored[0].dataset.dtype
+        attrs = {"global_shape": list(spec.global_shape)}
+        if copy:
+            out.append(hdf5.GlobalDataset(path, spec.global_shape, dtype, attrs=attrs,
+                                          pieces=_pieces(directory, stored, stats)))  # fmt: skip
+        else:
+            sources = tuple(
+                hdf5.VirtualSource(
+                    directory / sb.file,
+                    f"/{hdf5.rank_group_name(sb.rank)}/{path}",
+                    sb.spec.shape,
+                    sb.spec.start,
+                )
+                for sb in stored
+            )
+            out.append(hdf5.GlobalDataset(path, spec.global_shape, dtype, sources=sources,
+                                          attrs=attrs))  # fmt: skip
+    by_name = {d.name: d for d in first.datasets}
+    for path in sorted(mine.replicated):
+        d = by_name[path]
+        out.append(hdf5.GlobalDataset(path, d.shape, d.dtype, attrs={"replicated": True},
+                                      pieces=_replicated(directory, first.file, d, stats)))  # fmt: skip
+    skipped += [f"{p}: per-rank data (neither a Block nor Replicated)" for p in mine.blocking
+                if p in by_name]  # fmt: skip
+    return out
+
+
+def _pieces(
+    directory: Path, stored: list[StoredBlock], stats: ReadStats
+) -> Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]]:
+    def pieces() -> Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]:
+        for sb in stored:
+            if math.prod(sb.spec.shape):
+                yield sb.spec.start, read_stored_block(directory, sb, stats=stats)
+
+    return pieces
+
+
+def _replicated(
+    directory: Path, file: str, d: Any, stats: ReadStats
+) -> Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]]:
+    def pieces() -> Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]:
+        import os
+
+        import numpy as np
+
+        arr: npt.NDArray[np.generic] = np.empty(d.shape, dtype=np.dtype(d.dtype))
+        if d.offset is not None and d.nbytes:
+            fd = os.open(directory / file, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                hdf5.read_many(fd, [(d.offset, arr)])
+            except EOFError as exc:
+                raise InvalidCheckpointError(str(directory), f"{file} truncated: {exc}") from None
+            finally:
+                os.close(fd)
+            stats.bytes_read += d.nbytes
+        if digest_array(arr) != d.checksum:
+            raise InvalidCheckpointError(
+                str(directory), f"checksum mismatch: rank 0 dataset {d.name!r} in {file}"
+            )
+        yield (0,) * arr.ndim, arr
+
+    return pieces
