@@ -332,51 +332,61 @@ class Soak:
         elif not self.s.keep_roots:
             shutil.rmtree(campaign.dir, ignore_errors=True)
 
-    def wait_for_kill_moment(self, proc: subprocess.Popen[bytes], campaign: Campaign) -> bool:
-        """Sleep until the moment to kill; ``False`` if the job ended first."""
-        start = time.monotonic()
+    def wait_for_kill_moment(
+        self, proc: subprocess.Popen[bytes], campaign: Campaign, *, by_rank: bool
+    ) -> list[int] | None:
+        """Sleep until the moment to kill; the processes to kill then (found while waiting, so
+        that the kill follows the moment closely), or ``None`` if the job ended first."""
+        start, found_at = time.monotonic(), 0.0
+        victims: list[int] = []
+
+        def refresh() -> None:
+            nonlocal found_at, victims
+            if time.monotonic() - found_at > 0.05 and len(victims) < self.s.ranks + 2:
+                victims = rank_pids(campaign.root) if by_rank else job_pids(campaign.root)
+                found_at = time.monotonic()
+
         if self.rng.random() < self.s.save_share:  # the n-th save of this launch
             skip, seen = self.rng.randrange(0, 3), set(pending_dirs(campaign.root))
-            jitter = self.rng.uniform(0.0, 0.01)
+            jitter = self.rng.uniform(0.0, 0.005)
             while proc.poll() is None:
                 new = pending_dirs(campaign.root) - seen
+                if new and skip == 0:
+                    time.sleep(jitter)
+                    break
                 if new:
-                    if skip == 0:
-                        time.sleep(jitter)
-                        return proc.poll() is None
                     skip -= 1
                     seen |= new
                 if time.monotonic() - start > 120:
-                    return True  # no save for two minutes: kill anyway
+                    break  # no save for two minutes: kill anyway
+                refresh()
                 time.sleep(_POLL_S)
-            return False
-        delay = self.rng.uniform(0.2, self.s.max_delay_s)
-        while proc.poll() is None and time.monotonic() - start < delay:
+        else:
+            delay = self.rng.uniform(0.2, self.s.max_delay_s)
+            while proc.poll() is None and time.monotonic() - start < delay:
+                refresh()
+                time.sleep(0.01)
+        end = time.monotonic() + 60
+        while by_rank and not victims and proc.poll() is None and time.monotonic() < end:
+            victims = rank_pids(campaign.root)  # killed before the ranks started: wait for one
             time.sleep(0.01)
-        return proc.poll() is None
+        return victims if proc.poll() is None else None
 
     def trial(self, campaign: Campaign) -> bool:
         """One launch and (unless it finishes first) one kill; ``True`` if the campaign ended."""
         before = campaign.observed
-        proc = self.launch(campaign)
-        if not self.wait_for_kill_moment(proc, campaign):
-            return self.ended(proc, campaign)
         by_rank = self.rng.random() < self.s.rank_share
-        victims: list[int] = []
-        if by_rank:
-            end = time.monotonic() + 60
-            while not victims and proc.poll() is None and time.monotonic() < end:
-                victims = rank_pids(campaign.root)
-                if not victims:
-                    time.sleep(0.01)
+        proc = self.launch(campaign)
+        victims = self.wait_for_kill_moment(proc, campaign, by_rank=by_rank)
+        if victims is None or (by_rank and not victims):
+            return self.ended(proc, campaign)
         pending_before = pending_dirs(campaign.root)
         committed = newest_committed(campaign.root)
-        if by_rank and victims:
+        if by_rank:
             _kill([self.rng.choice(victims)])
-        elif by_rank:  # the job ended before any rank could be found
-            return self.ended(proc, campaign)
         else:  # a node crash: every process of the job, the wrapper too
-            _kill([proc.pid, *job_pids(campaign.root)])
+            _kill([proc.pid, *victims])
+            _kill(job_pids(campaign.root))  # anything started since the last look
         self.c.trials += 1
         self.c.rank_kills += by_rank
         self.c.job_kills += not by_rank
@@ -468,7 +478,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=20261123)
     p.add_argument("--json", type=Path, help="write the counts here")
     p.add_argument("--workdir", type=Path, help="campaign roots go here (default: a temp dir)")
-    p.add_argument("--steps", type=int, default=120, help="steps of one campaign")
+    p.add_argument("--steps", type=int, default=240, help="steps of one campaign")
     p.add_argument("--every", type=int, default=3, help="checkpoint every N steps")
     p.add_argument("--nx", type=int, default=512)
     p.add_argument("--ny", type=int, default=512)
@@ -476,7 +486,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-share", type=float, default=0.5, help="kills aimed at a save")
     p.add_argument("--rank-share", type=float, default=0.5, help="kills of one rank (else the job)")
     p.add_argument(
-        "--max-delay", type=float, default=5.0, help="latest random kill, s after launch"
+        "--max-delay", type=float, default=6.0, help="latest random kill, s after launch"
     )
     p.add_argument("--hang-timeout", type=float, default=60.0)
     p.add_argument("--cli-subprocess", action="store_true", help="run `resilient` as a program")
