@@ -28,7 +28,8 @@ After each kill, once no process of the job is left, the ``resilient`` command l
 * *invalid directory*: any ``step_*`` directory (a name readers trust) fails validation.
 
 The next trial resumes the same campaign. A launch that finishes before its kill completes the
-campaign: its output file is compared byte for byte with an uninterrupted run's (same layout,
+campaign: its newest valid checkpoint must be the last step (and pass ``verify --full``), and
+its output file is compared byte for byte with an uninterrupted run's (same layout,
 same rank count, no ``resilient run``, no kills) and a new campaign starts on a fresh root. The
 campaign open after the last trial is run to completion without kills and compared too.
 
@@ -296,6 +297,13 @@ class Soak:
         while self.c.trials < trials:
             if self.trial(campaign):
                 campaign = self.new_campaign()
+            elif self.c.trials % 25 == 0:
+                print(
+                    f"  [{self.c.layout}/{self.c.mode}] {self.c.trials} kills, "
+                    f"{self.c.kills_in_save} inside a save, {self.c.campaigns} campaigns, "
+                    f"{self.c.failures()} failures, {time.monotonic() - t0:.0f} s",
+                    flush=True,
+                )
         self.finish(campaign)
         self.c.seconds = round(time.monotonic() - t0, 1)
 
@@ -325,11 +333,15 @@ class Soak:
         self.problem(f"{campaign.dir}: never completed")
 
     def completed(self, campaign: Campaign) -> None:
+        """A campaign ran to its end: its final checkpoint and its output are checked."""
         self.c.campaigns += 1
+        final = self.observe(campaign, when="at the end", floor=self.s.steps)
+        if final is not None and not self.verify(campaign, final):
+            self.c.verify_failures += 1
         if not campaign.out.exists() or campaign.out.read_bytes() != self.reference:
             self.c.non_identical += 1
             self.problem(f"{campaign.dir}: output differs from the uninterrupted run")
-        elif not self.s.keep_roots:
+        elif not self.s.keep_roots and not self.c.problems:
             shutil.rmtree(campaign.dir, ignore_errors=True)
 
     def wait_for_kill_moment(
