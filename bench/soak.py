@@ -21,9 +21,9 @@ After each kill, once no process of the job is left, the ``resilient`` command l
 
 * *lost*: the newest valid checkpoint (``resilient status --json``) is older than the newest
   one committed before the kill (the highest ``step_*`` directory holding its ``COMMITTED``
-  marker just before the kill, or the newest valid one seen before the launch);
+  marker just before the kill, or the newest valid one seen after the previous kill);
 * *regression*: the newest valid step is lower than at the previous observation of the same
-  campaign (before the launch);
+  campaign (after the previous kill);
 * *verify failure*: ``resilient verify ROOT STEP --full`` rejects the newest valid checkpoint;
 * *invalid directory*: any ``step_*`` directory (a name readers trust) fails validation.
 
