@@ -80,7 +80,29 @@ class Catalog:
                     continue
             found[step] = entry
             self.statics.ref(entry.static)
+        self._drop_damaged_newest(found, trusted=set(found) - set(logged))
         return dict(sorted(found.items()))
+
+    def _drop_damaged_newest(self, found: dict[int, _Entry], *, trusted: set[int]) -> None:
+        """Check the logged checkpoints newest first until one validates; drop those that fail.
+
+        The save log says what was committed, not what is intact now: a checkpoint damaged
+        since (a marker or a data file lost, its static data broken) would otherwise count as
+        the newest valid one, which rotation always keeps, and ``KeepLast(1)`` would delete
+        the real newest valid checkpoint beneath it. Usually this validates one checkpoint.
+        """
+        for step in sorted(found, reverse=True):
+            if step in trusted:
+                return  # validated just now
+            path = self.root / layout.step_dir_name(step)
+            try:
+                validate_checkpoint(path)
+            except InvalidCheckpointError as exc:
+                log.warning("checkpoint of step %d is logged but invalid: %s", step, exc.reason)
+                self.statics.unref(found.pop(step).static)
+                self._ref_from_manifest(path, quarantined=False)
+            else:
+                return
 
     def _ref_from_manifest(self, path: Path, *, quarantined: bool) -> None:
         try:  # invalid or quarantined: its static data must survive it

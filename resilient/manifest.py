@@ -49,6 +49,7 @@ _HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _KINDS = ("self", "node", "world", "custom")
 _MAX_RANKS = 1 << 24
 _MAX_INT = 1 << 62
+_MAX_TIME = 253402300799  # 9999-12-31 23:59:59 UTC, the last second time.localtime() shows
 
 
 class ManifestError(ValueError):
@@ -423,6 +424,8 @@ def parse_manifest(text: str | bytes) -> Manifest:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"not JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses per level: "[[[[..." deeper than the stack
+        raise ManifestError("not JSON this reader accepts: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ManifestError("not a JSON object")
     if doc.get("format") != FORMAT:
@@ -440,6 +443,8 @@ def parse_manifest(text: str | bytes) -> Manifest:
         raise ManifestError(f"unknown manifest kind {kind!r}")
     step = top.require("step", int, minimum=0, maximum=_MAX_INT)
     time_ = top.require("time", (int, float))
+    if not 0 <= time_ <= _MAX_TIME:  # NaN too; float() of a huge int would raise OverflowError
+        raise ManifestError(f"time: not a Unix time this reader accepts: {time_!r}")
     lay = _parse_layout(top.section("layout"))
 
     files: list[FileEntry] = []

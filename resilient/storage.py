@@ -163,7 +163,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # torn, or nested deeper than json's decoder goes
             continue
         if isinstance(rec, dict):
             out.append(rec)

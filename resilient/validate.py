@@ -95,7 +95,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
         marker = json.loads(marker_raw)
         expected = marker["manifest_checksum"]
         marked_step = marker["step"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
     try:
         text = _read_small(path / layout.MANIFEST, _MAX_MANIFEST_BYTES)
@@ -275,7 +275,7 @@ def _quarantine_reason(path: Path) -> str:
     try:
         info = json.loads(_read_small(path / layout.QUARANTINE_INFO, 1 << 16))
         return str(info.get("reason", ""))
-    except (OSError, ValueError, InvalidCheckpointError, AttributeError):
+    except (OSError, ValueError, InvalidCheckpointError, AttributeError, RecursionError):
         return ""
 
 

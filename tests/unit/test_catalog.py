@@ -44,8 +44,10 @@ def test_saves_validate_the_history_at_most_once(
         first = len(calls)
         for s in range(42, 52):
             m.save(s, {"u": np.zeros(4)}, static={"mesh": np.arange(3.0)})
-    # the save log knows what this library committed; without it, the history is read once
-    assert first == (0 if with_log else 40)
+    # the save log knows what this library committed; without it, the history is read once;
+    # either way the newest logged checkpoint (41) is checked: a log line does not prove that
+    # a checkpoint is still intact, and rotation always keeps the newest valid one
+    assert first == (1 if with_log else 41)
     assert len(calls) == first  # later saves validate nothing already known
     assert [r.step for r in list_checkpoints(root)] == list(range(1, 52))
 
