@@ -292,6 +292,15 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 102
 
 
 _GATHER_PIECES = 64  # a run of more pieces is copied into one buffer: one write, not iovecs
+_GATHER_MEAN = 16 << 10  # ... when they are small on average (larger ones: iovecs, no copy)
+
+
+def _gathers(pieces: Sequence[tuple[int, memoryview]] | list[memoryview]) -> bool:
+    """Whether copying ``pieces`` through the bounce buffer beats one iovec each (many, small)."""
+    if len(pieces) < _GATHER_PIECES:
+        return False
+    total = sum(len(p) if isinstance(p, memoryview) else len(p[1]) for p in pieces)
+    return total < _GATHER_MEAN * len(pieces)
 
 
 def _pwrite_runs(fd: int, pieces: list[tuple[int, memoryview]]) -> None:
@@ -303,7 +312,7 @@ def _pwrite_runs(fd: int, pieces: list[tuple[int, memoryview]]) -> None:
     against 10 ms for the same bytes in one piece).
     """
     for start, run in _runs(pieces):
-        if len(run) < _GATHER_PIECES:
+        if not _gathers(run):
             _pwritev_all(fd, run, start)
         else:
             _write_gathered(fd, run, start)
@@ -434,7 +443,7 @@ def read_many(fd: int, items: Sequence[tuple[int, npt.NDArray[np.generic]]]) -> 
     for start, run in _runs([p for p in pieces if len(p[1]) >= _DIRECT_MIN]):
         _preadv_all(fd, run, start)
     for span in _spans([p for p in pieces if len(p[1]) < _DIRECT_MIN]):
-        if len(span) >= _GATHER_PIECES:
+        if _gathers(span):
             _read_gathered(fd, span)
         else:
             for start, run in _runs(span):
