@@ -31,7 +31,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo
-from resilient.payload import SaveRequest, template_blocks, template_leaves
+from resilient.payload import SaveRequest, split_template
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
 from resilient.saving import SavePipeline
@@ -381,8 +381,7 @@ class CheckpointManager:
         self.wait()
 
         def arguments() -> tuple[dict[str, Any] | None, dict[str, BlockSpec]]:
-            leaves = template_leaves(into) if into is not None else None
-            specs = template_blocks(into) if into is not None else {}
+            leaves, specs = split_template(into) if into is not None else (None, {})
             for path, value in (blocks or {}).items():
                 specs[path] = _block_spec(path, value)
             return leaves, specs

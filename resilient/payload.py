@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["LocalData", "SaveRequest", "split_state", "template_blocks", "template_leaves"]
+__all__ = ["LocalData", "SaveRequest", "split_state", "split_template"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +77,14 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     return LocalData(arrays, tree, frozenset(striped))
 
 
-def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
-    """The array leaves of a restore template by path (the arrays a restore reads into).
+def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, BlockSpec]]:
+    """A restore template's array leaves by path (the arrays a restore reads into) and its
+    :class:`~resilient.blocks.Block` leaves' blocks by path (what an elastic restore reads into
+    them), from one pass over it.
 
     Raises:
-        ConfigError: the template is not a state (see :func:`split_state`).
+        ConfigError: the template is not a state (see :func:`split_state`), or a block is not
+            inside its global shape.
     """
     try:
         _, leaves = flatten(template, leaf_meta, what="restore template")
@@ -89,31 +92,19 @@ def template_leaves(template: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(str(exc)) from None
     import numpy as np
 
-    # numpy scalars are immutable: they come back as new values, like JSON leaves
-    return {p: leaf.value for p, leaf in leaves.items() if not isinstance(leaf.value, np.generic)}
-
-
-def template_blocks(template: Mapping[str, Any]) -> dict[str, BlockSpec]:
-    """The :class:`~resilient.blocks.Block` leaves of a restore template by path: the blocks an
-    elastic restore reads into them.
-
-    Raises:
-        ConfigError: the template is not a state, or a block is not inside its global shape.
-    """
-    try:
-        _, leaves = flatten(template, leaf_meta, what="restore template")
-    except TreeError as exc:
-        raise ConfigError(str(exc)) from None
     from resilient.arrays import template_spec
 
-    out = {}
+    arrays: dict[str, Any] = {}
+    blocks: dict[str, BlockSpec] = {}
     for p, leaf in leaves.items():
+        if not isinstance(leaf.value, np.generic):  # numpy scalars are immutable: they come
+            arrays[p] = leaf.value  # back as new values, like JSON leaves
         block = leaf.meta.get("block")
         if block is not None:
             shape, _ = template_spec(leaf.value)
-            out[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
-                                  what=f"restore template[{p!r}]")  # fmt: skip
-    return out
+            blocks[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
+                                     what=f"restore template[{p!r}]")  # fmt: skip
+    return arrays, blocks
 
 
 @dataclass(frozen=True, slots=True)

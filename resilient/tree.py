@@ -31,7 +31,7 @@ import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from resilient.blocks import Block, Replicated
 
@@ -61,9 +61,10 @@ class TreeError(ValueError):
     """A state that cannot be flattened, or a stored tree that is malformed or hostile."""
 
 
-@dataclass(frozen=True, slots=True)
-class ArrayLeaf:
-    """An array leaf found while flattening: the object as given and its metadata for the tree."""
+class ArrayLeaf(NamedTuple):
+    """An array leaf found while flattening: the object as given and its metadata for the tree.
+
+    A named tuple, not a frozen dataclass: a state dict makes thousands of them per save."""
 
     value: Any
     meta: Mapping[str, Any]
@@ -165,6 +166,15 @@ def _flatten(
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
+    meta = is_array(value)
+    if meta is not None:
+        if not path:
+            raise TreeError(f"{what} must be a mapping, not an array")
+        if not meta:
+            arrays[path] = ArrayLeaf(value, {})
+            return ["a", path]
+        arrays[path] = ArrayLeaf(value, dict(meta))
+        return ["a", path, dict(meta)]
     if isinstance(value, Replicated):
         if not path:
             raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
@@ -180,15 +190,6 @@ def _flatten(
         full = {**meta, "block": block}
         arrays[path] = ArrayLeaf(value.local, full)
         return ["a", path, full]
-    meta = is_array(value)
-    if meta is not None:
-        if not path:
-            raise TreeError(f"{what} must be a mapping, not an array")
-        if not meta:
-            arrays[path] = ArrayLeaf(value, {})
-            return ["a", path]
-        arrays[path] = ArrayLeaf(value, dict(meta))
-        return ["a", path, dict(meta)]
     if path and _plain_json(value, depth):
         return ["j", value]
     where = _where(what, path)
