@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +94,21 @@ def test_round_trip_is_exact() -> None:
     assert parsed == m
     assert parsed.to_json() == text
     assert parse_manifest(text.encode()) == m
+
+
+def test_datasets_spliced_as_text_equal_plain_json() -> None:
+    # to_json splices each rank's datasets in as text; the result is the plain encoding,
+    # whatever strings the other fields hold (even ones that look like its placeholder)
+    m = sample_manifest()
+    tricky = {"s": 'datasets of rank 0 "x"', "nul": "\x00", "u": "ü", "q": '"]},['}
+    m = dataclasses.replace(m, metrics=tricky)
+    doc = json.loads(m.to_json())
+    assert doc["metrics"] == tricky
+    assert [d["name"] for d in doc["ranks"][0]["datasets"]] == [
+        d.name for d in m.ranks[0].datasets
+    ]
+    assert parse_manifest(m.to_json()) == m
+    assert m.to_json() == json.dumps(doc, allow_nan=True, separators=(",", ":"))
 
 
 def test_round_trip_fields() -> None:
