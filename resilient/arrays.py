@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["leaf_meta", "restore_leaf", "template_spec", "to_numpy", "writable_view"]
+__all__ = ["fill_leaf", "leaf_meta", "restore_leaf", "template_spec", "to_numpy", "writable_view"]
 
 # torch dtypes numpy has no dtype for, stored as unsigned words of their size
 _WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
@@ -131,6 +131,17 @@ def restore_leaf(arr: npt.NDArray[np.generic], meta: Mapping[str, Any]) -> Any:
         with contextlib.suppress(RuntimeError, AssertionError):
             tensor = tensor.to(device)
     return tensor
+
+
+def fill_leaf(target: Any, arr: npt.NDArray[np.generic]) -> None:
+    """Copy a verified array into a restore template's leaf that could not be read into
+    directly (a read-only view aside: a torch tensor on another device, or not contiguous)."""
+    import numpy as np
+
+    if isinstance(target, np.ndarray):
+        np.copyto(target, arr)
+    else:
+        target.copy_(restore_leaf(arr, leaf_meta(target) or {}))
 
 
 def writable_view(value: Any) -> npt.NDArray[np.generic] | None:

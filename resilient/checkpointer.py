@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
-from resilient.arrays import leaf_meta, restore_leaf, template_spec, writable_view
+from resilient.arrays import fill_leaf, leaf_meta, restore_leaf, template_spec, writable_view
 from resilient.blocks import stripe_rows
 from resilient.checksum import digest_array, digest_bytes, digest_stripes, digest_text
 from resilient.collective import Collective
@@ -436,16 +436,6 @@ def _is_writable(target: Any) -> bool:
     return flags is None or bool(flags.writeable)
 
 
-def _fill(target: Any, arr: Any) -> None:
-    """Copy a verified array into a template leaf that could not be read into directly."""
-    import numpy as np
-
-    if isinstance(target, np.ndarray):
-        np.copyto(target, arr)
-    else:  # a torch tensor on another device, or not contiguous
-        target.copy_(restore_leaf(arr, leaf_meta(target) or {}))
-
-
 def _read_rank(
     directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -482,7 +472,7 @@ def _read_rank(
                 f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
             )
         if target is not None:  # a template leaf that could not be read into directly
-            _fill(target, arr)
+            fill_leaf(target, arr)
         template = into.get(d.name)
         arrays[d.name] = template if template is not None else arr
     if entry.tree is None:  # written before nested states: flat names, values beside them

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
-from resilient.arrays import restore_leaf, template_spec, writable_view
+from resilient.arrays import fill_leaf, restore_leaf, template_spec, writable_view
 from resilient.blocks import BlockSpec, intersect, stripe_range
 from resilient.checksum import digest_array, digest_bytes
 from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
@@ -235,7 +235,7 @@ def read_elastic(
             os.close(fd)
     for path, (arr, template) in targets.items():
         if template is not None and arr is not template:
-            _fill(template, arr)
+            fill_leaf(template, arr)
         arrays[path] = template if template is not None else arr
     metas = {**plan.metas, **leaf_paths(plan.tree)}
     built = unflatten(
@@ -264,17 +264,6 @@ def _target(
         )
     view = writable_view(template)
     return (view if view is not None else allocate(shape, dtype)), template
-
-
-def _fill(template: Any, arr: Any) -> None:
-    import numpy as np
-
-    if isinstance(template, np.ndarray):
-        np.copyto(template, arr)
-    else:  # a torch tensor on another device, or not contiguous
-        from resilient.arrays import leaf_meta
-
-        template.copy_(restore_leaf(arr, leaf_meta(template) or {}))
 
 
 def _copy_overlap(
