@@ -214,11 +214,12 @@ class Manifest:
         text = json.dumps(doc, allow_nan=True, separators=(",", ":"), default=_placeholder)
         # each rank's datasets are spliced in as text: thousands of entries whose every field
         # but the checksum repeats from save to save (see _dataset_text)
-        for i, r in enumerate(self.ranks):
-            text = text.replace(
-                _Spliced(i, nonce).text(), "[" + ",".join(map(_dataset_text, r.datasets)) + "]", 1
-            )
-        return text
+        # (one pass over the text, whatever the rank count)
+        marker = re.compile(f'"datasets of rank ([0-9]+) {nonce}"')
+        return marker.sub(
+            lambda m: "[" + ",".join(map(_dataset_text, self.ranks[int(m[1])].datasets)) + "]",
+            text,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +229,6 @@ class _Spliced:
 
     rank: int
     nonce: str
-
-    def text(self) -> str:
-        return json.dumps(f"datasets of rank {self.rank} {self.nonce}")
 
 
 def _placeholder(value: Any) -> str:
