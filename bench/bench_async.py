@@ -59,7 +59,7 @@ os.environ.setdefault(
 )
 
 import numpy as np
-from benchutil import library_revision
+from benchutil import files_under, fsync_path, fsync_tree, library_revision
 from mpi4py import MPI
 
 import resilient
@@ -199,20 +199,6 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(np.uint64), b.view(np.uint64)))
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def files_under(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file())
-
-
 def fsync_share(path: Path) -> None:
     """Collective: fsync every file (and directory) under ``path``, split among the ranks.
 
@@ -225,12 +211,6 @@ def fsync_share(path: Path) -> None:
         if i % SIZE == RANK:
             fsync_path(p)
     sleep_barrier()
-
-
-def fsync_tree_local(path: Path) -> None:
-    """fsync every file and directory under ``path`` (this rank's own directory)."""
-    for p in [*files_under(path), *(p for p in path.rglob("*") if p.is_dir()), path]:
-        fsync_path(p)
 
 
 def drop_cache(paths: Sequence[Path], drop_caches: bool) -> None:
@@ -576,7 +556,7 @@ class Bench:
         save(ckpt, path)
         t1 = time.perf_counter()
         ckpt.wait_until_finished()
-        fsync_tree_local(path)
+        fsync_tree(path)
         t2 = time.perf_counter()
         self.retire(mode, path)
         return {"blocked": t1 - t0, "durable": t2 - t0}

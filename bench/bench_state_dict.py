@@ -52,24 +52,13 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
-from benchutil import library_revision
+from benchutil import fsync_tree, library_revision
 
 from resilient import CheckpointManager
 from resilient.policies import KeepLast
 
 WRITES = ("raw", "first", "save", "async", "torch_save", "dcp_save", "dcp_async")
 READS = ("raw_read", "restore", "restore_into", "torch_load", "dcp_load")
-
-
-def fsync_tree(path: Path) -> None:
-    """fsync every file under ``path`` (or ``path`` itself) and its directories."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*")] + [path]
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def leaves(state: Any) -> list[Any]:
