@@ -10,7 +10,6 @@ h5py only and no gather of data to a leader.
 
 from __future__ import annotations
 
-import json
 import math
 import mmap
 import os
@@ -20,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resilient import h5format
 from resilient.checksum import digest_bytes
+from resilient.h5format import ArraySpec
+from resilient.layout import rank_group_name
 from resilient.manifest import Segment
 
 if TYPE_CHECKING:
@@ -41,26 +43,16 @@ __all__ = [
     "write_global_file",
 ]
 
-_ALIGN = 4096  # O_DIRECT's alignment: every dataset written through it starts on a page
-
-
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    """One array a rank wants written: its name, shape and dtype string."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
+_ALIGN = h5format.PAGE  # O_DIRECT's alignment: every dataset written through it starts on a page
 
 
 @dataclass(frozen=True, slots=True)
 class FileSkeleton:
     """A file as its leader planned it: offsets per rank, HDF5's own bytes, size.
 
-    The skeleton depends only on the structure (every rank's names, shapes and dtypes): HDF5
-    is told to record no timestamps, so equal structures give byte-identical skeletons, and a
-    later save of the same structure writes :attr:`image` instead of asking HDF5 again (seed
-    002's metadata cache).
+    The skeleton depends only on the structure (every rank's names, shapes and dtypes): equal
+    structures give byte-identical skeletons, and a later save of the same structure writes
+    :attr:`image` again without planning (seed 002's metadata cache).
 
     Attributes:
         offsets: per rank, each dataset's byte offset (``None`` for empty ones).
@@ -75,136 +67,40 @@ class FileSkeleton:
     image: tuple[tuple[int, bytes], ...] = ()
 
 
-def rank_group_name(rank: int) -> str:
-    """Name of the HDF5 group holding ``rank``'s datasets."""
-    return f"rank_{rank:05d}"
-
-
 def create_skeleton(
     path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
 ) -> FileSkeleton:
-    """Create the file for a group of ranks, allocate every dataset, and describe it.
+    """Create the file for a group of ranks, of its final size, and describe it.
 
-    The file holds the structure only (the layout, the ranks, their datasets and offsets);
-    the step and the JSON values of a checkpoint are in its manifest.
+    The file holds the structure only (the layout, the ranks, their datasets); the step and the
+    JSON values of a checkpoint are in its manifest. :mod:`resilient.h5format` computes HDF5's
+    metadata (h5py took ~22 us per dataset; that takes well under 1 us). The metadata is not
+    written here: the leader's :func:`write_file` writes :attr:`FileSkeleton.image` (as it does
+    when the skeleton comes from the cache), so writing it here too would write it twice.
 
     Args:
         path: the file to create (must not exist).
         layout_kind: ``self``, ``node``, ``world`` or ``custom`` (stored as an attribute).
         ranks: per rank of the group, its rank and its array specs.
-    """
-    import h5py
-    import numpy as np
 
-    offsets: dict[int, dict[str, int | None]] = {}
-    extents: list[tuple[int, int]] = []
-    with h5py.File(
-        path,
-        "w-",
-        libver=("v110", "latest"),
-        # only datasets written with O_DIRECT need a page of their own; small ones are packed
-        # (4,000 x 4 KiB: 14% smaller file, 600 fewer gaps, a faster skeleton)
-        alignment_threshold=_DIRECT_MIN,
-        meta_block_size=_meta_block_size(sum(len(specs) for _, specs in ranks)),
-        alignment_interval=_ALIGN,
-    ) as f:
-        f.attrs["resilient_layout"] = layout_kind
-        f.attrs["resilient_ranks"] = np.array([r for r, _ in ranks], dtype=np.int64)
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_layout(h5py.h5d.CONTIGUOUS)
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        dcpl.set_obj_track_times(False)  # no timestamps: equal structures give equal bytes
-        gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
-        gcpl.set_obj_track_times(False)
-        # one HDF5 type and dataspace per distinct dtype and shape (a state dict repeats them)
-        types: dict[str, tuple[Any, int]] = {}
-        spaces: dict[tuple[int, ...], Any] = {}
-        for rank, specs in ranks:
-            group = h5py.Group(h5py.h5g.create(f.id, rank_group_name(rank).encode(), gcpl=gcpl))
-            group.attrs["rank"] = rank
-            groups = {"": group.id}  # nested leaves (model/layer1.weight) live in subgroups
-            rank_offsets: dict[str, int | None] = {}
-            for spec in specs:
-                parent, _, leaf = spec.name.rpartition("/")
-                tid, itemsize = types.get(spec.dtype) or types.setdefault(
-                    spec.dtype, _h5_type(spec.dtype)
-                )
-                space = spaces.get(spec.shape) or spaces.setdefault(spec.shape, _space(spec.shape))
-                dset = h5py.h5d.create(
-                    _subgroup(groups, parent, gcpl), leaf.encode(), tid, space, dcpl=dcpl
-                )
-                nbytes = math.prod(spec.shape) * itemsize
-                offset = dset.get_offset() if nbytes else None
-                dset.close()
-                if offset is not None:
-                    extents.append((int(offset), nbytes))
-                rank_offsets[spec.name] = None if offset is None else int(offset)
-            group.attrs["offsets_json"] = json.dumps(rank_offsets)
-            offsets[rank] = rank_offsets
-    size = max([os.stat(path).st_size] + [o + n for o, n in extents])
-    fd = os.open(path, os.O_RDONLY)
+    Raises:
+        ValueError: a name HDF5 cannot hold, or another structure it cannot (see
+            :func:`resilient.h5format.plan_file`).
+        FileExistsError: ``path`` exists.
+    """
+    planned = h5format.plan_file(layout_kind, ranks)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        image = tuple(
-            (start, _pread_all(fd, start, end - start)) for start, end in _gaps(extents, size)
-        )
+        os.ftruncate(fd, planned.size)
     finally:
         os.close(fd)
-    meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in image)
-    return FileSkeleton(offsets=offsets, meta_segments=meta, size=size, image=image)
+    meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in planned.pieces)
+    return FileSkeleton(
+        offsets=planned.offsets, meta_segments=meta, size=planned.size, image=planned.pieces
+    )
 
 
-def _meta_block_size(datasets: int) -> int:
-    """HDF5 gathers its metadata in blocks of this size, apart from the data: ~512 bytes per
-    dataset, 2 KiB (HDF5's default) to 1 MiB. 4,000 small datasets then lie in one run between
-    three metadata pieces instead of 600, while a file of a few arrays stays small."""
-    return int(min(1 << 20, max(2048, 1 << (datasets * 512 - 1).bit_length())))
-
-
-def _h5_type(dtype: str) -> tuple[Any, int]:
-    import h5py
-    import numpy as np
-
-    dt = np.dtype(dtype)
-    return h5py.h5t.py_create(dt), dt.itemsize
-
-
-def _space(shape: tuple[int, ...]) -> Any:
-    import h5py
-
-    return h5py.h5s.create(h5py.h5s.SCALAR) if shape == () else h5py.h5s.create_simple(shape)
-
-
-def _subgroup(groups: dict[str, Any], path: str, gcpl: Any) -> Any:
-    """The group at ``path`` below the rank's group, created (without timestamps) if needed."""
-    import h5py
-
-    found = groups.get(path)
-    if found is None:
-        parent, _, name = path.rpartition("/")
-        found = h5py.h5g.create(_subgroup(groups, parent, gcpl), name.encode(), gcpl=gcpl)
-        groups[path] = found
-    return found
-
-
-def _pread_all(fd: int, offset: int, length: int) -> bytes:
-    """``length`` bytes from ``offset``; bytes past the end of the file read as zeros (a hole)."""
-    data = os.pread(fd, length, offset)
-    return data + bytes(length - len(data))
-
-
-def _gaps(extents: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    gaps, pos = [], 0
-    for offset, length in sorted(extents):
-        if offset > pos:
-            gaps.append((pos, offset))
-        pos = max(pos, offset + length)
-    if pos < size:
-        gaps.append((pos, size))
-    return gaps
-
-
-_DIRECT_MIN = 1 << 20  # arrays from 1 MiB go through O_DIRECT
+_DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT
 _BOUNCE_BYTES = 32 << 20  # page-aligned staging buffer, allocated once per process
 
 

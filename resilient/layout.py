@@ -35,6 +35,7 @@ __all__ = [
     "file_name",
     "is_data_file_name",
     "parse_quarantined",
+    "rank_group_name",
     "parse_step_dir",
     "parse_tmp_dir",
     "quarantine_dir_name",
@@ -145,3 +146,8 @@ def is_trash(name: str) -> bool:
 def is_data_file_name(name: str) -> bool:
     """Whether ``name`` is a legal name for a checkpoint data file (no paths, no tricks)."""
     return bool(_DATA_FILE_RE.match(name))
+
+
+def rank_group_name(rank: int) -> str:
+    """Name of the HDF5 group holding ``rank``'s datasets in its file."""
+    return f"rank_{rank:05d}"
