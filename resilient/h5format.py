@@ -53,11 +53,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resilient.layout import rank_group_name
 
@@ -140,11 +142,7 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     """
     import numpy as np
 
-    tree = _Tree()
-    for rank, specs in ranks:
-        tree.add_rank(int(rank), specs)
-    if len(set(tree.ranks)) != len(tree.ranks):
-        raise ValueError(f"a rank is listed twice: {tree.ranks}")
+    tree = _Tree(ranks)
     datasets = _Datasets(tree)
     links = _Links(tree)
     n_groups = len(tree.g_parent)
@@ -155,15 +153,15 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     total_nodes = int(n_nodes.sum())
 
     # --- addresses (every structure starts on an 8-byte boundary) ---
-    special = [_group_header(tree, g, layout_kind) for g in tree.special]
+    special = [_group_header(tree, g, layout_kind) for g in range(tree.n_special)]
     header_addr = np.zeros(n_groups, np.int64)
     pos = _SUPERBLOCK
-    for g, image in zip(tree.special, special, strict=True):
+    for g, image in enumerate(special):
         header_addr[g] = pos
         pos += len(image)
-    plain = np.array(tree.plain, dtype=np.int64)
-    header_addr[plain] = pos + _PLAIN_GROUP * np.arange(plain.size)
-    pos += _PLAIN_GROUP * plain.size
+    n_plain = n_groups - tree.n_special
+    header_addr[tree.n_special :] = pos + _PLAIN_GROUP * np.arange(n_plain)
+    pos += _PLAIN_GROUP * n_plain
     btree_words = 4 + 4 * ik  # 3 words of header, 2K+1 keys, 2K children
     btree_addr = pos + 8 * btree_words * np.arange(n_groups)
     pos += 8 * btree_words * n_groups
@@ -181,23 +179,24 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     offsets, size, first_data, gaps = _place_data(datasets.nbytes, pos)
 
     # --- the bytes ---
-    out = np.zeros(-(-first_data // 8) * 8, np.uint8)
+    out = _scratch(-(-first_data // 8) * 8)
     words = out.view("<u8")
     superblock = _superblock(lk, ik, size, header_addr[0], btree_addr[0], heap_addr[0])
     out[:_SUPERBLOCK] = np.frombuffer(superblock, np.uint8)
-    for g, image in zip(tree.special, special, strict=True):
+    for g, image in enumerate(special):
         a = int(header_addr[g])
         out[a : a + len(image)] = np.frombuffer(image, np.uint8)
         # its first message is the symbol table's: after the prefix and the message header
         words[a // 8 + 3] = btree_addr[g]
         words[a // 8 + 4] = heap_addr[g]
-    if plain.size:
-        w = words[int(header_addr[plain[0]]) // 8 :][: 5 * plain.size].reshape(plain.size, 5)
+    if n_plain:
+        at = int(header_addr[tree.n_special]) // 8
+        w = words[at : at + 5 * n_plain].reshape(n_plain, 5)
         w[:, 0] = 1 | 1 << 16 | 1 << 32  # version 1, one message, reference count 1
         w[:, 1] = 24  # the message: its 8-byte header and 16 bytes
         w[:, 2] = _SYMBOL_TABLE | 16 << 16
-        w[:, 3] = btree_addr[plain]
-        w[:, 4] = heap_addr[plain]
+        w[:, 3] = btree_addr[tree.n_special :]
+        w[:, 4] = heap_addr[tree.n_special :]
 
     # B-tree nodes: 3 words of header, then key 0, child 0, key 1, ..., child n-1, key n; key 0
     # is "" (heap offset 0) and key i+1 the last name of child i
@@ -216,11 +215,13 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     words[hw + 1] = links.heap_data
     words[hw + 2] = _HEAP_FREE_NONE
     words[hw + 3] = heap_addr + 32
-    if links.n:
-        src = np.frombuffer(links.sorted_names(), np.uint8)
-        ends = np.cumsum(links.sorted_lens)
-        dest = heap_addr[links.parent] + 32 + links.heap_offset - (ends - links.sorted_lens)
-        out[np.repeat(dest, links.sorted_lens) + np.arange(src.size)] = src
+    if links.n:  # (32-bit indices: fewer pages to touch than with 64-bit ones)
+        lens = links.length[links.order]
+        before = np.cumsum(lens) - lens
+        step = np.arange(int(lens.sum()), dtype=np.int32) - np.repeat(before.astype(np.int32), lens)
+        src = links.start[links.order].astype(np.int32)
+        dest = (heap_addr[links.parent] + 32 + links.heap_offset).astype(np.int64)
+        out[np.repeat(dest, lens) + step] = links.text[np.repeat(src, lens) + step]
 
     # symbol table nodes: a word of header ("SNOD", version, count), then 5 words per entry:
     # name's heap offset, object header, cache type, and a group's B-tree and heap
@@ -231,9 +232,9 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
         nw = node_base // 8 + node_words * np.arange(total_nodes)
         words[nw] = np.uint64(_SNOD_WORD) | count << np.uint64(48)
         ew = node_base // 8 + node_words * node + 1 + 5 * (in_group % cap)
-        target = links.order - datasets.n + 1  # a group link's group, else <= 0
-        is_group = target > 0
-        group = target[is_group]
+        group = links.order - datasets.n + 1  # a group link's group, else <= 0
+        is_group = group > 0
+        group = group[is_group]
         header = np.zeros(links.n, np.int64)
         header[~is_group] = datasets.header_addr[links.order[~is_group]]
         header[is_group] = header_addr[group]
@@ -245,69 +246,99 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
 
     # dataset headers, one block of equal records per class
     for c, base in zip(datasets.classes, class_base, strict=True):
-        rows = c.rows(offsets[c.members], datasets.nbytes[c.members])
-        out[base : base + rows.nbytes] = rows.view(np.uint8).reshape(-1)
+        c.fill(out[base : base + c.size * c.members.size], offsets, datasets.nbytes)
 
     pieces = [(0, out[:first_data].tobytes()), *((o, bytes(n)) for o, n in gaps)]
     return FileLayout(tuple(pieces), tree.offsets(offsets, datasets.nbytes), size)
 
 
 _PLAIN_GROUP = 40  # header of a group without attributes: prefix + symbol table message
+_FIXED_MAX = 1 << 27  # above this many bytes, names are compared as Python bytes objects
 
 
 class _Tree:
-    """The groups and datasets of a file, in flat lists.
+    """The groups and datasets of a file.
 
-    Group 0 is the root; ``special`` groups (the root, the ranks') have attributes, ``plain``
-    ones (nested: ``model`` in ``model/layer1.weight``) have none. Datasets are numbered rank
-    by rank, in the order given.
+    Datasets are numbered rank by rank, in the order given. Group 0 is the root, groups 1 to R
+    the ranks' (they have attributes), the others nested ones (``model`` in
+    ``model/layer1.weight``), numbered as first met.
+
+    Names are handled as the UTF-8 bytes of all dataset names joined by NULs (``raw``): a name
+    holds no NUL (checked), and ``/`` is one byte that no other character's UTF-8 contains.
     """
 
-    def __init__(self) -> None:
-        self.g_parent: list[int] = [-1]
-        self.g_name: list[str] = [""]
-        self.special: list[int] = [0]
-        self.plain: list[int] = []
-        self.rank_of: dict[int, int] = {}  # group -> rank, for ranks' groups
+    def __init__(self, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]) -> None:
+        import numpy as np
+
         self.ranks: list[int] = []
-        self.rank_slices: list[tuple[int, int, int]] = []  # rank, first dataset, end
         self.names: list[str] = []
-        self.leaves: list[str] = []
-        self.d_parent: list[int] = []
         self.shapes: list[tuple[int, ...]] = []
         self.dtypes: list[str] = []
+        self.bounds = [0]  # rank i's datasets are bounds[i]:bounds[i + 1]
+        for rank, specs in ranks:
+            self.ranks.append(int(rank))
+            self.names += [s.name for s in specs]
+            self.shapes += [s.shape for s in specs]
+            self.dtypes += [s.dtype for s in specs]
+            self.bounds.append(len(self.names))
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"a rank is listed twice: {self.ranks}")
+        self.g_parent: list[int] = [-1]
+        self.g_name: list[bytes] = [b""]
+        self.rank_of: dict[int, int] = {}
+        for rank in self.ranks:
+            self.rank_of[self._new_group(0, rank_group_name(rank).encode())] = rank
+        self.n_special = len(self.g_parent)
+        n = len(self.names)
+        text = "\0".join(self.names)
+        if text.count("\0") != max(n - 1, 0):
+            bad = next(x for x in self.names if "\0" in x)
+            raise ValueError(f"dataset name {bad!r} contains a NUL character")
+        self.raw = text.encode("utf-8")
+        text_arr = np.frombuffer(self.raw + b"\0", np.uint8)
+        _check_paths(text_arr, self.names)
+        ends = np.flatnonzero(text_arr == 0)[:n]
+        starts = np.concatenate(([0], ends[:-1] + 1))[:n]
+        slashes = np.flatnonzero(text_arr == ord("/"))
+        k = np.searchsorted(slashes, ends) - 1
+        last = slashes[np.maximum(k, 0)] if slashes.size else np.zeros(n, np.int64)
+        nested = (k >= 0) & (last >= starts)
+        self.leaf_start = np.where(nested, last + 1, starts)
+        self.leaf_len = ends - self.leaf_start
+        parent_len = np.where(nested, last - starts, 0)
+        # runs of datasets in one group (a rank's datasets of one group usually come together):
+        # one dictionary look-up per run, not per dataset
+        rank_index = np.repeat(np.arange(len(self.ranks)), np.diff(self.bounds))
+        parents = _strings(text_arr, starts, parent_len)
+        new = np.ones(n, bool)
+        new[1:] = (parents[1:] != parents[:-1]) | (rank_index[1:] != rank_index[:-1])
+        first = np.flatnonzero(new)
+        paths: dict[tuple[int, bytes], int] = {}
+        run_group = [
+            self._subgroup(paths, r + 1, self.raw[s : s + p])
+            for r, s, p in zip(
+                rank_index[first].tolist(),
+                starts[first].tolist(),
+                parent_len[first].tolist(),
+                strict=True,
+            )
+        ]
+        self.d_parent = np.repeat(np.array(run_group, np.int64), np.diff(np.append(first, n)))
 
-    def add_rank(self, rank: int, specs: Sequence[ArraySpec]) -> None:
-        gid = self._new_group(0, rank_group_name(rank), special=True)
-        self.rank_of[gid] = rank
-        self.ranks.append(rank)
-        names = [s.name for s in specs]
-        _check_names(names)
-        parts = [n.rpartition("/") for n in names]
-        paths = {"": gid}
-        for path in dict.fromkeys([p[0] for p in parts]):  # in order: equal input, equal ids
-            self._subgroup(paths, path)
-        start = len(self.names)
-        self.names += names
-        self.leaves += [p[2] for p in parts]
-        self.d_parent += [paths[p[0]] for p in parts]
-        self.shapes += [tuple(s.shape) for s in specs]
-        self.dtypes += [s.dtype for s in specs]
-        self.rank_slices.append((rank, start, len(self.names)))
-
-    def _new_group(self, parent: int, name: str, *, special: bool) -> int:
-        gid = len(self.g_parent)
+    def _new_group(self, parent: int, name: bytes) -> int:
         self.g_parent.append(parent)
         self.g_name.append(name)
-        (self.special if special else self.plain).append(gid)
-        return gid
+        return len(self.g_parent) - 1
 
-    def _subgroup(self, paths: dict[str, int], path: str) -> int:
-        found = paths.get(path)
+    def _subgroup(self, paths: dict[tuple[int, bytes], int], rank_group: int, path: bytes) -> int:
+        """The group at ``path`` below ``rank_group``, created if new."""
+        if not path:
+            return rank_group
+        found = paths.get((rank_group, path))
         if found is None:
-            head, _, last = path.rpartition("/")
-            found = self._new_group(self._subgroup(paths, head), last, special=False)
-            paths[path] = found
+            head, _, last = path.rpartition(b"/")
+            found = self._new_group(self._subgroup(paths, rank_group, head), last)
+            paths[(rank_group, path)] = found
         return found
 
     def offsets(
@@ -317,21 +348,63 @@ class _Tree:
         values: list[int | None] = offsets.tolist()
         for i in (nbytes == 0).nonzero()[0].tolist():
             values[i] = None
+        b = self.bounds
         return {
-            rank: dict(zip(self.names[a:b], values[a:b], strict=True))
-            for rank, a, b in self.rank_slices
+            rank: dict(zip(self.names[b[i] : b[i + 1]], values[b[i] : b[i + 1]], strict=True))
+            for i, rank in enumerate(self.ranks)
         }
 
 
-def _check_names(names: list[str]) -> None:
-    """Raise ValueError unless every name is a valid path: non-empty components, no NUL."""
-    if "\0" in "".join(names):
-        bad = next(n for n in names if "\0" in n)
-        raise ValueError(f"dataset name {bad!r} contains a NUL character")
-    joined = "\0" + "\0".join(names) + "\0"
-    if "\0\0" in joined or "\0/" in joined or "/\0" in joined or "//" in joined:
+def _check_paths(text: npt.NDArray[np.uint8], names: list[str]) -> None:
+    """ValueError unless every name (in ``text``: joined by NULs, then a NUL) has no empty
+    component: no two separators (NUL or ``/``) in a row, none first."""
+    import numpy as np
+
+    sep = (text == 0) | (text == ord("/"))
+    if names and (sep[0] or (sep[1:] & sep[:-1]).any()):
         bad = next(n for n in names if "" in n.split("/"))
         raise ValueError(f"dataset name {bad!r} has an empty component (HDF5 cannot hold it)")
+
+
+def _strings(
+    text: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lens: npt.NDArray[np.int64]
+) -> npt.NDArray[Any]:
+    """The byte strings ``text[start:start + len]`` as a fixed-width ``S`` array (numpy compares
+    those as unsigned bytes, i.e. in ``strcmp``'s order), or as Python bytes objects when that
+    would take too much memory (one very long name among many). ``text`` ends with a NUL."""
+    import numpy as np
+
+    n = starts.size
+    width = int(lens.max(initial=0))
+    if width == 0:
+        return np.zeros(n, "S1")
+    if n * width > _FIXED_MAX:
+        raw = text.tobytes()
+        return np.array(
+            [raw[s : s + k] for s, k in zip(starts.tolist(), lens.tolist(), strict=True)] + [None],
+            dtype=object,
+        )[:n]
+    columns = np.arange(width, dtype=np.int32)  # (32-bit: fewer pages to touch)
+    take = starts.astype(np.int32)[:, None] + columns
+    np.putmask(take, columns >= lens[:, None], text.size - 1)
+    return text[take].view(f"S{width}").reshape(n)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> npt.NDArray[np.uint8]:
+    """``size`` zero bytes in a buffer reused by this thread's later calls: the metadata of
+    4,000 datasets is ~0.7 MB, and a new buffer's pages cost more to fault in (~0.3 ms here)
+    than zeroing used ones."""
+    import numpy as np
+
+    buf: npt.NDArray[np.uint8] | None = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _SCRATCH.buf = np.zeros(max(size, 1 << 16), np.uint8)
+    out = buf[:size]
+    out.fill(0)
+    return out
 
 
 class _DatasetClass:
@@ -341,27 +414,26 @@ class _DatasetClass:
     def __init__(self, dtype: str, ndim: int) -> None:
         import numpy as np
 
-        dt, self.itemsize = datatype_message(dtype)
+        datatype, self.itemsize = datatype_message(dtype)
         self.ndim = ndim
         self.members: npt.NDArray[np.int64] = np.zeros(0, np.int64)
-        space = _dataspace(ndim, [0] * ndim)
-        dt_padded = _pad8(dt)
+        self.dims: npt.NDArray[np.int64] = np.zeros((0, ndim), np.int64)
         messages = [
-            _message(_DATASPACE, space, 0),
-            _message(_DATATYPE, dt_padded, _CONSTANT),
+            _message(_DATASPACE, _dataspace(ndim, [0] * ndim), 0),
+            _message(_DATATYPE, datatype, _CONSTANT),
             _message(_FILL, _FILL_DEFAULT, _CONSTANT),
-            _message(_LAYOUT, struct.pack("<BBQQ6x", 3, 1, 0, 0), _CONSTANT),
+            _message(_LAYOUT, struct.pack("<BBQQ", 3, 1, 0, 0), _CONSTANT),
         ]
         body = b"".join(messages)
-        self.template = _header_prefix(len(messages), len(body)) + body
-        self.size = len(self.template)
+        self.template = np.frombuffer(_header_prefix(len(messages), len(body)) + body, np.uint8)
+        self.size = self.template.size
         layout = self.size - 32  # the layout message's header
         fields: dict[str, tuple[str, int]] = {
             "flags": ("u1", layout + 4),
             "addr": ("<u8", layout + 10),
             "nbytes": ("<u8", layout + 18),
         }
-        if ndim:
+        if ndim:  # after the prefix and the dataspace message's header and first 8 bytes
             fields["dims"] = (f"({ndim},)<u8", 32)
             fields["maxdims"] = (f"({ndim},)<u8", 32 + 8 * ndim)
         self.record = np.dtype(
@@ -373,25 +445,27 @@ class _DatasetClass:
             }
         )
 
-    def rows(
-        self, offsets: npt.NDArray[np.int64], nbytes: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.void]:
-        """The object headers of :attr:`members`, given their offsets and sizes."""
+    def fill(
+        self,
+        out: npt.NDArray[np.uint8],
+        offsets: npt.NDArray[np.int64],
+        nbytes: npt.NDArray[np.int64],
+    ) -> None:
+        """Write the object headers of :attr:`members` into ``out``, given every dataset's
+        offset and size."""
         import numpy as np
 
         n = self.members.size
-        # a bytearray, not a copy: a copy of records need not copy the bytes outside fields
-        rows = np.frombuffer(bytearray(self.template * n), dtype=self.record)
-        allocated = nbytes > 0
+        out.reshape(n, self.size)[:] = self.template
+        rows = out.view(self.record)
+        size = nbytes[self.members]
+        allocated = size > 0
         rows["flags"] = allocated  # HDF5 marks an allocated layout constant
-        rows["addr"] = np.where(allocated, offsets, -1).astype(np.uint64)
-        rows["nbytes"] = nbytes
+        rows["addr"] = np.where(allocated, offsets[self.members].astype(np.uint64), _UNDEF)
+        rows["nbytes"] = size
         if self.ndim:
             rows["dims"] = self.dims
             rows["maxdims"] = self.dims
-        return rows
-
-    dims: npt.NDArray[np.int64]
 
 
 class _Datasets:
@@ -401,33 +475,55 @@ class _Datasets:
         import numpy as np
 
         n = self.n = len(tree.names)
-        ndims = np.fromiter(map(len, tree.shapes), np.int64, n)
-        flat = np.fromiter(itertools.chain.from_iterable(tree.shapes), np.int64, int(ndims.sum()))
+        shapes = tree.shapes
+        ndim_list = list(map(len, shapes))
+        ndims = set(ndim_list)
+        kinds = dict.fromkeys(tree.dtypes)  # in order of first use: equal input, equal bytes
+        if n and max(ndims) > _MAX_RANK:
+            raise ValueError(f"a dataset has more than {_MAX_RANK} dimensions")
+        if len(ndims) == 1:  # the usual case: every dataset has one rank (1-D)
+            (k,) = ndims
+            if k == 1:
+                flat = np.fromiter(map(operator.itemgetter(0), shapes), np.int64, n)
+            else:
+                flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, n * k)
+            all_dims = flat.reshape(n, k)
+        else:
+            flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, sum(ndim_list))
         if flat.size and flat.min() < 0:
             raise ValueError("a dataset has a negative dimension")
-        if n and ndims.max() > _MAX_RANK:
-            raise ValueError(f"a dataset has more than {_MAX_RANK} dimensions")
-        starts = np.cumsum(ndims) - ndims
-        class_of: dict[tuple[str, int], int] = {}
-        keys = zip(tree.dtypes, ndims.tolist(), strict=True)
-        cls = np.fromiter((class_of.setdefault(k, len(class_of)) for k in keys), np.int64, n)
-        self.classes = [_DatasetClass(dtype, ndim) for dtype, ndim in class_of]
+        if len(kinds) == 1 and len(ndims) == 1:
+            self.classes = [_DatasetClass(tree.dtypes[0], k)]
+            self.classes[0].members = np.arange(n)
+            self.classes[0].dims = all_dims
+        elif n:
+            number = {d: i for i, d in enumerate(kinds)}
+            ndim_arr = np.array(ndim_list, np.int64)
+            code = np.fromiter(map(number.__getitem__, tree.dtypes), np.int64, n) * 64 + ndim_arr
+            _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+            by_use = np.argsort(first)  # classes in order of first use
+            rank_of = np.empty_like(by_use)
+            rank_of[by_use] = np.arange(by_use.size)
+            cls = rank_of[inverse.reshape(-1)]
+            by_class = np.argsort(cls, kind="stable")
+            bounds = np.searchsorted(cls[by_class], np.arange(by_use.size + 1))
+            starts = np.cumsum(ndim_arr) - ndim_arr
+            self.classes = []
+            for i, f in enumerate(first[by_use].tolist()):
+                c = _DatasetClass(tree.dtypes[f], ndim_list[f])
+                c.members = by_class[bounds[i] : bounds[i + 1]]
+                c.dims = flat[starts[c.members][:, None] + np.arange(c.ndim)]
+                self.classes.append(c)
+        else:
+            self.classes = []
         self.nbytes = np.zeros(n, np.int64)
         self.header_addr = np.zeros(n, np.int64)
-        if len(self.classes) == 1:
-            self.classes[0].members = np.arange(n)
-        else:
-            by_class = np.argsort(cls, kind="stable")
-            bounds = np.searchsorted(cls[by_class], np.arange(len(self.classes) + 1))
-            for i, c in enumerate(self.classes):
-                c.members = by_class[bounds[i] : bounds[i + 1]]
         for c in self.classes:
-            dims = flat[starts[c.members][:, None] + np.arange(c.ndim)]
-            # sizes up to 2**62 bytes (HDF5 takes 64-bit sizes; numpy products would wrap)
-            if dims.size and np.log2(np.maximum(dims, 1)).sum(axis=1).max() > 62 - c.itemsize:
+            # at most 2**62 bytes (numpy's products would wrap around silently)
+            big = c.dims.max(axis=1, initial=0) >= 1 << 20
+            if big.any() and np.log2(np.maximum(c.dims[big], 1)).sum(axis=1).max() > 62 - c.itemsize:
                 raise ValueError("a dataset is too large")
-            c.dims = dims
-            self.nbytes[c.members] = dims.prod(axis=1) * c.itemsize
+            self.nbytes[c.members] = c.dims.prod(axis=1) * c.itemsize
 
 
 class _Links:
@@ -435,8 +531,10 @@ class _Links:
     then by name: a group's links are one run, in HDF5's order.
 
     Attributes:
-        order: link numbers in sorted order (datasets first: link ``i < n_datasets`` is dataset
-            ``i``, then group ``i - n_datasets + 1``).
+        text: every name's bytes (datasets' in :attr:`_Tree.raw`, then the groups'), ending
+            with a NUL; link ``i``'s name is ``text[start[i]:start[i] + length[i]]``.
+        order: link numbers in sorted order (link ``i < n_datasets`` is dataset ``i``, then
+            link ``n_datasets + g - 1`` is group ``g``).
         parent: each sorted link's group.
         counts: links per group; ``first``: each group's first sorted link.
         heap_offset: each sorted link's name's offset in its group's local heap.
@@ -446,58 +544,42 @@ class _Links:
     def __init__(self, tree: _Tree) -> None:
         import numpy as np
 
-        names = [*tree.leaves, *tree.g_name[1:]]
-        self.n = len(names)
         n_groups = len(tree.g_parent)
-        # one encode and one split for all names: the names hold no NUL (checked)
-        self.encoded = "\0".join(names).encode("utf-8").split(b"\0") if names else []
-        parent = np.array([*tree.d_parent, *tree.g_parent[1:]], dtype=np.int64)
-        lens = np.fromiter(map(len, self.encoded), np.int64, self.n)
-        self.order = _sort_links(self.encoded, parent, lens, names)
+        group_names = tree.g_name[1:]
+        self.text = np.frombuffer(
+            tree.raw + b"\0" + b"".join(g + b"\0" for g in group_names), np.uint8
+        )
+        g_len = np.array([len(g) for g in group_names], np.int64)
+        g_start = len(tree.raw) + 1 + np.cumsum(g_len + 1) - (g_len + 1)
+        self.start = np.concatenate((tree.leaf_start, g_start)).astype(np.int64)
+        self.length = np.concatenate((tree.leaf_len, g_len)).astype(np.int64)
+        parent = np.concatenate((tree.d_parent, np.array(tree.g_parent[1:], np.int64)))
+        self.n = parent.size
+        names = _strings(self.text, self.start, self.length)
+        if names.dtype.kind == "S":
+            self.order = np.lexsort((names, parent))
+        else:
+            by_name = np.argsort(names, kind="stable")
+            self.order = by_name[np.argsort(parent[by_name], kind="stable")]
         self.parent = parent[self.order]
+        in_order = names[self.order]
+        dup = np.flatnonzero(
+            (in_order[1:] == in_order[:-1]) & (self.parent[1:] == self.parent[:-1])
+        )
+        if dup.size:
+            i = int(self.order[dup[0]])
+            name = tree.names[i] if i < len(tree.names) else in_order[dup[0]].decode()
+            raise ValueError(
+                f"two objects named {name!r} in one group (a dataset given twice, or a name "
+                "that is both a dataset and a group)"
+            )
         self.counts = np.bincount(self.parent, minlength=n_groups).astype(np.int64)
         self.first = np.cumsum(self.counts) - self.counts
-        self.sorted_lens = lens[self.order]
-        padded = (self.sorted_lens // 8 + 1) * 8  # the name, its NUL, padded to 8 bytes
+        padded = (self.length[self.order] // 8 + 1) * 8  # the name, its NUL, to 8 bytes
         before = np.cumsum(padded) - padded
-        self.heap_offset = 8 + before - before[self.first][self.parent] if self.n else before
-        self.heap_data = 8 + np.bincount(self.parent, weights=padded, minlength=n_groups).astype(
-            np.int64
-        )
-
-    def sorted_names(self) -> bytes:
-        return b"".join([self.encoded[i] for i in self.order.tolist()])
-
-
-_SORT_BYTES = 1 << 27  # above this many bytes of fixed-width names, sort in Python
-
-
-def _sort_links(
-    encoded: list[bytes], parent: npt.NDArray[np.int64], lens: npt.NDArray[np.int64], names: list[str]
-) -> npt.NDArray[np.int64]:
-    """Link numbers sorted by parent, then name bytes (``strcmp``'s order); ValueError on
-    two links of one name in one group."""
-    import numpy as np
-
-    n = len(encoded)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    width = int(lens.max())
-    if n * width <= _SORT_BYTES:  # numpy compares fixed-width bytes as unsigned, like strcmp
-        fixed = np.array(encoded, dtype=f"S{width}")
-        order = np.lexsort((fixed, parent))
-        same = fixed[order[1:]] == fixed[order[:-1]]
-    else:  # one very long name among many: fixed width would take too much memory
-        keys = list(zip(parent.tolist(), encoded, strict=True))
-        order = np.array(sorted(range(n), key=keys.__getitem__), dtype=np.int64)
-        same = np.array([encoded[a] == encoded[b] for a, b in itertools.pairwise(order.tolist())])
-    dup = np.flatnonzero(same & (parent[order[1:]] == parent[order[:-1]]))
-    if dup.size:
-        raise ValueError(
-            f"two objects named {names[int(order[dup[0]])]!r} in one group "
-            "(a dataset given twice, or a name that is both a dataset and a group)"
-        )
-    return order.astype(np.int64)
+        self.heap_offset = 8 + before - before[self.first[self.parent]]
+        weights = np.bincount(self.parent, weights=padded, minlength=n_groups)
+        self.heap_data = 8 + weights.astype(np.int64)
 
 
 def _choose_k(counts: npt.NDArray[np.int64]) -> tuple[int, int]:
