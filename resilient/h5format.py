@@ -165,9 +165,11 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     btree_words = 4 + 4 * ik  # 3 words of header, 2K+1 keys, 2K children
     btree_addr = pos + 8 * btree_words * np.arange(n_groups)
     pos += 8 * btree_words * n_groups
-    heap_size = 32 + links.heap_data
-    heap_addr = pos + np.cumsum(heap_size) - heap_size
-    pos += int(heap_size.sum())
+    heap_addr = pos + 32 * np.arange(n_groups)  # local heaps' prefixes, then their data
+    pos += 32 * n_groups
+    heap_data_addr = pos + np.cumsum(links.heap_data) - links.heap_data
+    heap_data_base = pos
+    pos += int(links.heap_data.sum())
     node_words = 1 + 5 * cap
     node_base = pos
     pos += 8 * node_words * total_nodes
@@ -209,19 +211,14 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     bt[node_group, 4 + 2 * j] = node_base + 8 * node_words * np.arange(total_nodes)
     bt[node_group, 5 + 2 * j] = links.heap_offset[last]
 
-    # local heaps: a prefix of 4 words, then "" at offset 0 and the names in sorted order
+    # local heaps: prefixes of 4 words; their data segments, one after the other, hold ""
+    # at offset 0, then the group's names in sorted order
     hw = heap_addr // 8
     words[hw] = _HEAP_WORD
     words[hw + 1] = links.heap_data
     words[hw + 2] = _HEAP_FREE_NONE
-    words[hw + 3] = heap_addr + 32
-    if links.n:  # (32-bit indices: fewer pages to touch than with 64-bit ones)
-        lens = links.length[links.order]
-        before = np.cumsum(lens) - lens
-        step = np.arange(int(lens.sum()), dtype=np.int32) - np.repeat(before.astype(np.int32), lens)
-        src = links.start[links.order].astype(np.int32)
-        dest = (heap_addr[links.parent] + 32 + links.heap_offset).astype(np.int64)
-        out[np.repeat(dest, lens) + step] = links.text[np.repeat(src, lens) + step]
+    words[hw + 3] = heap_data_addr
+    out[heap_data_base : heap_data_base + links.heap_bytes.size] = links.heap_bytes
 
     # symbol table nodes: a word of header ("SNOD", version, count), then 5 words per entry:
     # name's heap offset, object header, cache type, and a group's B-tree and heap
@@ -580,6 +577,34 @@ class _Links:
         self.heap_offset = 8 + before - before[self.first[self.parent]]
         weights = np.bincount(self.parent, weights=padded, minlength=n_groups)
         self.heap_data = 8 + weights.astype(np.int64)
+        self.heap_bytes = _heap_bytes(in_order, padded, self.parent, n_groups)
+
+
+def _heap_bytes(
+    names: npt.NDArray[Any],
+    padded: npt.NDArray[np.int64],
+    parent: npt.NDArray[np.int64],
+    n_groups: int,
+) -> npt.NDArray[np.uint8]:
+    """Every group's heap data, one after the other: "" (8 NULs), then the group's sorted
+    ``names`` (sorted by group too), each NUL-padded to its ``padded`` length."""
+    import numpy as np
+
+    rows = np.arange(names.size) + parent + 1  # a row for "" before each group's names
+    if names.dtype.kind != "S":  # Python bytes (very long names): joined one by one
+        pieces = [bytes(8)] * (names.size + n_groups)
+        for row, name, size in zip(rows.tolist(), names.tolist(), padded.tolist(), strict=True):
+            pieces[row] = name + bytes(size - len(name))
+        return np.frombuffer(b"".join(pieces), np.uint8)
+    # a zero matrix, a row per name or "", wide enough for every padded name: each row's
+    # first `padded` bytes (8 for "") are its part of the heap data
+    width = names.dtype.itemsize
+    stride = -(-(width + 1) // 8) * 8
+    matrix = np.zeros((names.size + n_groups, stride), np.uint8)
+    matrix[rows, :width] = names.view(np.uint8).reshape(names.size, width)
+    keep = np.full(names.size + n_groups, 8, np.int64)
+    keep[rows] = padded
+    return matrix[np.arange(stride) < keep[:, None]]
 
 
 def _choose_k(counts: npt.NDArray[np.int64]) -> tuple[int, int]:
