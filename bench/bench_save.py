@@ -154,7 +154,7 @@ PHASES: dict[str, str] = {
     "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
     "save_set": "checkpointer.save_set (plan, skeleton, pwrite, fsync, gather, commit)",
     "digest": "xxh3 of the rank's arrays (checkpointer.digest_array)",
-    "skeleton": "hdf5.create_skeleton: h5py file + datasets + ftruncate + fsync (leader)",
+    "skeleton": "hdf5.create_skeleton: HDF5 metadata planned (h5format) + file created (leader)",
     "h5.pwrite": "os.pwrite in hdf5.write_file (copy into the page cache)",
     "h5.fsync": "os.fsync in the hdf5 module (skeleton + data to disk)",
     "commit": "PendingDir.commit: manifest + COMMITTED + rename, with fsyncs (rank 0)",

@@ -5,8 +5,9 @@ asynchronous) and by :class:`resilient.statics.StaticStore` for static data. Cal
 ``_save_state_dict``: plan, write, finish; NVRx's async ``plan``/``finalize``)::
 
     every rank   plan_write()       collective over the file's group: names, shapes, dtypes;
-                                    the leader creates the file with h5py, or reuses the
-                                    skeleton of the previous save when the structure is unchanged
+                                    the leader plans the file's HDF5 metadata (h5format), or
+                                    reuses the skeleton of the previous save when the structure
+                                    is unchanged
     every rank   WriteJob.run()     local, here or on a background thread: checksums, its
                                     bytes at its offsets, fsync (no communication)
     every rank   finish_set()       collective: every rank's outcome to the coordinator, which
@@ -207,9 +208,9 @@ def plan_write(
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
     part of a save into ``directory``.
 
-    The leader creates the file's skeleton with h5py, unless every rank's structure (names,
-    shapes, dtypes) is the one of the previous save: then the cached skeleton is reused and
-    nothing touches the disk here. ``data`` must stay unchanged until the job has run.
+    The leader creates the file's skeleton (:func:`resilient.hdf5.create_skeleton`), unless
+    every rank's structure (names, shapes, dtypes) is the one of the previous save: then the
+    cached skeleton is reused and nothing touches the disk here. ``data`` must stay unchanged until the job has run.
     """
     plan = RankPlan.of(topo.comm.rank, data)
     path = directory / topo.file_name
@@ -487,7 +488,7 @@ def _read_rank(
 
 def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
     """Local: after a restore, remember the restored file's skeleton, so that the first save of
-    the same structure (the usual first save after a restart) skips h5py altogether.
+    the same structure (the usual first save after a restart) skips planning altogether.
 
     Every rank decides from the manifest alone (the same on every rank of a group): the file
     must have been written by exactly this group. The leader also reads HDF5's own bytes back

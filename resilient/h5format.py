@@ -355,8 +355,6 @@ class _Tree:
 def _check_paths(text: npt.NDArray[np.uint8], names: list[str]) -> None:
     """ValueError unless every name (in ``text``: joined by NULs, then a NUL) has no empty
     component: no two separators (NUL or ``/``) in a row, none first."""
-    import numpy as np
-
     sep = (text == 0) | (text == ord("/"))
     if names and (sep[0] or (sep[1:] & sep[:-1]).any()):
         bad = next(n for n in names if "" in n.split("/"))
@@ -384,7 +382,8 @@ def _strings(
     columns = np.arange(width, dtype=np.int32)  # (32-bit: fewer pages to touch)
     take = starts.astype(np.int32)[:, None] + columns
     np.putmask(take, columns >= lens[:, None], text.size - 1)
-    return text[take].view(f"S{width}").reshape(n)
+    fixed: npt.NDArray[Any] = text[take].view(f"S{width}").reshape(n)
+    return fixed
 
 
 _SCRATCH = threading.local()
@@ -518,7 +517,10 @@ class _Datasets:
         for c in self.classes:
             # at most 2**62 bytes (numpy's products would wrap around silently)
             big = c.dims.max(axis=1, initial=0) >= 1 << 20
-            if big.any() and np.log2(np.maximum(c.dims[big], 1)).sum(axis=1).max() > 62 - c.itemsize:
+            if (
+                big.any()
+                and np.log2(np.maximum(c.dims[big], 1)).sum(axis=1).max() > 62 - c.itemsize
+            ):
                 raise ValueError("a dataset is too large")
             self.nbytes[c.members] = c.dims.prod(axis=1) * c.itemsize
 
@@ -711,7 +713,9 @@ def _group_header(tree: _Tree, g: int, layout_kind: str) -> bytes:
     if g == 0:
         ranks = tree.ranks
         text = layout_kind.encode("utf-8")
-        string = struct.pack("<BBxxI", 0x13, 1 | (0 if text.isascii() else 1) << 4, max(len(text), 1))
+        string = struct.pack(
+            "<BBxxI", 0x13, 1 | (0 if text.isascii() else 1) << 4, max(len(text), 1)
+        )
         attrs = [
             _attribute("resilient_layout", string, _dataspace(0, ()), text or b"\0"),
             _attribute(
@@ -807,7 +811,19 @@ def _float(size: int, *, big: bool) -> bytes:
     sign, e_loc, e_size, m_loc, m_size, bias, norm, precision = _float_layout(size)
     flags = (1 if big else 0) | norm << 4
     return struct.pack(
-        "<BBBBIHHBBBBI", 0x11, flags, sign, 0, size, 0, precision, e_loc, e_size, m_loc, m_size, bias
+        "<BBBBIHHBBBBI",
+        0x11,
+        flags,
+        sign,
+        0,
+        size,
+        0,
+        precision,
+        e_loc,
+        e_size,
+        m_loc,
+        m_size,
+        bias,
     )
 
 

@@ -1,11 +1,12 @@
 """HDF5 files of a checkpoint: the sole h5py user.
 
-A group of ranks shares one file. Its leader creates the file with h5py: one HDF5 group per
-rank (``/rank_00003``) holding one contiguous, early-allocated, never-filled dataset per state
-key, and attributes for the step, the rank and the datasets' byte offsets. Then every rank
-writes its arrays' bytes straight to those offsets (``pwrite``) and fsyncs. The result is an
-ordinary HDF5 file (``h5py``, ``h5ls``, ``h5dump`` read it) written at raw-disk speed, with serial
-h5py only and no gather of data to a leader.
+A group of ranks shares one file. Its leader plans the file (:mod:`resilient.h5format`
+computes HDF5's metadata: one HDF5 group per rank, ``/rank_00003``, holding one contiguous,
+early-allocated dataset per state key, and attributes for the layout and the rank) and writes
+that metadata; every rank writes its arrays' bytes straight to their offsets (``pwrite``) and
+fsyncs. The result is an ordinary HDF5 file (``h5py``, ``h5ls``, ``h5dump`` read it) written at
+raw-disk speed, with no HDF5 library call and no gather of data to a leader. h5py is used only
+to export a global file (:func:`write_global_file`).
 """
 
 from __future__ import annotations

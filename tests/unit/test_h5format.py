@@ -58,7 +58,8 @@ def sample(shape: tuple[int, ...], dtype: str, seed: int) -> npt.NDArray[Any]:
         flat = rng.normal(size=n) * 1e3
     else:
         flat = rng.normal(size=n) + 1j * rng.normal(size=n)
-    return flat.astype(dt).reshape(shape).copy(order="C")
+    out: npt.NDArray[Any] = flat.astype(dt).reshape(shape).copy(order="C")
+    return out
 
 
 def specs_of(arrays: dict[str, npt.NDArray[Any]]) -> list[ArraySpec]:
@@ -72,12 +73,12 @@ def write(
     skeleton = hdf5.create_skeleton(
         path, layout_kind=kind, ranks=[(r, specs_of(a)) for r, a in data.items()]
     )
-    items = [
-        (skeleton.offsets[r][k], arr)
-        for r, arrays in data.items()
-        for k, arr in arrays.items()
-        if skeleton.offsets[r][k] is not None
-    ]
+    items: list[tuple[int, npt.NDArray[Any]]] = []
+    for r, arrays in data.items():
+        for k, arr in arrays.items():
+            offset = skeleton.offsets[r][k]
+            if offset is not None:
+                items.append((offset, arr))
     hdf5.write_file(path, items, skeleton=skeleton)
     return skeleton
 
@@ -250,7 +251,9 @@ def test_dataset_header_is_hdf5s_own_but_for_padding(tmp_path: Path) -> None:
             space = h5py.h5s.create(h5py.h5s.SCALAR) if not shape else h5py.h5s.create_simple(shape)
             h5py.h5d.create(f.id, name.encode(), h5py.h5t.IEEE_F32BE, space, dcpl=dcpl).close()
     path = tmp_path / "ours.h5"
-    data = {0: {"x": sample((3, 4), ">f4", 0), "s": sample((), ">f4", 0), "e": np.zeros((0, 2), ">f4")}}
+    data = {
+        0: {"x": sample((3, 4), ">f4", 0), "s": sample((), ">f4", 0), "e": np.zeros((0, 2), ">f4")}
+    }
     write(path, data)
     raw_ref, raw = ref.read_bytes(), path.read_bytes()
     with h5py.File(path, "r") as f:
@@ -372,7 +375,11 @@ def test_many_groups(tmp_path: Path) -> None:
         0: {
             f"optim/state/%i{i}/{leaf}": sample(shape, dtype, i)
             for i in range(1500)
-            for leaf, shape, dtype in (("exp_avg", (4,), "<f4"), ("exp_avg_sq", (4,), "<f4"), ("step", (), "<f8"))
+            for leaf, shape, dtype in (
+                ("exp_avg", (4,), "<f4"),
+                ("exp_avg_sq", (4,), "<f4"),
+                ("step", (), "<f8"),
+            )
         }
         | {f"model/p{i}": sample((4,), "<f4", i) for i in range(1500)}
     }
@@ -428,7 +435,11 @@ def test_h5dump_and_h5ls_read_everything(tmp_path: Path) -> None:
             )
             for i, dt in enumerate(DTYPES)
         }
-        | {"zero-d": sample((), "<f8", r), "empty": np.zeros((0, 3), "<i4"), "odd name %": sample((1,), "<u1", 0)}
+        | {
+            "zero-d": sample((), "<f8", r),
+            "empty": np.zeros((0, 3), "<i4"),
+            "odd name %": sample((1,), "<u1", 0),
+        }
         for r in (0, 1)
     }
     path = roundtrip(tmp_path, data, kind="node")
@@ -452,14 +463,22 @@ def test_h5dump_and_h5ls_read_everything(tmp_path: Path) -> None:
 
 def structure() -> list[tuple[int, list[ArraySpec]]]:
     return [
-        (r, [ArraySpec(f"m{i % 7}/p{i}", (i % 5, 3), ("<f4", ">i8", "|b1")[i % 3]) for i in range(300)])
+        (
+            r,
+            [
+                ArraySpec(f"m{i % 7}/p{i}", (i % 5, 3), ("<f4", ">i8", "|b1")[i % 3])
+                for i in range(300)
+            ],
+        )
         for r in (3, 1)
     ]
 
 
 def test_equal_structures_give_equal_bytes(tmp_path: Path) -> None:
     a = plan_file("node", structure())
-    b = plan_file("node", [(r, list(map(lambda s: ArraySpec(s.name, tuple(s.shape), s.dtype), ss))) for r, ss in structure()])
+    b = plan_file(
+        "node", [(r, [ArraySpec(s.name, s.shape, s.dtype) for s in ss]) for r, ss in structure()]
+    )
     assert a == b
     # in another process too (str hashes differ between processes)
     code = (
@@ -481,8 +500,13 @@ def test_equal_structures_give_equal_bytes(tmp_path: Path) -> None:
     assert digests == {hashlib.sha256(repr((a.pieces, a.offsets, a.size)).encode()).hexdigest()}
 
 
-def test_very_long_names_take_the_slow_path_to_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    ranks = structure() + [(7, [ArraySpec("ä" * 300 + "/x", (1,), "<f4"), ArraySpec("b", (2,), "<f4")])]
+def test_very_long_names_take_the_slow_path_to_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ranks = [
+        *structure(),
+        (7, [ArraySpec("ä" * 300 + "/x", (1,), "<f4"), ArraySpec("b", (2,), "<f4")]),
+    ]
     fast = plan_file("custom", ranks)
     monkeypatch.setattr(h5format, "_FIXED_MAX", 1)
     assert plan_file("custom", ranks) == fast
@@ -505,7 +529,9 @@ def test_very_long_names_take_the_slow_path_to_the_same_bytes(monkeypatch: pytes
 def test_names_hdf5_cannot_hold(tmp_path: Path, names: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         hdf5.create_skeleton(
-            tmp_path / "f.h5", layout_kind="self", ranks=[(0, [ArraySpec(n, (1,), "<f4") for n in names])]
+            tmp_path / "f.h5",
+            layout_kind="self",
+            ranks=[(0, [ArraySpec(n, (1,), "<f4") for n in names])],
         )
     assert not (tmp_path / "f.h5").exists()
 
@@ -552,7 +578,9 @@ SETTINGS = settings(
 COMPONENT = st.text(
     st.characters(blacklist_characters="/\0", blacklist_categories=["Cs"]), min_size=1, max_size=12
 )
-PATH = st.lists(st.sampled_from(["a", "b", "ab", "é", "x y"]) | COMPONENT, min_size=1, max_size=4).map("/".join)
+PATH = st.lists(
+    st.sampled_from(["a", "b", "ab", "é", "x y"]) | COMPONENT, min_size=1, max_size=4
+).map("/".join)
 SHAPE = st.lists(st.integers(0, 4), max_size=4).map(tuple) | st.just((70_000, 3))
 
 
@@ -563,7 +591,11 @@ def structures(draw: st.DrawFn) -> dict[int, dict[str, tuple[tuple[int, ...], st
     for r in ranks:
         names = draw(st.lists(PATH, max_size=12, unique=True))
         # drop names that are a prefix group of another (a name is a dataset or a group)
-        names = [n for n in names if not any(m.startswith(n + "/") or n.startswith(m + "/") for m in names if m != n)]
+        names = [
+            n
+            for n in names
+            if not any(m.startswith(n + "/") or n.startswith(m + "/") for m in names if m != n)
+        ]
         out[r] = {n: (draw(SHAPE), draw(st.sampled_from(DTYPES))) for n in names}
     return out
 
@@ -571,7 +603,8 @@ def structures(draw: st.DrawFn) -> dict[int, dict[str, tuple[tuple[int, ...], st
 @SETTINGS
 @given(structures())
 def test_random_structures_read_back(
-    tmp_path_factory: pytest.TempPathFactory, shape: dict[int, dict[str, tuple[tuple[int, ...], str]]]
+    tmp_path_factory: pytest.TempPathFactory,
+    shape: dict[int, dict[str, tuple[tuple[int, ...], str]]],
 ) -> None:
     data = {
         r: {n: sample(s, dt, i) for i, (n, (s, dt)) in enumerate(arrays.items())}

@@ -241,7 +241,8 @@ def test_data_file_is_plain_hdf5(tmp_path: Path) -> None:
             data = g[key][()]
             np.testing.assert_array_equal(data, state[key])
             assert g[key].shape == np.asarray(state[key]).shape
-        assert int(g.attrs["rank"]) == 0 and f.attrs["resilient_layout"] == "self"
+        # a fixed-length string: h5py reads bytes
+        assert int(g.attrs["rank"]) == 0 and f.attrs["resilient_layout"].decode() == "self"
         # the step and the JSON values live in the manifest (the file is structure + data only)
         assert "v" not in g and "values_json" not in g.attrs
     manifest = json.loads((root / "step_00000004" / "manifest.json").read_text())
