@@ -25,7 +25,9 @@ and which has no checksums and fixed-size records:
   undefined address and size 0);
 * attributes: message version 1: ``resilient_layout`` (a fixed-length, NUL-padded string:
   h5py reads it as ``bytes``) and ``resilient_ranks`` (int64 array) on the root group, ``rank``
-  (int64 scalar) on each rank's group.
+  (int64 scalar) on each rank's group. A header message holds at most 64 KiB, so a file of more
+  than 8,183 ranks has ``resilient_ranks`` as a dataset of the root instead (its data lies with
+  the metadata).
 
 Datatypes are the ones h5py writes for the numpy dtypes :func:`resilient.manifest.dtype_itemsize`
 accepts, so h5py reads every dataset back with the dtype it had: integers and IEEE floats of
@@ -137,8 +139,7 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     Raises:
         ValueError: a name HDF5 cannot hold (empty, or with an empty component or a NUL), two
             datasets of one name, a name both a group and a dataset, a rank listed twice, an
-            unsupported dtype, a negative dimension, more than 32 dimensions, or more ranks
-            than one attribute holds (8,183).
+            unsupported dtype, a negative dimension or more than 32 dimensions.
     """
     import numpy as np
 
@@ -159,6 +160,9 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     for g, image in enumerate(special):
         header_addr[g] = pos
         pos += len(image)
+    if tree.ranks_dataset:  # too many ranks for an attribute: a dataset of the root
+        ranks_header = pos
+        pos += len(_ranks_dataset(tree.ranks, 0))
     n_plain = n_groups - tree.n_special
     header_addr[tree.n_special :] = pos + _PLAIN_GROUP * np.arange(n_plain)
     pos += _PLAIN_GROUP * n_plain
@@ -178,6 +182,9 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
         class_base.append(pos)
         datasets.header_addr[c.members] = pos + c.size * np.arange(c.members.size)
         pos += c.size * c.members.size
+    if tree.ranks_dataset:  # its data: with the metadata, before the ranks' data
+        ranks_data = pos
+        pos += 8 * len(tree.ranks)
     offsets, size, first_data, gaps = _place_data(datasets.nbytes, pos)
 
     # --- the bytes ---
@@ -185,6 +192,12 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     words = out.view("<u8")
     superblock = _superblock(lk, ik, size, header_addr[0], btree_addr[0], heap_addr[0])
     out[:_SUPERBLOCK] = np.frombuffer(superblock, np.uint8)
+    if tree.ranks_dataset:
+        image = _ranks_dataset(tree.ranks, ranks_data)
+        out[ranks_header : ranks_header + len(image)] = np.frombuffer(image, np.uint8)
+        out[ranks_data : ranks_data + 8 * len(tree.ranks)] = np.array(tree.ranks, "<i8").view(
+            np.uint8
+        )
     for g, image in enumerate(special):
         a = int(header_addr[g])
         out[a : a + len(image)] = np.frombuffer(image, np.uint8)
@@ -230,10 +243,13 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
         words[nw] = np.uint64(_SNOD_WORD) | count << np.uint64(48)
         ew = node_base // 8 + node_words * node + 1 + 5 * (in_group % cap)
         group = links.order - datasets.n + 1  # a group link's group, else <= 0
-        is_group = group > 0
-        group = group[is_group]
+        is_dataset = group <= 0
+        is_group = ~is_dataset & (group < n_groups)
         header = np.zeros(links.n, np.int64)
-        header[~is_group] = datasets.header_addr[links.order[~is_group]]
+        header[is_dataset] = datasets.header_addr[links.order[is_dataset]]
+        if tree.ranks_dataset:  # the last link
+            header[group == n_groups] = ranks_header
+        group = group[is_group]
         header[is_group] = header_addr[group]
         words[ew] = links.heap_offset
         words[ew + 1] = header
@@ -286,6 +302,9 @@ class _Tree:
         for rank in self.ranks:
             self.rank_of[self._new_group(0, rank_group_name(rank).encode())] = rank
         self.n_special = len(self.g_parent)
+        # the ranks as an attribute of the root take 64 bytes + 8 per rank, in a header
+        # message of at most 64 KiB; more ranks are a dataset of the root
+        self.ranks_dataset = int(64 + 8 * len(self.ranks) > _MAX_MESSAGE)
         n = len(self.names)
         text = "\0".join(self.names)
         if text.count("\0") != max(n - 1, 0):
@@ -544,7 +563,7 @@ class _Links:
         import numpy as np
 
         n_groups = len(tree.g_parent)
-        group_names = tree.g_name[1:]
+        group_names = tree.g_name[1:] + [b"resilient_ranks"] * tree.ranks_dataset
         self.text = np.frombuffer(
             tree.raw + b"\0" + b"".join(g + b"\0" for g in group_names), np.uint8
         )
@@ -552,7 +571,9 @@ class _Links:
         g_start = len(tree.raw) + 1 + np.cumsum(g_len + 1) - (g_len + 1)
         self.start = np.concatenate((tree.leaf_start, g_start)).astype(np.int64)
         self.length = np.concatenate((tree.leaf_len, g_len)).astype(np.int64)
-        parent = np.concatenate((tree.d_parent, np.array(tree.g_parent[1:], np.int64)))
+        parent = np.concatenate(
+            (tree.d_parent, np.array(tree.g_parent[1:] + [0] * tree.ranks_dataset, np.int64))
+        )
         self.n = parent.size
         names = _strings(self.text, self.start, self.length)
         if names.dtype.kind == "S":
@@ -716,18 +737,28 @@ def _group_header(tree: _Tree, g: int, layout_kind: str) -> bytes:
         string = struct.pack(
             "<BBxxI", 0x13, 1 | (0 if text.isascii() else 1) << 4, max(len(text), 1)
         )
-        attrs = [
-            _attribute("resilient_layout", string, _dataspace(0, ()), text or b"\0"),
-            _attribute(
-                "resilient_ranks",
-                int64,
-                _dataspace(1, (len(ranks),)),
-                struct.pack(f"<{len(ranks)}q", *ranks),
-            ),
-        ]
+        attrs = [_attribute("resilient_layout", string, _dataspace(0, ()), text or b"\0")]
+        if not tree.ranks_dataset:
+            data = struct.pack(f"<{len(ranks)}q", *ranks)
+            attrs.append(_attribute("resilient_ranks", int64, _dataspace(1, (len(ranks),)), data))
     else:
         attrs = [_attribute("rank", int64, _dataspace(0, ()), struct.pack("<q", tree.rank_of[g]))]
     messages = [_message(_SYMBOL_TABLE, bytes(16), 0), *attrs]
+    body = b"".join(messages)
+    return _header_prefix(len(messages), len(body)) + body
+
+
+def _ranks_dataset(ranks: list[int], address: int) -> bytes:
+    """The header of the root's ``resilient_ranks`` dataset, when there are too many ranks
+    for an attribute (a header message holds at most 64 KiB): int64, data at ``address``."""
+    datatype, _ = datatype_message("<i8")
+    n = len(ranks)
+    messages = [
+        _message(_DATASPACE, _dataspace(1, (n,)), 0),
+        _message(_DATATYPE, datatype, _CONSTANT),
+        _message(_FILL, _FILL_DEFAULT, _CONSTANT),
+        _message(_LAYOUT, struct.pack("<BBQQ", 3, 1, address, 8 * n), _CONSTANT),
+    ]
     body = b"".join(messages)
     return _header_prefix(len(messages), len(body)) + body
 

@@ -410,6 +410,32 @@ def test_large_groups_next_to_small_ones(tmp_path: Path) -> None:
     roundtrip(tmp_path, data)
 
 
+@pytest.mark.parametrize("n", [8183, 8184])
+def test_ranks_beyond_an_attribute_are_a_dataset(tmp_path: Path, n: int) -> None:
+    """A header message holds 64 KiB: 8,183 ranks fit in the root's attribute, more do not."""
+    ranks = list(range(3 * n, 0, -3))
+    data: dict[int, dict[str, npt.NDArray[Any]]] = {r: {} for r in ranks}
+    data[ranks[0]] = {"x": sample((2,), "<f4", 0)}
+    path = tmp_path / "file.h5"
+    skeleton = write(path, data, kind="world")
+    check_tiling(skeleton, data)
+    with h5py.File(path, "r") as f:
+        seen: list[str] = []
+        f.visit(seen.append)
+        if n == 8183:
+            assert set(seen) == expected_objects(data)
+            stored = f.attrs["resilient_ranks"]
+        else:
+            assert set(seen) == expected_objects(data) | {"resilient_ranks"}
+            assert "resilient_ranks" not in f.attrs
+            stored = f["resilient_ranks"][()]
+        assert stored.dtype == np.int64 and stored.tolist() == ranks
+        assert int(f[hdf5.rank_group_name(ranks[-1])].attrs["rank"]) == ranks[-1]
+        np.testing.assert_array_equal(
+            f[hdf5.rank_group_name(ranks[0])]["x"][()], data[ranks[0]]["x"]
+        )
+
+
 def test_h5py_can_add_to_the_file(tmp_path: Path) -> None:
     """HDF5 itself can extend what we wrote (in place, opened for writing)."""
     data = {0: {f"m/x{i}": sample((3,), "<f4", i) for i in range(100)}}
