@@ -400,7 +400,8 @@ def _strings(
         )[:n]
     columns = np.arange(width, dtype=np.int32)  # (32-bit: fewer pages to touch)
     take = starts.astype(np.int32)[:, None] + columns
-    np.putmask(take, columns >= lens[:, None], text.size - 1)
+    if lens.min() < width:  # shorter ones end with NULs (text's last byte)
+        np.putmask(take, columns >= lens[:, None], text.size - 1)
     fixed: npt.NDArray[Any] = text[take].view(f"S{width}").reshape(n)
     return fixed
 
@@ -492,12 +493,13 @@ class _Datasets:
         n = self.n = len(tree.names)
         shapes = tree.shapes
         ndim_list = list(map(len, shapes))
-        ndims = set(ndim_list)
-        kinds = dict.fromkeys(tree.dtypes)  # in order of first use: equal input, equal bytes
-        if n and max(ndims) > _MAX_RANK:
+        if n and max(ndim_list) > _MAX_RANK:
             raise ValueError(f"a dataset has more than {_MAX_RANK} dimensions")
-        if len(ndims) == 1:  # the usual case: every dataset has one rank (1-D)
-            (k,) = ndims
+        # the usual case: one dtype, one rank (counting is cheaper than a set or a dict)
+        one_rank = n > 0 and ndim_list.count(ndim_list[0]) == n
+        one_kind = one_rank and tree.dtypes.count(tree.dtypes[0]) == n
+        if one_rank:
+            k = ndim_list[0]
             if k == 1:
                 flat = np.fromiter(map(operator.itemgetter(0), shapes), np.int64, n)
             else:
@@ -507,11 +509,12 @@ class _Datasets:
             flat = np.fromiter(itertools.chain.from_iterable(shapes), np.int64, sum(ndim_list))
         if flat.size and flat.min() < 0:
             raise ValueError("a dataset has a negative dimension")
-        if len(kinds) == 1 and len(ndims) == 1:
+        if one_kind:
             self.classes = [_DatasetClass(tree.dtypes[0], k)]
             self.classes[0].members = np.arange(n)
             self.classes[0].dims = all_dims
         elif n:
+            kinds = dict.fromkeys(tree.dtypes)  # in order of first use: equal input, equal bytes
             number = {d: i for i, d in enumerate(kinds)}
             ndim_arr = np.array(ndim_list, np.int64)
             code = np.fromiter(map(number.__getitem__, tree.dtypes), np.int64, n) * 64 + ndim_arr
