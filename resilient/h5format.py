@@ -423,6 +423,41 @@ def _scratch(size: int) -> npt.NDArray[np.uint8]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _header_template(dtype: str, ndim: int) -> tuple[npt.NDArray[np.uint8], np.dtype[Any], int]:
+    """The object header of a dataset of ``dtype`` and rank ``ndim`` (dims, address and size
+    zero), the numpy record type of its variable fields, and the dtype's item size."""
+    import numpy as np
+
+    datatype, itemsize = datatype_message(dtype)
+    messages = [
+        _message(_DATASPACE, _dataspace(ndim, [0] * ndim), 0),
+        _message(_DATATYPE, datatype, _CONSTANT),
+        _message(_FILL, _FILL_DEFAULT, _CONSTANT),
+        _message(_LAYOUT, struct.pack("<BBQQ", 3, 1, 0, 0), _CONSTANT),
+    ]
+    body = b"".join(messages)
+    template = np.frombuffer(_header_prefix(len(messages), len(body)) + body, np.uint8)
+    layout = template.size - 32  # the layout message's header
+    fields: dict[str, tuple[Any, int]] = {
+        "flags": (np.dtype("u1"), layout + 4),
+        "addr": (np.dtype("<u8"), layout + 10),
+        "nbytes": (np.dtype("<u8"), layout + 18),
+    }
+    if ndim:  # after the prefix and the dataspace message's header and first 8 bytes
+        fields["dims"] = (np.dtype(("<u8", (ndim,))), 32)
+        fields["maxdims"] = (np.dtype(("<u8", (ndim,))), 32 + 8 * ndim)
+    record = np.dtype(
+        {
+            "names": list(fields),
+            "formats": [f for f, _ in fields.values()],
+            "offsets": [o for _, o in fields.values()],
+            "itemsize": template.size,
+        }
+    )
+    return template, record, itemsize
+
+
 class _DatasetClass:
     """Datasets of one dtype and rank: their object headers are equal records but for dims,
     data address and size, so they are built as one numpy record array."""
@@ -430,36 +465,11 @@ class _DatasetClass:
     def __init__(self, dtype: str, ndim: int) -> None:
         import numpy as np
 
-        datatype, self.itemsize = datatype_message(dtype)
         self.ndim = ndim
+        self.template, self.record, self.itemsize = _header_template(dtype, ndim)
+        self.size = self.template.size
         self.members: npt.NDArray[np.int64] = np.zeros(0, np.int64)
         self.dims: npt.NDArray[np.int64] = np.zeros((0, ndim), np.int64)
-        messages = [
-            _message(_DATASPACE, _dataspace(ndim, [0] * ndim), 0),
-            _message(_DATATYPE, datatype, _CONSTANT),
-            _message(_FILL, _FILL_DEFAULT, _CONSTANT),
-            _message(_LAYOUT, struct.pack("<BBQQ", 3, 1, 0, 0), _CONSTANT),
-        ]
-        body = b"".join(messages)
-        self.template = np.frombuffer(_header_prefix(len(messages), len(body)) + body, np.uint8)
-        self.size = self.template.size
-        layout = self.size - 32  # the layout message's header
-        fields: dict[str, tuple[str, int]] = {
-            "flags": ("u1", layout + 4),
-            "addr": ("<u8", layout + 10),
-            "nbytes": ("<u8", layout + 18),
-        }
-        if ndim:  # after the prefix and the dataspace message's header and first 8 bytes
-            fields["dims"] = (f"({ndim},)<u8", 32)
-            fields["maxdims"] = (f"({ndim},)<u8", 32 + 8 * ndim)
-        self.record = np.dtype(
-            {
-                "names": list(fields),
-                "formats": [f for f, _ in fields.values()],
-                "offsets": [o for _, o in fields.values()],
-                "itemsize": self.size,
-            }
-        )
 
     def fill(
         self,
@@ -636,20 +646,19 @@ def _heap_bytes(
 def _choose_k(counts: npt.NDArray[np.int64]) -> tuple[int, int]:
     """The superblock's (leaf K, internal K): every group's B-tree is one node (at most 2K
     children of 2 x leaf K entries each) and the metadata is smallest (ties: smaller K)."""
-    best: tuple[int, int, int] | None = None
-    largest = int(counts.max()) if counts.size else 0
-    groups = counts.size
-    for lk in (1 << e for e in range(15)):  # up to 2 x 16,384 entries per node
-        nodes = -(-counts // (2 * lk))
-        ik = max(1, -(-int(nodes.max(initial=0)) // 2))
-        if 2 * ik > 0xFFFF:  # a node's entry count is 16 bits
-            continue
-        total = int(nodes.sum()) * (8 + 80 * lk) + groups * (32 + 32 * ik)
-        if best is None or total < best[0]:
-            best = (total, lk, ik)
-    if best is None:
-        raise ValueError(f"a group of {largest} objects is too large")
-    return best[1], best[2]
+    import numpy as np
+
+    sizes, groups = np.unique(counts, return_counts=True)  # groups of each size
+    leaf_k = 1 << np.arange(15)[:, None]  # candidates: up to 2 x 16,384 entries per node
+    nodes = -(-sizes // (2 * leaf_k))
+    internal_k = np.maximum(1, -(-nodes.max(axis=1, initial=0) // 2))
+    leaf_k = leaf_k[:, 0]
+    total = (nodes * groups).sum(axis=1) * (8 + 80 * leaf_k) + counts.size * (32 + 32 * internal_k)
+    total[2 * internal_k > 0xFFFF] = np.iinfo(np.int64).max  # a node's count is 16 bits
+    best = int(np.argmin(total))  # the first minimum: the smallest K
+    if 2 * internal_k[best] > 0xFFFF:
+        raise ValueError(f"a group of {int(counts.max())} objects is too large")
+    return int(leaf_k[best]), int(internal_k[best])
 
 
 def _place_data(
