@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from resilient import layout
 from resilient.blocks import BlockSpec, stripe_count
@@ -38,6 +39,7 @@ __all__ = [
     "block_of",
     "dtype_itemsize",
     "parse_manifest",
+    "segment_label",
 ]
 
 FORMAT = "resilient-checkpoint"
@@ -98,9 +100,11 @@ class Stripes:
     digests: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class DatasetEntry:
-    """One array of one rank: where it lives in its file and what it hashes to."""
+class DatasetEntry(NamedTuple):
+    """One array of one rank: where it lives in its file and what it hashes to.
+
+    A named tuple, not a frozen dataclass: a manifest of a state dict holds thousands, built at
+    every save and parsed at every restore (~0.3 us each instead of ~1.5)."""
 
     name: str
     shape: tuple[int, ...]
@@ -549,18 +553,34 @@ def check_blocks(manifest: Manifest) -> None:
             raise ManifestError(f"block {path!r}: {why}")
 
 
-def file_segments(manifest: Manifest, entry: FileEntry) -> list[tuple[int, int, str, str]]:
-    """All segments of one file, sorted by offset: ``(offset, length, checksum, label)``."""
-    segs = [(s.offset, s.length, s.checksum, "HDF5 metadata") for s in entry.meta_segments]
+def file_segments(
+    manifest: Manifest, entry: FileEntry
+) -> list[tuple[int, int, str, tuple[int, str] | None]]:
+    """All segments of one file, sorted by offset: ``(offset, length, checksum, owner)``, the
+    owner ``(rank, dataset name)`` or ``None`` for HDF5's own bytes (see :func:`segment_label`).
+    """
+    segs: list[tuple[int, int, str, tuple[int, str] | None]] = [
+        (s.offset, s.length, s.checksum, None) for s in entry.meta_segments
+    ]
     for r in entry.ranks:
         rank_entry = manifest.ranks[r]
         if rank_entry.file != entry.name:
             continue
-        for d in rank_entry.datasets:
-            if d.offset is not None and d.nbytes:
-                segs.append((d.offset, d.nbytes, d.checksum, f"rank {r} dataset {d.name!r}"))
-    segs.sort()
+        segs.extend(
+            (d.offset, d.nbytes, d.checksum, (r, d.name))
+            for d in rank_entry.datasets
+            if d.offset is not None and d.nbytes
+        )
+    segs.sort(key=_by_offset)
     return segs
+
+
+_by_offset = operator.itemgetter(0)
+
+
+def segment_label(owner: tuple[int, str] | None) -> str:
+    """What a segment of :func:`file_segments` holds, for messages."""
+    return "HDF5 metadata" if owner is None else f"rank {owner[0]} dataset {owner[1]!r}"
 
 
 def check_tiling(manifest: Manifest) -> None:
@@ -582,10 +602,10 @@ def check_tiling(manifest: Manifest) -> None:
             )
     for f in manifest.files:
         pos = 0
-        for offset, length, _, label in file_segments(manifest, f):
+        for offset, length, _, held in file_segments(manifest, f):
             if offset != pos:
                 raise ManifestError(
-                    f"{f.name}: {label} at {offset} leaves a gap or overlap at {pos}"
+                    f"{f.name}: {segment_label(held)} at {offset} leaves a gap or overlap at {pos}"
                 )
             pos = offset + length
         if pos != f.size:
@@ -594,4 +614,4 @@ def check_tiling(manifest: Manifest) -> None:
 
 def combine_checksums(segments: Sequence[tuple[int, int, str]]) -> str:
     """Canonical text whose checksum is a file's checksum (see :class:`FileEntry`)."""
-    return ";".join(f"{o}:{n}:{c}" for o, n, c in segments)
+    return ";".join(map("{}:{}:{}".format, *zip(*segments, strict=True))) if segments else ""

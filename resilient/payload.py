@@ -6,12 +6,14 @@ checks one rank's arguments of a save before anything touches the disk.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilient.arrays import leaf_meta, to_numpy
+from resilient.arrays import leaf_meta, storable_dtype, to_numpy
 from resilient.blocks import BlockSpec
 from resilient.checksum import digest_array
 from resilient.errors import ConfigError
@@ -63,10 +65,14 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     if state is None:
         return EMPTY
     try:
-        tree, leaves = flatten(state, leaf_meta, what=what)
+        tree, leaves = flatten(state, leaf_meta, what=what, plain=_plain_types())
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
-    arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
+    values = [leaf.value for leaf in leaves.values()]
+    if set(map(type, values)) <= _plain_types() and _all_storable(values):
+        arrays = dict(zip(leaves, values, strict=True))  # the common case: no per-leaf call
+    else:
+        arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
     striped = []
     for p, leaf in leaves.items():
         block = leaf.meta.get("block")
@@ -75,6 +81,22 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
                          what=f"{what}[{p!r}]")  # fmt: skip
             striped.append(p)
     return LocalData(arrays, tree, frozenset(striped))
+
+
+@functools.cache
+def _plain_types() -> frozenset[type]:
+    """Array leaves written as they are, without metadata: numpy arrays."""
+    import numpy as np
+
+    return frozenset({np.ndarray})
+
+
+def _all_storable(arrays: list[npt.NDArray[np.generic]]) -> bool:
+    """Whether numpy arrays are all C-contiguous, of dtypes a checkpoint stores (one check per
+    distinct dtype)."""
+    return all(a.flags.c_contiguous for a in arrays) and all(
+        storable_dtype(d.str) for d in set(map(operator.attrgetter("dtype"), arrays))
+    )
 
 
 def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, BlockSpec]]:

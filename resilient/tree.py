@@ -28,6 +28,8 @@ Tree nodes (JSON arrays, first element the tag)::
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -134,14 +136,22 @@ def flatten(
     is_array: Callable[[Any], Mapping[str, Any] | None],
     *,
     what: str = "state",
+    plain: frozenset[type] = frozenset(),
 ) -> tuple[Any, dict[str, ArrayLeaf]]:
     """Split ``state`` into its tree and its array leaves by path.
+
+    The tree is the caller's own: JSON containers are copied, so later changes to ``state``
+    do not reach it. Parts of it may be shared with the trees of earlier calls and must not be
+    modified.
 
     Args:
         state: a mapping with string keys (the top level).
         is_array: returns the leaf's metadata (``{}`` for plain numpy) if a value is an array
             leaf, else ``None``.
         what: how to name the state in errors.
+        plain: types whose instances are array leaves without metadata (``numpy.ndarray``):
+            a mapping with string keys and only such values (a state dict's thousands of
+            arrays) is flattened in one step, its tree node reused while its keys are unchanged.
 
     Raises:
         TreeError: a key that is neither a string nor an int, a value that is neither an
@@ -150,7 +160,7 @@ def flatten(
     if not isinstance(state, Mapping):
         raise TreeError(f"{what} must be a mapping of names to values")
     arrays: dict[str, ArrayLeaf] = {}
-    tree = _flatten(state, "", arrays, is_array, what, 0, set(), False)
+    tree = _flatten(state, "", arrays, is_array, what, 0, set(), False, plain)
     return tree, arrays
 
 
@@ -163,6 +173,7 @@ def _flatten(
     depth: int,
     active: set[int],
     replicated: bool,
+    plain: frozenset[type],
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
@@ -178,7 +189,7 @@ def _flatten(
     if isinstance(value, Replicated):
         if not path:
             raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
-        inner = _flatten(value.value, path, arrays, is_array, what, depth + 1, active, True)
+        inner = _flatten(value.value, path, arrays, is_array, what, depth + 1, active, True, plain)
         return inner if replicated else ["r", inner]  # nested Replicated: once is enough
     if isinstance(value, Block):
         if replicated:
@@ -191,11 +202,14 @@ def _flatten(
         arrays[path] = ArrayLeaf(value.local, full)
         return ["a", path, full]
     if path and _plain_json(value, depth):
-        return ["j", value]
+        return ["j", _copy_json(value)]
     where = _where(what, path)
     if id(value) in active:
         raise TreeError(f"{where}: contains itself")
     if isinstance(value, Mapping):
+        node = _plain_mapping(value, path, arrays, plain) if plain and value else None
+        if node is not None:
+            return node
         active.add(id(value))
         items = []
         for key, child in value.items():
@@ -204,7 +218,9 @@ def _flatten(
             tag = "s" if isinstance(key, str) else "i"
             name = encode_key(key) if isinstance(key, str) else f"%i{key}"  # never an escape
             sub = f"{path}/{name}" if path else name
-            node = _flatten(child, sub, arrays, is_array, what, depth + 1, active, replicated)
+            node = _flatten(
+                child, sub, arrays, is_array, what, depth + 1, active, replicated, plain
+            )
             items.append([tag, key, node])
         active.discard(id(value))
         return ["d", items]
@@ -220,6 +236,7 @@ def _flatten(
                 depth + 1,
                 active,
                 replicated,
+                plain,
             )
             for i, child in enumerate(value)
         ]
@@ -230,6 +247,43 @@ def _flatten(
     raise TreeError(
         f"{where}: {type(value).__name__} is neither an array, a mapping, a list, a tuple nor JSON"
     )
+
+
+_NO_META: Mapping[str, Any] = {}
+_PLAIN_NODES: dict[tuple[str, tuple[str, ...]], tuple[list[Any], tuple[str, ...]]] = {}
+_PLAIN_NODES_MAX = 256
+
+
+def _plain_mapping(
+    mapping: Mapping[Any, Any], path: str, arrays: dict[str, ArrayLeaf], plain: frozenset[type]
+) -> list[Any] | None:
+    """The node of a mapping with string keys whose values are all of ``plain`` types (array
+    leaves without metadata), its leaves added to ``arrays``; ``None`` for any other mapping.
+
+    No per-leaf Python: the node and the leaves' paths are cached by ``(path, keys)``."""
+    values = mapping.values()
+    if not set(map(type, values)) <= plain:
+        return None
+    keys = tuple(mapping)
+    found = _PLAIN_NODES.get((path, keys))
+    if found is None:
+        if not all(type(k) is str for k in keys):
+            return None
+        paths = tuple(f"{path}/{encode_key(k)}" if path else encode_key(k) for k in keys)
+        node = ["d", [["s", k, ["a", p]] for k, p in zip(keys, paths, strict=True)]]
+        if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
+            _PLAIN_NODES.clear()
+        found = _PLAIN_NODES[(path, keys)] = (node, paths)
+    node, paths = found
+    arrays.update(zip(paths, map(ArrayLeaf, values, itertools.repeat(_NO_META)), strict=True))
+    return node
+
+
+def _copy_json(value: Any) -> Any:
+    """A private copy of a plain JSON value (scalars are immutable: themselves)."""
+    if type(value) is list or type(value) is dict:
+        return json.loads(json.dumps(value, allow_nan=True))
+    return value
 
 
 def _where(what: str, path: str) -> str:

@@ -345,7 +345,7 @@ def test_overlapping_blocks_of_two_ranks_are_refused(saved: Path) -> None:
             if key == "u":
                 node[2]["block"]["start"] = start
         datasets = tuple(
-            dataclasses.replace(d, shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
+            d._replace(shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
             for d in entry.datasets
         )
         return dataclasses.replace(entry, tree=tree, datasets=datasets)

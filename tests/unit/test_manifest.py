@@ -104,9 +104,7 @@ def test_datasets_spliced_as_text_equal_plain_json() -> None:
     m = dataclasses.replace(m, metrics=tricky)
     doc = json.loads(m.to_json())
     assert doc["metrics"] == tricky
-    assert [d["name"] for d in doc["ranks"][0]["datasets"]] == [
-        d.name for d in m.ranks[0].datasets
-    ]
+    assert [d["name"] for d in doc["ranks"][0]["datasets"]] == [d.name for d in m.ranks[0].datasets]
     assert parse_manifest(m.to_json()) == m
     assert m.to_json() == json.dumps(doc, allow_nan=True, separators=(",", ":"))
 

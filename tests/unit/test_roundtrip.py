@@ -245,4 +245,7 @@ def test_data_file_is_plain_hdf5(tmp_path: Path) -> None:
         # the step and the JSON values live in the manifest (the file is structure + data only)
         assert "v" not in g and "values_json" not in g.attrs
     manifest = json.loads((root / "step_00000004" / "manifest.json").read_text())
-    assert manifest["step"] == 4 and ["s", "v", ["j", {"k": [1, 2]}]] in manifest["ranks"][0]["tree"][1]
+    assert (
+        manifest["step"] == 4
+        and ["s", "v", ["j", {"k": [1, 2]}]] in manifest["ranks"][0]["tree"][1]
+    )
