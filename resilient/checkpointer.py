@@ -504,6 +504,7 @@ def _read_rank(
     built = unflatten(
         entry.tree,
         lambda path, meta: arrays[path] if path in into else restore_leaf(arrays[path], meta),
+        lambda paths: map(arrays.__getitem__, paths),  # numpy leaves: as read
     )
     assert isinstance(built, dict)
     return built

@@ -486,7 +486,7 @@ def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
             leaves = leaf_paths(tree)
         except TreeError as exc:
             raise ManifestError(f"{sec.path}.tree: {exc}") from None
-        if tree[0] != "d" or set(leaves) != names:
+        if tree[0] not in ("d", "p") or set(leaves) != names:
             raise ManifestError(f"{sec.path}.tree: does not match the datasets")
         by_name = {d.name: d for d in datasets}
         for path, meta in leaves.items():

@@ -48,6 +48,8 @@ class LocalData:
         """The top-level names."""
         if self.tree is None:
             return set()
+        if self.tree[0] == "p":
+            return set(self.tree[2])
         return {key for _, key, _ in self.tree[1]}
 
 

@@ -21,6 +21,8 @@ Tree nodes (JSON arrays, first element the tag)::
                              {"block": {"global_shape": [...], "start": [...]}}
     ["r", node]              a :class:`~resilient.blocks.Replicated` subtree
     ["d", [[k, key, node]]]  a mapping; k is "s" (str key) or "i" (int key)
+    ["p", path, [key, ...]]  a mapping of str keys to numpy arrays without metadata (a state
+                             dict's thousands of arrays), at ``path/encode_key(key)`` each
     ["l", [node, ...]]       a list
     ["t", [node, ...]]       a tuple
 """
@@ -31,7 +33,7 @@ import functools
 import itertools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -269,14 +271,20 @@ def _plain_mapping(
     if found is None:
         if not all(type(k) is str for k in keys):
             return None
-        paths = tuple(f"{path}/{encode_key(k)}" if path else encode_key(k) for k in keys)
-        node = ["d", [["s", k, ["a", p]] for k, p in zip(keys, paths, strict=True)]]
+        paths = tuple(_child_paths(path, keys))
+        node = ["p", path, list(keys)]
         if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
             _PLAIN_NODES.clear()
         found = _PLAIN_NODES[(path, keys)] = (node, paths)
     node, paths = found
     arrays.update(zip(paths, map(ArrayLeaf, values, itertools.repeat(_NO_META)), strict=True))
     return node
+
+
+def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
+    """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached)."""
+    components = map(encode_key, keys)
+    return list(map(f"{path}/".__add__, components) if path else components)
 
 
 def _copy_json(value: Any) -> Any:
@@ -325,6 +333,20 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
                 raise TreeError(f"malformed mapping item {str(item)[:60]!r}")
             _walk(item[2], out, depth + 1)
         return
+    if tag == "p" and len(node) == 3 and type(node[1]) is str and type(node[2]) is list:
+        keys = node[2]
+        if keys and set(map(type, keys)) != {str}:
+            raise TreeError(f"malformed plain mapping {str(node)[:60]!r}")
+        if node[1] and not is_valid_path(node[1]):
+            raise TreeError(f"illegal plain mapping path {node[1][:80]!r}")
+        paths = _child_paths(node[1], keys)
+        if not all(map(is_valid_path, paths)):
+            raise TreeError(f"illegal leaf path under {node[1][:80]!r}")
+        before = len(out)
+        out.update(zip(paths, itertools.repeat(_NO_META)))
+        if len(out) != before + len(paths):
+            raise TreeError(f"repeated leaf path under {node[1][:80]!r}")
+        return
     if tag in ("l", "t") and len(node) == 2 and isinstance(node[1], list):
         for child in node[1]:
             _walk(child, out, depth + 1)
@@ -335,19 +357,28 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
     raise TreeError(f"malformed tree node {str(node)[:60]!r}")
 
 
-def unflatten(tree: Any, leaf: Callable[[str, Mapping[str, Any]], Any]) -> Any:
+def unflatten(
+    tree: Any,
+    leaf: Callable[[str, Mapping[str, Any]], Any],
+    plain: Callable[[list[str]], Iterable[Any]] | None = None,
+) -> Any:
     """Rebuild a structure from a (checked, see :func:`leaf_paths`) tree; ``leaf(path, meta)``
-    gives each array leaf's value."""
+    gives each array leaf's value, and ``plain(paths)``, if given, the values of a ``"p"``
+    node's leaves at once (else ``leaf`` is called for each)."""
     tag = tree[0]
     if tag == "j":
         return tree[1]
     if tag == "r":
-        return unflatten(tree[1], leaf)
+        return unflatten(tree[1], leaf, plain)
     if tag == "a":
         return leaf(tree[1], tree[2] if len(tree) == 3 else {})
     if tag == "d":
-        return {key: unflatten(node, leaf) for _, key, node in tree[1]}
-    children = [unflatten(node, leaf) for node in tree[1]]
+        return {key: unflatten(node, leaf, plain) for _, key, node in tree[1]}
+    if tag == "p":
+        paths = _child_paths(tree[1], tree[2])
+        values = plain(paths) if plain is not None else (leaf(p, _NO_META) for p in paths)
+        return dict(zip(tree[2], values, strict=True))
+    children = [unflatten(node, leaf, plain) for node in tree[1]]
     return tuple(children) if tag == "t" else children
 
 
@@ -392,6 +423,12 @@ def elastic_kinds(tree: Any) -> ElasticKinds:
             for kind, key, child in node[1]:
                 name = encode_key(key) if kind == "s" else f"%i{key}"
                 walk(child, f"{path}/{name}" if path else name, inside)
+        elif tag == "p":
+            paths = _child_paths(node[1], node[2])
+            if inside:
+                replicated.update(paths)
+            else:
+                blocking.extend(paths)
         else:
             for i, child in enumerate(node[1]):
                 walk(child, f"{path}/{i}" if path else str(i), inside)
@@ -413,6 +450,8 @@ def structure_of(tree: Any) -> Any:
         return ["a", tree[1], meta]
     if tag == "r":
         return ["r", structure_of(tree[1])]
+    if tag == "p":
+        return tree
     if tag == "d":
         return ["d", [[k, key, structure_of(node)] for k, key, node in tree[1]]]
     return [tag, [structure_of(node) for node in tree[1]]]
