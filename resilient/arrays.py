@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "fill_leaf",
     "leaf_meta",
+    "numpy_dtype",
     "restore_leaf",
     "storable_dtype",
     "template_spec",
@@ -111,6 +112,14 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
     if not storable_dtype(out.dtype.str):
         raise ConfigError(f"{what}: dtype {out.dtype} is not supported (numeric and bool only)")
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a dtype string (cached: a restore looks up thousands)."""
+    import numpy as np
+
+    return np.dtype(dtype)
 
 
 @functools.lru_cache(maxsize=64)

@@ -27,10 +27,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient import hdf5, storage
-from resilient.arrays import fill_leaf, leaf_meta, restore_leaf, template_spec, writable_view
+from resilient.arrays import (
+    fill_leaf,
+    leaf_meta,
+    numpy_dtype,
+    restore_leaf,
+    template_spec,
+    writable_view,
+)
 from resilient.blocks import stripe_rows
 from resilient.checksum import (
-    digest_array,
     digest_arrays,
     digest_bytes,
     digest_stripes,
@@ -50,7 +56,7 @@ from resilient.manifest import (
     file_segments,
 )
 from resilient.payload import LocalData
-from resilient.staging import allocate_many
+from resilient.staging import allocate
 from resilient.topology import Topology
 from resilient.tree import leaf_paths, unflatten
 
@@ -463,51 +469,62 @@ def _is_writable(target: Any) -> bool:
 def _read_rank(
     directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any]
 ) -> dict[str, Any]:
-    import numpy as np
-
     entry = manifest.ranks[rank]
-    # (dataset, the array read into, the template leaf to copy into afterwards, or None)
-    views = {}
-    for name, target in into.items():
-        views[name] = writable_view(target)
-    fresh = iter(
-        allocate_many(
-            [(d.shape, np.dtype(d.dtype)) for d in entry.datasets if views.get(d.name) is None]
-        )
-    )
-    targets: list[tuple[Any, Any, Any]] = []
-    for d in entry.datasets:
-        view = views.get(d.name)
-        arr = view if view is not None else next(fresh)
-        target = into.get(d.name)
-        targets.append((d, arr, target if view is None else None))
+    datasets = entry.datasets
+    # the caller's arrays to read into directly (a template leaf without one, e.g. a CUDA
+    # tensor, gets a new array, copied into it once verified)
+    views = {name: writable_view(target) for name, target in into.items()}
+    direct = [views.get(d.name) for d in datasets] if into else [None] * len(datasets)
+    fresh = [d for d, view in zip(datasets, direct, strict=True) if view is None]
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        hdf5.read_many(fd, [(d.offset, arr) for d, arr, _ in targets if d.offset is not None])
+        new = hdf5.read_new(
+            fd,
+            list(map(_offset, fresh)),
+            list(map(_shape, fresh)),
+            list(map(numpy_dtype, map(_dtype, fresh))),
+            allocate=allocate,
+        )
+        if len(new) == len(datasets):
+            arrays = new
+        else:
+            pairs = [(d.offset, v) for d, v in zip(datasets, direct, strict=True) if v is not None]
+            hdf5.read_many(fd, [(o, v) for o, v in pairs if o is not None])
+            made = iter(new)
+            arrays = [next(made) if v is None else v for v in direct]
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
     finally:
         os.close(fd)
-    arrays: dict[str, Any] = {}
-    for d, arr, target in targets:
-        if digest_array(arr) != d.checksum:
-            raise InvalidCheckpointError(
-                str(directory),
-                f"checksum mismatch: rank {rank} dataset {d.name!r} in {entry.file}",
-            )
-        if target is not None:  # a template leaf that could not be read into directly
-            fill_leaf(target, arr)
-        template = into.get(d.name)
-        arrays[d.name] = template if template is not None else arr
+    digests = digest_arrays(arrays)
+    if digests != list(map(_checksum, datasets)):
+        bad = next(d for d, got in zip(datasets, digests, strict=True) if got != d.checksum)
+        raise InvalidCheckpointError(
+            str(directory), f"checksum mismatch: rank {rank} dataset {bad.name!r} in {entry.file}"
+        )
+    by_name = dict(zip(map(_name, datasets), arrays, strict=True))
+    for name, template in into.items():
+        if name not in by_name:
+            continue
+        if views[name] is None:  # a template leaf that could not be read into directly
+            fill_leaf(template, by_name[name])
+        by_name[name] = template
     if entry.tree is None:  # written before nested states: flat names, values beside them
-        return {**entry.values, **arrays}
+        return {**entry.values, **by_name}
     built = unflatten(
         entry.tree,
-        lambda path, meta: arrays[path] if path in into else restore_leaf(arrays[path], meta),
-        lambda paths: map(arrays.__getitem__, paths),  # numpy leaves: as read
+        lambda path, meta: by_name[path] if path in into else restore_leaf(by_name[path], meta),
+        lambda paths: map(by_name.__getitem__, paths),  # numpy leaves: as read
     )
     assert isinstance(built, dict)
     return built
+
+
+_name = operator.attrgetter("name")
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_offset = operator.attrgetter("offset")
+_checksum = operator.attrgetter("checksum")
 
 
 def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
