@@ -172,6 +172,7 @@ class SkeletonCache:
     """
 
     generation: int = 0
+    seed: tuple[Path, Manifest] | None = None  # a restored checkpoint, for seed_cache
     specs: tuple[hdf5.ArraySpec, ...] | None = None
     offsets: tuple[int | None, ...] = ()
     plan: RankPlan | None = None
@@ -240,6 +241,9 @@ def plan_write(
     shapes, dtypes) is the one of the previous save: then the cached skeleton is reused and
     nothing touches the disk here. ``data`` must stay unchanged until the job has run.
     """
+    if cache.seed is not None:  # the first save after a restore: its file's skeleton
+        seed_cache(cache, topo, *cache.seed)
+        cache.seed = None
     plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
     cache.plan = plan
     path = directory / topo.file_name
@@ -520,6 +524,11 @@ def _read_rank(
     return built
 
 
+def _columns(datasets: Sequence[DatasetEntry]) -> list[tuple[Any, ...]]:
+    """Names, shapes, dtypes, offsets, ... of ``datasets``, as tuples (empty ones if none)."""
+    return list(zip(*datasets, strict=True)) or [()] * len(DatasetEntry._fields)
+
+
 _name = operator.attrgetter("name")
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
@@ -544,15 +553,13 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
         or entry.ranks != topo.members
     ):
         return
-    specs = {
-        r: tuple(hdf5.ArraySpec(d.name, d.shape, d.dtype) for d in manifest.ranks[r].datasets)
-        for r in topo.members
-    }
-    offsets = {r: {d.name: d.offset for d in manifest.ranks[r].datasets} for r in topo.members}
+    columns = {r: _columns(manifest.ranks[r].datasets) for r in topo.members}
+    specs = {r: tuple(map(hdf5.ArraySpec, *c[:3])) for r, c in columns.items()}
+    offsets = {r: dict(zip(c[0], c[3], strict=True)) for r, c in columns.items()}
     rank = topo.comm.rank
     cache.generation += 1
     cache.specs = specs[rank]
-    cache.offsets = tuple(d.offset for d in manifest.ranks[rank].datasets)
+    cache.offsets = columns[rank][3]
     if topo.group.rank != 0:
         return
     cache.group_specs = specs

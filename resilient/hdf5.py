@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from resilient.checksum import digest_bytes
 from resilient.manifest import Segment
@@ -51,9 +51,9 @@ __all__ = [
 _ALIGN = 4096  # O_DIRECT's alignment: every dataset written through it starts on a page
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    """One array a rank wants written: its name, shape and dtype string."""
+class ArraySpec(NamedTuple):
+    """One array a rank wants written: its name, shape and dtype string (a named tuple: a
+    state dict has thousands)."""
 
     name: str
     shape: tuple[int, ...]

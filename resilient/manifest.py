@@ -488,10 +488,10 @@ def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
             raise ManifestError(f"{sec.path}.tree: {exc}") from None
         if tree[0] not in ("d", "p") or set(leaves) != names:
             raise ManifestError(f"{sec.path}.tree: does not match the datasets")
-        by_name = {d.name: d for d in datasets}
-        for path, meta in leaves.items():
-            if "block" in meta:
-                block_of(meta, by_name[path], where=f"{sec.path}.tree")
+        blocks = [(p, m) for p, m in leaves.items() if "block" in m]
+        by_name = {d.name: d for d in datasets} if blocks else {}
+        for path, meta in blocks:
+            block_of(meta, by_name[path], where=f"{sec.path}.tree")
     return RankEntry(fname, datasets, sec.require("values", dict), tree)
 
 
@@ -625,12 +625,13 @@ def file_segments(
     ]
     for r in entry.ranks:
         rank_entry = manifest.ranks[r]
-        if rank_entry.file != entry.name:
+        if rank_entry.file != entry.name or not rank_entry.datasets:
             continue
+        names, _, _, offsets, nbytes, checksums, _ = zip(*rank_entry.datasets, strict=True)
+        owners = zip(itertools.repeat(r), names)
+        # empty datasets (no bytes, perhaps no offset) own no segment
         segs.extend(
-            (d.offset, d.nbytes, d.checksum, (r, d.name))
-            for d in rank_entry.datasets
-            if d.offset is not None and d.nbytes
+            itertools.compress(zip(offsets, nbytes, checksums, owners, strict=True), nbytes)
         )
     segs.sort(key=_by_offset)
     return segs
@@ -662,8 +663,11 @@ def check_tiling(manifest: Manifest) -> None:
                 f"rank {r} names file {entry.file!r} but that file does not list it"
             )
     for f in manifest.files:
-        pos = 0
-        for offset, length, _, held in file_segments(manifest, f):
+        segments = file_segments(manifest, f)
+        if _tiles(segments, f.size):
+            continue
+        pos = 0  # find the first fault, to name it
+        for offset, length, _, held in segments:
             if offset != pos:
                 raise ManifestError(
                     f"{f.name}: {segment_label(held)} at {offset} leaves a gap or overlap at {pos}"
@@ -671,6 +675,17 @@ def check_tiling(manifest: Manifest) -> None:
             pos = offset + length
         if pos != f.size:
             raise ManifestError(f"{f.name}: segments end at {pos}, file size is {f.size}")
+
+
+def _tiles(segments: list[tuple[int, int, str, Any]], size: int) -> bool:
+    """Whether sorted segments cover ``[0, size)`` exactly (vectorised: no Python each)."""
+    if not segments:
+        return size == 0
+    import numpy as np
+
+    offsets, lengths = (np.array(c, dtype=np.int64) for c in list(zip(*segments, strict=True))[:2])
+    ends = offsets + lengths
+    return bool(offsets[0] == 0 and ends[-1] == size and np.array_equal(offsets[1:], ends[:-1]))
 
 
 def combine_checksums(segments: Sequence[tuple[int, int, str]]) -> str:

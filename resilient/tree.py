@@ -282,9 +282,20 @@ def _plain_mapping(
 
 
 def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
-    """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached)."""
-    components = map(encode_key, keys)
-    return list(map(f"{path}/".__add__, components) if path else components)
+    """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached, and
+    the paths of the last few nodes too)."""
+    key = (path, tuple(keys))
+    found = _CHILD_PATHS.get(key)
+    if found is None:
+        components = map(encode_key, keys)
+        found = list(map(f"{path}/".__add__, components) if path else components)
+        if len(_CHILD_PATHS) >= _PLAIN_NODES_MAX:
+            _CHILD_PATHS.clear()
+        _CHILD_PATHS[key] = found
+    return list(found)
+
+
+_CHILD_PATHS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
 
 
 def _copy_json(value: Any) -> Any:
