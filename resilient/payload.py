@@ -67,22 +67,22 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     if state is None:
         return EMPTY
     try:
-        tree, leaves = flatten(state, leaf_meta, what=what, plain=_plain_types())
+        flat = flatten(state, leaf_meta, what=what, plain=_plain_types())
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
-    values = [leaf.value for leaf in leaves.values()]
+    values = list(flat.arrays.values())
     if set(map(type, values)) <= _plain_types() and _all_storable(values):
-        arrays = dict(zip(leaves, values, strict=True))  # the common case: no per-leaf call
+        arrays = flat.arrays  # the common case: no per-leaf call
     else:
-        arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
+        arrays = {p: to_numpy(v, what=f"{what}[{p!r}]") for p, v in flat.arrays.items()}
     striped = []
-    for p, leaf in leaves.items():
-        block = leaf.meta.get("block")
+    for p, meta in flat.metas.items():
+        block = meta.get("block")
         if block is not None:
             BlockSpec.of(block["global_shape"], block["start"], arrays[p].shape,
                          what=f"{what}[{p!r}]")  # fmt: skip
             striped.append(p)
-    return LocalData(arrays, tree, frozenset(striped))
+    return LocalData(arrays, flat.tree, frozenset(striped))
 
 
 @functools.cache
@@ -111,7 +111,7 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             inside its global shape.
     """
     try:
-        _, leaves = flatten(template, leaf_meta, what="restore template")
+        flat = flatten(template, leaf_meta, what="restore template")
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     import numpy as np
@@ -120,12 +120,13 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
 
     arrays: dict[str, Any] = {}
     blocks: dict[str, BlockSpec] = {}
-    for p, leaf in leaves.items():
-        if not isinstance(leaf.value, np.generic):  # numpy scalars are immutable: they come
-            arrays[p] = leaf.value  # back as new values, like JSON leaves
-        block = leaf.meta.get("block")
+    for p, value in flat.arrays.items():
+        if not isinstance(value, np.generic):  # numpy scalars are immutable: they come
+            arrays[p] = value  # back as new values, like JSON leaves
+    for p, meta in flat.metas.items():
+        block = meta.get("block")
         if block is not None:
-            shape, _ = template_spec(leaf.value)
+            shape, _ = template_spec(flat.arrays[p])
             blocks[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
                                      what=f"restore template[{p!r}]")  # fmt: skip
     return arrays, blocks

@@ -41,7 +41,7 @@ from resilient.blocks import Block, Replicated
 
 __all__ = [
     "MAX_DEPTH",
-    "ArrayLeaf",
+    "Flat",
     "ElasticKinds",
     "TreeError",
     "decode_key",
@@ -65,13 +65,13 @@ class TreeError(ValueError):
     """A state that cannot be flattened, or a stored tree that is malformed or hostile."""
 
 
-class ArrayLeaf(NamedTuple):
-    """An array leaf found while flattening: the object as given and its metadata for the tree.
+class Flat(NamedTuple):
+    """A state flattened: its tree, its array leaves (the objects as given) by path, and the
+    metadata of the leaves that have some (tensors, Blocks; plain numpy has none)."""
 
-    A named tuple, not a frozen dataclass: a state dict makes thousands of them per save."""
-
-    value: Any
-    meta: Mapping[str, Any]
+    tree: Any
+    arrays: dict[str, Any]
+    metas: dict[str, Mapping[str, Any]]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the same keys come back at every save
@@ -139,8 +139,8 @@ def flatten(
     *,
     what: str = "state",
     plain: frozenset[type] = frozenset(),
-) -> tuple[Any, dict[str, ArrayLeaf]]:
-    """Split ``state`` into its tree and its array leaves by path.
+) -> Flat:
+    """Split ``state`` into its tree, its array leaves by path and their metadata (:class:`Flat`).
 
     The tree is the caller's own: JSON containers are copied, so later changes to ``state``
     do not reach it. Parts of it may be shared with the trees of earlier calls and must not be
@@ -161,15 +161,14 @@ def flatten(
     """
     if not isinstance(state, Mapping):
         raise TreeError(f"{what} must be a mapping of names to values")
-    arrays: dict[str, ArrayLeaf] = {}
-    tree = _flatten(state, "", arrays, is_array, what, 0, set(), False, plain)
-    return tree, arrays
+    out = Flat(None, {}, {})
+    return out._replace(tree=_flatten(state, "", out, is_array, what, 0, set(), False, plain))
 
 
 def _flatten(
     value: Any,
     path: str,
-    arrays: dict[str, ArrayLeaf],
+    out: Flat,
     is_array: Callable[[Any], Mapping[str, Any] | None],
     what: str,
     depth: int,
@@ -183,15 +182,15 @@ def _flatten(
     if meta is not None:
         if not path:
             raise TreeError(f"{what} must be a mapping, not an array")
+        out.arrays[path] = value
         if not meta:
-            arrays[path] = ArrayLeaf(value, {})
             return ["a", path]
-        arrays[path] = ArrayLeaf(value, dict(meta))
+        out.metas[path] = dict(meta)
         return ["a", path, dict(meta)]
     if isinstance(value, Replicated):
         if not path:
             raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
-        inner = _flatten(value.value, path, arrays, is_array, what, depth + 1, active, True, plain)
+        inner = _flatten(value.value, path, out, is_array, what, depth + 1, active, True, plain)
         return inner if replicated else ["r", inner]  # nested Replicated: once is enough
     if isinstance(value, Block):
         if replicated:
@@ -201,7 +200,8 @@ def _flatten(
             raise TreeError(f"{_where(what, path)}: a Block must wrap an array, inside a mapping")
         block = {"global_shape": list(value.global_shape), "start": list(value.start)}
         full = {**meta, "block": block}
-        arrays[path] = ArrayLeaf(value.local, full)
+        out.arrays[path] = value.local
+        out.metas[path] = full
         return ["a", path, full]
     if path and _plain_json(value, depth):
         return ["j", _copy_json(value)]
@@ -209,7 +209,7 @@ def _flatten(
     if id(value) in active:
         raise TreeError(f"{where}: contains itself")
     if isinstance(value, Mapping):
-        node = _plain_mapping(value, path, arrays, plain) if plain and value else None
+        node = _plain_mapping(value, path, out.arrays, plain) if plain and value else None
         if node is not None:
             return node
         active.add(id(value))
@@ -220,9 +220,7 @@ def _flatten(
             tag = "s" if isinstance(key, str) else "i"
             name = encode_key(key) if isinstance(key, str) else f"%i{key}"  # never an escape
             sub = f"{path}/{name}" if path else name
-            node = _flatten(
-                child, sub, arrays, is_array, what, depth + 1, active, replicated, plain
-            )
+            node = _flatten(child, sub, out, is_array, what, depth + 1, active, replicated, plain)
             items.append([tag, key, node])
         active.discard(id(value))
         return ["d", items]
@@ -232,7 +230,7 @@ def _flatten(
             _flatten(
                 child,
                 f"{path}/{i}" if path else str(i),
-                arrays,
+                out,
                 is_array,
                 what,
                 depth + 1,
@@ -257,7 +255,7 @@ _PLAIN_NODES_MAX = 256
 
 
 def _plain_mapping(
-    mapping: Mapping[Any, Any], path: str, arrays: dict[str, ArrayLeaf], plain: frozenset[type]
+    mapping: Mapping[Any, Any], path: str, arrays: dict[str, Any], plain: frozenset[type]
 ) -> list[Any] | None:
     """The node of a mapping with string keys whose values are all of ``plain`` types (array
     leaves without metadata), its leaves added to ``arrays``; ``None`` for any other mapping.
@@ -277,7 +275,7 @@ def _plain_mapping(
             _PLAIN_NODES.clear()
         found = _PLAIN_NODES[(path, keys)] = (node, paths)
     node, paths = found
-    arrays.update(zip(paths, map(ArrayLeaf, values, itertools.repeat(_NO_META)), strict=True))
+    arrays.update(zip(paths, values, strict=True))
     return node
 
 
