@@ -31,7 +31,16 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["fill_leaf", "leaf_meta", "restore_leaf", "template_spec", "to_numpy", "writable_view"]
+__all__ = [
+    "fill_leaf",
+    "leaf_meta",
+    "numpy_dtype",
+    "restore_leaf",
+    "storable_dtype",
+    "template_spec",
+    "to_numpy",
+    "writable_view",
+]
 
 # torch dtypes numpy has no dtype for, stored as unsigned words of their size
 _WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
@@ -77,7 +86,7 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
     """
     import numpy as np
 
-    if type(value) is np.ndarray and value.flags.c_contiguous and _storable(value.dtype.str):
+    if type(value) is np.ndarray and value.flags.c_contiguous and storable_dtype(value.dtype.str):
         return value  # the common case, checked in ~1 us
     if _is_tensor(value):
         tensor = value.detach()
@@ -100,13 +109,22 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
     out: npt.NDArray[np.generic] = arr
     if not out.flags.c_contiguous:
         out = np.ascontiguousarray(out)
-    if not _storable(out.dtype.str):
+    if not storable_dtype(out.dtype.str):
         raise ConfigError(f"{what}: dtype {out.dtype} is not supported (numeric and bool only)")
     return out
 
 
 @functools.lru_cache(maxsize=64)
-def _storable(dtype: str) -> bool:
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a dtype string (cached: a restore looks up thousands)."""
+    import numpy as np
+
+    return np.dtype(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def storable_dtype(dtype: str) -> bool:
+    """Whether arrays of numpy dtype string ``dtype`` can be stored (numeric and bool)."""
     try:
         dtype_itemsize(dtype)
     except ValueError:

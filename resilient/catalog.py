@@ -147,7 +147,7 @@ class Catalog:
         for step in sorted(plan.delete):
             path = self.root / layout.step_dir_name(step)
             try:
-                trash.append(storage.move_to_trash(path))
+                trash.append(storage.move_to_trash(path, durable=False))  # a rotation
             except FileNotFoundError:
                 log.warning("checkpoint of step %d vanished before rotation deleted it", step)
             else:

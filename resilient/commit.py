@@ -82,14 +82,13 @@ class PendingDir:
         """
         text = manifest.to_json().encode()
         marker = marker_text(manifest.step, digest_bytes(text)).encode()
+        files = [(self.path / layout.MANIFEST, text), (self.path / layout.COMMITTED, marker)]
         try:
-            for name, content in ((layout.MANIFEST, text), (layout.COMMITTED, marker)):
-                target = self.path / name
-                storage.retry_io(
-                    lambda t=target, c=content: storage.write_durable(t, c),  # type: ignore[misc]
-                    what=f"writing {target}",
-                    cleanup=lambda t=target: t.unlink(missing_ok=True),  # type: ignore[misc]
-                )
+            storage.retry_io(
+                lambda: storage.write_all_durable(files),
+                what=f"writing {files[0][0]} and {files[1][0].name}",
+                cleanup=lambda: _unlink_all([p for p, _ in files]),
+            )
             storage.retry_io(self._publish, what=f"committing {self.final}")
         except OSError as exc:
             raise CommitError(
@@ -118,3 +117,8 @@ class PendingDir:
                 storage.remove_tree(self.path)
         except OSError as exc:
             log.warning("could not remove %s: %s", self.path, exc)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

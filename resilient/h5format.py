@@ -72,7 +72,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from resilient.layout import rank_group_name
 
@@ -111,9 +111,9 @@ _ENTRY = {  # a symbol table entry (40 bytes)
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    """One array a rank wants written: its name, shape and dtype string."""
+class ArraySpec(NamedTuple):
+    """One array a rank wants written: its name, shape and dtype string (a named tuple: a
+    state dict has thousands)."""
 
     name: str
     shape: tuple[int, ...]

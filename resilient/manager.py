@@ -417,7 +417,7 @@ class CheckpointManager:
         restored, state = local or self._restorer.restore(
             step, validate=validate, into=leaves, blocks=specs
         )
-        if self._restorer.last_restored is not None:  # a restart's first save skips h5py
+        if self._restorer.last_restored is not None:  # a restart's first save skips planning
             self._pipeline.reuse_skeleton(*self._restorer.last_restored)
         self._last_saved_step = restored
         return restored, state

@@ -6,12 +6,14 @@ checks one rank's arguments of a save before anything touches the disk.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilient.arrays import leaf_meta, to_numpy
+from resilient.arrays import leaf_meta, storable_dtype, to_numpy
 from resilient.blocks import BlockSpec
 from resilient.checksum import digest_array
 from resilient.errors import ConfigError
@@ -46,6 +48,8 @@ class LocalData:
         """The top-level names."""
         if self.tree is None:
             return set()
+        if self.tree[0] == "p":
+            return set(self.tree[2])
         return {key for _, key, _ in self.tree[1]}
 
 
@@ -63,18 +67,38 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     if state is None:
         return EMPTY
     try:
-        tree, leaves = flatten(state, leaf_meta, what=what)
+        flat = flatten(state, leaf_meta, what=what, plain=_plain_types())
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
-    arrays = {p: to_numpy(leaf.value, what=f"{what}[{p!r}]") for p, leaf in leaves.items()}
+    values = list(flat.arrays.values())
+    if set(map(type, values)) <= _plain_types() and _all_storable(values):
+        arrays = flat.arrays  # the common case: no per-leaf call
+    else:
+        arrays = {p: to_numpy(v, what=f"{what}[{p!r}]") for p, v in flat.arrays.items()}
     striped = []
-    for p, leaf in leaves.items():
-        block = leaf.meta.get("block")
+    for p, meta in flat.metas.items():
+        block = meta.get("block")
         if block is not None:
             BlockSpec.of(block["global_shape"], block["start"], arrays[p].shape,
                          what=f"{what}[{p!r}]")  # fmt: skip
             striped.append(p)
-    return LocalData(arrays, tree, frozenset(striped))
+    return LocalData(arrays, flat.tree, frozenset(striped))
+
+
+@functools.cache
+def _plain_types() -> frozenset[type]:
+    """Array leaves written as they are, without metadata: numpy arrays."""
+    import numpy as np
+
+    return frozenset({np.ndarray})
+
+
+def _all_storable(arrays: list[npt.NDArray[np.generic]]) -> bool:
+    """Whether numpy arrays are all C-contiguous, of dtypes a checkpoint stores (one check per
+    distinct dtype)."""
+    return all(a.flags.c_contiguous for a in arrays) and all(
+        storable_dtype(d.str) for d in set(map(operator.attrgetter("dtype"), arrays))
+    )
 
 
 def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, BlockSpec]]:
@@ -87,7 +111,7 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             inside its global shape.
     """
     try:
-        _, leaves = flatten(template, leaf_meta, what="restore template")
+        flat = flatten(template, leaf_meta, what="restore template")
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     import numpy as np
@@ -96,12 +120,13 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
 
     arrays: dict[str, Any] = {}
     blocks: dict[str, BlockSpec] = {}
-    for p, leaf in leaves.items():
-        if not isinstance(leaf.value, np.generic):  # numpy scalars are immutable: they come
-            arrays[p] = leaf.value  # back as new values, like JSON leaves
-        block = leaf.meta.get("block")
+    for p, value in flat.arrays.items():
+        if not isinstance(value, np.generic):  # numpy scalars are immutable: they come
+            arrays[p] = value  # back as new values, like JSON leaves
+    for p, meta in flat.metas.items():
+        block = meta.get("block")
         if block is not None:
-            shape, _ = template_spec(leaf.value)
+            shape, _ = template_spec(flat.arrays[p])
             blocks[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
                                      what=f"restore template[{p!r}]")  # fmt: skip
     return arrays, blocks

@@ -40,7 +40,6 @@ from resilient.checkpointer import (
     finish_set,
     plan_write,
     planned,
-    seed_cache,
 )
 from resilient.collective import Collective
 from resilient.commit import PendingDir
@@ -132,8 +131,9 @@ class SavePipeline:
     def reuse_skeleton(self, directory: Path, manifest: Manifest) -> None:
         """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
         same structure reuse its file's skeleton (see :func:`~resilient.checkpointer.seed_cache`;
-        the planning of that save checks that every rank of the group agrees)."""
-        seed_cache(self._skeletons, self.topo, directory, manifest)
+        the planning of that save checks that every rank of the group agrees). Nothing is read
+        until that save: a restore that is not followed by one pays nothing for it."""
+        self._skeletons.seed = (directory, manifest)
 
     def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
         """A restored local checkpoint that is not in the shared root yet: flush it at the

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["StagingArea", "allocate", "allocate_many"]
+__all__ = ["StagingArea", "allocate"]
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault the pages in at allocation
 
@@ -83,25 +83,3 @@ def allocate(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> npt.NDArray
         -1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE
     )
     return np.frombuffer(region, dtype=dtype, count=count).reshape(shape)
-
-
-def allocate_many(
-    specs: Sequence[tuple[tuple[int, ...], np.dtype[np.generic]]],
-) -> list[npt.NDArray[np.generic]]:
-    """New arrays of the given shapes and dtypes: small ones are carved out of one shared
-    buffer (64-byte aligned), so 4,000 small arrays cost one allocation, not 4,000; large ones
-    come from :func:`allocate`."""
-    import numpy as np
-
-    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
-    small = [n for n in sizes if n < _POPULATE_MIN]
-    arena = np.empty(sum(-(-n // 64) * 64 for n in small) + 64, dtype=np.uint8)
-    pos = -arena.ctypes.data % 64
-    out: list[npt.NDArray[np.generic]] = []
-    for (shape, dtype), n in zip(specs, sizes, strict=True):
-        if n >= _POPULATE_MIN:
-            out.append(allocate(shape, dtype))
-            continue
-        out.append(arena[pos : pos + n].view(dtype).reshape(shape))
-        pos += -(-n // 64) * 64
-    return out

@@ -107,7 +107,7 @@ class StaticStore:
         trash = []
         for name in _names(self.dir):
             if layout.is_static_dir(name) and self._refs[name] <= 0:
-                trash.append(storage.move_to_trash(self.dir / name))
+                trash.append(storage.move_to_trash(self.dir / name, durable=False))
                 self._known_good.discard(name)
                 log.info("deleted unreferenced static data %s", name)
         return trash

@@ -41,6 +41,7 @@ __all__ = [
     "new_token",
     "quarantine",
     "remove_tree",
+    "write_all_durable",
     "write_durable",
 ]
 
@@ -67,15 +68,25 @@ def fsync_dir(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes) -> None:
     """Create ``path`` (which must not exist) with ``data`` and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    write_all_durable([(path, data)])
+
+
+def write_all_durable(files: list[tuple[Path, bytes]]) -> None:
+    """Create each file (none may exist) with its data, then fsync them all: one journal
+    commit for all of them, not one each (the later fsyncs find nothing left to do)."""
+    fds: list[int] = []
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
+        for path, data in files:
+            fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            view = memoryview(data)
+            while view:
+                n = os.write(fds[-1], view)
+                view = view[n:]
+        for fd in fds:
+            os.fsync(fd)
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 def is_root(root: Path) -> bool:
@@ -179,11 +190,15 @@ def append_log(path: Path, record: dict[str, Any]) -> None:
         log.warning("could not append to %s: %s", path, exc)
 
 
-def move_to_trash(path: Path) -> Path:
-    """Rename a directory inside a root to ``.trash-*`` (atomic; it no longer counts)."""
+def move_to_trash(path: Path, *, durable: bool = True) -> Path:
+    """Rename a directory inside a root to ``.trash-*`` (atomic; it no longer counts).
+
+    ``durable=False`` skips the fsync of the parent: for a rotation, which a crash may undo
+    (the checkpoint comes back, valid, and the next rotation deletes it again)."""
     trash = path.parent / layout.trash_dir_name(new_token())
     os.rename(path, trash)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return trash
 
 

@@ -21,6 +21,8 @@ Tree nodes (JSON arrays, first element the tag)::
                              {"block": {"global_shape": [...], "start": [...]}}
     ["r", node]              a :class:`~resilient.blocks.Replicated` subtree
     ["d", [[k, key, node]]]  a mapping; k is "s" (str key) or "i" (int key)
+    ["p", path, [key, ...]]  a mapping of str keys to numpy arrays without metadata (a state
+                             dict's thousands of arrays), at ``path/encode_key(key)`` each
     ["l", [node, ...]]       a list
     ["t", [node, ...]]       a tuple
 """
@@ -28,8 +30,10 @@ Tree nodes (JSON arrays, first element the tag)::
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -37,7 +41,7 @@ from resilient.blocks import Block, Replicated
 
 __all__ = [
     "MAX_DEPTH",
-    "ArrayLeaf",
+    "Flat",
     "ElasticKinds",
     "TreeError",
     "decode_key",
@@ -61,13 +65,13 @@ class TreeError(ValueError):
     """A state that cannot be flattened, or a stored tree that is malformed or hostile."""
 
 
-class ArrayLeaf(NamedTuple):
-    """An array leaf found while flattening: the object as given and its metadata for the tree.
+class Flat(NamedTuple):
+    """A state flattened: its tree, its array leaves (the objects as given) by path, and the
+    metadata of the leaves that have some (tensors, Blocks; plain numpy has none)."""
 
-    A named tuple, not a frozen dataclass: a state dict makes thousands of them per save."""
-
-    value: Any
-    meta: Mapping[str, Any]
+    tree: Any
+    arrays: dict[str, Any]
+    metas: dict[str, Mapping[str, Any]]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the same keys come back at every save
@@ -134,14 +138,22 @@ def flatten(
     is_array: Callable[[Any], Mapping[str, Any] | None],
     *,
     what: str = "state",
-) -> tuple[Any, dict[str, ArrayLeaf]]:
-    """Split ``state`` into its tree and its array leaves by path.
+    plain: frozenset[type] = frozenset(),
+) -> Flat:
+    """Split ``state`` into its tree, its array leaves by path and their metadata (:class:`Flat`).
+
+    The tree is the caller's own: JSON containers are copied, so later changes to ``state``
+    do not reach it. Parts of it may be shared with the trees of earlier calls and must not be
+    modified.
 
     Args:
         state: a mapping with string keys (the top level).
         is_array: returns the leaf's metadata (``{}`` for plain numpy) if a value is an array
             leaf, else ``None``.
         what: how to name the state in errors.
+        plain: types whose instances are array leaves without metadata (``numpy.ndarray``):
+            a mapping with string keys and only such values (a state dict's thousands of
+            arrays) is flattened in one step, its tree node reused while its keys are unchanged.
 
     Raises:
         TreeError: a key that is neither a string nor an int, a value that is neither an
@@ -149,20 +161,20 @@ def flatten(
     """
     if not isinstance(state, Mapping):
         raise TreeError(f"{what} must be a mapping of names to values")
-    arrays: dict[str, ArrayLeaf] = {}
-    tree = _flatten(state, "", arrays, is_array, what, 0, set(), False)
-    return tree, arrays
+    out = Flat(None, {}, {})
+    return out._replace(tree=_flatten(state, "", out, is_array, what, 0, set(), False, plain))
 
 
 def _flatten(
     value: Any,
     path: str,
-    arrays: dict[str, ArrayLeaf],
+    out: Flat,
     is_array: Callable[[Any], Mapping[str, Any] | None],
     what: str,
     depth: int,
     active: set[int],
     replicated: bool,
+    plain: frozenset[type],
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
@@ -170,15 +182,15 @@ def _flatten(
     if meta is not None:
         if not path:
             raise TreeError(f"{what} must be a mapping, not an array")
+        out.arrays[path] = value
         if not meta:
-            arrays[path] = ArrayLeaf(value, {})
             return ["a", path]
-        arrays[path] = ArrayLeaf(value, dict(meta))
+        out.metas[path] = dict(meta)
         return ["a", path, dict(meta)]
     if isinstance(value, Replicated):
         if not path:
             raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
-        inner = _flatten(value.value, path, arrays, is_array, what, depth + 1, active, True)
+        inner = _flatten(value.value, path, out, is_array, what, depth + 1, active, True, plain)
         return inner if replicated else ["r", inner]  # nested Replicated: once is enough
     if isinstance(value, Block):
         if replicated:
@@ -188,14 +200,18 @@ def _flatten(
             raise TreeError(f"{_where(what, path)}: a Block must wrap an array, inside a mapping")
         block = {"global_shape": list(value.global_shape), "start": list(value.start)}
         full = {**meta, "block": block}
-        arrays[path] = ArrayLeaf(value.local, full)
+        out.arrays[path] = value.local
+        out.metas[path] = full
         return ["a", path, full]
     if path and _plain_json(value, depth):
-        return ["j", value]
+        return ["j", _copy_json(value)]
     where = _where(what, path)
     if id(value) in active:
         raise TreeError(f"{where}: contains itself")
     if isinstance(value, Mapping):
+        node = _plain_mapping(value, path, out.arrays, plain) if plain and value else None
+        if node is not None:
+            return node
         active.add(id(value))
         items = []
         for key, child in value.items():
@@ -204,7 +220,7 @@ def _flatten(
             tag = "s" if isinstance(key, str) else "i"
             name = encode_key(key) if isinstance(key, str) else f"%i{key}"  # never an escape
             sub = f"{path}/{name}" if path else name
-            node = _flatten(child, sub, arrays, is_array, what, depth + 1, active, replicated)
+            node = _flatten(child, sub, out, is_array, what, depth + 1, active, replicated, plain)
             items.append([tag, key, node])
         active.discard(id(value))
         return ["d", items]
@@ -214,12 +230,13 @@ def _flatten(
             _flatten(
                 child,
                 f"{path}/{i}" if path else str(i),
-                arrays,
+                out,
                 is_array,
                 what,
                 depth + 1,
                 active,
                 replicated,
+                plain,
             )
             for i, child in enumerate(value)
         ]
@@ -230,6 +247,60 @@ def _flatten(
     raise TreeError(
         f"{where}: {type(value).__name__} is neither an array, a mapping, a list, a tuple nor JSON"
     )
+
+
+_NO_META: Mapping[str, Any] = {}
+_PLAIN_NODES: dict[tuple[str, tuple[str, ...]], tuple[list[Any], tuple[str, ...]]] = {}
+_PLAIN_NODES_MAX = 256
+
+
+def _plain_mapping(
+    mapping: Mapping[Any, Any], path: str, arrays: dict[str, Any], plain: frozenset[type]
+) -> list[Any] | None:
+    """The node of a mapping with string keys whose values are all of ``plain`` types (array
+    leaves without metadata), its leaves added to ``arrays``; ``None`` for any other mapping.
+
+    No per-leaf Python: the node and the leaves' paths are cached by ``(path, keys)``."""
+    values = mapping.values()
+    if not set(map(type, values)) <= plain:
+        return None
+    keys = tuple(mapping)
+    found = _PLAIN_NODES.get((path, keys))
+    if found is None:
+        if not all(type(k) is str for k in keys):
+            return None
+        paths = tuple(_child_paths(path, keys))
+        node = ["p", path, list(keys)]
+        if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
+            _PLAIN_NODES.clear()
+        found = _PLAIN_NODES[(path, keys)] = (node, paths)
+    node, paths = found
+    arrays.update(zip(paths, values, strict=True))
+    return node
+
+
+def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
+    """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached, and
+    the paths of the last few nodes too)."""
+    key = (path, tuple(keys))
+    found = _CHILD_PATHS.get(key)
+    if found is None:
+        components = map(encode_key, keys)
+        found = list(map(f"{path}/".__add__, components) if path else components)
+        if len(_CHILD_PATHS) >= _PLAIN_NODES_MAX:
+            _CHILD_PATHS.clear()
+        _CHILD_PATHS[key] = found
+    return list(found)
+
+
+_CHILD_PATHS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+
+def _copy_json(value: Any) -> Any:
+    """A private copy of a plain JSON value (scalars are immutable: themselves)."""
+    if type(value) is list or type(value) is dict:
+        return json.loads(json.dumps(value, allow_nan=True))
+    return value
 
 
 def _where(what: str, path: str) -> str:
@@ -271,6 +342,20 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
                 raise TreeError(f"malformed mapping item {str(item)[:60]!r}")
             _walk(item[2], out, depth + 1)
         return
+    if tag == "p" and len(node) == 3 and type(node[1]) is str and type(node[2]) is list:
+        keys = node[2]
+        if keys and set(map(type, keys)) != {str}:
+            raise TreeError(f"malformed plain mapping {str(node)[:60]!r}")
+        if node[1] and not is_valid_path(node[1]):
+            raise TreeError(f"illegal plain mapping path {node[1][:80]!r}")
+        paths = _child_paths(node[1], keys)
+        if not all(map(is_valid_path, paths)):
+            raise TreeError(f"illegal leaf path under {node[1][:80]!r}")
+        before = len(out)
+        out.update(zip(paths, itertools.repeat(_NO_META)))
+        if len(out) != before + len(paths):
+            raise TreeError(f"repeated leaf path under {node[1][:80]!r}")
+        return
     if tag in ("l", "t") and len(node) == 2 and isinstance(node[1], list):
         for child in node[1]:
             _walk(child, out, depth + 1)
@@ -281,19 +366,28 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
     raise TreeError(f"malformed tree node {str(node)[:60]!r}")
 
 
-def unflatten(tree: Any, leaf: Callable[[str, Mapping[str, Any]], Any]) -> Any:
+def unflatten(
+    tree: Any,
+    leaf: Callable[[str, Mapping[str, Any]], Any],
+    plain: Callable[[list[str]], Iterable[Any]] | None = None,
+) -> Any:
     """Rebuild a structure from a (checked, see :func:`leaf_paths`) tree; ``leaf(path, meta)``
-    gives each array leaf's value."""
+    gives each array leaf's value, and ``plain(paths)``, if given, the values of a ``"p"``
+    node's leaves at once (else ``leaf`` is called for each)."""
     tag = tree[0]
     if tag == "j":
         return tree[1]
     if tag == "r":
-        return unflatten(tree[1], leaf)
+        return unflatten(tree[1], leaf, plain)
     if tag == "a":
         return leaf(tree[1], tree[2] if len(tree) == 3 else {})
     if tag == "d":
-        return {key: unflatten(node, leaf) for _, key, node in tree[1]}
-    children = [unflatten(node, leaf) for node in tree[1]]
+        return {key: unflatten(node, leaf, plain) for _, key, node in tree[1]}
+    if tag == "p":
+        paths = _child_paths(tree[1], tree[2])
+        values = plain(paths) if plain is not None else (leaf(p, _NO_META) for p in paths)
+        return dict(zip(tree[2], values, strict=True))
+    children = [unflatten(node, leaf, plain) for node in tree[1]]
     return tuple(children) if tag == "t" else children
 
 
@@ -338,6 +432,12 @@ def elastic_kinds(tree: Any) -> ElasticKinds:
             for kind, key, child in node[1]:
                 name = encode_key(key) if kind == "s" else f"%i{key}"
                 walk(child, f"{path}/{name}" if path else name, inside)
+        elif tag == "p":
+            paths = _child_paths(node[1], node[2])
+            if inside:
+                replicated.update(paths)
+            else:
+                blocking.extend(paths)
         else:
             for i, child in enumerate(node[1]):
                 walk(child, f"{path}/{i}" if path else str(i), inside)
@@ -359,6 +459,8 @@ def structure_of(tree: Any) -> Any:
         return ["a", tree[1], meta]
     if tag == "r":
         return ["r", structure_of(tree[1])]
+    if tag == "p":
+        return tree
     if tag == "d":
         return ["d", [[k, key, structure_of(node)] for k, key, node in tree[1]]]
     return [tag, [structure_of(node) for node in tree[1]]]

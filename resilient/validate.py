@@ -23,6 +23,7 @@ from resilient.manifest import (
     combine_checksums,
     file_segments,
     parse_manifest,
+    segment_label,
 )
 
 __all__ = [
@@ -140,7 +141,8 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool
         fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             digests = []
-            for offset, length, expected, label in file_segments(manifest, entry):
+            for offset, length, expected, owner in file_segments(manifest, entry):
+                label = segment_label(owner)
                 stripes = striped.get(offset)
                 if stripes is None:
                     got = digest_file_range(fd, offset, length)

@@ -285,7 +285,9 @@ def test_resilient_command_quotes_and_prefix(tmp_path: Path) -> None:
 
 def test_app_commands() -> None:
     args = heat_args(nx=8, ny=8, steps=5, out="/o.h5", checkpoint_dir="/ck")
-    common: dict[str, Any] = dict(module="apps.heat", args=args, checkpoint_dir="/ck", cwd="/repo dir")
+    common: dict[str, Any] = dict(
+        module="apps.heat", args=args, checkpoint_dir="/ck", cwd="/repo dir"
+    )
     cmd = resumable_bash(
         launch=Launch(launcher="mpiexec", ranks=3), resume_from="/ck/step_00000010", **common
     )
@@ -295,7 +297,9 @@ def test_app_commands() -> None:
     cmd = resumable_mpi_bash(parsl_resource_specification={"num_ranks": 2}, **common)
     assert f"-- $PARSL_MPI_PREFIX {sys.executable} -m apps.heat --nx 8" in cmd
     assert "resume_from=none" in cmd
-    srun = resumable_bash(command=["./sim", "-x"], launch=Launch(launcher="srun", ranks=64), checkpoint_dir="/ck")
+    srun = resumable_bash(
+        command=["./sim", "-x"], launch=Launch(launcher="srun", ranks=64), checkpoint_dir="/ck"
+    )
     assert shlex.split(srun.rsplit("exec ", 1)[1])[-6:] == ["--", "srun", "-n", "64", "./sim", "-x"]
     direct = resumable_bash(command=["./sim"], checkpoint_dir="/ck")
     assert direct.endswith("-- ./sim")

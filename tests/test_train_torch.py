@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import socket
@@ -140,7 +141,9 @@ def flip_byte_in_data(step_dir: Path) -> None:
     """Corrupt one byte inside a weight tensor of rank 0's data file (its checksum will fail)."""
     manifest = json.loads((step_dir / "manifest.json").read_text())
     rank0 = manifest["ranks"][0]
-    (entry,) = (d for d in rank0["datasets"] if d["name"] == "model/3.weight")
+    cols = rank0["datasets"]
+    i = cols["names"].index("model/3.weight")
+    entry = {"offset": cols["offsets"][i], "nbytes": 4 * math.prod(cols["shapes"][i])}
     path = step_dir / rank0["file"]
     with open(path, "r+b") as f:
         f.seek(entry["offset"] + entry["nbytes"] // 2)

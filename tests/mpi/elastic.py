@@ -209,7 +209,9 @@ def corrupt_u(root: str, step: int, row: int) -> None:
     for entry in manifest["ranks"]:
         meta = {n[1]: n[2] for _, _, n in entry["tree"][1] if n[0] == "a" and len(n) == 3}
         start = meta["u"]["block"]["start"]
-        d = next(d for d in entry["datasets"] if d["name"] == "u")
+        cols = entry["datasets"]
+        i = cols["names"].index("u")
+        d = {"offset": cols["offsets"][i], "shape": cols["shapes"][i]}
         if start[0] <= row < start[0] + d["shape"][0] and start[1] == 0:
             offset = d["offset"] + (row - start[0]) * d["shape"][1] * 8
             fd = os.open(f"{ckpt}/{entry['file']}", os.O_RDWR)

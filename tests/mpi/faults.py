@@ -123,7 +123,7 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
 
 
 def main() -> None:
-    base, = map(Path, sys.argv[1:2])
+    (base,) = map(Path, sys.argv[1:2])
     for step, (patch, call) in STEPS.items():
         root = base / step
         with _manager(root) as m:  # a committed checkpoint (and static data) to start from

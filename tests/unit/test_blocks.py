@@ -166,10 +166,9 @@ def test_same_rank_count_restore_is_transparent(tmp_path: Path) -> None:
     assert step == 1 and isinstance(state["u"], np.ndarray) and state["u"].tobytes() == g.tobytes()
     assert state["r"]["t"] == 0.5 and state["r"]["a"].tolist() == [0, 1, 2]
     doc = json.loads((tmp_path / "ck/step_00000001/manifest.json").read_text())
-    (u,) = [d for d in doc["ranks"][0]["datasets"] if d["name"] == "u"]
-    assert u["stripes"]["rows"] == 187 and len(u["stripes"]["digests"]) == 4
-    (a,) = [d for d in doc["ranks"][0]["datasets"] if d["name"] == "r/a"]
-    assert "stripes" not in a  # only Block leaves are striped
+    stripes = doc["ranks"][0]["datasets"]["stripes"]
+    assert stripes["u"]["rows"] == 187 and len(stripes["u"]["digests"]) == 4
+    assert "r/a" not in stripes  # only Block leaves are striped
 
 
 # --------------------------------------------------------------------------- partial reads
@@ -237,9 +236,13 @@ def flip(path: Path, offset: int) -> None:
 
 
 def u_offset(step_dir: Path) -> int:
-    doc = json.loads((step_dir / "manifest.json").read_text())
-    (u,) = [d for d in doc["ranks"][0]["datasets"] if d["name"] == "u"]
-    return int(u["offset"])
+    (u,) = [
+        d
+        for d in parse_manifest((step_dir / "manifest.json").read_text()).ranks[0].datasets
+        if d.name == "u"
+    ]
+    assert u.offset is not None
+    return u.offset
 
 
 def test_a_corrupt_stripe_not_read_is_found_by_verify_full_only(saved: Path) -> None:
@@ -277,10 +280,31 @@ def forge(step_dir: Path, change: Any) -> None:
 
 
 def _u(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Dataset u's striped part (``{"stripes": ...}``, written back into the columns) and its
+    tree metadata, to forge."""
     rank = doc["ranks"][0]
-    (d,) = [d for d in rank["datasets"] if d["name"] == "u"]
     (node,) = [n for _, key, n in rank["tree"][1] if key == "u"]
-    return d, node[2]
+    return _StripesOf(rank["datasets"].setdefault("stripes", {}), "u"), node[2]
+
+
+class _StripesOf(dict):  # type: ignore[type-arg]
+    """``{"stripes": ...}`` of one dataset, backed by a manifest's ``stripes`` column."""
+
+    def __init__(self, column: dict[str, Any], name: str) -> None:
+        super().__init__()
+        self.column, self.name = column, name
+
+    def __getitem__(self, key: str) -> Any:
+        assert key == "stripes"
+        return self.column[self.name]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        assert key == "stripes"
+        self.column[self.name] = value
+
+    def __delitem__(self, key: str) -> None:
+        assert key == "stripes"
+        del self.column[self.name]
 
 
 def _outside(doc: dict[str, Any]) -> None:
@@ -345,7 +369,7 @@ def test_overlapping_blocks_of_two_ranks_are_refused(saved: Path) -> None:
             if key == "u":
                 node[2]["block"]["start"] = start
         datasets = tuple(
-            dataclasses.replace(d, shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
+            d._replace(shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
             for d in entry.datasets
         )
         return dataclasses.replace(entry, tree=tree, datasets=datasets)

@@ -17,6 +17,7 @@ import pytest
 from resilient import CheckpointManager
 from resilient.checksum import digest_bytes
 from resilient.errors import CheckpointNotFoundError, ConfigError, InvalidCheckpointError
+from resilient.manifest import parse_manifest
 from resilient.validate import latest_valid, list_checkpoints, marker_text, validate_checkpoint
 from tests.unit.ckutil import SavedRoot, assert_state_equal, state_of, static_of
 
@@ -33,10 +34,9 @@ def manifest_doc(step_dir: Path) -> dict[str, Any]:
 
 
 def dataset_entry(step_dir: Path, name: str) -> dict[str, Any]:
-    for d in manifest_doc(step_dir)["ranks"][0]["datasets"]:
-        if d["name"] == name:
-            entry: dict[str, Any] = d
-            return entry
+    for d in parse_manifest((step_dir / "manifest.json").read_text()).ranks[0].datasets:
+        if d.name == name:
+            return d._asdict()
     raise AssertionError(f"no dataset {name!r} in {step_dir}")
 
 
@@ -162,7 +162,7 @@ def marker_of_other_step(saved: SavedRoot) -> str:
 
 def forged_dataset_dtype(saved: SavedRoot) -> str:
     doc = manifest_doc(saved.step_dir(3))
-    doc["ranks"][0]["datasets"][0]["dtype"] = "|O"
+    doc["ranks"][0]["datasets"]["dtypes"][0] = "|O"
     forge(saved.step_dir(3), doc)
     return "bad manifest: unsupported dtype '|O'"
 

@@ -145,7 +145,10 @@ def test_checkpoints_of_older_versions_still_restore(tmp_path: Path) -> None:
     rank = doc["ranks"][0]
     del rank["tree"]
     rank["values"] = {"v": {"a": [1, 2]}}
-    rank["datasets"] = [d for d in rank["datasets"] if d["name"] == "x"]
+    cols = rank["datasets"]
+    i = cols["names"].index("x")
+    rank["datasets"] = {k: v[16 * i : 16 * i + 16] if k == "checksums" else [v[i]]
+                        for k, v in cols.items()}  # fmt: skip
     text = json.dumps(doc, indent=1).encode()
     (path / "manifest.json").write_bytes(text)
     import xxhash
@@ -156,3 +159,51 @@ def test_checkpoints_of_older_versions_still_restore(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path) as m:
         _, got = m.restore()
     assert got["x"].tolist() == [0.0, 1.0, 2.0] and got["v"] == {"a": [1, 2]}
+
+
+def test_a_mapping_of_arrays_is_one_compact_tree_node(tmp_path: Path) -> None:
+    keys = ["w", "", "..", "a b/ü", "%i3", "layer.0.weight"]
+    model = {k: np.full(3, i, dtype=np.float32) for i, k in enumerate(keys)}
+    state = {"model": model, "step": 4, "opt": {"lr": 0.5, "m": np.ones(2)}}
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, state)
+        m.save(2, state)  # the node cached from the first save
+        _, got = m.restore()
+    assert list(got["model"]) == keys and got["step"] == 4
+    for i, k in enumerate(keys):
+        assert got["model"][k].tolist() == [i] * 3 and got["model"][k].dtype == np.float32
+    doc = json.loads((tmp_path / "step_00000002" / "manifest.json").read_text())
+    (node,) = [n for _, key, n in doc["ranks"][0]["tree"][1] if key == "model"]
+    assert node == ["p", "model", keys]
+    (opt,) = [n for _, key, n in doc["ranks"][0]["tree"][1] if key == "opt"]
+    assert opt[0] == "d"  # a JSON value among the arrays: the general node
+    with h5py.File(tmp_path / "step_00000002" / "rank_00000.h5") as f:
+        assert sorted(f["rank_00000/model"]) == sorted(
+            ["w", "%", "%2E%2E", "a%20b%2F%C3%BC", "%25i3", "layer.0.weight"]
+        )
+
+
+@pytest.mark.parametrize(
+    ("node", "reason"),
+    [
+        (["p", "model", ["w", "w"]], "repeated leaf path"),
+        (["p", "model", ["w", 3]], "malformed plain mapping"),
+        (["p", "../x", ["w"]], "illegal plain mapping path"),
+        (["p", "model", ["w", "x" * 5000]], "illegal leaf path"),
+        (["p", "other", ["w", "b"]], "does not match the datasets"),
+        (["p", "model"], "malformed tree node"),
+        (["p", 3, ["w", "b"]], "malformed tree node"),
+    ],
+)
+def test_a_forged_compact_node_is_a_manifest_error(
+    tmp_path: Path, node: list[Any], reason: str
+) -> None:
+    from resilient.manifest import ManifestError, parse_manifest
+
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"model": {"w": np.zeros(2), "b": np.ones(2)}})
+    doc = json.loads((tmp_path / "step_00000001" / "manifest.json").read_text())
+    assert doc["ranks"][0]["tree"] == ["d", [["s", "model", ["p", "model", ["w", "b"]]]]]
+    doc["ranks"][0]["tree"][1][0][2] = node
+    with pytest.raises(ManifestError, match=reason):
+        parse_manifest(json.dumps(doc))

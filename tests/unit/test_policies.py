@@ -358,6 +358,7 @@ def test_plan_rotation_partitions_the_steps(
         parts.append(KeepLast(last))
     if every is not None:
         parts.append(KeepEvery(steps=every))
+
     def keep_nothing(xs: Sequence[CheckpointInfo]) -> frozenset[int]:
         return frozenset()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -246,4 +247,31 @@ def test_data_file_is_plain_hdf5(tmp_path: Path) -> None:
         # the step and the JSON values live in the manifest (the file is structure + data only)
         assert "v" not in g and "values_json" not in g.attrs
     manifest = json.loads((root / "step_00000004" / "manifest.json").read_text())
-    assert manifest["step"] == 4 and ["s", "v", ["j", {"k": [1, 2]}]] in manifest["ranks"][0]["tree"][1]
+    assert (
+        manifest["step"] == 4
+        and ["s", "v", ["j", {"k": [1, 2]}]] in manifest["ranks"][0]["tree"][1]
+    )
+
+
+def test_a_checkpoint_of_the_first_manifest_schema_restores(tmp_path: Path) -> None:
+    # tests/unit/data/v1_root: written by the library before datasets became columns
+    # (manifest schema 1, files made by h5py); a newer library restores it, then saves on
+    root = tmp_path / "v1"
+    shutil.copytree(Path(__file__).parent / "data" / "v1_root", root)
+    with CheckpointManager(root) as m:
+        step, state = m.restore()
+        assert step == 3
+        np.testing.assert_array_equal(
+            state["model"]["w"], np.arange(12, dtype=np.float32).reshape(3, 4)
+        )
+        assert state["model"]["b"].tolist() == [1, 2] and state["model"]["b"].dtype == np.int64
+        assert (
+            state["optim"]["state"][0]["step"] == 3.0
+            and state["optim"]["state"][0]["m"].tolist() == [1.0] * 4
+        )
+        assert state["optim"]["groups"] == [{"lr": 0.1, "params": [0]}]
+        assert isinstance(state["pair"], tuple) and state["pair"][1] == "x" and state["it"] == 7
+        m.save(4, state)
+        step, again = m.restore()
+    assert step == 4 and again["model"]["w"].tobytes() == state["model"]["w"].tobytes()
+    assert json.loads((root / "step_00000004" / "manifest.json").read_text())["schema_version"] == 2
