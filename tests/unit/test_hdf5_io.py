@@ -128,8 +128,8 @@ def test_short_reads_and_writes_are_resumed(
 
         return call
 
-    monkeypatch.setattr(hdf5.os, "preadv", short(real_preadv))
-    monkeypatch.setattr(hdf5.os, "pwritev", short(real_pwritev))
+    monkeypatch.setattr(os, "preadv", short(real_preadv))  # the module hdf5 calls
+    monkeypatch.setattr(os, "pwritev", short(real_pwritev))
     arrays = sample(60)
     offsets = layout(arrays, [5] * len(arrays))
     write(tmp_path / "f", arrays, offsets)
