@@ -148,7 +148,8 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
         ranks: per rank of the group, its rank and its array specs.
 
     Raises:
-        ValueError: a name HDF5 cannot hold (empty, or with an empty component or a NUL), two
+        ValueError: a name HDF5 cannot hold (empty, with an empty component, a component
+            ``.`` or a NUL), two
             datasets of one name, a name both a group and a dataset, a rank listed twice, an
             unsupported dtype, a negative dimension or more than 32 dimensions.
     """
@@ -325,7 +326,7 @@ class _Tree:
             raise ValueError(f"dataset name {bad!r} contains a NUL character")
         self.raw = text.encode("utf-8")
         text_arr = np.frombuffer(self.raw + b"\0", np.uint8)
-        _check_paths(text_arr, self.names)
+        _check_paths(self.raw, text_arr, self.names)
         ends = np.flatnonzero(text_arr == 0)[:n]
         starts = np.concatenate(([0], ends[:-1] + 1))[:n]
         slashes = np.flatnonzero(text_arr == ord("/"))
@@ -384,13 +385,20 @@ class _Tree:
         }
 
 
-def _check_paths(text: npt.NDArray[np.uint8], names: list[str]) -> None:
-    """ValueError unless every name (in ``text``: joined by NULs, then a NUL) has no empty
-    component: no two separators (NUL or ``/``) in a row, none first."""
+def _check_paths(raw: bytes, text: npt.NDArray[np.uint8], names: list[str]) -> None:
+    """ValueError unless every name (``raw``: joined by NULs; ``text``: its bytes and a NUL)
+    has no empty component (no two separators, NUL or ``/``, in a row, none first) and none
+    that is ``.`` (in an HDF5 path, the group itself: h5py refuses it too)."""
+    if not names:
+        return
     sep = (text == 0) | (text == ord("/"))
-    if names and (sep[0] or (sep[1:] & sep[:-1]).any()):
+    if sep[0] or (sep[1:] & sep[:-1]).any():
         bad = next(n for n in names if "" in n.split("/"))
         raise ValueError(f"dataset name {bad!r} has an empty component (HDF5 cannot hold it)")
+    wrapped = b"\0" + raw + b"\0"
+    if any(p in wrapped for p in (b"\0.\0", b"\0./", b"/./", b"/.\0")):
+        bad = next(n for n in names if "." in n.split("/"))
+        raise ValueError(f"dataset name {bad!r} has a component '.' (HDF5 cannot hold it)")
 
 
 def _strings(
