@@ -277,6 +277,7 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
     return FileLayout(tuple(pieces), tree.offsets(offsets, datasets.nbytes), size)
 
 
+_NAME, _SHAPE, _DTYPE = (operator.itemgetter(i) for i in range(3))  # ArraySpec's fields
 _PLAIN_GROUP = 40  # header of a group without attributes: prefix + symbol table message
 _FIXED_MAX = 1 << 27  # above this many bytes, names are compared as Python bytes objects
 
@@ -302,11 +303,11 @@ class _Tree:
         self.bounds = [0]  # rank i's datasets are bounds[i]:bounds[i + 1]
         for rank, specs in ranks:
             self.ranks.append(int(rank))
-            if specs:  # named tuples: one transposition at C speed
-                names, shapes, dtypes = zip(*specs, strict=True)
-                self.names += names
-                self.shapes += shapes
-                self.dtypes += dtypes
+            # named tuples: fields by map (zip(*specs) is as fast for 4,000, 4x slower for
+            # 100,000; a comprehension 25% slower)
+            self.names += map(_NAME, specs)
+            self.shapes += map(_SHAPE, specs)
+            self.dtypes += map(_DTYPE, specs)
             self.bounds.append(len(self.names))
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"a rank is listed twice: {self.ranks}")
