@@ -17,7 +17,8 @@ Cases:
 Modes of every case (timed from the call to the data being durable, fsync included):
 
 * ``raw``: the same bytes, concatenated, in one file: one ``write`` + ``fsync`` (the limit);
-* ``first``: ``CheckpointManager.save`` of a structure it has never seen (a fresh root);
+* ``first``: ``CheckpointManager.save`` of a structure it has never seen (a fresh root, and
+  every key renamed: nothing of the structure is cached in the process);
 * ``save``: a later save of the same structure (the skeleton reused);
 * ``async``: ``save(blocking=False)``: ``blocked`` is the time the call held the program,
   ``durable`` the time until ``wait()`` returned;
@@ -77,6 +78,17 @@ def as_bytes(leaf: Any) -> bytes:
         t = leaf.detach().contiguous().reshape(-1)
         return bytes(t.view(torch.uint8).numpy()) if t.numel() else b""
     return bytes(np.ascontiguousarray(leaf).view(np.uint8))
+
+
+def renamed(state: Any, suffix: str) -> Any:
+    """``state`` with ``suffix`` appended to every string key (the same leaves)."""
+    if isinstance(state, dict):
+        return {
+            k + suffix if isinstance(k, str) else k: renamed(v, suffix) for k, v in state.items()
+        }
+    if isinstance(state, list):
+        return [renamed(v, suffix) for v in state]
+    return state
 
 
 def same(a: Any, b: Any) -> bool:
@@ -152,8 +164,10 @@ class Case:
         self.fresh += 1
         root = self.base / f"{self.name}.first{self.fresh}"
         mgr = CheckpointManager(root)
+        # every key renamed: a structure this process has never seen (nothing of it cached)
+        state = renamed(self.state, f".{self.fresh}")
         t0 = time.perf_counter()
-        mgr.save(0, self.state)
+        mgr.save(0, state)
         t = time.perf_counter() - t0
         mgr.close()
         shutil.rmtree(root)

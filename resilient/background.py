@@ -10,6 +10,7 @@ a save stays on the program's thread, so MPI needs no thread support.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -31,10 +32,15 @@ class BackgroundWriter:
         self._name = name
         self._pool: ThreadPoolExecutor | None = None
 
-    def submit(self, fn: Callable[[], T], *, inline: bool = False) -> Future[T]:
+    def submit(
+        self, fn: Callable[[], T], *, inline: bool = False, started: bool = False
+    ) -> Future[T]:
         """Run ``fn`` on the worker thread (or now, on this thread, with ``inline``).
 
         ``fn`` must not communicate. Its result or exception is kept in the returned future.
+        With ``started``, return only once the worker runs ``fn``: a job that soon releases
+        the GIL (an fsync) then starts at once, instead of waiting up to the interpreter's
+        switch interval (5 ms) for a caller that keeps computing.
         """
         if inline:
             done: Future[T] = Future()
@@ -45,7 +51,17 @@ class BackgroundWriter:
             return done
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-        return self._pool.submit(fn)
+        if not started:
+            return self._pool.submit(fn)
+        running = threading.Event()
+
+        def signalled() -> T:
+            running.set()
+            return fn()
+
+        future = self._pool.submit(signalled)
+        running.wait()
+        return future
 
     def shutdown(self) -> None:
         """Stop the worker thread once its current job is done."""

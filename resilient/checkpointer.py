@@ -19,6 +19,7 @@ becomes the same exception on every rank, never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import time
@@ -202,8 +203,10 @@ class _Skeleton:
 class WriteJob:
     """One rank's part of a save, planned: runs here or on a background thread.
 
-    :meth:`run` does no communication, so it may run on any thread; its outcome (or its
-    exception) goes to :func:`finish_set`.
+    :meth:`run` (:meth:`describe`, then :meth:`write`) does no communication, so it may run on
+    any thread; its outcome (or its exception) goes to :func:`finish_set`. A blocking save
+    describes here and writes on a thread, so that the manifest is built while the data goes
+    to disk.
     """
 
     path: Path
@@ -214,22 +217,36 @@ class WriteJob:
     file: FileWritten | None
 
     def run(self) -> RankWritten:
-        """Checksum this rank's arrays (Block leaves also by stripes of rows), write them at their
-        offsets, fsync."""
-        arrays = list(map(self.arrays.__getitem__, self.plan.names))
-        digests = digest_arrays(arrays)
+        """:meth:`describe`, then :meth:`write`."""
+        written = self.describe()
+        self.write()
+        return written
+
+    def describe(self) -> RankWritten:
+        """Checksum this rank's arrays (Block leaves also by stripes of rows): its manifest entry
+        (no I/O)."""
+        digests = digest_arrays(list(map(self.arrays.__getitem__, self.plan.names)))
         stripes = {}
         for k in self.plan.striped:
             arr = self.arrays[k]
             rows = stripe_rows(arr.shape, arr.dtype.itemsize)
             stripes[k] = Stripes(rows, tuple(digest_stripes(arr, rows)))
-        items = [(o, a) for o, a in zip(self.offsets, arrays, strict=True) if o is not None]
-        storage.retry_io(
-            lambda: hdf5.write_file(self.path, items, skeleton=self.skeleton),
-            what=f"writing {self.path}",
-        )
         entry = self.plan.entry(self.path.name, self.offsets, digests, stripes)
         return RankWritten(entry, self.file)
+
+    def write(self, *, sync: bool = True) -> None:
+        """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
+        fsync (or not: then :meth:`sync` must follow)."""
+        arrays = map(self.arrays.__getitem__, self.plan.names)
+        items = [(o, a) for o, a in zip(self.offsets, arrays, strict=True) if o is not None]
+        storage.retry_io(
+            lambda: hdf5.write_file(self.path, items, skeleton=self.skeleton, sync=sync),
+            what=f"writing {self.path}",
+        )
+
+    def sync(self) -> None:
+        """fsync what :meth:`write` wrote with ``sync=False``."""
+        storage.retry_io(lambda: hdf5.fsync_file(self.path), what=f"writing {self.path}")
 
 
 def plan_write(
@@ -321,14 +338,23 @@ def finish_set(
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
     commit: Callable[[Manifest], None] | None = None,
+    durable: Callable[[], None] | None = None,
+    prepare: Callable[[Manifest], None] | None = None,
+    publish: Callable[[], None] | None = None,
 ) -> Manifest:
     """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
     returns it or raises the job's error), build the manifest and ``commit`` it on the
     coordinator.
 
+    With ``durable`` (returns once this rank's :meth:`WriteJob.write` is done, or raises its
+    error), the data may still be on its way to disk when ``outcome`` returns (only described):
+    the coordinator then calls ``prepare`` with the manifest meanwhile, and a second
+    round, once every rank's data is durable, lets it ``publish``.
+
     Returns:
         The manifest, on every rank.
     """
+    coll = Collective(topo.comm)
 
     def combine(written: list[RankWritten]) -> Manifest:
         manifest = build_manifest(
@@ -337,9 +363,21 @@ def finish_set(
         )  # fmt: skip
         if commit is not None:
             commit(manifest)
+        if prepare is not None:
+            prepare(manifest)
         return manifest
 
-    return Collective(topo.comm).all_reduce(f"save of {kind} step {step}", outcome, combine)
+    what = f"save of {kind} step {step}"
+    try:
+        manifest = coll.all_reduce(what, outcome, combine)
+    except Exception:
+        if durable is not None:  # no writer thread may outlive the save
+            with contextlib.suppress(Exception):
+                durable()
+        raise
+    if durable is not None:
+        coll.all_reduce(what, durable, lambda _: publish() if publish is not None else None)
+    return manifest
 
 
 def save_set(

@@ -20,9 +20,11 @@ checkpoint, never a torn one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,8 @@ class PendingDir:
         return self
 
     def commit(self, manifest: Manifest, *, what: str) -> None:
-        """Write the manifest and the marker durably, then atomically rename to :attr:`final`.
+        """Write the manifest and the marker durably, then atomically rename to :attr:`final`
+        (:meth:`prepare`, then :meth:`publish`).
 
         A re-save of an existing step replaces the old directory only once the new one is
         complete; if the rename fails, the old one is put back.
@@ -80,22 +83,37 @@ class PendingDir:
         Raises:
             CommitError: with the OS error's errno, after transient errors were retried.
         """
+        self.prepare(manifest, what=what)
+        self.publish(what=what)
+
+    def prepare(self, manifest: Manifest, *, what: str) -> None:
+        """Write the manifest and the marker (not yet durable: :meth:`publish` makes them so).
+
+        Raises:
+            CommitError: as :meth:`commit`.
+        """
         text = manifest.to_json().encode()
         marker = marker_text(manifest.step, digest_bytes(text)).encode()
         files = [(self.path / layout.MANIFEST, text), (self.path / layout.COMMITTED, marker)]
-        try:
+        with _commit_errors(what):
             storage.retry_io(
-                lambda: storage.write_all_durable(files),
+                lambda: storage.write_all(files),
                 what=f"writing {files[0][0]} and {files[1][0].name}",
                 cleanup=lambda: _unlink_all([p for p, _ in files]),
             )
+
+    def publish(self, *, what: str) -> None:
+        """Make what :meth:`prepare` wrote durable, then rename to :attr:`final` (every data
+        file must be durable already).
+
+        Raises:
+            CommitError: as :meth:`commit`.
+        """
+        with _commit_errors(what):
             storage.retry_io(self._publish, what=f"committing {self.final}")
-        except OSError as exc:
-            raise CommitError(
-                f"{what}: commit failed: {type(exc).__name__}: {exc}", exc.errno
-            ) from exc
 
     def _publish(self) -> None:
+        storage.fsync_files([self.path / layout.MANIFEST, self.path / layout.COMMITTED])
         storage.fsync_dir(self.path)
         old: Path | None = None
         if self.final.exists() or self.final.is_symlink():
@@ -122,3 +140,12 @@ class PendingDir:
 def _unlink_all(paths: list[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _commit_errors(what: str) -> Iterator[None]:
+    """An OS error (after retries) as a :class:`CommitError` with its errno."""
+    try:
+        yield
+    except OSError as exc:
+        raise CommitError(f"{what}: commit failed: {type(exc).__name__}: {exc}", exc.errno) from exc

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArraySpec",
     "FileSkeleton",
+    "fsync_file",
     "GlobalDataset",
     "VirtualSource",
     "copy_ranges",
@@ -148,8 +149,10 @@ def write_file(
     *,
     skeleton: FileSkeleton | None = None,
     direct: bool = True,
+    sync: bool = True,
 ) -> None:
-    """Write each C-contiguous array's bytes at its offset in ``path``, then fsync.
+    """Write each C-contiguous array's bytes at its offset in ``path``, then fsync (unless
+    ``sync`` is false: then :func:`fsync_file` must follow before the file counts).
 
     Several ranks may write parts of one file concurrently, in any order: the file is created
     if missing and never truncated by a writer. The group's leader passes ``skeleton``: it
@@ -185,10 +188,20 @@ def write_file(
                 _write_bounced(dfd, view[head : head + body], offset + head)
             small.append((offset + head + body, view[head + body :]))
         _pwrite_runs(fd, small)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         if dfd is not None:
             os.close(dfd)
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    """fsync a file written with ``write_file(..., sync=False)``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
         os.close(fd)
 
 

@@ -65,6 +65,7 @@ class _SaveFlight:
     pending: PendingDir
     task: Future[RankWritten]
     start: float
+    written: Future[None] | None = None  # a blocking save's write, when task only described it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,8 +133,10 @@ class SavePipeline:
         """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
         same structure reuse its file's skeleton (see :func:`~resilient.checkpointer.seed_cache`;
         the planning of that save checks that every rank of the group agrees). Nothing is read
-        until that save: a restore that is not followed by one pays nothing for it."""
-        self._skeletons.seed = (directory, manifest)
+        until that save: a restore that is not followed by one pays nothing for it. A manager
+        that has saved already keeps its own skeleton (the restore of its own checkpoint)."""
+        if self._skeletons.specs is None:
+            self._skeletons.seed = (directory, manifest)
 
     def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
         """A restored local checkpoint that is not in the shared root yet: flush it at the
@@ -173,10 +176,23 @@ class SavePipeline:
             job = outcome()
             staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
             outcome = lambda: staged  # noqa: E731
-        task = self._writer.submit(lambda: outcome().run(), inline=blocking)
-        self._in_flight = _SaveFlight(request, static, pending, task, start)
-        if blocking:
+        if blocking:  # the bytes are written here, then fsynced on the writer thread while
+            # checksums and the manifest are made here (they only read the arrays)
+            syncing: list[Future[None]] = []
+
+            def write_then_describe() -> RankWritten:
+                job = outcome()
+                job.write(sync=False)
+                syncing.append(self._writer.submit(job.sync, started=True))
+                return job.describe()
+
+            task = self._writer.submit(write_then_describe, inline=True)
+            written = syncing[0] if syncing else None
+            self._in_flight = _SaveFlight(request, static, pending, task, start, written)
             self.wait()
+        else:
+            task = self._writer.submit(lambda: outcome().run())
+            self._in_flight = _SaveFlight(request, static, pending, task, start)
         return pending.final
 
     def wait(self) -> None:
@@ -220,11 +236,20 @@ class SavePipeline:
         request, pending, local = flight.request, flight.pending, self.local
         what = f"save of checkpoint step {request.step}"
         try:
-            manifest = finish_set(
-                self.topo, flight.task.result, step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__,
-                commit=None if local else lambda m: pending.commit(m, what=what),
-            )  # fmt: skip
+            if flight.written is None:
+                manifest = finish_set(
+                    self.topo, flight.task.result, step=request.step, static=flight.static,
+                    metrics=request.metrics, library_version=__version__,
+                    commit=None if local else lambda m: pending.commit(m, what=what),
+                )  # fmt: skip
+            else:  # the manifest is prepared while the data is still being written
+                manifest = finish_set(
+                    self.topo, flight.task.result, step=request.step, static=flight.static,
+                    metrics=request.metrics, library_version=__version__,
+                    durable=flight.written.result,
+                    prepare=None if local else lambda m: pending.prepare(m, what=what),
+                    publish=None if local else lambda: pending.publish(what=what),
+                )  # fmt: skip
         except Exception:
             if local is not None:
                 local.rollback(pending)

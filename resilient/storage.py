@@ -41,7 +41,8 @@ __all__ = [
     "new_token",
     "quarantine",
     "remove_tree",
-    "write_all_durable",
+    "fsync_files",
+    "write_all",
     "write_durable",
 ]
 
@@ -68,24 +69,31 @@ def fsync_dir(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes) -> None:
     """Create ``path`` (which must not exist) with ``data`` and fsync it."""
-    write_all_durable([(path, data)])
+    write_all([(path, data)])
+    fsync_files([path])
 
 
-def write_all_durable(files: list[tuple[Path, bytes]]) -> None:
-    """Create each file (none may exist) with its data, then fsync them all: one journal
-    commit for all of them, not one each (the later fsyncs find nothing left to do)."""
-    fds: list[int] = []
-    try:
-        for path, data in files:
-            fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+def write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Create each file (none may exist) with its data (not durable yet: see
+    :func:`fsync_files`)."""
+    for path, data in files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
             view = memoryview(data)
             while view:
-                n = os.write(fds[-1], view)
+                n = os.write(fd, view)
                 view = view[n:]
-        for fd in fds:
+        finally:
+            os.close(fd)
+
+
+def fsync_files(paths: list[Path]) -> None:
+    """fsync each file."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
             os.fsync(fd)
-    finally:
-        for fd in fds:
+        finally:
             os.close(fd)
 
 

@@ -61,14 +61,14 @@ elif kind == "killsave":
     if _in_attempts(which):
         from resilient.commit import PendingDir
 
-        real_commit = PendingDir.commit
+        real_prepare = PendingDir.prepare  # every commit starts here (blocking or not)
 
-        def commit(self: PendingDir, manifest: Any, *, what: str) -> None:
+        def prepare(self: PendingDir, manifest: Any, *, what: str) -> None:
             if manifest.step == int(step_s):
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_commit(self, manifest, what=what)
+            real_prepare(self, manifest, what=what)
 
-        PendingDir.commit = commit  # type: ignore[method-assign]
+        PendingDir.prepare = prepare  # type: ignore[method-assign]
         if rank != 0:  # non-coordinators die while the coordinator commits
             from resilient import hdf5
 

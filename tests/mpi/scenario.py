@@ -177,7 +177,7 @@ def _arm_kill(phase: str) -> None:
         hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
         hdf5.os.pwritev = pwritev  # type: ignore[attr-defined]
     elif phase == "manifest":  # coordinator dies before writing the manifest
-        PendingDir.commit = _die  # type: ignore[method-assign]
+        PendingDir.prepare = _die  # type: ignore[method-assign]
     elif phase == "rename":  # manifest and marker written, not yet renamed
         PendingDir._publish = _die  # type: ignore[method-assign]
     elif phase == "after-rename":  # committed, before rotation and the final barrier

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager
+from resilient import CheckpointManager, hdf5
 from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
 from resilient.validate import list_checkpoints, validate_checkpoint
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
@@ -76,6 +77,63 @@ def test_enospc_during_data_write(
     assert leftovers(root) == []
     assert entries(root) == before
     assert m.latest_step() == 2
+    assert_step_2_restores(root, m)
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_eio_from_the_data_files_fsync(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch, blocking: bool
+) -> None:
+    # a blocking save fsyncs its data file on the writer thread while the manifest is made
+    # (which is prepared in the temporary directory before the fsync is known to have failed)
+    root, m = two_steps
+    before = entries(root)
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".h5"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr("resilient.hdf5.os.fsync", fsync)
+    with pytest.raises(CollectiveError, match="Input/output error") as info:
+        m.save(3, state_of(3), blocking=blocking)
+        m.wait()
+    monkeypatch.undo()
+    assert info.value.failures.keys() == {0}
+    assert leftovers(root) == [] and entries(root) == before
+    assert m.latest_step() == 2
+    m.save(3, state_of(3))  # the manager goes on
+    step, state = m.restore()
+    assert step == 3
+    assert_state_equal(state, state_of(3))
+
+
+def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the checksums are taken after the bytes were handed to the writer thread: when that
+    # fails, the save waits for the thread before it raises (no writer outlives its save)
+    root, m = two_steps
+    before = entries(root)
+    synced: list[str] = []
+    real_fsync = hdf5.fsync_file
+
+    def slow_fsync(path: Path) -> None:
+        time.sleep(0.2)
+        real_fsync(path)
+        synced.append(path.name)
+
+    def broken(arrays: Any) -> list[str]:
+        raise RuntimeError("checksum unit on fire")
+
+    monkeypatch.setattr("resilient.hdf5.fsync_file", slow_fsync)
+    monkeypatch.setattr("resilient.checkpointer.digest_arrays", broken)
+    with pytest.raises(CollectiveError, match="checksum unit on fire"):
+        m.save(3, state_of(3))
+    assert synced == ["rank_00000.h5"]  # the fsync had finished when save() raised
+    monkeypatch.undo()
+    assert leftovers(root) == [] and entries(root) == before
     assert_step_2_restores(root, m)
 
 
