@@ -3,14 +3,14 @@
 :func:`plan_file` lays out a file for a group of ranks: its bytes of HDF5 metadata, where each
 dataset's data goes, and the file's size. :mod:`resilient.hdf5` writes those bytes; each rank
 then writes its arrays' bytes at their offsets. h5py built the same structure at ~26 us per
-dataset; here it takes ~0.7 us, because equal records (object headers of datasets of one dtype
-and rank, symbol table entries, B-tree keys, heap names) are built as numpy arrays, not one by
-one. ``hdf5.create_skeleton``, median of 7 warm runs on the 2-core VM (1-D float64 datasets in
-one group; h5py as of 36e3e4c)::
+dataset; here it takes ~0.6-0.8 us, because equal records (object headers of datasets of one
+dtype and rank, symbol table entries, B-tree keys, heap names) are built as numpy arrays, not
+one by one. ``hdf5.create_skeleton``, median of 7 warm runs on the 2-core VM (1-D float64
+datasets in one group; h5py as of b762f85; the spread is the VM's, run to run)::
 
-    datasets         1        100      4,000     100,000
-    h5py          0.69 ms   2.74 ms   105 ms    2,750 ms
-    h5format      0.49 ms   0.45 ms   2.8 ms       75 ms
+    datasets         1        100        4,000       100,000
+    h5py          0.69 ms   2.74 ms     105 ms      2,750 ms
+    h5format      0.5 ms    0.5 ms    2.3-2.9 ms      80 ms
 
 The format is HDF5's oldest, which every HDF5 reader since 1.8 reads (h5py, h5ls, h5dump; it
 is what h5py writes with ``libver="earliest"``), and which has no checksums and fixed-size
