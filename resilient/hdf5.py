@@ -85,7 +85,9 @@ def create_skeleton(
     JSON values of a checkpoint are in its manifest. :mod:`resilient.h5format` computes HDF5's
     metadata (h5py took ~26 us per dataset; that takes ~0.7 us). The metadata is not
     written here: the leader's :func:`write_file` writes :attr:`FileSkeleton.image` (as it does
-    when the skeleton comes from the cache), so writing it here too would write it twice.
+    when the skeleton comes from the cache), so writing it here too would write it twice (the
+    0.7 MB of 4,000 datasets: 0.14 ms more); the other ranks' writers create the file if they
+    come first.
 
     Args:
         path: the file to create (must not exist).
