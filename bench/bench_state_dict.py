@@ -19,7 +19,8 @@ Modes of every case (timed from the call to the data being durable, fsync includ
 * ``raw``: the same bytes, concatenated, in one file: one ``write`` + ``fsync`` (the limit);
 * ``first``: ``CheckpointManager.save`` of a structure it has never seen (a fresh root, and
   every key renamed: nothing of the structure is cached in the process);
-* ``save``: a later save of the same structure (the skeleton reused);
+* ``save``: a later save of the same structure (the skeleton reused); no rotation in the timed
+  saves (older checkpoints are removed between modes, as ``raw`` removes its file untimed);
 * ``async``: ``save(blocking=False)``: ``blocked`` is the time the call held the program,
   ``durable`` the time until ``wait()`` returned;
 * ``torch_save`` (``model``): ``torch.save`` to a file + ``fsync``;
@@ -56,7 +57,6 @@ import numpy as np
 from benchutil import fsync_tree, library_revision
 
 from resilient import CheckpointManager
-from resilient.policies import KeepLast
 
 WRITES = ("raw", "first", "save", "async", "torch_save", "dcp_save", "dcp_async")
 READS = ("raw_read", "restore", "restore_into", "torch_load", "dcp_load")
@@ -128,8 +128,10 @@ class Case:
         self.flat = np.concatenate([np.frombuffer(as_bytes(x), np.uint8) for x in leaves(state)])
         self.readbuf = np.empty_like(self.flat)
         self.raw_path = base / f"{name}.raw"
-        self.mgr = CheckpointManager(base / f"{name}.mgr", keep=KeepLast(2))
-        self.amgr = CheckpointManager(base / f"{name}.async", keep=KeepLast(2))
+        # no rotation in the timed saves: like ``raw``, which removes its previous file before
+        # its timer starts, older checkpoints are removed between modes (see ``prune``)
+        self.mgr = CheckpointManager(base / f"{name}.mgr")
+        self.amgr = CheckpointManager(base / f"{name}.async")
         self.step = 0
         self.fresh = 0
         self.dcp_dir = base / f"{name}.dcp"
@@ -145,6 +147,7 @@ class Case:
 
     def run(self, mode: str, check: bool) -> dict[str, float]:
         fn: Callable[[bool], dict[str, float]] = getattr(self, f"m_{mode}")
+        self.prune()
         return fn(check)
 
     def m_raw(self, check: bool) -> dict[str, float]:
@@ -172,6 +175,13 @@ class Case:
         mgr.close()
         shutil.rmtree(root)
         return {"durable": t}
+
+    def prune(self) -> None:
+        """Remove every checkpoint but the newest of both managers (outside any timer)."""
+        for root in (self.base / f"{self.name}.mgr", self.base / f"{self.name}.async"):
+            steps = sorted(root.glob("step_*"))
+            for old in steps[:-1]:
+                shutil.rmtree(old)
 
     def m_save(self, check: bool) -> dict[str, float]:
         self.step += 1

@@ -167,12 +167,12 @@ def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
     none, e.g. a CUDA tensor or a read-only array)."""
     import numpy as np
 
+    if isinstance(value, np.ndarray):
+        return value if value.flags.writeable and value.flags.c_contiguous else None
     if _is_tensor(value):
         if value.device.type != "cpu" or not value.is_contiguous():
             return None
         return to_numpy(value, what="restore target")
-    if isinstance(value, np.ndarray) and value.flags.writeable and value.flags.c_contiguous:
-        return value
     return None
 
 

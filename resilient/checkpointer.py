@@ -487,6 +487,8 @@ def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> N
         ConfigError: naming the first leaf that does not fit, or that is read-only.
     """
     metas = leaf_paths(entry.tree) if entry.tree is not None else {}
+    if _fits_plainly(entry.datasets, into, metas):
+        return
     for d in entry.datasets:
         target = into.get(d.name)
         if target is None:
@@ -502,6 +504,31 @@ def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> N
             )
         if not _is_writable(target):
             raise ConfigError(f"{what}: {d.name!r} is read-only and cannot be restored in place")
+
+
+def _fits_plainly(
+    datasets: Sequence[DatasetEntry], into: Mapping[str, Any], metas: Mapping[str, Any]
+) -> bool:
+    """Whether every template leaf is a writable numpy array of its dataset's shape and dtype,
+    saved from numpy (a state dict of numpy arrays: checked without Python per leaf)."""
+    import numpy as np
+
+    pairs = [(d, t) for d, t in zip(datasets, map(into.get, map(_name, datasets)), strict=True)
+             if t is not None]  # fmt: skip
+    if not pairs:
+        return True
+    found, targets = zip(*pairs, strict=True)
+    return (
+        set(map(type, targets)) == {np.ndarray}
+        and list(map(_shape, targets)) == list(map(_shape, found))
+        and list(map(_dtype_str, targets)) == list(map(_dtype, found))
+        and all(map(_writeable, targets))
+        and not any(metas.get(name, {}).get("torch") for name in map(_name, found))
+    )
+
+
+_dtype_str = operator.attrgetter("dtype.str")
+_writeable = operator.attrgetter("flags.writeable")
 
 
 def _is_writable(target: Any) -> bool:

@@ -111,7 +111,7 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             inside its global shape.
     """
     try:
-        flat = flatten(template, leaf_meta, what="restore template")
+        flat = flatten(template, leaf_meta, what="restore template", plain=_plain_types())
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     import numpy as np

@@ -58,6 +58,9 @@ MAX_DEPTH = 64
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
 _COMPONENT_RE = re.compile(r"^(?:%|%i-?[0-9]{1,40}|(?:[A-Za-z0-9_.+\-]|%[0-9A-F]{2}){1,1024})\Z")
 _ESCAPE_RE = re.compile(r"%([0-9A-F]{2})")
+_SAFE_RE = re.compile(r"[A-Za-z0-9_.+\-]+\Z")
+_SAFE_LINES_RE = re.compile(r"[A-Za-z0-9_.+\-]+(?:\n[A-Za-z0-9_.+\-]+)*\Z")  # keys, one a line
+_DOTS_LINE_RE = re.compile(r"^\.+$", re.MULTILINE)
 _MAX_PATH = 8192
 
 
@@ -79,6 +82,8 @@ def encode_key(key: str) -> str:
     """``key`` as one path component (reversible; see the module docstring)."""
     if key == "":
         return "%"
+    if _SAFE_RE.match(key) and key.strip("."):  # nothing to escape (most keys): no loop
+        return key
     out = []
     for ch in key:
         if ch in _SAFE:
@@ -285,7 +290,11 @@ def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
     key = (path, tuple(keys))
     found = _CHILD_PATHS.get(key)
     if found is None:
-        components = map(encode_key, keys)
+        joined = "\n".join(keys)
+        if _SAFE_LINES_RE.match(joined) and not _DOTS_LINE_RE.search(joined):
+            components: Iterable[str] = keys  # nothing to escape: no call per key
+        else:
+            components = map(encode_key, keys)
         found = list(map(f"{path}/".__add__, components) if path else components)
         if len(_CHILD_PATHS) >= _PLAIN_NODES_MAX:
             _CHILD_PATHS.clear()

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 
@@ -207,3 +209,16 @@ def test_a_forged_compact_node_is_a_manifest_error(
     doc["ranks"][0]["tree"][1][0][2] = node
     with pytest.raises(ManifestError, match=reason):
         parse_manifest(json.dumps(doc))
+
+
+@hypothesis.settings(derandomize=True, max_examples=300, deadline=None)
+@hypothesis.given(
+    st.lists(st.text(alphabet=st.sampled_from("aZ09_.+-%/ \nü."), max_size=6), unique=True),
+    st.sampled_from(["", "model", "a/%i3"]),
+)
+def test_the_paths_of_a_compact_node_are_its_escaped_keys(keys: list[str], path: str) -> None:
+    # the one-regex shortcut for keys that need no escape gives what escaping each key gives
+    from resilient.tree import _child_paths, encode_key
+
+    expected = [f"{path}/{encode_key(k)}" if path else encode_key(k) for k in keys]
+    assert _child_paths(path, keys) == expected
