@@ -9,9 +9,12 @@ asynchronous) and by :class:`resilient.statics.StaticStore` for static data. Cal
                                     reuses the skeleton of the previous save when the structure
                                     is unchanged
     every rank   WriteJob.run()     local, here or on a background thread: checksums, its
-                                    bytes at its offsets, fsync (no communication)
+                                    bytes at its offsets, fsync (no communication); a blocking
+                                    save writes, hands the fsync to a thread, then checksums
     every rank   finish_set()       collective: every rank's outcome to the coordinator, which
-                                    builds the manifest and commits
+                                    builds the manifest and commits (a blocking save: prepares
+                                    the commit, then publishes it in a second round once every
+                                    rank's fsync is done)
 
 Every phase goes through :class:`~resilient.collective.Collective`, so a failure anywhere
 becomes the same exception on every rank, never a hang.

@@ -18,6 +18,10 @@ Call order of one asynchronous save (NVRx's ``save_state_dict_async_plan`` / ``f
     wait()    every rank    finish_set: every rank's outcome to the coordinator, manifest,
                             commit; then the save log and rotation (or the local commit and,
                             every flush_every saves, the start of a flush)
+
+A blocking save writes its bytes on the caller's thread, hands their fsync to the writer thread
+and checksums meanwhile; ``finish_set`` then prepares the commit (manifest and marker written)
+while the fsyncs run, and publishes it in a second small round once every rank's is done.
 """
 
 from __future__ import annotations
