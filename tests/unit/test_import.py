@@ -152,3 +152,18 @@ def test_serial_manager_does_not_load_mpi4py(tmp_path: Path) -> None:
     )
     out = run_python(code, str(tmp_path / "ck"))
     assert out == {"step": 3, "mpi4py": False, "torch": False}
+
+
+def test_the_early_signal_handlers_import_no_checkpoint_machinery() -> None:
+    # a program installs its stop-signal handlers first thing (apps/heat.py): under Slurm a
+    # warning signal can come within a second of the start, and 4 ranks starting on 2 busy
+    # cores took seconds to import numpy and the manager; the package imports them when used
+    out = run_python(
+        "import json, sys\n"
+        "from resilient.slurm import StopSignals\n"
+        "early = sorted(m for m in ('numpy', 'resilient.manager') if m in sys.modules)\n"
+        "from resilient import Resume, resumable, CheckpointManager, KeepLast\n"
+        "print(json.dumps({'early': early, 'kind': type(resumable).__name__,\n"
+        "                  'manager': 'resilient.manager' in sys.modules}))\n"
+    )
+    assert out == {"early": [], "kind": "function", "manager": True}
