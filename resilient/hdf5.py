@@ -45,7 +45,6 @@ __all__ = [
     "copy_ranges",
     "create_skeleton",
     "rank_group_name",
-    "read_into",
     "read_many",
     "read_new",
     "write_file",
@@ -302,15 +301,6 @@ def copy_ranges(
         for f in (sfd, fd, dfd):
             if f is not None:
                 os.close(f)
-
-
-def read_into(fd: int, offset: int, arr: npt.NDArray[np.generic]) -> None:
-    """Fill C-contiguous ``arr`` with bytes of ``fd`` from ``offset``.
-
-    Raises:
-        EOFError: the file ends early.
-    """
-    read_many(fd, [(offset, arr)])
 
 
 def read_many(fd: int, items: Sequence[tuple[int, npt.NDArray[np.generic]]]) -> None:

@@ -53,3 +53,20 @@ class SavedRoot:
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
+
+
+def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Random-ish values that use the whole range of the dtype (not just zeros)."""
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if dt.kind == "b":
+        flat = rng.integers(0, 2, n).astype(bool)
+    elif dt.kind in "iu":
+        info = np.iinfo(dt)
+        flat = rng.integers(info.min, info.max, n, dtype=dt.newbyteorder("="), endpoint=True)
+    elif dt.kind == "f":
+        flat = rng.standard_normal(n) * 1e3
+    else:
+        flat = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    return np.asarray(flat.reshape(shape), dtype=dt)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from resilient import h5format, hdf5
 from resilient.h5format import ArraySpec, plan_file
+from tests.unit.ckutil import sample
 
 H5DUMP = shutil.which("h5dump")
 H5LS = shutil.which("h5ls")
@@ -42,24 +43,6 @@ DTYPES = [
     for kind, size in KINDS
     for order in (("|",) if size == 1 else ("<", ">", "="))
 ]
-
-
-def sample(shape: tuple[int, ...], dtype: str, seed: int) -> npt.NDArray[Any]:
-    """Known, varied values of ``shape`` and ``dtype``."""
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    if dt.kind == "b":
-        flat = rng.integers(0, 2, n).astype(bool)
-    elif dt.kind in "iu":
-        info = np.iinfo(dt)
-        flat = rng.integers(info.min, info.max, n, dtype=dt.newbyteorder("="), endpoint=True)
-    elif dt.kind == "f":
-        flat = rng.normal(size=n) * 1e3
-    else:
-        flat = rng.normal(size=n) + 1j * rng.normal(size=n)
-    out: npt.NDArray[Any] = flat.astype(dt).reshape(shape).copy(order="C")
-    return out
 
 
 def specs_of(arrays: dict[str, npt.NDArray[Any]]) -> list[ArraySpec]:
@@ -229,7 +212,7 @@ def test_datatype_message_is_hdf5s_own(tmp_path: Path, dtype: str) -> None:
             fixed[member_flags] |= 1
         theirs = bytes(fixed)
     assert h5format._pad8(ours) == theirs
-    arr = sample((3,), dtype, seed=1)
+    arr = sample(dtype, (3,), seed=1)
     roundtrip(tmp_path, {0: {"x": arr}})
     with h5py.File(tmp_path / "file.h5", "r") as f:
         # (h5py's own big-endian complex256 comes back little-endian: see H5PY_BE_C32_BUG)
@@ -252,7 +235,7 @@ def test_dataset_header_is_hdf5s_own_but_for_padding(tmp_path: Path) -> None:
             h5py.h5d.create(f.id, name.encode(), h5py.h5t.IEEE_F32BE, space, dcpl=dcpl).close()
     path = tmp_path / "ours.h5"
     data = {
-        0: {"x": sample((3, 4), ">f4", 0), "s": sample((), ">f4", 0), "e": np.zeros((0, 2), ">f4")}
+        0: {"x": sample(">f4", (3, 4), 0), "s": sample(">f4", (), 0), "e": np.zeros((0, 2), ">f4")}
     }
     write(path, data)
     raw_ref, raw = ref.read_bytes(), path.read_bytes()
@@ -278,18 +261,18 @@ def test_dataset_header_is_hdf5s_own_but_for_padding(tmp_path: Path) -> None:
     "shape", [(), (0,), (5,), (2, 3), (3, 0, 2), (1, 2, 1, 2, 1, 2, 1, 2), (2,) * 8 + (1,)]
 )
 def test_every_dtype_and_shape(tmp_path: Path, dtype: str, shape: tuple[int, ...]) -> None:
-    roundtrip(tmp_path, {0: {"a": sample(shape, dtype, 1), "b/c": sample(shape, dtype, 2)}})
+    roundtrip(tmp_path, {0: {"a": sample(dtype, shape, 1), "b/c": sample(dtype, shape, 2)}})
 
 
 def test_large_datasets_are_page_aligned_and_small_ones_packed(tmp_path: Path) -> None:
     data = {
         0: {
-            "tiny": sample((3,), "<i2", 0),
-            "big": sample((300_001,), "<f8", 1),  # > 1 MiB, odd size
-            "after": sample((5,), "<c8", 2),
-            "big2": sample((2, 70_000, 2), ">f4", 3),
-            "wide": sample((1, 1 << 18), "|u1", 4),
-            "last": sample((1,), "|b1", 5),
+            "tiny": sample("<i2", (3,), 0),
+            "big": sample("<f8", (300_001,), 1),  # > 1 MiB, odd size
+            "after": sample("<c8", (5,), 2),
+            "big2": sample(">f4", (2, 70_000, 2), 3),
+            "wide": sample("|u1", (1, 1 << 18), 4),
+            "last": sample("|b1", (1,), 5),
         }
     }
     skeleton = write(tmp_path / "file.h5", data)
@@ -299,7 +282,7 @@ def test_large_datasets_are_page_aligned_and_small_ones_packed(tmp_path: Path) -
 
 def test_small_datasets_are_one_run_of_data(tmp_path: Path) -> None:
     """4,000 arrays of 4 KiB: the metadata is one piece, the data one run after it."""
-    data = {0: {f"model/w{i}": sample((512,), "<f8", i) for i in range(4000)}}
+    data = {0: {f"model/w{i}": sample("<f8", (512,), i) for i in range(4000)}}
     skeleton = write(tmp_path / "file.h5", data)
     assert len(skeleton.image) == 1
     offsets = sorted(o for o in skeleton.offsets[0].values() if o is not None)
@@ -310,7 +293,7 @@ def test_small_datasets_are_one_run_of_data(tmp_path: Path) -> None:
 
 
 def test_odd_sizes_leave_zero_pieces_between_datasets(tmp_path: Path) -> None:
-    data = {0: {f"v{i}": sample((i + 1,), "<i4", i) for i in range(40)}}
+    data = {0: {f"v{i}": sample("<i4", (i + 1,), i) for i in range(40)}}
     skeleton = write(tmp_path / "file.h5", data)
     assert all(set(b) <= {0} for _, b in skeleton.image[1:])
     assert len(skeleton.image) > 1
@@ -320,17 +303,17 @@ def test_odd_sizes_leave_zero_pieces_between_datasets(tmp_path: Path) -> None:
 
 def test_no_datasets(tmp_path: Path) -> None:
     roundtrip(tmp_path, {0: {}})
-    roundtrip(tmp_path, {4: {}, 1: {}, 7: {"x": sample((2,), "<f4", 0)}}, kind="node")
+    roundtrip(tmp_path, {4: {}, 1: {}, 7: {"x": sample("<f4", (2,), 0)}}, kind="node")
 
 
 def test_one_dataset(tmp_path: Path) -> None:
-    roundtrip(tmp_path, {0: {"x": sample((7,), "<f8", 0)}})
+    roundtrip(tmp_path, {0: {"x": sample("<f8", (7,), 0)}})
 
 
 def test_several_ranks_in_any_order(tmp_path: Path) -> None:
     data = {
-        r: {f"model/layer{i}.weight": sample((i + 1, 3), "<f4", r * 10 + i) for i in range(5)}
-        | {"step": sample((), "<i8", r), "model/bias": sample((3,), ">f8", r)}
+        r: {f"model/layer{i}.weight": sample("<f4", (i + 1, 3), r * 10 + i) for i in range(5)}
+        | {"step": sample("<i8", (), r), "model/bias": sample(">f8", (3,), r)}
         for r in (5, 2, 9, 0)
     }
     roundtrip(tmp_path, data, kind="world")
@@ -340,13 +323,13 @@ def test_nested_groups_many_levels(tmp_path: Path) -> None:
     deep = "/".join(f"l{i}" for i in range(20))
     data = {
         3: {
-            f"{deep}/x": sample((2,), "<f8", 0),
-            f"{deep}/y": sample((2,), "<i4", 1),
-            "a/b/c/d": sample((1,), "<u2", 2),
-            "a/b/e": sample((3,), "<u2", 3),
-            "a/f": sample((), "|b1", 4),
-            "g": sample((2, 2), "<c16", 5),
-            f"{deep[:5]}/z": sample((4,), "<f2", 6),
+            f"{deep}/x": sample("<f8", (2,), 0),
+            f"{deep}/y": sample("<i4", (2,), 1),
+            "a/b/c/d": sample("<u2", (1,), 2),
+            "a/b/e": sample("<u2", (3,), 3),
+            "a/f": sample("|b1", (), 4),
+            "g": sample("<c16", (2, 2), 5),
+            f"{deep[:5]}/z": sample("<f2", (4,), 6),
         }
     }
     roundtrip(tmp_path, data)
@@ -360,8 +343,8 @@ ODD_NAMES = [
 
 
 def test_odd_names_in_strcmp_order(tmp_path: Path) -> None:
-    data = {0: {name: sample((2,), "<i2", i) for i, name in enumerate(ODD_NAMES)}}
-    data[0] |= {f"grp {n}/{n}": sample((1,), "<f4", i) for i, n in enumerate(ODD_NAMES[:8])}
+    data = {0: {name: sample("<i2", (2,), i) for i, name in enumerate(ODD_NAMES)}}
+    data[0] |= {f"grp {n}/{n}": sample("<f4", (1,), i) for i, n in enumerate(ODD_NAMES[:8])}
     path = roundtrip(tmp_path, data)
     with h5py.File(path, "r") as f:
         # HDF5 lists a group's links in name order (strcmp of the UTF-8 bytes)
@@ -373,7 +356,7 @@ def test_many_groups(tmp_path: Path) -> None:
     """An optimizer state: a group per parameter, a few datasets each."""
     data = {
         0: {
-            f"optim/state/%i{i}/{leaf}": sample(shape, dtype, i)
+            f"optim/state/%i{i}/{leaf}": sample(dtype, shape, i)
             for i in range(1500)
             for leaf, shape, dtype in (
                 ("exp_avg", (4,), "<f4"),
@@ -381,7 +364,7 @@ def test_many_groups(tmp_path: Path) -> None:
                 ("step", (), "<f8"),
             )
         }
-        | {f"model/p{i}": sample((4,), "<f4", i) for i in range(1500)}
+        | {f"model/p{i}": sample("<f4", (4,), i) for i in range(1500)}
     }
     roundtrip(tmp_path, data)
 
@@ -415,7 +398,7 @@ def test_ranks_beyond_an_attribute_are_a_dataset(tmp_path: Path, n: int) -> None
     """A header message holds 64 KiB: 8,183 ranks fit in the root's attribute, more do not."""
     ranks = list(range(3 * n, 0, -3))
     data: dict[int, dict[str, npt.NDArray[Any]]] = {r: {} for r in ranks}
-    data[ranks[0]] = {"x": sample((2,), "<f4", 0)}
+    data[ranks[0]] = {"x": sample("<f4", (2,), 0)}
     path = tmp_path / "file.h5"
     skeleton = write(path, data, kind="world")
     check_tiling(skeleton, data)
@@ -438,14 +421,14 @@ def test_ranks_beyond_an_attribute_are_a_dataset(tmp_path: Path, n: int) -> None
 
 def test_h5py_can_add_to_the_file(tmp_path: Path) -> None:
     """HDF5 itself can extend what we wrote (in place, opened for writing)."""
-    data = {0: {f"m/x{i}": sample((3,), "<f4", i) for i in range(100)}}
+    data = {0: {f"m/x{i}": sample("<f4", (3,), i) for i in range(100)}}
     path = roundtrip(tmp_path, data)
     with h5py.File(path, "r+") as f:
         for i in range(100, 200):
-            f[f"rank_00000/m/x{i}"] = sample((3,), "<f4", i)
+            f[f"rank_00000/m/x{i}"] = sample("<f4", (3,), i)
         f["rank_00000/new/deep"] = np.arange(4)
         f.attrs["extra"] = 1
-    data[0] |= {f"m/x{i}": sample((3,), "<f4", i) for i in range(100, 200)}
+    data[0] |= {f"m/x{i}": sample("<f4", (3,), i) for i in range(100, 200)}
     with h5py.File(path, "r") as f:
         for name, arr in data[0].items():
             np.testing.assert_array_equal(f[f"rank_00000/{name}"][()], arr)
@@ -457,14 +440,14 @@ def test_h5dump_and_h5ls_read_everything(tmp_path: Path) -> None:
     data = {
         r: {
             f"{dt.replace('|', 'p').replace('<', 'l').replace('>', 'b').replace('=', 'n')}/v": sample(
-                (2, 3), dt, i + r
+                dt, (2, 3), i + r
             )
             for i, dt in enumerate(DTYPES)
         }
         | {
-            "zero-d": sample((), "<f8", r),
+            "zero-d": sample("<f8", (), r),
             "empty": np.zeros((0, 3), "<i4"),
-            "odd name %": sample((1,), "<u1", 0),
+            "odd name %": sample("<u1", (1,), 0),
         }
         for r in (0, 1)
     }
@@ -637,7 +620,7 @@ def test_random_structures_read_back(
     shape: dict[int, dict[str, tuple[tuple[int, ...], str]]],
 ) -> None:
     data = {
-        r: {n: sample(s, dt, i) for i, (n, (s, dt)) in enumerate(arrays.items())}
+        r: {n: sample(dt, s, i) for i, (n, (s, dt)) in enumerate(arrays.items())}
         for r, arrays in shape.items()
     }
     roundtrip(tmp_path_factory.mktemp("h5"), data, kind="custom")

@@ -13,7 +13,7 @@ import pytest
 
 from resilient import CheckpointManager
 from resilient.validate import validate_checkpoint
-from tests.unit.ckutil import assert_state_equal
+from tests.unit.ckutil import assert_state_equal, sample
 
 DTYPES = [
     "float16",
@@ -36,23 +36,6 @@ DTYPES = [
     "<f4",
     ">u2",
 ]
-
-
-def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """Random-ish values that use the whole range of the dtype (not just zeros)."""
-    dt = np.dtype(dtype)
-    rng = np.random.default_rng(seed)
-    n = int(np.prod(shape))
-    if dt.kind == "b":
-        flat = rng.integers(0, 2, n).astype(bool)
-    elif dt.kind in "iu":
-        info = np.iinfo(dt)
-        flat = rng.integers(info.min, info.max, n, dtype=dt.newbyteorder("="), endpoint=True)
-    elif dt.kind == "f":
-        flat = rng.standard_normal(n) * 1e3
-    else:
-        flat = rng.standard_normal(n) + 1j * rng.standard_normal(n)
-    return np.asarray(flat.reshape(shape), dtype=dt)
 
 
 def round_trip(tmp_path: Path, state: dict[str, Any], **kw: Any) -> dict[str, Any]:
