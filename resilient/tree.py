@@ -255,7 +255,7 @@ def _flatten(
 
 
 _NO_META: Mapping[str, Any] = {}
-_PLAIN_NODES: dict[tuple[str, tuple[str, ...]], tuple[list[Any], tuple[str, ...]]] = {}
+_PLAIN_NODES: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
 _PLAIN_NODES_MAX = 256
 
 
@@ -265,21 +265,20 @@ def _plain_mapping(
     """The node of a mapping with string keys whose values are all of ``plain`` types (array
     leaves without metadata), its leaves added to ``arrays``; ``None`` for any other mapping.
 
-    No per-leaf Python: the node and the leaves' paths are cached by ``(path, keys)``."""
+    No per-leaf Python: the node (and, by :func:`_child_paths`, the leaves' paths) is cached by
+    ``(path, keys)``."""
     values = mapping.values()
     if not set(map(type, values)) <= plain:
         return None
     keys = tuple(mapping)
-    found = _PLAIN_NODES.get((path, keys))
-    if found is None:
+    node = _PLAIN_NODES.get((path, keys))
+    if node is None:
         if not all(type(k) is str for k in keys):
             return None
-        paths = tuple(_child_paths(path, keys))
-        node = ["p", path, list(keys)]
         if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
             _PLAIN_NODES.clear()
-        found = _PLAIN_NODES[(path, keys)] = (node, paths)
-    node, paths = found
+        node = _PLAIN_NODES[(path, keys)] = ["p", path, list(keys)]
+    paths = _child_paths(path, keys)
     arrays.update(zip(paths, values, strict=True))
     return node
 
