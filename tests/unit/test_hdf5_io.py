@@ -3,7 +3,9 @@ read into one buffer and returned as views, gaps, misaligned and large arrays, s
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,3 +137,48 @@ def test_short_reads_and_writes_are_resumed(
     write(tmp_path / "f", arrays, offsets)
     got = read_back(tmp_path / "f", arrays, offsets)
     assert all(h.tobytes() == w.tobytes() for h, w in zip(got, arrays, strict=True))
+
+
+def test_writeback_is_started_on_whole_pages_of_each_written_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every byte written lands in the file, and the kernel is asked to start writing each run
+    of at most 2 MiB as it is written: whole pages only, never a zero length (which would mean
+    "to the end of the file"), each page at most once, and all but the last partial page."""
+    kicks: list[tuple[int, int]] = []
+    real = hdf5._start_writeback
+
+    def record(fd: int, offset: int, length: int) -> None:
+        kicks.append((offset, length))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(hdf5, "_start_writeback", record)
+    rng = np.random.default_rng(1)
+    arrays = [rng.random(int(n)) for n in rng.integers(1, 9000, size=700)]  # ~25 MiB, odd sizes
+    offsets = layout(arrays, [0] * 350 + [13] * 350)  # one contiguous stretch, then gaps
+    write(tmp_path / "f", arrays, offsets)
+    for got, want in zip(read_back(tmp_path / "f", arrays, offsets), arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
+    page = hdf5._PAGE
+    assert len(kicks) > 10
+    assert all(off % page == 0 and n > 0 and n % page == 0 for off, n in kicks)
+    assert all(n <= hdf5._WRITEBACK_BYTES + 2 * page for _, n in kicks)
+    covered = sorted(kicks)
+    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(covered))  # no page twice
+    end = offsets[-1] + arrays[-1].nbytes
+    assert sum(n for _, n in kicks) >= end - 2 * page * 350 - page  # each gap costs <= 2 pages
+
+
+def test_writeback_hint_is_available_on_linux(tmp_path: Path) -> None:
+    """On Linux the hint is libc's sync_file_range; it accepts a written range of a real file."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("sync_file_range is Linux's")
+    func = hdf5._sync_file_range()
+    assert func is not None
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, b"x" * 3 * hdf5._PAGE, 0)
+        assert func(fd, 0, 2 * hdf5._PAGE, hdf5._SYNC_FILE_RANGE_WRITE) == 0
+        assert func(-1, 0, hdf5._PAGE, hdf5._SYNC_FILE_RANGE_WRITE) == -1  # really called
+    finally:
+        os.close(fd)
