@@ -42,6 +42,7 @@ from resilient.arrays import (
 )
 from resilient.blocks import stripe_rows
 from resilient.checksum import (
+    Digests,
     digest_arrays,
     digest_bytes,
     digest_stripes,
@@ -549,6 +550,12 @@ def _read_rank(
     views = {name: writable_view(target) for name, target in into.items()}
     direct = [views.get(d.name) for d in datasets] if into else [None] * len(datasets)
     fresh = [d for d, view in zip(datasets, direct, strict=True) if view is None]
+    nbytes = sum(map(_nbytes, datasets))
+    # from a few MiB on, checksums are taken on a helper thread while the next bytes are read;
+    # not for arrays of a few KiB, whose hashing costs less than the threads' handovers
+    pipelined = nbytes >= _PIPELINE_MIN and nbytes >= _PIPELINE_MEAN * len(datasets)
+    digests = Digests(len(datasets)) if pipelined else None
+    fresh_at = [i for i, view in enumerate(direct) if view is None]
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         new = hdf5.read_new(
@@ -557,21 +564,35 @@ def _read_rank(
             list(map(_shape, fresh)),
             list(map(numpy_dtype, map(_dtype, fresh))),
             allocate=allocate,
+            arrived=None if digests is None else _told(digests, fresh_at),
         )
         if len(new) == len(datasets):
             arrays = new
         else:
-            pairs = [(d.offset, v) for d, v in zip(datasets, direct, strict=True) if v is not None]
-            hdf5.read_many(fd, [(o, v) for o, v in pairs if o is not None])
+            pairs = [
+                (i, datasets[i].offset, view)
+                for i, view in enumerate(direct)
+                if view is not None and datasets[i].offset is not None
+            ]
+            hdf5.read_many(
+                fd,
+                [(offset, view) for _, offset, view in pairs],  # type: ignore[misc]
+                arrived=None if digests is None else _told(digests, [i for i, _, _ in pairs]),
+            )
             made = iter(new)
             arrays = [next(made) if v is None else v for v in direct]
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
     finally:
         os.close(fd)
-    digests = digest_arrays(arrays)
-    if digests != list(map(_checksum, datasets)):
-        bad = next(d for d, got in zip(datasets, digests, strict=True) if got != d.checksum)
+        got = None if digests is None else digests.result()  # no thread reads them after this
+    if got is None:
+        got = digest_arrays(arrays)
+    else:  # empty arrays are never read: their checksums are taken here
+        for i in (i for i, d in enumerate(got) if not d):
+            got[i] = digest_arrays([arrays[i]])[0]
+    if got != list(map(_checksum, datasets)):
+        bad = next(d for d, g in zip(datasets, got, strict=True) if g != d.checksum)
         raise InvalidCheckpointError(
             str(directory), f"checksum mismatch: rank {rank} dataset {bad.name!r} in {entry.file}"
         )
@@ -593,6 +614,15 @@ def _read_rank(
     return built
 
 
+_PIPELINE_MIN = 4 << 20
+_PIPELINE_MEAN = 16 << 10  # measured: 4,000 x 4 KiB lost 0.6 ms, 1,000 x 64 KiB won 1.8 ms
+
+
+def _told(digests: Digests, positions: Sequence[int]) -> hdf5.Arrived:
+    """Hand what a read completed (positions in its request) to ``digests`` by dataset."""
+    return lambda got, arrays: digests.add([positions[k] for k in got], arrays)
+
+
 def _columns(datasets: Sequence[DatasetEntry]) -> list[tuple[Any, ...]]:
     """Names, shapes, dtypes, offsets, ... of ``datasets``, as tuples (empty ones if none)."""
     return list(zip(*datasets, strict=True)) or [()] * len(DatasetEntry._fields)
@@ -603,6 +633,7 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 _offset = operator.attrgetter("offset")
 _checksum = operator.attrgetter("checksum")
+_nbytes = operator.attrgetter("nbytes")
 
 
 def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -12,6 +15,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "Digests",
     "digest_array",
     "digest_arrays",
     "digest_bytes",
@@ -47,6 +51,44 @@ def digest_arrays(arrays: list[npt.NDArray[np.generic]]) -> list[str]:
     if all(a.flags.c_contiguous for a in arrays):
         return list(map(xxhash.xxh3_64_hexdigest, arrays))  # type: ignore[arg-type]
     return list(map(digest_array, arrays))
+
+
+class Digests:
+    """Checksums of arrays handed over as they are read, taken on a helper thread meanwhile
+    (the read runs in the kernel, xxh3 in C: both release the GIL), kept by position.
+
+    Not thread-safe: one reader calls :meth:`add`, then :meth:`result`.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._out = [""] * count
+        self._jobs: list[Future[None]] = []
+
+    def add(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
+        """Checksum ``arrays`` (complete now, unchanged until :meth:`result`) as the digests
+        at ``positions``."""
+        self._jobs.append(_helper().submit(self._put, positions, arrays))
+
+    def _put(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
+        for p, digest in zip(positions, digest_arrays(list(arrays)), strict=True):
+            self._out[p] = digest
+
+    def result(self) -> list[str]:
+        """Every digest, once all are taken (``""`` where nothing was added)."""
+        for job in self._jobs:
+            job.result()
+        return self._out
+
+
+_HELPER: list[ThreadPoolExecutor] = []
+_HELPER_LOCK = threading.Lock()
+
+
+def _helper() -> ThreadPoolExecutor:
+    with _HELPER_LOCK:
+        if not _HELPER:
+            _HELPER.append(ThreadPoolExecutor(1, thread_name_prefix="resilient-digest"))
+        return _HELPER[0]
 
 
 def digest_stripes(arr: npt.NDArray[np.generic], rows: int) -> list[str]:

@@ -347,31 +347,58 @@ def copy_ranges(
                 os.close(f)
 
 
-def read_many(fd: int, items: Sequence[tuple[int, npt.NDArray[np.generic]]]) -> None:
+Arrived = Callable[[Sequence[int], Sequence["npt.NDArray[Any]"]], None]
+"""Told, as reading goes on, which arrays are complete: their positions in the request, and
+them (to checksum them while the next bytes are read)."""
+
+_READ_CHUNK = 2 << 20  # a span is read this many bytes at a time when someone is told
+
+
+def read_many(
+    fd: int,
+    items: Sequence[tuple[int, npt.NDArray[np.generic]]],
+    *,
+    arrived: Arrived | None = None,
+) -> None:
     """Fill each C-contiguous array with the bytes of ``fd`` at its offset.
 
     Arrays lying close together (HDF5's metadata between them) are read by one ``preadv`` per
     span: the arrays themselves are its iovecs (the bytes between them go to a scratch buffer),
-    so 4,000 small arrays are four system calls and no copy.
+    so 4,000 small arrays are four system calls and no copy. With ``arrived``, a span is read
+    about 2 MiB at a time, and ``arrived`` is told after each read which arrays it completed.
 
     Raises:
         EOFError: the file ends early.
     """
-    pieces = sorted(((o, a) for o, a in items if a.nbytes), key=operator.itemgetter(0))
+    pieces = sorted(
+        ((o, a, i) for i, (o, a) in enumerate(items) if a.nbytes), key=operator.itemgetter(0)
+    )
     scratch = _Scratch.get()
+    limit = _READ_CHUNK if arrived is not None else math.inf
     for span in _spans(pieces):
         bufs: list[_Buffer] = []
+        done: list[int] = []  # after bufs[k], the pieces of the span completed so far
         pos = span[0][0]
-        for offset, arr in span:
+        for offset, arr, _ in span:
             if offset > pos:
                 bufs.append(scratch[: offset - pos])
+                done.append(len(done) and done[-1])
             bufs.append(arr)
+            done.append((len(done) and done[-1]) + 1)
             pos = offset + arr.nbytes
-        pos = span[0][0]
-        for first in range(0, len(bufs), _IOV_MAX):
-            chunk = bufs[first : first + _IOV_MAX]
-            _preadv_all(fd, chunk, pos)
-            pos += sum(b.nbytes for b in chunk)
+        pos, first, told = span[0][0], 0, 0
+        while first < len(bufs):
+            last, size = first, 0
+            while last < len(bufs) and last - first < _IOV_MAX and (last == first or size < limit):
+                size += bufs[last].nbytes
+                last += 1
+            _preadv_all(fd, bufs[first:last], pos)
+            pos += size
+            first = last
+            if arrived is not None and done[last - 1] > told:
+                got = span[told : done[last - 1]]
+                arrived([i for _, _, i in got], [a for _, a, _ in got])
+                told = done[last - 1]
 
 
 def read_new(
@@ -381,6 +408,7 @@ def read_new(
     dtypes: Sequence[np.dtype[Any]],
     *,
     allocate: Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]],
+    arrived: Arrived | None = None,
 ) -> list[npt.NDArray[Any]]:
     """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``fd``, in order.
 
@@ -388,7 +416,9 @@ def read_new(
     buffer that mirrors the file from the first to the last (64-byte aligned, like the file),
     and come back as views of it: no copy, no Python per array (4,000 arrays: one read and one
     ``map``). A view that would be misaligned for its dtype is copied instead. Large ones get
-    their own array from ``allocate`` and are read straight into it.
+    their own array from ``allocate`` and are read straight into it. With ``arrived``, spans
+    are read about 2 MiB at a time and ``arrived`` is told after each read which arrays are
+    complete (empty ones are never told).
 
     Raises:
         EOFError: the file ends early.
@@ -410,7 +440,8 @@ def read_new(
     large = present[sizes[present] >= _DIRECT_MIN].tolist()
     for i in large:
         out[i] = allocate(shapes[i], dtypes[i])
-    read_many(fd, [(int(starts[i]), out[i]) for i in large])
+    told = None if arrived is None else lambda got, arrs: arrived([large[k] for k in got], arrs)
+    read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told)
     small = present[sizes[present] < _DIRECT_MIN]
     order = small[np.argsort(starts[small], kind="stable")]
     begin, end = starts[order], starts[order] + sizes[order]
@@ -421,7 +452,6 @@ def read_new(
             continue
         base = int(begin[a]) - int(begin[a]) % 64
         arena = _aligned_empty(int(end[a:b].max()) - base)
-        _preadv_all(fd, [arena[int(begin[a]) - base :]], int(begin[a]))
         index = order[a:b].tolist()
         views = list(
             map(
@@ -432,6 +462,19 @@ def read_new(
                 (begin[a:b] - base).tolist(),
             )
         )
+        if arrived is None:
+            _preadv_all(fd, [arena[int(begin[a]) - base :]], int(begin[a]))
+        else:  # in pieces of whole arrays, each told once read
+            ends = (end[a:b] - base).tolist()
+            pos = int(begin[a]) - base
+            k = 0
+            while k < len(index):
+                stop = int(np.searchsorted(end[a:b] - base, pos + _READ_CHUNK, "right"))
+                stop = max(stop, k + 1)
+                upto = max(ends[k:stop])
+                _preadv_all(fd, [arena[pos:upto]], base + pos)
+                arrived(index[k:stop], views[k:stop])
+                pos, k = upto, stop
         for i, view in zip(index, views, strict=True):
             out[i] = view if view.flags.aligned else view.copy()
     return out
@@ -463,17 +506,18 @@ _SPAN_GAP = 64 << 10  # arrays at most this far apart are read as one span
 
 
 def _spans(
-    pieces: list[tuple[int, npt.NDArray[Any]]],
-) -> list[list[tuple[int, npt.NDArray[Any]]]]:
-    """Sorted pieces grouped into spans of non-overlapping pieces whose gaps are at most
-    :data:`_SPAN_GAP` bytes."""
-    spans: list[list[tuple[int, npt.NDArray[Any]]]] = []
+    pieces: list[tuple[int, npt.NDArray[Any], int]],
+) -> list[list[tuple[int, npt.NDArray[Any], int]]]:
+    """Sorted ``(offset, array, position)`` pieces grouped into spans of non-overlapping pieces
+    whose gaps are at most :data:`_SPAN_GAP` bytes."""
+    spans: list[list[tuple[int, npt.NDArray[Any], int]]] = []
     end = -1
-    for offset, arr in pieces:
+    for piece in pieces:
+        offset, arr = piece[0], piece[1]
         if spans and 0 <= offset - end <= _SPAN_GAP:
-            spans[-1].append((offset, arr))
+            spans[-1].append(piece)
         else:
-            spans.append([(offset, arr)])
+            spans.append([piece])
         end = offset + arr.nbytes
     return spans
 

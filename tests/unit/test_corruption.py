@@ -319,6 +319,33 @@ def test_step_dir_symlink_to_outside_is_not_followed(
     )
 
 
+@pytest.mark.parametrize("into", [False, True])
+def test_a_large_state_checksummed_while_read_falls_back_on_a_flipped_byte(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, into: bool
+) -> None:
+    """A state of many MiB is checksummed on a helper thread while it is read: a flipped byte in
+    any of its arrays (new ones or the caller's) is still named, and restore falls back."""
+    rng = np.random.default_rng(5)
+    state = {f"w{i}": rng.random(8192 + i) for i in range(200)}  # ~13 MiB of 64 KiB arrays
+    state["big"] = rng.random(400_000)  # 3.2 MB: its own read
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as m:
+        m.save(1, state)
+        m.save(3, {k: v + 1 for k, v in state.items()})
+    for name in ("w117", "big"):
+        d = dataset_entry(root / "step_00000003", name)
+        flip_byte(root / "step_00000003" / DATA, d["offset"] + d["nbytes"] - 3)
+    caplog.set_level(logging.WARNING)
+    with CheckpointManager(root) as m:
+        template = {k: np.zeros_like(v) for k, v in state.items()}
+        step, got = m.restore(into=template) if into else m.restore()
+    assert step == 1
+    assert_state_equal(got, state)
+    (q,) = quarantined(root)
+    reason = json.loads((q / "QUARANTINE.json").read_text())["reason"]
+    assert re.search(r"checksum mismatch: rank 0 dataset '(w117|big)'", reason), reason
+
+
 def test_static_data_corrupted_falls_back_to_checkpoint_with_other_static(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -182,3 +182,43 @@ def test_writeback_hint_is_available_on_linux(tmp_path: Path) -> None:
         assert func(-1, 0, hdf5._PAGE, hdf5._SYNC_FILE_RANGE_WRITE) == -1  # really called
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("reader", ["read_new", "read_many"])
+def test_arrived_tells_each_array_once_complete_while_reading_on(
+    tmp_path: Path, reader: str
+) -> None:
+    """With ``arrived``, every non-empty array is told exactly once, by its position in the
+    request, and its bytes are complete when told; a span of ~10 MiB takes several reads."""
+    rng = np.random.default_rng(3)
+    arrays = [*sample(600), rng.random(200_000), rng.random(9), *sample(900, seed=1)]
+    arrays += [rng.random(int(n)) for n in rng.integers(100, 9000, size=400)]  # ~14 MiB
+    offsets = layout(arrays, [int(g) for g in rng.integers(0, 40, size=len(arrays))])
+    write(tmp_path / "f", arrays, offsets)
+    told: list[tuple[int, bytes]] = []
+
+    def arrived(positions: Any, got: Any) -> None:
+        told.extend((p, a.tobytes()) for p, a in zip(positions, got, strict=True))
+
+    order = rng.permutation(len(arrays)).tolist()
+    req = [arrays[i] for i in order]
+    req_offsets = [offsets[i] for i in order]
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        if reader == "read_new":
+            hdf5.read_new(
+                fd,
+                [o if a.nbytes else None for o, a in zip(req_offsets, req, strict=True)],
+                [a.shape for a in req],
+                [a.dtype for a in req],
+                allocate=allocate,
+                arrived=arrived,
+            )
+        else:
+            targets = [np.empty_like(a) for a in req]
+            hdf5.read_many(fd, list(zip(req_offsets, targets, strict=True)), arrived=arrived)
+    finally:
+        os.close(fd)
+    positions = [p for p, _ in told]
+    assert sorted(positions) == [i for i, a in enumerate(req) if a.nbytes]
+    assert all(data == req[p].tobytes() for p, data in told)
