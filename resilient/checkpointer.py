@@ -53,6 +53,7 @@ from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import (
     DatasetEntry,
+    DatasetTable,
     FileEntry,
     Manifest,
     RankEntry,
@@ -141,13 +142,10 @@ class RankPlan:
     ) -> RankEntry:
         """This rank's manifest entry once its arrays (in plan order) sit at ``offsets`` in
         ``file`` with checksums ``digests``."""
-        datasets = list(
-            map(DatasetEntry, self.names, self.shapes, self.dtypes, offsets, self.nbytes, digests)
+        table = DatasetTable(
+            self.names, self.shapes, self.dtypes, offsets, self.nbytes, "".join(digests), stripes
         )
-        for i, name in enumerate(self.names) if stripes else ():
-            if name in stripes:  # type: ignore[operator]
-                datasets[i] = datasets[i]._replace(stripes=stripes[name])  # type: ignore[index]
-        return RankEntry(file=file, datasets=tuple(datasets), tree=self.tree)
+        return RankEntry(file=file, datasets=table, tree=self.tree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,40 +542,49 @@ def _read_rank(
     directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any]
 ) -> dict[str, Any]:
     entry = manifest.ranks[rank]
-    datasets = entry.datasets
+    table = entry.datasets
+    names, count = table.names, len(table)
     # the caller's arrays to read into directly (a template leaf without one, e.g. a CUDA
     # tensor, gets a new array, copied into it once verified)
     views = {name: writable_view(target) for name, target in into.items()}
-    direct = [views.get(d.name) for d in datasets] if into else [None] * len(datasets)
-    fresh = [d for d, view in zip(datasets, direct, strict=True) if view is None]
-    nbytes = sum(map(_nbytes, datasets))
+    direct = list(map(views.get, names)) if into else [None] * count
+    fresh_at = [i for i, view in enumerate(direct) if view is None]
+    offsets: Sequence[int | None] = table.offsets
+    shapes: Sequence[tuple[int, ...]] = table.shapes
+    dtypes: Sequence[str] = table.dtypes
+    if len(fresh_at) != count:
+        offsets, shapes, dtypes = (
+            [offsets[i] for i in fresh_at],
+            [shapes[i] for i in fresh_at],
+            [dtypes[i] for i in fresh_at],
+        )
+    nbytes = sum(table.nbytes)
     # from a few MiB on, checksums are taken on a helper thread while the next bytes are read;
     # not for arrays of a few KiB, whose hashing costs less than the threads' handovers
-    pipelined = nbytes >= _PIPELINE_MIN and nbytes >= _PIPELINE_MEAN * len(datasets)
-    digests = Digests(len(datasets)) if pipelined else None
-    fresh_at = [i for i, view in enumerate(direct) if view is None]
+    pipelined = nbytes >= _PIPELINE_MIN and nbytes >= _PIPELINE_MEAN * count
+    digests = Digests(count) if pipelined else None
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         new = hdf5.read_new(
             fd,
-            list(map(_offset, fresh)),
-            list(map(_shape, fresh)),
-            list(map(numpy_dtype, map(_dtype, fresh))),
+            offsets,
+            shapes,
+            list(map(numpy_dtype, dtypes)),
             allocate=allocate,
             arrived=None if digests is None else _told(digests, fresh_at),
         )
-        if len(new) == len(datasets):
+        if len(new) == count:
             arrays = new
         else:
-            pairs = [
-                (i, datasets[i].offset, view)
+            at = [
+                i
                 for i, view in enumerate(direct)
-                if view is not None and datasets[i].offset is not None
+                if view is not None and table.offsets[i] is not None
             ]
             hdf5.read_many(
                 fd,
-                [(offset, view) for _, offset, view in pairs],  # type: ignore[misc]
-                arrived=None if digests is None else _told(digests, [i for i, _, _ in pairs]),
+                [(table.offsets[i], direct[i]) for i in at],  # type: ignore[misc]
+                arrived=None if digests is None else _told(digests, at),
             )
             made = iter(new)
             arrays = [next(made) if v is None else v for v in direct]
@@ -591,12 +598,12 @@ def _read_rank(
     else:  # empty arrays are never read: their checksums are taken here
         for i in (i for i, d in enumerate(got) if not d):
             got[i] = digest_arrays([arrays[i]])[0]
-    if got != list(map(_checksum, datasets)):
-        bad = next(d for d, g in zip(datasets, got, strict=True) if g != d.checksum)
+    if "".join(got) != table.digests:
+        bad = next(n for n, g, w in zip(names, got, table.checksums, strict=True) if g != w)
         raise InvalidCheckpointError(
-            str(directory), f"checksum mismatch: rank {rank} dataset {bad.name!r} in {entry.file}"
+            str(directory), f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
         )
-    by_name = dict(zip(map(_name, datasets), arrays, strict=True))
+    by_name = dict(zip(names, arrays, strict=True))
     for name, template in into.items():
         if name not in by_name:
             continue

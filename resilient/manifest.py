@@ -13,9 +13,9 @@ import json
 import math
 import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from resilient import layout
 from resilient.blocks import BlockSpec, stripe_count
@@ -29,6 +29,7 @@ __all__ = [
     "FORMAT",
     "SCHEMA_VERSION",
     "DatasetEntry",
+    "DatasetTable",
     "FileEntry",
     "LayoutInfo",
     "Manifest",
@@ -116,14 +117,122 @@ class DatasetEntry(NamedTuple):
     stripes: Stripes | None = None  # for Block leaves (resilient.blocks)
 
 
+class DatasetTable(Sequence[DatasetEntry]):
+    """A rank's datasets as columns, in order: what a save builds and a restore reads with no
+    Python object per array (a state dict holds thousands). Indexing or iterating gives
+    :class:`DatasetEntry` rows, built once on first use. Immutable; equal to any sequence of
+    equal rows.
+
+    Attributes:
+        names, shapes, dtypes, offsets, nbytes: one item per dataset (``offsets``: ``None`` for
+            an empty dataset).
+        digests: the checksums, 16 hex digits each, as one string.
+        stripes: stripe checksums of Block leaves, by name.
+    """
+
+    __slots__ = ("_rows", "digests", "dtypes", "names", "nbytes", "offsets", "shapes", "stripes")
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    offsets: tuple[int | None, ...]
+    nbytes: tuple[int, ...]
+    digests: str
+    stripes: Mapping[str, Stripes]
+    _rows: tuple[DatasetEntry, ...] | None
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        shapes: Sequence[tuple[int, ...]],
+        dtypes: Sequence[str],
+        offsets: Sequence[int | None],
+        nbytes: Sequence[int],
+        digests: str,
+        stripes: Mapping[str, Stripes] | None = None,
+    ) -> None:
+        n = len(names)
+        if not len(shapes) == len(dtypes) == len(offsets) == len(nbytes) == n == len(digests) // 16:
+            raise ValueError("columns of different lengths")
+        self.names, self.shapes, self.dtypes = tuple(names), tuple(shapes), tuple(dtypes)
+        self.offsets, self.nbytes, self.digests = tuple(offsets), tuple(nbytes), digests
+        self.stripes = dict(stripes or {})
+        self._rows = None
+
+    @classmethod
+    def of(cls, rows: Sequence[DatasetEntry]) -> DatasetTable:
+        """The table of ``rows``."""
+        if isinstance(rows, DatasetTable):
+            return rows
+        if not rows:
+            return cls((), (), (), (), (), "")
+        names, shapes, dtypes, offsets, nbytes, checksums, _ = zip(*rows, strict=True)
+        striped = {r.name: r.stripes for r in rows if r.stripes is not None}
+        return cls(names, shapes, dtypes, offsets, nbytes, "".join(checksums), striped)
+
+    @property
+    def checksums(self) -> list[str]:
+        """The checksums, one per dataset."""
+        d = self.digests
+        return [d[i : i + 16] for i in range(0, len(d), 16)]
+
+    def rows(self) -> tuple[DatasetEntry, ...]:
+        """Every dataset as a :class:`DatasetEntry`."""
+        if self._rows is None:
+            rows = list(
+                map(DatasetEntry, self.names, self.shapes, self.dtypes, self.offsets, self.nbytes,
+                    self.checksums)
+            )  # fmt: skip
+            for i, name in enumerate(self.names) if self.stripes else ():
+                if name in self.stripes:
+                    rows[i] = rows[i]._replace(stripes=self.stripes[name])
+            self._rows = tuple(rows)
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, i: int) -> DatasetEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[DatasetEntry, ...]: ...
+    def __getitem__(self, i: int | slice) -> DatasetEntry | tuple[DatasetEntry, ...]:
+        return self.rows()[i]
+
+    def __iter__(self) -> Iterator[DatasetEntry]:
+        return iter(self.rows())
+
+    def _key(self) -> tuple[Any, ...]:
+        stripes = tuple(sorted(self.stripes.items()))
+        return (self.names, self.shapes, self.dtypes, self.offsets, self.nbytes, self.digests,
+                stripes)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DatasetTable):
+            return self._key() == other._key()
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return self.rows() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"DatasetTable({list(self.rows())!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class RankEntry:
     """What one rank saved: its file, its arrays and its small JSON values."""
 
     file: str
-    datasets: tuple[DatasetEntry, ...]
+    datasets: DatasetTable  # rows given as a sequence become a table
     values: Mapping[str, Any] = field(default_factory=dict)
     tree: Any = None  # the state's structure (resilient.tree); None in older manifests
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.datasets, DatasetTable):
+            object.__setattr__(self, "datasets", DatasetTable.of(self.datasets))
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,25 +331,22 @@ class Manifest:
         return json.dumps(doc, allow_nan=True, separators=(",", ":"))
 
 
-def _columns(datasets: Sequence[DatasetEntry]) -> dict[str, Any]:
+def _columns(table: DatasetTable) -> dict[str, Any]:
     """A rank's datasets as columns: ``names``, ``shapes``, ``dtypes``, ``offsets`` (``null`` for
     an empty dataset), ``checksums`` (one string, 16 hex digits each) and, for Block leaves only,
     ``stripes`` by name. The byte counts follow from the shapes and dtypes."""
-    if not datasets:
-        return {"names": [], "shapes": [], "dtypes": [], "offsets": [], "checksums": ""}
-    names, shapes, dtypes, offsets, _, checksums, stripes = zip(*datasets, strict=True)
     doc: dict[str, Any] = {
-        "names": names,
-        "shapes": shapes,
-        "dtypes": dtypes,
-        "offsets": offsets,
-        "checksums": "".join(checksums),
+        "names": table.names,
+        "shapes": table.shapes,
+        "dtypes": table.dtypes,
+        "offsets": table.offsets,
+        "checksums": table.digests,
     }
-    if any(stripes):
+    if table.stripes:
         doc["stripes"] = {
-            d.name: {"rows": d.stripes.rows, "digests": list(d.stripes.digests)}
-            for d in datasets
-            if d.stripes is not None
+            name: {"rows": table.stripes[name].rows, "digests": list(table.stripes[name].digests)}
+            for name in table.names
+            if name in table.stripes
         }
     return doc
 
@@ -331,7 +437,7 @@ _HEXES_RE = re.compile(r"[0-9a-f]*\Z")
 _NONE = type(None)
 
 
-def _parse_columns(sec: Section) -> tuple[DatasetEntry, ...]:
+def _parse_columns(sec: Section) -> DatasetTable:
     """A rank's datasets from their columns (see :func:`_columns`), checked column by column
     at C speed (no Python per dataset unless a check fails and names the culprit)."""
     where = sec.path
@@ -347,7 +453,7 @@ def _parse_columns(sec: Section) -> tuple[DatasetEntry, ...]:
     if not len(shapes) == len(dtypes) == len(offsets) == n or len(checksums) != 16 * n:
         raise ManifestError(f"{where}: columns of different lengths")
     if not n:
-        return ()
+        return DatasetTable((), (), (), (), (), "")
     if set(map(type, names)) != {str} or not all(map(is_valid_path, names)):
         bad = next(x for x in names if type(x) is not str or not is_valid_path(x))
         raise ManifestError(f"{where}: illegal dataset name {bad!r}")
@@ -378,19 +484,16 @@ def _parse_columns(sec: Section) -> tuple[DatasetEntry, ...]:
         raise ManifestError(f"{where}: an offset is out of range")
     if not _HEXES_RE.match(checksums):
         raise ManifestError(f"{where}: not a checksum: {checksums[:64]!r}")
-    digests = [checksums[i : i + 16] for i in range(0, 16 * n, 16)]
-    datasets = list(map(DatasetEntry, names, map(tuple, shapes), dtypes, offsets, nbytes, digests))
+    shape_tuples = list(map(tuple, shapes))
+    stripes: dict[str, Stripes] = {}
     striped = sec.optional_section("stripes")
     if striped is not None:
         index = {name: i for i, name in enumerate(names)}
         for name in striped.doc:
             if name not in index:
                 raise ManifestError(f"{where}.stripes: no dataset {name[:80]!r}")
-            i = index[name]
-            datasets[i] = datasets[i]._replace(
-                stripes=_parse_stripes(striped.section(name), datasets[i].shape)
-            )
-    return tuple(datasets)
+            stripes[name] = _parse_stripes(striped.section(name), shape_tuples[index[name]])
+    return DatasetTable(names, shape_tuples, dtypes, offsets, nbytes, checksums, stripes)
 
 
 def _first_bad_shape(shapes: list[Any]) -> Any:
@@ -471,13 +574,13 @@ def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
         raise ManifestError(f"{sec.path}: file {fname!r} is not listed in files")
     if version == 1:
         raw = sec.require("datasets", list)
-        datasets = tuple(
-            _dataset_fast(d) or _parse_dataset(sec.sections("datasets")[i])
-            for i, d in enumerate(raw)
-        )
+        datasets = DatasetTable.of(
+            [_dataset_fast(d) or _parse_dataset(sec.sections("datasets")[i])
+             for i, d in enumerate(raw)]
+        )  # fmt: skip
     else:
         datasets = _parse_columns(sec.section("datasets"))
-    names = {d.name for d in datasets}
+    names = set(datasets.names)
     if len(names) != len(datasets):
         raise ManifestError(f"{sec.path}: repeated dataset name")
     tree = sec.doc.get("tree")
@@ -595,8 +698,9 @@ def check_blocks(manifest: Manifest) -> None:
     for entry in manifest.ranks:
         if entry.tree is None:
             continue
-        by_name = {d.name: d for d in entry.datasets}
-        for path, meta in elastic_kinds(entry.tree).blocks.items():
+        blocks = elastic_kinds(entry.tree).blocks
+        by_name = {d.name: d for d in entry.datasets} if blocks else {}
+        for path, meta in blocks.items():
             dataset = by_name[path]
             found.setdefault(path, []).append((block_of(meta, dataset), dataset.dtype))
     for path, blocks in found.items():
@@ -627,8 +731,10 @@ def file_segments(
         rank_entry = manifest.ranks[r]
         if rank_entry.file != entry.name or not rank_entry.datasets:
             continue
-        names, _, _, offsets, nbytes, checksums, _ = zip(*rank_entry.datasets, strict=True)
-        owners = zip(itertools.repeat(r), names)
+        table = rank_entry.datasets
+        offsets: Sequence[Any] = table.offsets  # None only for empty ones, left out below
+        nbytes, checksums = table.nbytes, table.checksums
+        owners = zip(itertools.repeat(r), table.names)
         # empty datasets (no bytes, perhaps no offset) own no segment
         segs.extend(
             itertools.compress(zip(offsets, nbytes, checksums, owners, strict=True), nbytes)
@@ -663,9 +769,9 @@ def check_tiling(manifest: Manifest) -> None:
                 f"rank {r} names file {entry.file!r} but that file does not list it"
             )
     for f in manifest.files:
-        segments = file_segments(manifest, f)
-        if _tiles(segments, f.size):
+        if _tiles(manifest, f):
             continue
+        segments = file_segments(manifest, f)
         pos = 0  # find the first fault, to name it
         for offset, length, _, held in segments:
             if offset != pos:
@@ -677,15 +783,31 @@ def check_tiling(manifest: Manifest) -> None:
             raise ManifestError(f"{f.name}: segments end at {pos}, file size is {f.size}")
 
 
-def _tiles(segments: list[tuple[int, int, str, Any]], size: int) -> bool:
-    """Whether sorted segments cover ``[0, size)`` exactly (vectorised: no Python each)."""
-    if not segments:
-        return size == 0
+def _tiles(manifest: Manifest, entry: FileEntry) -> bool:
+    """Whether the segments of a file cover ``[0, size)`` exactly, from the columns (vectorised:
+    no Python per dataset)."""
     import numpy as np
 
-    offsets, lengths = (np.array(c, dtype=np.int64) for c in list(zip(*segments, strict=True))[:2])
-    ends = offsets + lengths
-    return bool(offsets[0] == 0 and ends[-1] == size and np.array_equal(offsets[1:], ends[:-1]))
+    starts = [np.array([s.offset for s in entry.meta_segments], np.int64)]
+    lengths = [np.array([s.length for s in entry.meta_segments], np.int64)]
+    for r in entry.ranks:
+        table = manifest.ranks[r].datasets
+        if manifest.ranks[r].file != entry.name or not table:
+            continue
+        nbytes = np.array(table.nbytes, np.int64)
+        try:
+            offsets = np.array(table.offsets, np.int64)
+        except TypeError:  # empty datasets have no offset
+            offsets = np.array([-1 if o is None else o for o in table.offsets], np.int64)
+        full = nbytes > 0
+        starts.append(offsets[full])
+        lengths.append(nbytes[full])
+    offset, length = np.concatenate(starts), np.concatenate(lengths)
+    if not offset.size:
+        return entry.size == 0
+    order = np.argsort(offset, kind="stable")
+    offset, end = offset[order], offset[order] + length[order]
+    return bool(offset[0] == 0 and end[-1] == entry.size and np.array_equal(offset[1:], end[:-1]))
 
 
 def combine_checksums(segments: Sequence[tuple[int, int, str]]) -> str:
