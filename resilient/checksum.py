@@ -40,17 +40,21 @@ def digest_text(text: str) -> str:
 
 
 def digest_array(arr: npt.NDArray[np.generic]) -> str:
-    """xxh3-64 of the raw bytes of a C-contiguous array (no copy)."""
+    """xxh3-64 of an array's bytes in C order (no copy when it is C-contiguous)."""
     if arr.flags.c_contiguous:  # numpy exports a plain buffer: no view objects (5x faster)
         return xxhash.xxh3_64_hexdigest(arr)  # type: ignore[arg-type]
-    return digest_bytes(memoryview(arr.reshape(-1).view("u1")))  # type: ignore[arg-type]
+    # a copy in C order (a flattening reshape may be a strided view, whose bytes are not plain)
+    import numpy as np
+
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(arr))  # type: ignore[arg-type]
 
 
 def digest_arrays(arrays: list[npt.NDArray[np.generic]]) -> list[str]:
     """:func:`digest_array` of each array, C-contiguous ones without a Python call each."""
-    if all(a.flags.c_contiguous for a in arrays):
+    try:  # numpy refuses to export any other array's buffer as plain bytes
         return list(map(xxhash.xxh3_64_hexdigest, arrays))  # type: ignore[arg-type]
-    return list(map(digest_array, arrays))
+    except ValueError:
+        return list(map(digest_array, arrays))
 
 
 class Digests:
