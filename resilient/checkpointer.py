@@ -239,10 +239,11 @@ class WriteJob:
     def write(self, *, sync: bool = True) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :meth:`sync` must follow)."""
-        arrays = map(self.arrays.__getitem__, self.plan.names)
-        items = [(o, a) for o, a in zip(self.offsets, arrays, strict=True) if o is not None]
+        arrays = list(map(self.arrays.__getitem__, self.plan.names))
         storage.retry_io(
-            lambda: hdf5.write_file(self.path, items, skeleton=self.skeleton, sync=sync),
+            lambda: hdf5.write_file(
+                self.path, self.offsets, arrays, skeleton=self.skeleton, sync=sync
+            ),
             what=f"writing {self.path}",
         )
 

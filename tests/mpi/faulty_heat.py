@@ -74,8 +74,8 @@ elif kind == "killsave":
 
             real_write = hdf5.write_file
 
-            def write(path: Any, items: Any, **kwargs: Any) -> None:
-                real_write(path, items, **kwargs)
+            def write(path: Any, *args: Any, **kwargs: Any) -> None:
+                real_write(path, *args, **kwargs)
                 if f"step_{int(step_s):08d}" in str(path):
                     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -44,10 +44,10 @@ class HeldWrites:
         self.go = threading.Event()
         real = hdf5.write_file
 
-        def write(path: Path, items: Any, **kwargs: Any) -> None:
+        def write(path: Path, *args: Any, **kwargs: Any) -> None:
             self.started.set()
             assert self.go.wait(30), "test never released the write"
-            real(path, items, **kwargs)
+            real(path, *args, **kwargs)
 
         monkeypatch.setattr(hdf5, "write_file", write)
 
@@ -159,7 +159,7 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
     with CheckpointManager(tmp_path, keep=KeepLast(1)) as m:
         m.save(1, state_of(1))
 
-        def full(path: Path, items: Any, **kwargs: Any) -> None:
+        def full(path: Path, *args: Any, **kwargs: Any) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
         real = hdf5.write_file

@@ -42,7 +42,9 @@ def sample(count: int = 300, seed: int = 0) -> list[np.ndarray]:
 
 
 def write(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> None:
-    hdf5.write_file(path, [(o, a) for o, a in zip(offsets, arrays, strict=True) if a.nbytes])
+    hdf5.write_file(
+        path, [o if a.nbytes else None for o, a in zip(offsets, arrays, strict=True)], arrays
+    )
 
 
 def read_back(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> list[Any]:
