@@ -23,6 +23,7 @@ becomes the same exception on every rank, never a hang.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import time
@@ -509,29 +510,45 @@ def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> N
             raise ConfigError(f"{what}: {d.name!r} is read-only and cannot be restored in place")
 
 
-def _fits_plainly(
-    datasets: Sequence[DatasetEntry], into: Mapping[str, Any], metas: Mapping[str, Any]
-) -> bool:
+def _fits_plainly(table: DatasetTable, into: Mapping[str, Any], metas: Mapping[str, Any]) -> bool:
     """Whether every template leaf is a writable numpy array of its dataset's shape and dtype,
     saved from numpy (a state dict of numpy arrays: checked without Python per leaf)."""
     import numpy as np
 
-    pairs = [(d, t) for d, t in zip(datasets, map(into.get, map(_name, datasets)), strict=True)
-             if t is not None]  # fmt: skip
-    if not pairs:
-        return True
-    found, targets = zip(*pairs, strict=True)
+    targets = list(map(into.get, table.names))
+    if not all(map(operator.is_not, targets, itertools.repeat(None))):  # (`in` compares arrays)
+        kept = [i for i, t in enumerate(targets) if t is not None]
+        if not kept:
+            return True
+        targets = [targets[i] for i in kept]
+        shapes, dtypes = [table.shapes[i] for i in kept], [table.dtypes[i] for i in kept]
+    else:
+        shapes, dtypes = list(table.shapes), list(table.dtypes)
     return (
         set(map(type, targets)) == {np.ndarray}
-        and list(map(_shape, targets)) == list(map(_shape, found))
-        and list(map(_dtype_str, targets)) == list(map(_dtype, found))
+        and list(map(_shape, targets)) == shapes
+        and list(map(_dtype_str, targets)) == dtypes
         and all(map(_writeable, targets))
-        and not any(metas.get(name, {}).get("torch") for name in map(_name, found))
+        and not any(map(_TORCH, metas.values()))  # (a state dict saved from torch: not plain)
     )
 
 
 _dtype_str = operator.attrgetter("dtype.str")
+_TORCH = operator.methodcaller("get", "torch")
+_c_contiguous = operator.attrgetter("flags.c_contiguous")
 _writeable = operator.attrgetter("flags.writeable")
+
+
+def _plain_targets(into: Mapping[str, Any]) -> bool:
+    """Whether every target is a writable C-contiguous numpy array (its own writable view)."""
+    import numpy as np
+
+    targets = into.values()
+    return (
+        set(map(type, targets)) <= {np.ndarray}
+        and all(map(_writeable, targets))
+        and all(map(_c_contiguous, targets))
+    )
 
 
 def _is_writable(target: Any) -> bool:
@@ -547,7 +564,10 @@ def _read_rank(
     names, count = table.names, len(table)
     # the caller's arrays to read into directly (a template leaf without one, e.g. a CUDA
     # tensor, gets a new array, copied into it once verified)
-    views = {name: writable_view(target) for name, target in into.items()}
+    if _plain_targets(into):  # numpy arrays to read into as they are
+        views: Mapping[str, Any] = into
+    else:
+        views = {name: writable_view(target) for name, target in into.items()}
     direct = list(map(views.get, names)) if into else [None] * count
     fresh_at = [i for i, view in enumerate(direct) if view is None]
     offsets: Sequence[int | None] = table.offsets

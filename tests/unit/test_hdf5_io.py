@@ -139,6 +139,13 @@ def test_short_reads_and_writes_are_resumed(
     write(tmp_path / "f", arrays, offsets)
     got = read_back(tmp_path / "f", arrays, offsets)
     assert all(h.tobytes() == w.tobytes() for h, w in zip(got, arrays, strict=True))
+    targets = [np.empty_like(a) for a in arrays]
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        hdf5.read_many(fd, list(zip(offsets, targets, strict=True)))
+    finally:
+        os.close(fd)
+    assert all(t.tobytes() == w.tobytes() for t, w in zip(targets, arrays, strict=True))
 
 
 def test_writeback_is_started_on_whole_pages_of_each_written_run(
