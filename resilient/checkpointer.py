@@ -53,7 +53,6 @@ from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import (
-    DatasetEntry,
     DatasetTable,
     FileEntry,
     Manifest,
@@ -96,7 +95,7 @@ class RankPlan:
     The tree is :func:`~resilient.payload.split_state`'s private one (JSON values copied)."""
 
     rank: int
-    specs: tuple[hdf5.ArraySpec, ...]
+    specs: tuple[hdf5.Spec, ...]
     tree: Any
     striped: frozenset[str] = frozenset()
     names: tuple[str, ...] = ()
@@ -121,10 +120,11 @@ class RankPlan:
         ):
             return cls(rank, like.specs, data.tree, data.striped, names, shapes, like.dtypes,
                        like.nbytes, like.kinds)  # fmt: skip
-        dtypes = tuple(k.str for k in kinds)
+        strs = {kind: kind.str for kind in set(kinds)}
+        dtypes = tuple(map(strs.__getitem__, kinds))
         return cls(
             rank=rank,
-            specs=tuple(map(hdf5.ArraySpec, names, shapes, dtypes)),
+            specs=tuple(zip(names, shapes, dtypes, strict=True)),  # ArraySpec-shaped tuples
             tree=data.tree,
             striped=data.striped,
             names=names,
@@ -178,10 +178,10 @@ class SkeletonCache:
 
     generation: int = 0
     seed: tuple[Path, Manifest] | None = None  # a restored checkpoint, for seed_cache
-    specs: tuple[hdf5.ArraySpec, ...] | None = None
+    specs: tuple[hdf5.Spec, ...] | None = None
     offsets: tuple[int | None, ...] = ()
     plan: RankPlan | None = None
-    group_specs: Mapping[int, tuple[hdf5.ArraySpec, ...]] = field(default_factory=dict)
+    group_specs: Mapping[int, tuple[hdf5.Spec, ...]] = field(default_factory=dict)
     skeleton: hdf5.FileSkeleton | None = None
 
 
@@ -191,7 +191,7 @@ class _Offer:
 
     rank: int
     generation: int
-    specs: tuple[hdf5.ArraySpec, ...] | None
+    specs: tuple[hdf5.Spec, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,17 +651,7 @@ def _told(digests: Digests, positions: Sequence[int]) -> hdf5.Arrived:
     return lambda got, arrays: digests.add([positions[k] for k in got], arrays)
 
 
-def _columns(datasets: Sequence[DatasetEntry]) -> list[tuple[Any, ...]]:
-    """Names, shapes, dtypes, offsets, ... of ``datasets``, as tuples (empty ones if none)."""
-    return list(zip(*datasets, strict=True)) or [()] * len(DatasetEntry._fields)
-
-
-_name = operator.attrgetter("name")
 _shape = operator.attrgetter("shape")
-_dtype = operator.attrgetter("dtype")
-_offset = operator.attrgetter("offset")
-_checksum = operator.attrgetter("checksum")
-_nbytes = operator.attrgetter("nbytes")
 
 
 def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
@@ -681,13 +671,13 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
         or entry.ranks != topo.members
     ):
         return
-    columns = {r: _columns(manifest.ranks[r].datasets) for r in topo.members}
-    specs = {r: tuple(map(hdf5.ArraySpec, *c[:3])) for r, c in columns.items()}
-    offsets = {r: dict(zip(c[0], c[3], strict=True)) for r, c in columns.items()}
+    tables = {r: manifest.ranks[r].datasets for r in topo.members}
+    specs = {r: tuple(zip(t.names, t.shapes, t.dtypes, strict=True)) for r, t in tables.items()}
+    offsets = {r: dict(zip(t.names, t.offsets, strict=True)) for r, t in tables.items()}
     rank = topo.comm.rank
     cache.generation += 1
     cache.specs = specs[rank]
-    cache.offsets = columns[rank][3]
+    cache.offsets = tables[rank].offsets
     if topo.group.rank != 0:
         return
     cache.group_specs = specs

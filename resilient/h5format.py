@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["ArraySpec", "FileLayout", "datatype_message", "plan_file"]
+__all__ = ["ArraySpec", "FileLayout", "Spec", "datatype_message", "plan_file"]
 
 DIRECT_MIN = 1 << 20  # datasets from this size are written with O_DIRECT: page-aligned
 PAGE = 4096
@@ -120,6 +120,11 @@ class ArraySpec(NamedTuple):
     dtype: str
 
 
+Spec = tuple[str, tuple[int, ...], str]
+"""What :func:`plan_file` reads of an array: an :class:`ArraySpec`, or the plain tuple a
+save builds for each of thousands of arrays (``zip``: ~5x cheaper than the named tuple)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileLayout:
     """A file as :func:`plan_file` laid it out.
@@ -137,7 +142,7 @@ class FileLayout:
     size: int
 
 
-def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]) -> FileLayout:
+def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> FileLayout:
     """Lay out the HDF5 file of a group of ranks.
 
     Each rank gets a group ``/rank_00003``; a dataset ``model/layer1.weight`` of that rank is
@@ -293,7 +298,7 @@ class _Tree:
     holds no NUL (checked), and ``/`` is one byte that no other character's UTF-8 contains.
     """
 
-    def __init__(self, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]) -> None:
+    def __init__(self, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> None:
         import numpy as np
 
         self.ranks: list[int] = []

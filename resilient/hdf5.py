@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from resilient import h5format
 from resilient.checksum import digest_bytes
-from resilient.h5format import ArraySpec
+from resilient.h5format import ArraySpec, Spec
 from resilient.layout import rank_group_name
 from resilient.manifest import Segment
 
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArraySpec",
+    "Spec",
     "FileSkeleton",
     "fsync_file",
     "GlobalDataset",
@@ -79,7 +80,7 @@ class FileSkeleton:
 
 
 def create_skeleton(
-    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[ArraySpec]]]
+    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]
 ) -> FileSkeleton:
     """Create the file for a group of ranks, of its final size, and describe it.
 

@@ -96,9 +96,12 @@ def _plain_types() -> frozenset[type]:
 def _all_storable(arrays: list[npt.NDArray[np.generic]]) -> bool:
     """Whether numpy arrays are all C-contiguous, of dtypes a checkpoint stores (one check per
     distinct dtype)."""
-    return all(a.flags.c_contiguous for a in arrays) and all(
+    return all(map(_C_CONTIGUOUS, arrays)) and all(
         storable_dtype(d.str) for d in set(map(operator.attrgetter("dtype"), arrays))
     )
+
+
+_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 
 
 def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, BlockSpec]]:

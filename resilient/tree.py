@@ -33,7 +33,7 @@ import functools
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -59,7 +59,7 @@ _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 _COMPONENT_RE = re.compile(r"^(?:%|%i-?[0-9]{1,40}|(?:[A-Za-z0-9_.+\-]|%[0-9A-F]{2}){1,1024})\Z")
 _ESCAPE_RE = re.compile(r"%([0-9A-F]{2})")
 _SAFE_RE = re.compile(r"[A-Za-z0-9_.+\-]+\Z")
-_SAFE_LINES_RE = re.compile(r"[A-Za-z0-9_.+\-]+(?:\n[A-Za-z0-9_.+\-]+)*\Z")  # keys, one a line
+_SAFE_BYTES = "".join(sorted(_SAFE)).encode()
 _DOTS_LINE_RE = re.compile(r"^\.+$", re.MULTILINE)
 _MAX_PATH = 8192
 
@@ -273,7 +273,7 @@ def _plain_mapping(
     keys = tuple(mapping)
     node = _PLAIN_NODES.get((path, keys))
     if node is None:
-        if not all(type(k) is str for k in keys):
+        if set(map(type, keys)) != {str}:
             return None
         if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
             _PLAIN_NODES.clear()
@@ -283,14 +283,29 @@ def _plain_mapping(
     return node
 
 
+def _all_safe(keys: Sequence[str]) -> bool:
+    """Whether no key needs escaping: each non-empty, of safe characters only, not all dots
+    (C-speed passes over all keys at once: ~0.1 ms for 4,000, against ~1 ms for one regex)."""
+    if not keys:
+        return True
+    if "" in keys:
+        return False
+    joined = "\n".join(keys)
+    if not joined.isascii():
+        return False
+    # deleting every safe character leaves exactly the newlines between the keys if all are safe
+    if len(joined.encode().translate(None, _SAFE_BYTES)) != len(keys) - 1:
+        return False
+    return not ("\n." in joined or joined.startswith(".")) or not _DOTS_LINE_RE.search(joined)
+
+
 def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
     """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached, and
     the paths of the last few nodes too)."""
     key = (path, tuple(keys))
     found = _CHILD_PATHS.get(key)
     if found is None:
-        joined = "\n".join(keys)
-        if _SAFE_LINES_RE.match(joined) and not _DOTS_LINE_RE.search(joined):
+        if _all_safe(keys):
             components: Iterable[str] = keys  # nothing to escape: no call per key
         else:
             components = map(encode_key, keys)

@@ -222,3 +222,13 @@ def test_the_paths_of_a_compact_node_are_its_escaped_keys(keys: list[str], path:
 
     expected = [f"{path}/{encode_key(k)}" if path else encode_key(k) for k in keys]
     assert _child_paths(path, keys) == expected
+
+
+@hypothesis.settings(derandomize=True, max_examples=400, deadline=None)
+@hypothesis.given(st.lists(st.text(alphabet="ab.%-_/\n é0", max_size=5), max_size=6))
+def test_keys_need_no_escape_exactly_when_each_encodes_to_itself(keys: list[str]) -> None:
+    """The one-pass check over all keys of a mapping (the fast path of a state dict's flatten)
+    agrees with escaping each key."""
+    from resilient.tree import _all_safe, encode_key
+
+    assert _all_safe(tuple(keys)) == all(encode_key(k) == k for k in keys)
