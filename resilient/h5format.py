@@ -51,15 +51,20 @@ nodes of 32 entries; 100,000: 391 of 256). HDF5 reads them, and adds to such a f
 
 Layout of a file (every piece of metadata on an 8-byte boundary)::
 
-    superblock | headers of the root and the ranks' groups | headers of the other groups |
-    B-tree nodes | local heaps' prefixes | their data segments | symbol table nodes |
-    dataset headers, by (dtype, rank) | data: rank by rank, datasets in the order given
+    superblock | data: rank by rank, datasets in the order given | headers of the root and the
+    ranks' groups | headers of the other groups | B-tree nodes | local heaps' prefixes | their
+    data segments | symbol table nodes | dataset headers, by (dtype, rank)
 
-All metadata is one run at the start. Datasets of at least 1 MiB (written with ``O_DIRECT``)
-start on 4,096-byte boundaries, smaller ones on 64-byte boundaries one after the other (their
-views are aligned, and 4,000 small arrays are one run of data). The zeros between two datasets,
-if any (when a small one's size is not a multiple of 64), are pieces of their own, so that
-pieces and datasets tile the file (the manifest checks that its segments do).
+The data comes first, right after the 96-byte superblock, so that where each dataset goes
+depends on the shapes and dtypes alone (:func:`place_data`): a save writes its arrays while
+the rest of the metadata, which needs those offsets, is still being built. HDF5 puts no
+constraint on where objects lie; the superblock (at 0) points to the root group's header.
+Datasets of at least 1 MiB (written with ``O_DIRECT``) start on 4,096-byte boundaries, smaller
+ones on 64-byte boundaries one after the other (their views are aligned, and 4,000 small
+arrays are one run of data). The zeros before the first dataset and between two datasets (when
+a small one's size is not a multiple of 64) are pieces of their own, and the zeros after the
+last one belong to the metadata's piece, so that pieces and datasets tile the file (the
+manifest checks that its segments do).
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["ArraySpec", "FileLayout", "Spec", "datatype_message", "plan_file"]
+__all__ = ["ArraySpec", "FileLayout", "Spec", "datatype_message", "place_data", "plan_file"]
 
 DIRECT_MIN = 1 << 20  # datasets from this size are written with O_DIRECT: page-aligned
 PAGE = 4096
@@ -131,8 +136,9 @@ class FileLayout:
 
     Attributes:
         pieces: the bytes that are not datasets' data, as ``(offset, bytes)`` sorted by offset:
-            the metadata (one piece from offset 0, up to the first dataset), then the zeros
-            between datasets, if any. Pieces and non-empty datasets tile the file.
+            the superblock (and zeros up to the first dataset), the zeros between datasets, if
+            any, and the rest of the metadata (from the end of the data to the end of the
+            file). Pieces and non-empty datasets tile the file.
         offsets: per rank, each dataset's data offset (``None`` for an empty dataset).
         size: the file's size.
     """
@@ -161,7 +167,7 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     import numpy as np
 
     tree = _Tree(ranks)
-    datasets = _Datasets(tree)
+    datasets = _Datasets(tree.shapes, tree.dtypes)
     links = _Links(tree)
     n_groups = len(tree.g_parent)
     lk, ik = _choose_k(links.counts)
@@ -170,10 +176,11 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     node_first = np.cumsum(n_nodes) - n_nodes
     total_nodes = int(n_nodes.sum())
 
-    # --- addresses (every structure starts on an 8-byte boundary) ---
+    # --- addresses: the data first, then the metadata (every structure 8-byte aligned) ---
+    offsets, data_end, first_data, gaps = _place_data(datasets.nbytes, _SUPERBLOCK)
+    base = pos = -(-data_end // 8) * 8
     special = [_group_header(tree, g, layout_kind) for g in range(tree.n_special)]
     header_addr = np.zeros(n_groups, np.int64)
-    pos = _SUPERBLOCK
     for g, image in enumerate(special):
         header_addr[g] = pos
         pos += len(image)
@@ -199,25 +206,25 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
         class_base.append(pos)
         datasets.header_addr[c.members] = pos + c.size * np.arange(c.members.size)
         pos += c.size * c.members.size
-    if tree.ranks_dataset:  # its data: with the metadata, before the ranks' data
+    if tree.ranks_dataset:  # its data: with the metadata
         ranks_data = pos
         pos += 8 * len(tree.ranks)
-    offsets, size, first_data, gaps = _place_data(datasets.nbytes, pos)
+    size = pos
 
-    # --- the bytes ---
-    out = _scratch(-(-first_data // 8) * 8)
-    words = out.view("<u8")
+    # --- the bytes: ``out`` holds the metadata, from ``base``; ``words`` from word 0 of the
+    # file (a view that starts ``base`` bytes before ``out``: absolute addresses index it) ---
+    out = _scratch(size - base)
+    words = _Shifted(out.view("<u8"), base // 8)
     superblock = _superblock(lk, ik, size, header_addr[0], btree_addr[0], heap_addr[0])
-    out[:_SUPERBLOCK] = np.frombuffer(superblock, np.uint8)
     if tree.ranks_dataset:
         image = _ranks_dataset(tree.ranks, ranks_data)
-        out[ranks_header : ranks_header + len(image)] = np.frombuffer(image, np.uint8)
-        out[ranks_data : ranks_data + 8 * len(tree.ranks)] = np.array(tree.ranks, "<i8").view(
-            np.uint8
-        )
+        at = ranks_header - base
+        out[at : at + len(image)] = np.frombuffer(image, np.uint8)
+        at = ranks_data - base
+        out[at : at + 8 * len(tree.ranks)] = np.array(tree.ranks, "<i8").view(np.uint8)
     for g, image in enumerate(special):
         a = int(header_addr[g])
-        out[a : a + len(image)] = np.frombuffer(image, np.uint8)
+        out[a - base : a - base + len(image)] = np.frombuffer(image, np.uint8)
         # its first message is the symbol table's: after the prefix and the message header
         words[a // 8 + 3] = btree_addr[g]
         words[a // 8 + 4] = heap_addr[g]
@@ -232,7 +239,8 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
 
     # B-tree nodes: 3 words of header, then key 0, child 0, key 1, ..., child n-1, key n; key 0
     # is "" (heap offset 0) and key i+1 the last name of child i
-    bt = words[int(btree_addr[0]) // 8 :][: btree_words * n_groups].reshape(n_groups, btree_words)
+    at = int(btree_addr[0]) // 8
+    bt = words[at : at + btree_words * n_groups].reshape(n_groups, btree_words)
     bt[:, 0] = np.uint64(_TREE_WORD) | n_nodes.astype(np.uint64) << np.uint64(48)
     bt[:, 1:3] = _UNDEF  # no siblings
     node_group = np.repeat(np.arange(n_groups), n_nodes)
@@ -248,7 +256,8 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     words[hw + 1] = links.heap_data
     words[hw + 2] = _HEAP_FREE_NONE
     words[hw + 3] = heap_data_addr
-    out[heap_data_base : heap_data_base + links.heap_bytes.size] = links.heap_bytes
+    at = heap_data_base - base
+    out[at : at + links.heap_bytes.size] = links.heap_bytes
 
     # symbol table nodes: a word of header ("SNOD", version, count), then 5 words per entry:
     # name's heap offset, object header, cache type, and a group's B-tree and heap
@@ -275,11 +284,61 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
         words[ew[is_group] + 4] = heap_addr[group]
 
     # dataset headers, one block of equal records per class
-    for c, base in zip(datasets.classes, class_base, strict=True):
-        c.fill(out[base : base + c.size * c.members.size], offsets, datasets.nbytes)
+    for c, at in zip(datasets.classes, class_base, strict=True):
+        c.fill(out[at - base : at - base + c.size * c.members.size], offsets, datasets.nbytes)
 
-    pieces = [(0, out[:first_data].tobytes()), *((o, bytes(n)) for o, n in gaps)]
+    # the superblock and the zeros up to the first dataset; the zeros between datasets; the
+    # zeros after the last one (up to 8-byte alignment) and the metadata
+    head = superblock + bytes(first_data - _SUPERBLOCK)
+    tail = bytes(base - data_end) + out.tobytes()
+    pieces = [(0, head), *((o, bytes(n)) for o, n in gaps), (data_end, tail)]
+    if first_data == data_end:  # no data: one piece
+        pieces = [(0, head + tail)]
     return FileLayout(tuple(pieces), tree.offsets(offsets, datasets.nbytes), size)
+
+
+class _Shifted:
+    """A word array indexed by absolute word numbers: ``words[i]`` is ``array[i - shift]``
+    (numpy integer arrays and slices as indices too)."""
+
+    __slots__ = ("array", "shift")
+
+    def __init__(self, array: npt.NDArray[np.uint64], shift: int) -> None:
+        self.array, self.shift = array, shift
+
+    def _at(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return slice(index.start - self.shift, index.stop - self.shift, index.step)
+        return index - self.shift
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.array[self._at(index)]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.array[self._at(index)] = value
+
+
+def place_data(ranks: Sequence[tuple[int, Sequence[Spec]]]) -> dict[int, tuple[int | None, ...]]:
+    """Where :func:`plan_file` puts each rank's datasets (``None`` for an empty one), in the
+    order given, computed from the shapes and dtypes alone (~0.1 ms for 4,000 datasets): the
+    data comes first in the file, so the metadata can be built later.
+
+    Raises:
+        ValueError: an unsupported dtype, a negative dimension, more than 32 dimensions or a
+            dataset too large (the checks of :func:`plan_file` on shapes and dtypes).
+    """
+    shapes: list[tuple[int, ...]] = []
+    dtypes: list[str] = []
+    bounds = [0]
+    for _, specs in ranks:
+        shapes += map(_SHAPE, specs)
+        dtypes += map(_DTYPE, specs)
+        bounds.append(len(shapes))
+    nbytes = _Datasets(shapes, dtypes).nbytes
+    offsets = _place_data(nbytes, _SUPERBLOCK)[0].tolist()
+    for i in (nbytes == 0).nonzero()[0].tolist():
+        offsets[i] = None
+    return {rank: tuple(offsets[bounds[i] : bounds[i + 1]]) for i, (rank, _) in enumerate(ranks)}
 
 
 _NAME, _SHAPE, _DTYPE = (operator.itemgetter(i) for i in range(3))  # ArraySpec's fields
@@ -524,17 +583,16 @@ class _DatasetClass:
 class _Datasets:
     """Every dataset's class, dims, size in bytes and (filled in later) header address."""
 
-    def __init__(self, tree: _Tree) -> None:
+    def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[str]) -> None:
         import numpy as np
 
-        n = self.n = len(tree.names)
-        shapes = tree.shapes
+        n = self.n = len(shapes)
         ndim_list = list(map(len, shapes))
         if n and max(ndim_list) > _MAX_RANK:
             raise ValueError(f"a dataset has more than {_MAX_RANK} dimensions")
         # the usual case: one dtype, one rank (counting is cheaper than a set or a dict)
         one_rank = n > 0 and ndim_list.count(ndim_list[0]) == n
-        one_kind = one_rank and tree.dtypes.count(tree.dtypes[0]) == n
+        one_kind = one_rank and dtypes.count(dtypes[0]) == n
         if one_rank:
             k = ndim_list[0]
             if k == 1:
@@ -547,14 +605,14 @@ class _Datasets:
         if flat.size and flat.min() < 0:
             raise ValueError("a dataset has a negative dimension")
         if one_kind:
-            self.classes = [_DatasetClass(tree.dtypes[0], k)]
+            self.classes = [_DatasetClass(dtypes[0], k)]
             self.classes[0].members = np.arange(n)
             self.classes[0].dims = all_dims
         elif n:
-            kinds = dict.fromkeys(tree.dtypes)  # in order of first use: equal input, equal bytes
+            kinds = dict.fromkeys(dtypes)  # in order of first use: equal input, equal bytes
             number = {d: i for i, d in enumerate(kinds)}
             ndim_arr = np.array(ndim_list, np.int64)
-            code = np.fromiter(map(number.__getitem__, tree.dtypes), np.int64, n) * 64 + ndim_arr
+            code = np.fromiter(map(number.__getitem__, dtypes), np.int64, n) * 64 + ndim_arr
             _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
             by_use = np.argsort(first)  # classes in order of first use
             rank_of = np.empty_like(by_use)
@@ -565,7 +623,7 @@ class _Datasets:
             starts = np.cumsum(ndim_arr) - ndim_arr
             self.classes = []
             for i, f in enumerate(first[by_use].tolist()):
-                c = _DatasetClass(tree.dtypes[f], ndim_list[f])
+                c = _DatasetClass(dtypes[f], ndim_list[f])
                 c.members = by_class[bounds[i] : bounds[i + 1]]
                 c.dims = flat[starts[c.members][:, None] + np.arange(c.ndim)]
                 self.classes.append(c)

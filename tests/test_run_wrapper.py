@@ -22,6 +22,7 @@ from resilient.layout import parse_step_dir
 from resilient.run import _descendants, read_ledger
 from resilient.validate import latest_valid, list_checkpoints
 from tests.mpirun import REPO, clean_env, mpiexec
+from tests.unit.ckutil import flip_dataset_byte
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -289,9 +290,7 @@ def test_async_saves_with_a_local_tier_resume_bit_identically(
                 local.mkdir()
             elif attempt % 3 == 1:  # a local copy went bad (same size: only checksums see it)
                 for data in sorted(local.glob("*/step_*/*.h5"))[-1:]:
-                    raw = bytearray(data.read_bytes())
-                    raw[-64] ^= 0xFF
-                    data.write_bytes(bytes(raw))
+                    flip_dataset_byte(data.parent)
         assert codes[-1] == 0 and codes.count(75) >= 3, codes
         assert field(out) == reference
         flushes = [s for s in (json.loads(line) for line in (ckpt / "saves.jsonl").open())

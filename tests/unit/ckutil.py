@@ -70,3 +70,17 @@ def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     else:
         flat = rng.standard_normal(n) + 1j * rng.standard_normal(n)
     return np.asarray(flat.reshape(shape), dtype=dt)
+
+
+def flip_dataset_byte(step_dir: Path, name: str | None = None) -> None:
+    """Flip one byte in the middle of a dataset (``name``, or the largest) of the checkpoint in
+    ``step_dir``'s first data file: same size, so only a checksum sees it."""
+    from resilient.manifest import parse_manifest
+
+    manifest = parse_manifest((step_dir / "manifest.json").read_text())
+    table = manifest.ranks[0].datasets
+    i = table.names.index(name) if name is not None else table.nbytes.index(max(table.nbytes))
+    path = step_dir / manifest.ranks[0].file
+    data = bytearray(path.read_bytes())
+    data[table.offsets[i] + table.nbytes[i] // 2] ^= 0xFF
+    path.write_bytes(bytes(data))

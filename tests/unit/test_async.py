@@ -15,6 +15,7 @@ from resilient import hdf5
 from resilient.errors import CollectiveError
 from resilient.exitcodes import EXIT_RESUME
 from resilient.manager import CheckpointManager
+from resilient.manifest import parse_manifest
 from resilient.policies import EverySteps, KeepLast
 from resilient.session import Session
 from resilient.validate import latest_valid, list_checkpoints
@@ -217,9 +218,12 @@ def test_a_restart_reuses_the_restored_checkpoints_skeleton(
     with CheckpointManager(root) as m:
         m.save(1, state_of(1))
     if corrupt_metadata:  # HDF5's own bytes (not a dataset): restore still succeeds
-        path = root / "step_00000001" / "rank_00000.h5"
+        step_dir = root / "step_00000001"
+        manifest = parse_manifest((step_dir / "manifest.json").read_text())
+        meta = max(manifest.files[0].meta_segments, key=lambda s: s.length)  # the metadata
+        path = step_dir / "rank_00000.h5"
         data = bytearray(path.read_bytes())
-        data[200] ^= 0xFF
+        data[meta.offset + meta.length // 2] ^= 0xFF
         path.write_bytes(bytes(data))
     created: list[Path] = []
     real = hdf5.create_skeleton

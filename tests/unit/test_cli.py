@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from resilient import CheckpointManager
+from tests.unit.ckutil import flip_dataset_byte
 
 CLI = [sys.executable, "-m", "resilient.cli"]
 
@@ -27,12 +28,6 @@ def root(tmp_path: Path) -> Path:
         for step in (10, 20, 30):
             m.save(step, {"u": np.arange(1000.0) * step}, metrics={"loss": 1.0 / step})
     return r
-
-
-def flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) - 100] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def test_ls_and_status_json(root: Path) -> None:
@@ -54,7 +49,7 @@ def test_latest_verify_and_quarantine_visible(root: Path) -> None:
     assert cli("latest", str(root)).stdout.strip() == str(root / "step_00000030")
     assert cli("latest", str(root), "--step").stdout.strip() == "30"
     assert cli("verify", str(root), "--full").returncode == 0
-    flip_byte(root / "step_00000030" / "rank_00000.h5")
+    flip_dataset_byte(root / "step_00000030")
     quick = cli("verify", str(root), "30")  # sizes still match: quick check passes
     assert quick.returncode == 0
     full = cli("verify", str(root), "30", "--full")

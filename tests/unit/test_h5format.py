@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resilient import h5format, hdf5
-from resilient.h5format import ArraySpec, plan_file
+from resilient.h5format import ArraySpec, place_data, plan_file
 from tests.unit.ckutil import sample
 
 H5DUMP = shutil.which("h5dump")
@@ -281,22 +281,39 @@ def test_large_datasets_are_page_aligned_and_small_ones_packed(tmp_path: Path) -
 
 
 def test_small_datasets_are_one_run_of_data(tmp_path: Path) -> None:
-    """4,000 arrays of 4 KiB: the metadata is one piece, the data one run after it."""
+    """4,000 arrays of 4 KiB: the superblock, the data as one run right after it, then all
+    the rest of the metadata as one piece, to the end of the file."""
     data = {0: {f"model/w{i}": sample("<f8", (512,), i) for i in range(4000)}}
     skeleton = write(tmp_path / "file.h5", data)
-    assert len(skeleton.image) == 1
+    (head_at, head), (meta_at, meta) = skeleton.image
     offsets = sorted(o for o in skeleton.offsets[0].values() if o is not None)
-    assert offsets[0] == len(skeleton.image[0][1])
+    assert head_at == 0 and head[:8] == b"\x89HDF\r\n\x1a\n" and offsets[0] == len(head) == 128
     assert np.all(np.diff(offsets) == 4096)
-    assert skeleton.size == offsets[-1] + 4096
+    assert meta_at == offsets[-1] + 4096 and skeleton.size == meta_at + len(meta)
     check_h5py(tmp_path / "file.h5", data, "self")
+
+
+def test_place_data_gives_the_offsets_of_plan_file() -> None:
+    """The offsets a save writes at before the metadata exists are the file's."""
+    rng = np.random.default_rng(7)
+    kinds = ["<f8", ">i4", "|b1", "<c16", "<f2"]
+    ranks = [
+        (r, [ArraySpec(f"g{i % 3}/d{i}", tuple(int(x) for x in rng.integers(0, 40, size=i % 4)),
+                       kinds[i % 5]) for i in range(60)])
+        for r in (3, 0, 7)
+    ]  # fmt: skip
+    ranks[1][1].append(ArraySpec("huge", (300_000,), "<f8"))  # page-aligned
+    placed = place_data(ranks)
+    planned = plan_file("node", ranks).offsets
+    for r, specs in ranks:
+        assert placed[r] == tuple(planned[r][s.name] for s in specs)
 
 
 def test_odd_sizes_leave_zero_pieces_between_datasets(tmp_path: Path) -> None:
     data = {0: {f"v{i}": sample("<i4", (i + 1,), i) for i in range(40)}}
     skeleton = write(tmp_path / "file.h5", data)
-    assert all(set(b) <= {0} for _, b in skeleton.image[1:])
-    assert len(skeleton.image) > 1
+    assert all(set(b) <= {0} for _, b in skeleton.image[1:-1])  # between superblock, metadata
+    assert len(skeleton.image) > 2
     check_tiling(skeleton, data)
     check_h5py(tmp_path / "file.h5", data, "self")
 

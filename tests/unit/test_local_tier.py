@@ -20,7 +20,7 @@ from resilient.manager import CheckpointManager
 from resilient.policies import KeepLast
 from resilient.tiers import known_local_roots, local_root_of
 from resilient.validate import latest_valid, validate_checkpoint
-from tests.unit.ckutil import assert_state_equal, state_of, static_of
+from tests.unit.ckutil import assert_state_equal, flip_dataset_byte, state_of, static_of
 
 SHM = Path("/dev/shm")
 
@@ -125,10 +125,7 @@ def test_corrupt_local_copy_falls_back_to_the_shared_root(
     m.save(2, state_of(2))
     m.wait()
     crash(m)
-    data = local / "step_00000002" / "rank_00000.h5"
-    raw = bytearray(data.read_bytes())
-    raw[-100] ^= 0xFF  # a flipped bit in the local copy (same size: passes the quick check)
-    data.write_bytes(bytes(raw))
+    flip_dataset_byte(local / "step_00000002")  # same size: passes the quick check
     with caplog.at_level(logging.WARNING), CheckpointManager(shared, local_dir=local_dir) as m:
         step, got = m.restore()
     assert step == 2  # the shared copy of step 2
@@ -145,10 +142,7 @@ def test_flush_refuses_a_corrupt_local_copy(tmp_path: Path, local_dir: Path) -> 
         m.save(2, {**state_of(2), "x": np.ones(2000)})
         m.wait()
         m.save(3, state_of(3))
-        data = local / "step_00000003" / "rank_00000.h5"
-        raw = bytearray(data.read_bytes())
-        raw[-100] ^= 0xFF
-        data.write_bytes(bytes(raw))
+        flip_dataset_byte(local / "step_00000003")
         with pytest.raises(ResilientError, match="checksum mismatch"):
             m.flush()
     record = latest_valid(shared)
