@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilient import hdf5, storage
+from resilient import h5format, hdf5, storage
 from resilient.arrays import (
     fill_leaf,
     leaf_meta,
@@ -182,7 +182,7 @@ class SkeletonCache:
     offsets: tuple[int | None, ...] = ()
     plan: RankPlan | None = None
     group_specs: Mapping[int, tuple[hdf5.Spec, ...]] = field(default_factory=dict)
-    skeleton: hdf5.FileSkeleton | None = None
+    skeleton: Skeleton | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,51 +199,102 @@ class _Skeleton:
     """The leader's answer: the skeleton's generation, and every rank's offsets if it is new."""
 
     generation: int
-    offsets: Mapping[int, Mapping[str, int | None]] | None
+    offsets: Mapping[int, tuple[int | None, ...]] | None  # in each rank's order
+
+
+class Skeleton:
+    """A file's skeleton on its group's leader: built when first asked for (a new structure's,
+    by the leader's write, between two runs of data, while the disk is busy), then kept for
+    the later saves of the same structure. A build that failed fails again when asked."""
+
+    def __init__(self, build: Callable[[], hdf5.FileSkeleton]) -> None:
+        self._build: Callable[[], hdf5.FileSkeleton] | None = build
+        self._built: hdf5.FileSkeleton | None = None
+
+    @classmethod
+    def of(cls, skeleton: hdf5.FileSkeleton) -> Skeleton:
+        """An already built skeleton."""
+        done = cls(lambda: skeleton)
+        done.get()
+        return done
+
+    def get(self) -> hdf5.FileSkeleton:
+        """The skeleton (built now, if it is not yet)."""
+        if self._built is None:
+            assert self._build is not None
+            self._built = self._build()
+            self._build = None
+        return self._built
+
+    @property
+    def usable(self) -> bool:
+        """Whether it is built, or not tried yet (a failed build is not reused)."""
+        return self._built is not None or self._build is not None
 
 
 @dataclass(frozen=True, slots=True)
 class WriteJob:
     """One rank's part of a save, planned: runs here or on a background thread.
 
-    :meth:`run` (:meth:`describe`, then :meth:`write`) does no communication, so it may run on
+    :meth:`run` (:meth:`write`, then :meth:`describe`) does no communication, so it may run on
     any thread; its outcome (or its exception) goes to :func:`finish_set`. A blocking save
-    describes here and writes on a thread, so that the manifest is built while the data goes
-    to disk.
+    writes here, hands the fsync to a thread and describes meanwhile.
     """
 
     path: Path
     plan: RankPlan
     offsets: Sequence[int | None]  # in the plan's order
     arrays: Mapping[str, npt.NDArray[np.generic]]
-    skeleton: hdf5.FileSkeleton | None  # the group's leader writes HDF5's own bytes
-    file: FileWritten | None
+    skeleton: Skeleton | None  # the group's leader writes HDF5's own bytes
+    members: tuple[int, ...] = ()  # the group's ranks, on its leader
 
     def run(self) -> RankWritten:
-        """:meth:`describe`, then :meth:`write`."""
-        written = self.describe()
+        """:meth:`write`, then :meth:`describe`."""
         self.write()
-        return written
+        return self.describe()
 
-    def describe(self) -> RankWritten:
-        """Checksum this rank's arrays (Block leaves also by stripes of rows): its manifest entry
-        (no I/O)."""
-        digests = digest_arrays(list(map(self.arrays.__getitem__, self.plan.names)))
+    def describe(self, digests: Sequence[str] | None = None) -> RankWritten:
+        """This rank's manifest entry: checksums of its arrays (``digests``, if already taken;
+        Block leaves also by stripes of rows), and on the leader its file (after
+        :meth:`write`: the skeleton may be built there). No I/O."""
+        if digests is None:
+            digests = digest_arrays(list(map(self.arrays.__getitem__, self.plan.names)))
         stripes = {}
         for k in self.plan.striped:
             arr = self.arrays[k]
             rows = stripe_rows(arr.shape, arr.dtype.itemsize)
             stripes[k] = Stripes(rows, tuple(digest_stripes(arr, rows)))
         entry = self.plan.entry(self.path.name, self.offsets, digests, stripes)
-        return RankWritten(entry, self.file)
+        file = None
+        if self.skeleton is not None:
+            built = self.skeleton.get()
+            file = FileWritten(self.path.name, built.size, built.meta_segments, self.members)
+        return RankWritten(entry, file)
 
-    def write(self, *, sync: bool = True) -> None:
-        """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
-        fsync (or not: then :meth:`sync` must follow)."""
+    def digests_alongside(self, parts: int = 8) -> tuple[list[Callable[[], None]], list[str]]:
+        """Tasks that checksum this rank's arrays in ``parts`` slices (for :meth:`write` to run
+        between its runs of data), and the list they fill, in plan order."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
+        out = [""] * len(arrays)
+        step = max(1, -(-len(arrays) // parts))
+
+        def task(lo: int) -> Callable[[], None]:
+            def run() -> None:
+                out[lo : lo + step] = digest_arrays(arrays[lo : lo + step])
+
+            return run
+
+        return [task(lo) for lo in range(0, len(arrays), step)], out
+
+    def write(self, *, sync: bool = True, alongside: Sequence[Callable[[], None]] = ()) -> None:
+        """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
+        fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
+        disk writes (see :func:`hdf5.write_file`)."""
+        arrays = list(map(self.arrays.__getitem__, self.plan.names))
+        skeleton = self.skeleton.get if self.skeleton is not None else None
         storage.retry_io(
             lambda: hdf5.write_file(
-                self.path, self.offsets, arrays, skeleton=self.skeleton, sync=sync
+                self.path, self.offsets, arrays, skeleton=skeleton, sync=sync, alongside=alongside
             ),
             what=f"writing {self.path}",
         )
@@ -279,20 +330,20 @@ def plan_write(
     )
     if answer.offsets is not None:
         cache.specs = plan.specs
-        cache.offsets = tuple(map(answer.offsets[plan.rank].__getitem__, plan.names))
+        cache.offsets = answer.offsets[plan.rank]
     cache.generation = answer.generation
     skeleton = cache.skeleton if leader else None
-    file = None
-    if leader:
-        assert skeleton is not None
-        file = FileWritten(topo.file_name, skeleton.size, skeleton.meta_segments, topo.members)
-    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, file)
+    assert skeleton is not None or not leader
+    members = topo.members if leader else ()
+    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members)
 
 
 def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache) -> _Skeleton:
     """Leader: reuse the cached skeleton if every rank offers the same structure, else create."""
-    current = cache.skeleton is not None and all(
-        o.specs is None and o.generation == cache.generation for o in offers
+    current = (
+        cache.skeleton is not None
+        and cache.skeleton.usable
+        and all(o.specs is None and o.generation == cache.generation for o in offers)
     )
     if current:
         return _Skeleton(cache.generation, None)
@@ -303,15 +354,16 @@ def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonC
     if missing:  # a rank's "as last time" refers to a skeleton this leader no longer has
         raise RuntimeError(f"planning {path.name}: no cached structure for ranks {missing}")
     members = [(r, s) for r, s in specs.items() if s is not None]
-    skeleton = storage.retry_io(
-        lambda: hdf5.create_skeleton(path, layout_kind=kind, ranks=members),
+    offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
+    storage.retry_io(
+        lambda: hdf5.create_file(path),
         what=f"creating {path}",
         cleanup=lambda: path.unlink(missing_ok=True),
     )
     cache.generation += 1
     cache.group_specs = dict(members)
-    cache.skeleton = skeleton
-    return _Skeleton(cache.generation, skeleton.offsets)
+    cache.skeleton = Skeleton(lambda: hdf5.build_skeleton(kind, members))
+    return _Skeleton(cache.generation, offsets)
 
 
 def planned(plan: Callable[[], WriteJob]) -> Callable[[], WriteJob]:
@@ -693,4 +745,5 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
     if all(
         digest_bytes(b) == s.checksum for (_, b), s in zip(image, entry.meta_segments, strict=True)
     ):
-        cache.skeleton = hdf5.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
+        built = hdf5.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
+        cache.skeleton = Skeleton.of(built)

@@ -46,7 +46,9 @@ __all__ = [
     "fsync_file",
     "GlobalDataset",
     "VirtualSource",
+    "build_skeleton",
     "copy_ranges",
+    "create_file",
     "create_skeleton",
     "rank_group_name",
     "read_many",
@@ -79,39 +81,45 @@ class FileSkeleton:
     image: tuple[tuple[int, bytes], ...] = ()
 
 
-def create_skeleton(
-    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]
-) -> FileSkeleton:
-    """Create the file for a group of ranks, of its final size, and describe it.
-
-    The file holds the structure only (the layout, the ranks, their datasets); the step and the
-    JSON values of a checkpoint are in its manifest. :mod:`resilient.h5format` computes HDF5's
-    metadata (h5py took ~26 us per dataset; that takes ~0.7 us). The metadata is not
-    written here: the leader's :func:`write_file` writes :attr:`FileSkeleton.image` (as it does
-    when the skeleton comes from the cache), so writing it here too would write it twice (the
-    0.7 MB of 4,000 datasets: 0.14 ms more); the other ranks' writers create the file if they
-    come first.
+def build_skeleton(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> FileSkeleton:
+    """The skeleton of the file of a group of ranks (no I/O): the structure only (the layout,
+    the ranks, their datasets); the step and the JSON values of a checkpoint are in its
+    manifest. :mod:`resilient.h5format` computes HDF5's metadata (h5py took ~26 us per
+    dataset; that takes ~0.7 us); its dataset offsets are :func:`h5format.place_data`'s.
 
     Args:
-        path: the file to create (must not exist).
         layout_kind: ``self``, ``node``, ``world`` or ``custom`` (stored as an attribute).
         ranks: per rank of the group, its rank and its array specs.
 
     Raises:
         ValueError: a name HDF5 cannot hold, or another structure it cannot (see
             :func:`resilient.h5format.plan_file`).
-        FileExistsError: ``path`` exists.
     """
     planned = h5format.plan_file(layout_kind, ranks)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.ftruncate(fd, planned.size)
-    finally:
-        os.close(fd)
     meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in planned.pieces)
     return FileSkeleton(
         offsets=planned.offsets, meta_segments=meta, size=planned.size, image=planned.pieces
     )
+
+
+def create_file(path: Path) -> None:
+    """Create an empty file (its group's writers fill it).
+
+    Raises:
+        FileExistsError: ``path`` exists (a second writer of one directory).
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+
+
+def create_skeleton(
+    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]
+) -> FileSkeleton:
+    """:func:`build_skeleton`, and create the file (must not exist) at its final size. The
+    metadata is not written here: the leader's :func:`write_file` writes it."""
+    skeleton = build_skeleton(layout_kind, ranks)
+    create_file(path)
+    os.truncate(path, skeleton.size)
+    return skeleton
 
 
 _DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT
@@ -153,17 +161,23 @@ def write_file(
     offsets: Sequence[int | None],
     arrays: Sequence[npt.NDArray[np.generic]],
     *,
-    skeleton: FileSkeleton | None = None,
+    skeleton: Callable[[], FileSkeleton] | None = None,
     direct: bool = True,
     sync: bool = True,
+    alongside: Sequence[Callable[[], None]] = (),
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path`` (``None``: an empty array,
     nothing to write), then fsync (unless ``sync`` is false: then :func:`fsync_file` must follow
     before the file counts).
 
     Several ranks may write parts of one file concurrently, in any order: the file is created
-    if missing and never truncated by a writer. The group's leader passes ``skeleton``: it
-    writes HDF5's own bytes (the cached :attr:`FileSkeleton.image`) and sets the file's size.
+    if missing and never truncated by a writer. The group's leader passes ``skeleton``, which
+    gives the file's :class:`FileSkeleton` (perhaps building it): its HDF5 bytes (the cached
+    :attr:`FileSkeleton.image`) are written after the data, and the file gets its size.
+
+    The data is written in runs whose writeback starts at once (:func:`_pwrite_runs`); while
+    the disk works, the CPU work of the save is done between two runs: ``skeleton`` after the
+    first run, then one task of ``alongside`` after each run (those left, after the last).
 
     Large arrays go through ``O_DIRECT`` when the filesystem allows it: buffered writers to one
     shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
@@ -181,13 +195,11 @@ def write_file(
     starts = cast("list[int]", list(offsets))
     bufs: list[_Buffer] = list(arrs)
     sizes = np.fromiter(map(_NBYTES, bufs), np.int64, len(bufs))
+    work = ([skeleton] if skeleton is not None else []) + list(alongside)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     dfd = None
     try:
         extra: list[tuple[int, _Buffer]] = []
-        if skeleton is not None:
-            extra += [(offset, memoryview(data)) for offset, data in skeleton.image]
-            os.ftruncate(fd, skeleton.size)
         large = np.flatnonzero(sizes >= _DIRECT_MIN).tolist() if direct else []
         if large:
             dfd = _open_direct(path)
@@ -210,7 +222,15 @@ def write_file(
             starts += [o for o, _ in extra]
             bufs += [v for _, v in extra]
             sizes = np.concatenate([sizes, np.array([v.nbytes for _, v in extra], np.int64)])
-        _pwrite_runs(fd, starts, bufs, sizes)
+        _pwrite_runs(fd, starts, bufs, sizes, between=lambda: work and work.pop(0)())
+        while work:
+            work.pop(0)()
+        if skeleton is not None:
+            built = skeleton()
+            os.ftruncate(fd, built.size)
+            image: list[_Buffer] = [memoryview(data) for _, data in built.image]
+            at = [offset for offset, _ in built.image]
+            _pwrite_runs(fd, at, image, np.array([len(v) for v in image], np.int64))
         if sync:
             os.fsync(fd)
     finally:
@@ -235,7 +255,12 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 102
 
 
 def _pwrite_runs(
-    fd: int, offsets: list[int], bufs: list[_Buffer], sizes: npt.NDArray[np.int64]
+    fd: int,
+    offsets: list[int],
+    bufs: list[_Buffer],
+    sizes: npt.NDArray[np.int64],
+    *,
+    between: Callable[[], Any] | None = None,
 ) -> None:
     """Write each buffer (a C-contiguous array or a byte view; ``sizes``: their byte counts) at
     its offset, one ``pwritev`` per run of adjacent ones: a state of 4,000 small arrays is a few
@@ -243,10 +268,11 @@ def _pwrite_runs(
     and the runs are found with numpy (no Python per array).
 
     A run holds at most IOV_MAX buffers and, unless one buffer is larger,
-    :data:`_WRITEBACK_BYTES`. After each run the kernel is asked to start writing its whole
-    pages to the device (:func:`_start_writeback`): the disk works while the next run is
-    copied, and the final fsync only waits for the tail. Measured here, write + fsync of 62 MiB
-    of 64 KiB arrays took 23 ms this way against 33-40 ms for one write, then fsync."""
+    :data:`_WRITEBACK_BYTES`; ``between`` is called after each. After each run the kernel is
+    asked to start writing its whole pages to the device (:func:`_start_writeback`): the disk
+    works while the next run is copied, and the final fsync only waits for the tail. Measured
+    here, write + fsync of 62 MiB of 64 KiB arrays took 23 ms this way against 33-40 ms for
+    one write, then fsync."""
     import numpy as np
 
     start = np.array(offsets, np.int64)
@@ -268,6 +294,8 @@ def _pwrite_runs(
             low, high = first - first % _PAGE, last - last % _PAGE
             if high > low:  # a partial last page is written again by the next run: leave it
                 _start_writeback(fd, low, high - low)
+            if between is not None:  # the disk is busy with this run: time for other work
+                between()
             a = b
 
 

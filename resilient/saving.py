@@ -180,15 +180,17 @@ class SavePipeline:
             job = outcome()
             staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
             outcome = lambda: staged  # noqa: E731
-        if blocking:  # the bytes are written here, then fsynced on the writer thread while
-            # checksums and the manifest are made here (they only read the arrays)
+        if blocking:  # the bytes are written here, checksummed between the runs of the
+            # write (while the disk works), then fsynced on the writer thread while the
+            # manifest is made here
             syncing: list[Future[None]] = []
 
             def write_then_describe() -> RankWritten:
                 job = outcome()
-                job.write(sync=False)
+                hashing, digests = job.digests_alongside()
+                job.write(sync=False, alongside=hashing)
                 syncing.append(self._writer.submit(job.sync, started=True))
-                return job.describe()
+                return job.describe(digests)
 
             task = self._writer.submit(write_then_describe, inline=True)
             written = syncing[0] if syncing else None

@@ -184,14 +184,14 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
 def test_unchanged_structure_reuses_the_file_skeleton(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    created: list[Path] = []
-    real = hdf5.create_skeleton
+    created: list[str] = []
+    real = hdf5.build_skeleton
 
-    def counting(path: Path, **kwargs: Any) -> hdf5.FileSkeleton:
-        created.append(path)
-        return real(path, **kwargs)
+    def counting(kind: str, ranks: Any) -> hdf5.FileSkeleton:
+        created.append(kind)
+        return real(kind, ranks)
 
-    monkeypatch.setattr(hdf5, "create_skeleton", counting)
+    monkeypatch.setattr(hdf5, "build_skeleton", counting)
     with CheckpointManager(tmp_path) as m:
         for step in range(1, 4):
             m.save(step, state_of(step), blocking=step % 2 == 0)
@@ -225,14 +225,14 @@ def test_a_restart_reuses_the_restored_checkpoints_skeleton(
         data = bytearray(path.read_bytes())
         data[meta.offset + meta.length // 2] ^= 0xFF
         path.write_bytes(bytes(data))
-    created: list[Path] = []
-    real = hdf5.create_skeleton
+    created: list[str] = []
+    real = hdf5.build_skeleton
 
-    def counting(path: Path, **kwargs: Any) -> hdf5.FileSkeleton:
-        created.append(path)
-        return real(path, **kwargs)
+    def counting(kind: str, ranks: Any) -> hdf5.FileSkeleton:
+        created.append(kind)
+        return real(kind, ranks)
 
-    monkeypatch.setattr(hdf5, "create_skeleton", counting)
+    monkeypatch.setattr(hdf5, "build_skeleton", counting)
     with CheckpointManager(root) as m:  # a new process, as after a requeue
         step, got = m.restore()
         assert step == 1

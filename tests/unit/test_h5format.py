@@ -62,7 +62,7 @@ def write(
             offset = skeleton.offsets[r][k]
             if offset is not None:
                 items.append((offset, arr))
-    hdf5.write_file(path, [o for o, _ in items], [a for _, a in items], skeleton=skeleton)
+    hdf5.write_file(path, [o for o, _ in items], [a for _, a in items], skeleton=lambda: skeleton)
     return skeleton
 
 

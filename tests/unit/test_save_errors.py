@@ -112,8 +112,9 @@ def test_eio_from_the_data_files_fsync(
 def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the checksums are taken after the bytes were handed to the writer thread: when that
-    # fails, the save waits for the thread before it raises (no writer outlives its save)
+    # the manifest entry is made after the bytes were handed to the writer thread for their
+    # fsync: when that fails, the save waits for the thread before it raises (no writer
+    # outlives its save)
     root, m = two_steps
     before = entries(root)
     synced: list[str] = []
@@ -124,11 +125,11 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
         real_fsync(path)
         synced.append(path.name)
 
-    def broken(arrays: Any) -> list[str]:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("checksum unit on fire")
 
     monkeypatch.setattr("resilient.hdf5.fsync_file", slow_fsync)
-    monkeypatch.setattr("resilient.checkpointer.digest_arrays", broken)
+    monkeypatch.setattr("resilient.checkpointer.RankPlan.entry", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3))
     assert synced == ["rank_00000.h5"]  # the fsync had finished when save() raised
@@ -388,3 +389,22 @@ def test_non_finite_json_values_are_rejected_up_front_or_round_trip(
         step, state = m.restore()
     assert step == 1
     assert repr(state["v"]) == repr(value)
+
+
+def test_a_checksum_failure_while_writing_loses_nothing(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the checksums are taken between the runs of the data's write: a failure there fails the
+    # save cleanly, with nothing left behind and the older checkpoints intact
+    root, m = two_steps
+    before = entries(root)
+
+    def broken(arrays: Any) -> list[str]:
+        raise RuntimeError("checksum unit on fire")
+
+    monkeypatch.setattr("resilient.checkpointer.digest_arrays", broken)
+    with pytest.raises(CollectiveError, match="checksum unit on fire"):
+        m.save(3, state_of(3))
+    monkeypatch.undo()
+    assert leftovers(root) == [] and entries(root) == before
+    assert_step_2_restores(root, m)
