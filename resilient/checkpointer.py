@@ -59,8 +59,7 @@ from resilient.manifest import (
     RankEntry,
     Segment,
     Stripes,
-    combine_checksums,
-    file_segments,
+    file_checksum_text,
 )
 from resilient.payload import LocalData
 from resilient.staging import allocate
@@ -504,7 +503,7 @@ def build_manifest(
         FileEntry(
             f.name,
             f.size,
-            digest_text(combine_checksums([s[:3] for s in file_segments(draft, f)])),
+            digest_text(file_checksum_text(draft, f)),
             f.ranks,
             f.meta_segments,
         )
@@ -725,7 +724,7 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
         return
     tables = {r: manifest.ranks[r].datasets for r in topo.members}
     specs = {r: tuple(zip(t.names, t.shapes, t.dtypes, strict=True)) for r, t in tables.items()}
-    offsets = {r: dict(zip(t.names, t.offsets, strict=True)) for r, t in tables.items()}
+    offsets = {r: t.offsets for r, t in tables.items()}
     rank = topo.comm.rank
     cache.generation += 1
     cache.specs = specs[rank]

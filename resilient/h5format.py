@@ -139,12 +139,13 @@ class FileLayout:
             the superblock (and zeros up to the first dataset), the zeros between datasets, if
             any, and the rest of the metadata (from the end of the data to the end of the
             file). Pieces and non-empty datasets tile the file.
-        offsets: per rank, each dataset's data offset (``None`` for an empty dataset).
+        offsets: per rank, its datasets' data offsets in the order given (``None`` for an
+            empty dataset).
         size: the file's size.
     """
 
     pieces: tuple[tuple[int, bytes], ...]
-    offsets: dict[int, dict[str, int | None]]
+    offsets: dict[int, tuple[int | None, ...]]
     size: int
 
 
@@ -294,7 +295,8 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     pieces = [(0, head), *((o, bytes(n)) for o, n in gaps), (data_end, tail)]
     if first_data == data_end:  # no data: one piece
         pieces = [(0, head + tail)]
-    return FileLayout(tuple(pieces), tree.offsets(offsets, datasets.nbytes), size)
+    by_rank = _by_rank(offsets, datasets.nbytes, tree.bounds, tree.ranks)
+    return FileLayout(tuple(pieces), by_rank, size)
 
 
 class _Shifted:
@@ -335,10 +337,21 @@ def place_data(ranks: Sequence[tuple[int, Sequence[Spec]]]) -> dict[int, tuple[i
         dtypes += map(_DTYPE, specs)
         bounds.append(len(shapes))
     nbytes = _Datasets(shapes, dtypes).nbytes
-    offsets = _place_data(nbytes, _SUPERBLOCK)[0].tolist()
+    offsets = _place_data(nbytes, _SUPERBLOCK)[0]
+    return _by_rank(offsets, nbytes, bounds, [rank for rank, _ in ranks])
+
+
+def _by_rank(
+    offsets: npt.NDArray[np.int64],
+    nbytes: npt.NDArray[np.int64],
+    bounds: list[int],
+    ranks: list[int],
+) -> dict[int, tuple[int | None, ...]]:
+    """Per rank, its datasets' offsets in order (``None`` for an empty one)."""
+    values: list[int | None] = offsets.tolist()
     for i in (nbytes == 0).nonzero()[0].tolist():
-        offsets[i] = None
-    return {rank: tuple(offsets[bounds[i] : bounds[i + 1]]) for i, (rank, _) in enumerate(ranks)}
+        values[i] = None
+    return {rank: tuple(values[bounds[i] : bounds[i + 1]]) for i, rank in enumerate(ranks)}
 
 
 _NAME, _SHAPE, _DTYPE = (operator.itemgetter(i) for i in range(3))  # ArraySpec's fields
@@ -435,19 +448,6 @@ class _Tree:
             found = self._new_group(self._subgroup(paths, rank_group, head), last)
             paths[(rank_group, path)] = found
         return found
-
-    def offsets(
-        self, offsets: npt.NDArray[np.int64], nbytes: npt.NDArray[np.int64]
-    ) -> dict[int, dict[str, int | None]]:
-        """Per rank, each dataset's offset (``None`` if empty)."""
-        values: list[int | None] = offsets.tolist()
-        for i in (nbytes == 0).nonzero()[0].tolist():
-            values[i] = None
-        b = self.bounds
-        return {
-            rank: dict(zip(self.names[b[i] : b[i + 1]], values[b[i] : b[i + 1]], strict=True))
-            for i, rank in enumerate(self.ranks)
-        }
 
 
 def _check_paths(raw: bytes, text: npt.NDArray[np.uint8], names: list[str]) -> None:

@@ -75,7 +75,7 @@ class FileSkeleton:
         image: the bytes of ``meta_segments``, as ``(offset, bytes)``.
     """
 
-    offsets: Mapping[int, Mapping[str, int | None]]
+    offsets: Mapping[int, tuple[int | None, ...]]
     meta_segments: tuple[Segment, ...]
     size: int
     image: tuple[tuple[int, bytes], ...] = ()

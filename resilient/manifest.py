@@ -810,6 +810,41 @@ def _tiles(manifest: Manifest, entry: FileEntry) -> bool:
     return bool(offset[0] == 0 and end[-1] == entry.size and np.array_equal(offset[1:], end[:-1]))
 
 
+def file_checksum_text(manifest: Manifest, entry: FileEntry) -> str:
+    """:func:`combine_checksums` of all segments of one file (what its checksum is taken of),
+    from the columns: the same text as from :func:`file_segments`, ~3x faster."""
+    import numpy as np
+
+    offsets = [s.offset for s in entry.meta_segments]
+    lengths = [s.length for s in entry.meta_segments]
+    checksums = [s.checksum for s in entry.meta_segments]
+    for r in entry.ranks:
+        table = manifest.ranks[r].datasets
+        if manifest.ranks[r].file != entry.name or not table:
+            continue
+        if 0 in table.nbytes:  # empty datasets own no segment
+            keep = [i for i, n in enumerate(table.nbytes) if n]
+            offsets += [table.offsets[i] for i in keep]  # type: ignore[misc]
+            lengths += [table.nbytes[i] for i in keep]
+            digests = table.checksums
+            checksums += [digests[i] for i in keep]
+        else:
+            offsets += table.offsets  # type: ignore[arg-type]
+            lengths += table.nbytes
+            checksums += table.checksums
+    if not offsets:
+        return ""
+    order = np.argsort(np.array(offsets, np.int64), kind="stable")
+    if not (np.diff(order) == 1).all():
+        pick = operator.itemgetter(*order.tolist())
+        offsets, lengths, checksums = (
+            list(pick(offsets)),
+            list(pick(lengths)),
+            list(pick(checksums)),
+        )
+    return combine_checksums(list(zip(offsets, lengths, checksums, strict=True)))
+
+
 def combine_checksums(segments: Sequence[tuple[int, int, str]]) -> str:
     """Canonical text whose checksum is a file's checksum (see :class:`FileEntry`)."""
     if not segments:

@@ -23,7 +23,10 @@ from resilient.manifest import (
     ManifestError,
     RankEntry,
     Segment,
+    combine_checksums,
     dtype_itemsize,
+    file_checksum_text,
+    file_segments,
     parse_manifest,
 )
 from resilient.tree import is_valid_path
@@ -419,3 +422,23 @@ def test_legal_file_names_are_accepted() -> None:
         doc = sample_doc()
         _set_file_name(name)(doc)
         assert parse_manifest(json.dumps(doc)).files[0].name == name
+
+
+def test_file_checksum_text_from_the_columns_is_the_segments() -> None:
+    """Two ranks in one file (datasets interleaved, an empty one), a file of its own: the text
+    built from the columns is the one built segment by segment (what --full verifies)."""
+    m = sample_manifest()
+    for f in m.files:
+        want = combine_checksums([s[:3] for s in file_segments(m, f)])
+        assert file_checksum_text(m, f) == want and want.startswith("0:")
+
+
+def test_file_checksum_text_of_a_real_save(tmp_path: Path) -> None:
+    state = {f"w{i}": np.full(i % 7, i, dtype=np.int16) for i in range(300)}  # some empty
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, state)
+    manifest = parse_manifest((tmp_path / "step_00000001" / "manifest.json").read_text())
+    (f,) = manifest.files
+    assert file_checksum_text(manifest, f) == combine_checksums(
+        [s[:3] for s in file_segments(manifest, f)]
+    )
