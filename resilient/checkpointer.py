@@ -270,25 +270,33 @@ class WriteJob:
             file = FileWritten(self.path.name, built.size, built.meta_segments, self.members)
         return RankWritten(entry, file)
 
-    def digests_alongside(self, parts: int = 8) -> tuple[list[Callable[[], None]], list[str]]:
-        """Tasks that checksum this rank's arrays in ``parts`` slices (for :meth:`write` to run
-        between its runs of data), and the list they fill, in plan order."""
+    def digests_alongside(self, parts: int = 8) -> tuple[list[Callable[[], None]], Digests]:
+        """Checksums of this rank's arrays taken while :meth:`write` writes them: those of 1 MiB
+        or more on a helper thread from now on (they are written with ``O_DIRECT``, and both
+        release the GIL), the others in ``parts`` tasks for :meth:`write` to run between its
+        runs of data. Run the tasks :meth:`write` left, then take the digests (plan order)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
-        out = [""] * len(arrays)
-        step = max(1, -(-len(arrays) // parts))
+        digests = Digests(len(arrays))
+        index: Sequence[int] = range(len(arrays))
+        if arrays and max(self.plan.nbytes) >= h5format.DIRECT_MIN:
+            big = [i for i, n in enumerate(self.plan.nbytes) if n >= h5format.DIRECT_MIN]
+            digests.add(big, [arrays[i] for i in big])
+            index = [i for i, n in enumerate(self.plan.nbytes) if n < h5format.DIRECT_MIN]
+        step = max(1, -(-len(index) // parts))
 
-        def task(lo: int) -> Callable[[], None]:
-            def run() -> None:
-                out[lo : lo + step] = digest_arrays(arrays[lo : lo + step])
+        def task(part: Sequence[int]) -> Callable[[], None]:
+            if isinstance(part, range):  # all small: slices, no Python per array
+                return lambda: digests.put(part, digest_arrays(arrays[part.start : part.stop]))
+            return lambda: digests.put(part, digest_arrays([arrays[i] for i in part]))
 
-            return run
+        return [task(index[lo : lo + step]) for lo in range(0, len(index), step)], digests
 
-        return [task(lo) for lo in range(0, len(arrays), step)], out
-
-    def write(self, *, sync: bool = True, alongside: Sequence[Callable[[], None]] = ()) -> None:
+    def write(
+        self, *, sync: bool = True, alongside: list[Callable[[], None]] | None = None
+    ) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
-        disk writes (see :func:`hdf5.write_file`)."""
+        disk writes, popped as it is done (see :func:`hdf5.write_file`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
         storage.retry_io(

@@ -61,7 +61,7 @@ class Digests:
     """Checksums of arrays handed over as they are read, taken on a helper thread meanwhile
     (the read runs in the kernel, xxh3 in C: both release the GIL), kept by position.
 
-    Not thread-safe: one reader calls :meth:`add`, then :meth:`result`.
+    Not thread-safe: one reader calls :meth:`add` (and :meth:`put`), then :meth:`result`.
     """
 
     def __init__(self, count: int) -> None:
@@ -74,7 +74,14 @@ class Digests:
         self._jobs.append(_helper().submit(self._put, positions, arrays))
 
     def _put(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
-        for p, digest in zip(positions, digest_arrays(list(arrays)), strict=True):
+        self.put(positions, digest_arrays(list(arrays)))
+
+    def put(self, positions: Sequence[int], digests: Sequence[str]) -> None:
+        """Digests taken by the caller, at ``positions``."""
+        if isinstance(positions, range) and positions.step == 1 and len(digests) == len(positions):
+            self._out[positions.start : positions.stop] = digests
+            return
+        for p, digest in zip(positions, digests, strict=True):
             self._out[p] = digest
 
     def result(self) -> list[str]:

@@ -164,7 +164,7 @@ def write_file(
     skeleton: Callable[[], FileSkeleton] | None = None,
     direct: bool = True,
     sync: bool = True,
-    alongside: Sequence[Callable[[], None]] = (),
+    alongside: list[Callable[[], None]] | None = None,
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path`` (``None``: an empty array,
     nothing to write), then fsync (unless ``sync`` is false: then :func:`fsync_file` must follow
@@ -177,7 +177,8 @@ def write_file(
 
     The data is written in runs whose writeback starts at once (:func:`_pwrite_runs`); while
     the disk works, the CPU work of the save is done between two runs: ``skeleton`` after the
-    first run, then one task of ``alongside`` after each run (those left, after the last).
+    first run, then one task popped from ``alongside`` after each run (those left are the
+    caller's, to run while the fsync runs).
 
     Large arrays go through ``O_DIRECT`` when the filesystem allows it: buffered writers to one
     shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
@@ -195,7 +196,7 @@ def write_file(
     starts = cast("list[int]", list(offsets))
     bufs: list[_Buffer] = list(arrs)
     sizes = np.fromiter(map(_NBYTES, bufs), np.int64, len(bufs))
-    work = ([skeleton] if skeleton is not None else []) + list(alongside)
+    work: list[Callable[[], Any]] = [skeleton] if skeleton is not None else []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     dfd = None
     try:
@@ -222,9 +223,14 @@ def write_file(
             starts += [o for o, _ in extra]
             bufs += [v for _, v in extra]
             sizes = np.concatenate([sizes, np.array([v.nbytes for _, v in extra], np.int64)])
-        _pwrite_runs(fd, starts, bufs, sizes, between=lambda: work and work.pop(0)())
-        while work:
-            work.pop(0)()
+
+        def between() -> None:
+            if work:
+                work.pop(0)()
+            elif alongside:
+                alongside.pop(0)()
+
+        _pwrite_runs(fd, starts, bufs, sizes, between=between)
         if skeleton is not None:
             built = skeleton()
             os.ftruncate(fd, built.size)
@@ -290,7 +296,7 @@ def _pwrite_runs(
             b = int(np.searchsorted(end[a:stop], start[a] + _WRITEBACK_BYTES, "right")) + a
             b = min(max(b, a + 1), a + _IOV_MAX, stop)
             first, last = int(start[a]), int(end[b - 1])
-            _pwritev_all(fd, bufs[a:b], first)
+            _pwritev_all(fd, bufs[a:b], first, last - first)
             low, high = first - first % _PAGE, last - last % _PAGE
             if high > low:  # a partial last page is written again by the next run: leave it
                 _start_writeback(fd, low, high - low)
@@ -328,10 +334,14 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         func(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
-def _pwritev_all(fd: int, bufs: list[_Buffer], pos: int) -> None:
+def _pwritev_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = None) -> None:
+    """Write ``bufs`` from ``pos`` on (``total``: their byte count, if the caller knows it)."""
     first = 0
     while first < len(bufs):
         n = os.pwritev(fd, bufs[first:], pos)  # type: ignore[arg-type]  # numpy: a buffer
+        if n == total:  # all of it (the usual case): no walk over the pieces
+            return
+        total = None
         pos += n
         while first < len(bufs) and n >= bufs[first].nbytes:
             n -= bufs[first].nbytes

@@ -188,9 +188,14 @@ class SavePipeline:
             def write_then_describe() -> RankWritten:
                 job = outcome()
                 hashing, digests = job.digests_alongside()
-                job.write(sync=False, alongside=hashing)
+                try:
+                    job.write(sync=False, alongside=hashing)
+                finally:
+                    digests.result()  # no thread reads the arrays once this returns (or raises)
                 syncing.append(self._writer.submit(job.sync, started=True))
-                return job.describe(digests)
+                for task in hashing:  # what the write left: done while the fsync runs
+                    task()
+                return job.describe(digests.result())
 
             task = self._writer.submit(write_then_describe, inline=True)
             written = syncing[0] if syncing else None
