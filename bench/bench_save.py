@@ -151,14 +151,16 @@ PHASES: dict[str, str] = {
     "restore": "CheckpointManager.restore, whole call",
     "try_read": "Restorer._try_read: this rank's piece read, verified, judged",
     "read_rank": "checkpointer.read_rank: allocate, read, verify",
-    "h5.preadv": "os.preadv in hdf5.read_into (page faults of the new array included)",
-    "save_set": "checkpointer.save_set (plan, skeleton, pwrite, fsync, gather, commit)",
-    "digest": "xxh3 of the rank's arrays (checkpointer.digest_array)",
-    "skeleton": "hdf5.create_skeleton: HDF5 metadata planned (h5format) + file created (leader)",
-    "h5.pwrite": "os.pwrite in hdf5.write_file (copy into the page cache)",
+    "h5.preadv": "os.preadv in hdf5.read_new/read_many (page faults of new arrays included)",
+    "save_set": "SavePipeline.start (plan, write, fsync, gather, commit, for a blocking save)",
+    "digest": "xxh3 of the rank's arrays (checkpointer.digest_arrays)",
+    "skeleton": "hdf5.build_skeleton: HDF5 metadata made by h5format (leader, during its write)",
+    "h5.pwrite": "os.pwrite in hdf5 (O_DIRECT writes of large arrays)",
+    "h5.pwritev": "os.pwritev in hdf5.write_file (small arrays: copy into the page cache)",
     "h5.fsync": "os.fsync in the hdf5 module (skeleton + data to disk)",
-    "commit": "PendingDir.commit: manifest + COMMITTED + rename, with fsyncs (rank 0)",
-    "rotate": "CheckpointManager._after_commit: save log + rotation (rank 0)",
+    "commit": "PendingDir.prepare: manifest + COMMITTED written (rank 0)",
+    "publish": "PendingDir.publish: their fsync, rename, fsync of the parent (rank 0)",
+    "rotate": "SavePipeline._after_commit: save log + rotation (rank 0)",
     "catalog.apply": "rotate: Catalog.apply (trash the deleted checkpoints, collect static data)",
     "move_to_trash": "rotate: storage.move_to_trash (rename + fsync dir)",
     "st.rmtree": "shutil.rmtree in storage (unlink the old files: frees blocks + page cache)",
@@ -178,27 +180,26 @@ def install_profiler(timer: PhaseTimer) -> None:
     from resilient.catalog import Catalog
     from resilient.commit import PendingDir
     from resilient.restorer import Restorer
+    from resilient.saving import SavePipeline
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, timer.wrap(phase, getattr(owner, attr)))
 
-    for attr, phase in (
-        ("save", "save"),
-        ("restore", "restore"),
-        ("_after_commit", "rotate"),
-    ):
-        patch(man.CheckpointManager, attr, phase)
+    patch(man.CheckpointManager, "save", "save")
+    patch(man.CheckpointManager, "restore", "restore")
+    patch(SavePipeline, "_after_commit", "rotate")
     patch(Restorer, "_try_read", "try_read")
-    patch(man, "save_set", "save_set")
+    patch(SavePipeline, "start", "save_set")
     patch(restorer, "read_rank", "read_rank")
-    patch(ckpt, "digest_array", "digest")
-    patch(PendingDir, "commit", "commit")
-    patch(h5mod, "create_skeleton", "skeleton")
+    patch(ckpt, "digest_arrays", "digest")
+    patch(PendingDir, "prepare", "commit")
+    patch(PendingDir, "publish", "publish")
+    patch(h5mod, "build_skeleton", "skeleton")
     patch(rmpi.MPIComm, "barrier", "barrier")
     patch(Catalog, "apply", "catalog.apply")
     patch(storage, "move_to_trash", "move_to_trash")
     # module attributes of another type: setattr keeps mypy quiet
-    h5_os = _TimedModule(os, timer, "h5.", ("pwrite", "fsync", "preadv"))
+    h5_os = _TimedModule(os, timer, "h5.", ("pwrite", "pwritev", "fsync", "preadv"))
     setattr(h5mod, "os", h5_os)  # noqa: B010
     setattr(storage, "os", _TimedModule(os, timer, "st.", ("fsync",)))  # noqa: B010
     setattr(storage, "shutil", _TimedModule(shutil, timer, "st.", ("rmtree",)))  # noqa: B010

@@ -317,7 +317,8 @@ def plan_write(
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
     part of a save into ``directory``.
 
-    The leader creates the file's skeleton (:func:`resilient.hdf5.create_skeleton`), unless
+    The leader creates the file and lays out the data (:func:`resilient.h5format.place_data`);
+    its write builds HDF5's metadata (:func:`resilient.hdf5.build_skeleton`), unless
     every rank's structure (names, shapes, dtypes) is the one of the previous save: then the
     cached skeleton is reused and nothing touches the disk here. ``data`` must stay unchanged until the job has run.
     """

@@ -49,7 +49,6 @@ __all__ = [
     "build_skeleton",
     "copy_ranges",
     "create_file",
-    "create_skeleton",
     "rank_group_name",
     "read_many",
     "read_new",
@@ -109,17 +108,6 @@ def create_file(path: Path) -> None:
         FileExistsError: ``path`` exists (a second writer of one directory).
     """
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-
-
-def create_skeleton(
-    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]
-) -> FileSkeleton:
-    """:func:`build_skeleton`, and create the file (must not exist) at its final size. The
-    metadata is not written here: the leader's :func:`write_file` writes it."""
-    skeleton = build_skeleton(layout_kind, ranks)
-    create_file(path)
-    os.truncate(path, skeleton.size)
-    return skeleton
 
 
 _DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT

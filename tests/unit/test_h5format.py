@@ -1,6 +1,6 @@
 """HDF5 metadata written by :mod:`resilient.h5format`, read back by real readers.
 
-Every structure is created with :func:`resilient.hdf5.create_skeleton`, filled with known data
+Every structure is created with :func:`resilient.hdf5.build_skeleton`, filled with known data
 by :func:`resilient.hdf5.write_file`, then read with h5py (names, shapes, dtypes, values,
 attributes, and exactly the expected objects) and, where installed, with ``h5dump`` and
 ``h5ls``. Datatypes are also compared byte for byte with what HDF5 itself writes in the same
@@ -49,11 +49,21 @@ def specs_of(arrays: dict[str, npt.NDArray[Any]]) -> list[ArraySpec]:
     return [ArraySpec(k, a.shape, a.dtype.str) for k, a in arrays.items()]
 
 
+def create_skeleton(
+    path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Any]]]
+) -> hdf5.FileSkeleton:
+    """The skeleton, and its file created empty at its size (as a save's leader does)."""
+    skeleton = hdf5.build_skeleton(layout_kind, ranks)
+    hdf5.create_file(path)
+    os.truncate(path, skeleton.size)
+    return skeleton
+
+
 def write(
     path: Path, data: dict[int, dict[str, npt.NDArray[Any]]], *, kind: str = "self"
 ) -> hdf5.FileSkeleton:
     """Create the skeleton of ``data`` (per rank, its arrays) and write every array."""
-    skeleton = hdf5.create_skeleton(
+    skeleton = create_skeleton(
         path, layout_kind=kind, ranks=[(r, specs_of(a)) for r, a in data.items()]
     )
     items: list[tuple[int, npt.NDArray[Any]]] = []
@@ -555,7 +565,7 @@ def test_very_long_names_take_the_slow_path_to_the_same_bytes(
 )
 def test_names_hdf5_cannot_hold(tmp_path: Path, names: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        hdf5.create_skeleton(
+        create_skeleton(
             tmp_path / "f.h5",
             layout_kind="self",
             ranks=[(0, [ArraySpec(n, (1,), "<f4") for n in names])],
@@ -588,7 +598,7 @@ def test_a_rank_listed_twice() -> None:
 def test_an_existing_file_is_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "f.h5").write_bytes(b"keep")
     with pytest.raises(FileExistsError):
-        hdf5.create_skeleton(tmp_path / "f.h5", layout_kind="self", ranks=[(0, [])])
+        create_skeleton(tmp_path / "f.h5", layout_kind="self", ranks=[(0, [])])
     assert (tmp_path / "f.h5").read_bytes() == b"keep"
 
 
