@@ -184,7 +184,10 @@ def write_file(
     starts = cast("list[int]", list(offsets))
     bufs: list[_Buffer] = list(arrs)
     sizes = np.fromiter(map(_NBYTES, bufs), np.int64, len(bufs))
-    work: list[Callable[[], Any]] = [skeleton] if skeleton is not None else []
+    built: list[FileSkeleton] = []  # the skeleton, once asked for
+    work: list[Callable[[], Any]] = []
+    if skeleton is not None:
+        work.append(lambda: built.append(skeleton()))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     dfd = None
     try:
@@ -220,10 +223,11 @@ def write_file(
 
         _pwrite_runs(fd, starts, bufs, sizes, between=between)
         if skeleton is not None:
-            built = skeleton()
-            os.ftruncate(fd, built.size)
-            image: list[_Buffer] = [memoryview(data) for _, data in built.image]
-            at = [offset for offset, _ in built.image]
+            if not built:  # no run of data came first
+                built.append(skeleton())
+            os.ftruncate(fd, built[0].size)
+            image: list[_Buffer] = [memoryview(data) for _, data in built[0].image]
+            at = [offset for offset, _ in built[0].image]
             _pwrite_runs(fd, at, image, np.array([len(v) for v in image], np.int64))
         if sync:
             os.fsync(fd)

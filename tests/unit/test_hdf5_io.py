@@ -231,3 +231,25 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
     positions = [p for p, _ in told]
     assert sorted(positions) == [i for i, a in enumerate(req) if a.nbytes]
     assert all(data == req[p].tobytes() for p, data in told)
+
+
+def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path: Path) -> None:
+    """One task after each run of data (~2 MiB), the skeleton first; the tasks left are the
+    caller's; the skeleton's bytes are written after the data."""
+    arrays = [np.full(65536, i, dtype=np.float64) for i in range(5)]  # 5 x 512 KiB: 2 runs
+    offsets = layout(arrays, [4096] + [0] * 4)
+    done: list[str] = []
+    tasks = [lambda k=k: done.append(f"task{k}") for k in range(5)]  # type: ignore[misc]
+    image = b"\x89HDF-like header"
+    end = offsets[-1] + arrays[-1].nbytes
+
+    def skeleton() -> hdf5.FileSkeleton:
+        done.append("skeleton")
+        assert os.path.getsize(tmp_path / "f") >= 2 << 20  # the first run is written
+        return hdf5.FileSkeleton({}, (), end + 64, ((0, image), (end, bytes(64))))
+
+    hdf5.write_file(tmp_path / "f", offsets, arrays, skeleton=skeleton, alongside=tasks)
+    assert done == ["skeleton", "task0"] and len(tasks) == 4
+    data = (tmp_path / "f").read_bytes()
+    assert data.startswith(image) and len(data) == end + 64
+    assert data[offsets[3] : offsets[3] + 8] == np.float64(3).tobytes()

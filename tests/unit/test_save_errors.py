@@ -408,3 +408,27 @@ def test_a_checksum_failure_while_writing_loses_nothing(
     monkeypatch.undo()
     assert leftovers(root) == [] and entries(root) == before
     assert_step_2_restores(root, m)
+
+
+def test_a_failed_metadata_build_fails_the_save_and_the_next_one_plans_anew(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a new structure's HDF5 metadata is built during the leader's write: when that fails,
+    # the save fails cleanly, and the next save of the structure builds it again
+    root, m = two_steps
+    before = entries(root)
+    real = hdf5.build_skeleton
+    calls: list[str] = []
+
+    def broken(kind: str, ranks: Any) -> Any:
+        calls.append(kind)
+        raise ValueError("metadata unit on fire")
+
+    new_structure = {**state_of(3), "extra": np.arange(5.0)}
+    monkeypatch.setattr(hdf5, "build_skeleton", broken)
+    with pytest.raises(CollectiveError, match="metadata unit on fire"):
+        m.save(3, new_structure)
+    assert calls and leftovers(root) == [] and entries(root) == before
+    monkeypatch.setattr(hdf5, "build_skeleton", real)
+    m.save(3, new_structure)
+    assert_state_equal(m.restore()[1], new_structure)
