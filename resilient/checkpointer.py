@@ -218,11 +218,16 @@ class Skeleton:
         return done
 
     def get(self) -> hdf5.FileSkeleton:
-        """The skeleton (built now, if it is not yet)."""
+        """The skeleton (built now, if it is not yet).
+
+        Raises:
+            RuntimeError: its build failed before (that failure raised its own error).
+        """
         if self._built is None:
-            assert self._build is not None
-            self._built = self._build()
-            self._build = None
+            if self._build is None:
+                raise RuntimeError("this file's skeleton could not be built")
+            build, self._build = self._build, None
+            self._built = build()  # if this raises, the skeleton is never used again
         return self._built
 
     @property
