@@ -82,5 +82,7 @@ def flip_dataset_byte(step_dir: Path, name: str | None = None) -> None:
     i = table.names.index(name) if name is not None else table.nbytes.index(max(table.nbytes))
     path = step_dir / manifest.ranks[0].file
     data = bytearray(path.read_bytes())
-    data[table.offsets[i] + table.nbytes[i] // 2] ^= 0xFF
+    offset = table.offsets[i]
+    assert offset is not None
+    data[offset + table.nbytes[i] // 2] ^= 0xFF
     path.write_bytes(bytes(data))

@@ -36,7 +36,7 @@ from resilient.blocks import (
 from resilient.checksum import digest_bytes
 from resilient.errors import InvalidCheckpointError
 from resilient.export import export
-from resilient.manifest import ManifestError, check_blocks, parse_manifest
+from resilient.manifest import DatasetTable, ManifestError, check_blocks, parse_manifest
 from resilient.validate import marker_text, validate_checkpoint
 from tests.mpirun import clean_env
 
@@ -368,9 +368,11 @@ def test_overlapping_blocks_of_two_ranks_are_refused(saved: Path) -> None:
         for _, key, node in tree[1]:
             if key == "u":
                 node[2]["block"]["start"] = start
-        datasets = tuple(
-            d._replace(shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
-            for d in entry.datasets
+        datasets = DatasetTable.of(
+            [
+                d._replace(shape=(rows, 700), nbytes=rows * 5600) if d.name == "u" else d
+                for d in entry.datasets
+            ]
         )
         return dataclasses.replace(entry, tree=tree, datasets=datasets)
 

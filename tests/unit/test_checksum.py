@@ -36,7 +36,7 @@ def test_digest_arrays_hashes_the_c_order_bytes_of_any_layout() -> None:
 
 
 def test_digests_taken_on_the_helper_thread_land_by_position() -> None:
-    arrays = [np.full(1000 + i, i, dtype=np.int64) for i in range(50)]
+    arrays: list[np.ndarray] = [np.full(1000 + i, i, dtype=np.int64) for i in range(50)]
     digests = Digests(len(arrays) + 1)  # the last position is never added
     digests.add(list(range(49, 19, -1)), arrays[49:19:-1])
     digests.add(list(range(20)), arrays[:20])

@@ -3,6 +3,7 @@ read into one buffer and returned as views, gaps, misaligned and large arrays, s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -239,7 +240,7 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
     arrays = [np.full(65536, i, dtype=np.float64) for i in range(5)]  # 5 x 512 KiB: 2 runs
     offsets = layout(arrays, [4096] + [0] * 4)
     done: list[str] = []
-    tasks = [lambda k=k: done.append(f"task{k}") for k in range(5)]  # type: ignore[misc]
+    tasks: list[Callable[[], None]] = [functools.partial(done.append, f"task{k}") for k in range(5)]
     image = b"\x89HDF-like header"
     end = offsets[-1] + arrays[-1].nbytes
 

@@ -17,6 +17,7 @@ from resilient.manifest import (
     FORMAT,
     SCHEMA_VERSION,
     DatasetEntry,
+    DatasetTable,
     FileEntry,
     LayoutInfo,
     Manifest,
@@ -66,14 +67,18 @@ def sample_manifest() -> Manifest:
         ranks=(
             RankEntry(
                 "node_00000.h5",
-                (
-                    DatasetEntry("a", (16, 32), "<f8", 4096, 4096, H),
-                    DatasetEntry("empty", (0, 3), "<i4", None, 0, H2),
+                DatasetTable.of(
+                    [
+                        DatasetEntry("a", (16, 32), "<f8", 4096, 4096, H),
+                        DatasetEntry("empty", (0, 3), "<i4", None, 0, H2),
+                    ]
                 ),
                 {"it": 7, "name": "ü", "nested": {"l": [1, None, True]}},
             ),
-            RankEntry("node_00000.h5", (DatasetEntry("b", (512,), "<i4", 8192, 2048, H2),), {}),
-            RankEntry("node_00001.h5", (DatasetEntry("c", (), "|b1", 1024, 1, H),), {}),
+            RankEntry(
+                "node_00000.h5", DatasetTable.of([DatasetEntry("b", (512,), "<i4", 8192, 2048, H2)])
+            ),
+            RankEntry("node_00001.h5", DatasetTable.of([DatasetEntry("c", (), "|b1", 1024, 1, H)])),
         ),
         kind="checkpoint",
         static=STATIC,

@@ -432,7 +432,12 @@ def test_a_failed_metadata_build_fails_the_save_and_the_next_one_plans_anew(
     monkeypatch.setattr(hdf5, "build_skeleton", real)
     created: list[Path] = []
     real_create = hdf5.create_file
-    monkeypatch.setattr(hdf5, "create_file", lambda p: (created.append(p), real_create(p))[1])
+
+    def creating(path: Path) -> None:
+        created.append(path)
+        real_create(path)
+
+    monkeypatch.setattr(hdf5, "create_file", creating)
     m.save(3, new_structure)
     assert len(created) == 1  # planned anew: the failed skeleton was not offered again
     assert_state_equal(m.restore()[1], new_structure)
