@@ -524,11 +524,12 @@ def read_new(
         if arrived is None:
             _preadv_all(fd, [arena[int(begin[a]) - base :]], int(begin[a]))
         else:  # in pieces of whole arrays, each told once read
-            ends = (end[a:b] - base).tolist()
+            relative_end = end[a:b] - base
+            ends = relative_end.tolist()
             pos = int(begin[a]) - base
             k = 0
             while k < len(index):
-                stop = int(np.searchsorted(end[a:b] - base, pos + _READ_CHUNK, "right"))
+                stop = int(np.searchsorted(relative_end, pos + _READ_CHUNK, "right"))
                 stop = max(stop, k + 1)
                 upto = max(ends[k:stop])
                 _preadv_all(fd, [arena[pos:upto]], base + pos)

@@ -181,9 +181,8 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
 
 
-def test_unchanged_structure_reuses_the_file_skeleton(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def count_skeleton_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets one item per HDF5 skeleton built from now on."""
     created: list[str] = []
     real = hdf5.build_skeleton
 
@@ -192,6 +191,13 @@ def test_unchanged_structure_reuses_the_file_skeleton(
         return real(kind, ranks)
 
     monkeypatch.setattr(hdf5, "build_skeleton", counting)
+    return created
+
+
+def test_unchanged_structure_reuses_the_file_skeleton(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = count_skeleton_builds(monkeypatch)
     with CheckpointManager(tmp_path) as m:
         for step in range(1, 4):
             m.save(step, state_of(step), blocking=step % 2 == 0)
@@ -225,14 +231,7 @@ def test_a_restart_reuses_the_restored_checkpoints_skeleton(
         data = bytearray(path.read_bytes())
         data[meta.offset + meta.length // 2] ^= 0xFF
         path.write_bytes(bytes(data))
-    created: list[str] = []
-    real = hdf5.build_skeleton
-
-    def counting(kind: str, ranks: Any) -> hdf5.FileSkeleton:
-        created.append(kind)
-        return real(kind, ranks)
-
-    monkeypatch.setattr(hdf5, "build_skeleton", counting)
+    created = count_skeleton_builds(monkeypatch)
     with CheckpointManager(root) as m:  # a new process, as after a requeue
         step, got = m.restore()
         assert step == 1
