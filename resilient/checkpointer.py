@@ -634,16 +634,21 @@ def _read_rank(
     else:
         views = {name: writable_view(target) for name, target in into.items()}
     direct = list(map(views.get, names)) if into else [None] * count
-    fresh_at = [i for i, view in enumerate(direct) if view is None]
+    fresh_at: Sequence[int] = (
+        [i for i, view in enumerate(direct) if view is None] if into else range(count)
+    )
     offsets: Sequence[int | None] = table.offsets
     shapes: Sequence[tuple[int, ...]] = table.shapes
     dtypes: Sequence[str] = table.dtypes
+    sizes: Sequence[int] = table.nbytes
     if len(fresh_at) != count:
-        offsets, shapes, dtypes = (
+        offsets, shapes, dtypes, sizes = (
             [offsets[i] for i in fresh_at],
             [shapes[i] for i in fresh_at],
             [dtypes[i] for i in fresh_at],
+            [sizes[i] for i in fresh_at],
         )
+    numpy_dtypes = {d: numpy_dtype(d) for d in set(dtypes)}
     nbytes = sum(table.nbytes)
     # from a few MiB on, checksums are taken on a helper thread while the next bytes are read;
     # not for arrays of a few KiB, whose hashing costs less than the threads' handovers
@@ -655,9 +660,10 @@ def _read_rank(
             fd,
             offsets,
             shapes,
-            list(map(numpy_dtype, dtypes)),
+            list(map(numpy_dtypes.__getitem__, dtypes)),
             allocate=allocate,
             arrived=None if digests is None else _told(digests, fresh_at),
+            nbytes=sizes,
         )
         if len(new) == count:
             arrays = new

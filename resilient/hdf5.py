@@ -468,8 +468,10 @@ def read_new(
     *,
     allocate: Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]],
     arrived: Arrived | None = None,
+    nbytes: Sequence[int] | None = None,
 ) -> list[npt.NDArray[Any]]:
-    """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``fd``, in order.
+    """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``fd``, in order
+    (``nbytes``: their sizes, if known).
 
     Small datasets (< 1 MiB) lying close together are read by one ``preadv`` into one new
     buffer that mirrors the file from the first to the last (64-byte aligned, like the file),
@@ -486,8 +488,11 @@ def read_new(
 
     count = len(offsets)
     out: list[Any] = [None] * count
-    sizes = np.fromiter(map(operator.attrgetter("itemsize"), dtypes), np.int64, count)
-    sizes *= np.fromiter(map(math.prod, shapes), np.int64, count)
+    if nbytes is None:
+        sizes = np.fromiter(map(operator.attrgetter("itemsize"), dtypes), np.int64, count)
+        sizes *= np.fromiter(map(math.prod, shapes), np.int64, count)
+    else:
+        sizes = np.array(nbytes, np.int64)
     present = np.flatnonzero(sizes)
     for i in np.flatnonzero(sizes == 0).tolist():
         out[i] = np.empty(shapes[i], dtypes[i])
@@ -512,15 +517,7 @@ def read_new(
         base = int(begin[a]) - int(begin[a]) % 64
         arena = _aligned_empty(int(end[a:b].max()) - base)
         index = order[a:b].tolist()
-        views = list(
-            map(
-                np.ndarray,
-                map(shapes.__getitem__, index),
-                map(dtypes.__getitem__, index),
-                itertools.repeat(arena),
-                (begin[a:b] - base).tolist(),
-            )
-        )
+        views = _views(arena, begin[a:b] - base, sizes[order[a:b]], index, shapes, dtypes)
         if arrived is None:
             _preadv_all(fd, [arena[int(begin[a]) - base :]], int(begin[a]))
         else:  # in pieces of whole arrays, each told once read
@@ -535,9 +532,75 @@ def read_new(
                 _preadv_all(fd, [arena[pos:upto]], base + pos)
                 arrived(index[k:stop], views[k:stop])
                 pos, k = upto, stop
+        if (begin[a:b] % _VIEW_ALIGN).any():  # a view misaligned for its dtype is copied
+            views = [view if view.flags.aligned else view.copy() for view in views]
         for i, view in zip(index, views, strict=True):
-            out[i] = view if view.flags.aligned else view.copy()
+            out[i] = view
     return out
+
+
+_VIEW_ALIGN = 64  # the arena's alignment: a view starting on it is aligned for any dtype
+
+
+def _views(
+    arena: npt.NDArray[Any],
+    starts: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    index: list[int],
+    shapes: Sequence[tuple[int, ...]],
+    dtypes: Sequence[np.dtype[Any]],
+) -> list[npt.NDArray[Any]]:
+    """Views of ``arena``: one per array ``index[k]``, starting at ``starts[k]`` (ascending).
+
+    A run of arrays of one shape and dtype, equally spaced (a model's thousands of equal small
+    tensors), becomes one array of one more dimension whose rows are the views: numpy makes
+    them in C, ~6x faster than one ``ndarray`` call each. The others get a call each.
+    """
+    import numpy as np
+
+    count = len(index)
+    views: list[Any] = [None] * count
+    alone = np.ones(count, bool)  # not in a block: one call each
+    # a link joins neighbours k, k + 1 of equal size; a run of links at one spacing is a block
+    spacing = np.diff(starts)
+    link = np.where(sizes[1:] == sizes[:-1], spacing, -1 - np.arange(count - 1))
+    breaks = np.flatnonzero(link[1:] != link[:-1]) + 1
+    k = 0
+    for first, last in itertools.pairwise([0, *breaks.tolist(), count - 1]):
+        # links first..last-1 join arrays first..last; the array `first` may be in the block
+        # before, which ended at it
+        first = max(first, k)
+        if last - first < _BLOCK_MIN or link[first] < 0:
+            continue
+        shape, dtype = shapes[index[first]], dtypes[index[first]]
+        members = index[first : last + 1]
+        if (
+            not shape
+            or list(map(shapes.__getitem__, members)).count(shape) != len(members)
+            or list(map(dtypes.__getitem__, members)).count(dtype) != len(members)
+        ):
+            continue
+        block = np.ndarray(
+            (len(members), *shape),
+            dtype,
+            arena,
+            int(starts[first]),
+            (int(link[first]), *_c_strides(shape, dtype.itemsize)),
+        )
+        views[first : last + 1] = block
+        alone[first : last + 1] = False
+        k = last + 1
+    for k in np.flatnonzero(alone).tolist():
+        views[k] = np.ndarray(shapes[index[k]], dtypes[index[k]], arena, int(starts[k]))
+    return views
+
+
+_BLOCK_MIN = 8  # arrays: below this, one call each costs less than finding the block
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of ``shape``."""
+    return tuple(itertools.accumulate(shape[:0:-1], operator.mul, initial=itemsize))[::-1]
 
 
 def _aligned_empty(nbytes: int) -> npt.NDArray[Any]:

@@ -22,7 +22,14 @@ from resilient.blocks import BlockSpec, stripe_count
 from resilient.blocks import check_tiling as tiling_problem
 from resilient.errors import ConfigError
 from resilient.schema import Section
-from resilient.tree import TreeError, elastic_kinds, is_valid_path, leaf_paths
+from resilient.tree import (
+    NO_META,
+    TreeError,
+    all_valid_paths,
+    elastic_kinds,
+    is_valid_path,
+    leaf_paths,
+)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -433,7 +440,7 @@ def _parse_dataset(sec: Section) -> DatasetEntry:
 
 
 _COLUMNS = frozenset({"names", "shapes", "dtypes", "offsets", "checksums", "stripes"})
-_HEXES_RE = re.compile(r"[0-9a-f]*\Z")
+_HEX_DIGITS = b"0123456789abcdef"
 _NONE = type(None)
 
 
@@ -454,7 +461,7 @@ def _parse_columns(sec: Section) -> DatasetTable:
         raise ManifestError(f"{where}: columns of different lengths")
     if not n:
         return DatasetTable((), (), (), (), (), "")
-    if set(map(type, names)) != {str} or not all(map(is_valid_path, names)):
+    if set(map(type, names)) != {str} or not all_valid_paths(names):
         bad = next(x for x in names if type(x) is not str or not is_valid_path(x))
         raise ManifestError(f"{where}: illegal dataset name {bad!r}")
     if len(set(names)) != n:
@@ -467,8 +474,7 @@ def _parse_columns(sec: Section) -> DatasetTable:
     if set(map(type, dtypes)) != {str}:
         wrong = sorted({type(k).__name__ for k in dtypes} - {"str"})
         raise ManifestError(f"{where}: a dtype has the wrong type {', '.join(wrong)}")
-    itemsize = {d: dtype_itemsize(d) for d in set(dtypes)}
-    nbytes = list(map(operator.mul, map(math.prod, shapes), map(itemsize.__getitem__, dtypes)))
+    nbytes = _sizes(shapes, dims, dtypes)
     if max(nbytes) > _MAX_INT:
         raise ManifestError(f"{where}: a dataset's size is out of range")
     types = set(map(type, offsets))
@@ -482,7 +488,7 @@ def _parse_columns(sec: Section) -> DatasetTable:
         present = offsets
     if present and (min(present) < 0 or max(present) > _MAX_INT):
         raise ManifestError(f"{where}: an offset is out of range")
-    if not _HEXES_RE.match(checksums):
+    if not checksums.isascii() or checksums.encode().translate(None, _HEX_DIGITS):
         raise ManifestError(f"{where}: not a checksum: {checksums[:64]!r}")
     shape_tuples = list(map(tuple, shapes))
     stripes: dict[str, Stripes] = {}
@@ -494,6 +500,31 @@ def _parse_columns(sec: Section) -> DatasetTable:
                 raise ManifestError(f"{where}.stripes: no dataset {name[:80]!r}")
             stripes[name] = _parse_stripes(striped.section(name), shape_tuples[index[name]])
     return DatasetTable(names, shape_tuples, dtypes, offsets, nbytes, checksums, stripes)
+
+
+def _sizes(shapes: list[list[int]], dims: list[int], dtypes: list[str]) -> list[int]:
+    """Each dataset's size in bytes, from its (checked) shape and dtype: with numpy when the
+    products surely fit in 64 bits (no Python per dataset), else exactly in Python."""
+    import numpy as np
+
+    itemsize = {d: dtype_itemsize(d) for d in set(dtypes)}
+    count = len(shapes)
+    ndims = np.fromiter(map(len, shapes), np.intp, count)
+    if dims and max(dims) ** int(ndims.max()) * max(itemsize.values()) <= _MAX_INT:
+        flat = np.array(dims, np.int64)
+        if ndims.min() == 1 and ndims.max() == 1:  # vectors only: their lengths
+            counts = flat
+        else:
+            counts = np.ones(count, np.int64)
+            shaped = np.flatnonzero(ndims)  # 0-d datasets hold one item
+            starts = (np.cumsum(ndims) - ndims)[shaped]
+            counts[shaped] = np.multiply.reduceat(flat, starts)
+        if len(itemsize) == 1:
+            counts *= next(iter(itemsize.values()))
+        else:
+            counts *= np.fromiter(map(itemsize.__getitem__, dtypes), np.int64, count)
+        return list(counts.tolist())
+    return list(map(operator.mul, map(math.prod, shapes), map(itemsize.__getitem__, dtypes)))
 
 
 def _first_bad_shape(shapes: list[Any]) -> Any:
@@ -578,20 +609,26 @@ def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
             [_dataset_fast(d) or _parse_dataset(sec.sections("datasets")[i])
              for i, d in enumerate(raw)]
         )  # fmt: skip
+        if len(set(datasets.names)) != len(datasets):
+            raise ManifestError(f"{sec.path}: repeated dataset name")
     else:
         datasets = _parse_columns(sec.section("datasets"))
-    names = set(datasets.names)
-    if len(names) != len(datasets):
-        raise ManifestError(f"{sec.path}: repeated dataset name")
     tree = sec.doc.get("tree")
     if tree is not None:
         try:
             leaves = leaf_paths(tree)
         except TreeError as exc:
             raise ManifestError(f"{sec.path}.tree: {exc}") from None
-        if tree[0] not in ("d", "p") or set(leaves) != names:
+        # (the names are distinct, and so are the leaves: equal lengths and inclusion suffice)
+        if (
+            tree[0] not in ("d", "p")
+            or len(leaves) != len(datasets)
+            or not all(map(leaves.__contains__, datasets.names))
+        ):
             raise ManifestError(f"{sec.path}.tree: does not match the datasets")
-        blocks = [(p, m) for p, m in leaves.items() if "block" in m]
+        metas = list(leaves.values())
+        with_meta = len(metas) - metas.count(NO_META)  # a state dict's leaves have none
+        blocks = [(p, m) for p, m in leaves.items() if "block" in m] if with_meta else []
         by_name = {d.name: d for d in datasets} if blocks else {}
         for path, meta in blocks:
             block_of(meta, by_name[path], where=f"{sec.path}.tree")

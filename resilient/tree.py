@@ -41,9 +41,11 @@ from resilient.blocks import Block, Replicated
 
 __all__ = [
     "MAX_DEPTH",
+    "NO_META",
     "Flat",
     "ElasticKinds",
     "TreeError",
+    "all_valid_paths",
     "decode_key",
     "elastic_kinds",
     "encode_key",
@@ -119,6 +121,47 @@ def is_valid_path(path: str) -> bool:
     if len(parts) > MAX_DEPTH:
         return False
     return all(_COMPONENT_RE.match(p) and set(p) != {"."} for p in parts)
+
+
+def all_valid_paths(paths: Sequence[str]) -> bool:
+    """Whether every one of ``paths`` (strings) is :func:`is_valid_path`: a few numpy passes
+    over all of them at once when none holds an escape (a state dict's names), else one call
+    each."""
+    if not paths:
+        return True
+    joined = "\n".join(paths)
+    if joined and joined.isascii():
+        import numpy as np
+
+        kind = _path_classes().take(np.frombuffer(joined.encode(), np.uint8))
+        ends = np.flatnonzero(kind == _NEWLINE)
+        if (
+            len(ends) == len(paths) - 1  # no newline in a path
+            and kind.all()  # safe characters, "/" and newlines only
+            and kind[0] == _PLAIN  # the first path starts with a component not of dots
+            and kind[-1] <= _DOT  # the last one does not end with "/"
+            # after a "/" or a newline comes a component not starting with a dot
+            and not (kind[1:][kind[:-1] >= _SLASH] != _PLAIN).any()
+            # none is longer than _SHORT_PATH, so no component is too long, nor too many
+            and np.diff(ends, prepend=-1, append=len(kind)).max() <= _SHORT_PATH + 1
+        ):
+            return True
+    return all(map(is_valid_path, paths))
+
+
+@functools.cache
+def _path_classes() -> Any:
+    """Each byte's class in a path: a lookup table."""
+    import numpy as np
+
+    classes = np.zeros(256, np.uint8)  # _INVALID
+    classes[list(_SAFE_BYTES)] = _PLAIN
+    classes[[ord("."), ord("/"), ord("\n")]] = (_DOT, _SLASH, _NEWLINE)
+    return classes
+
+
+_INVALID, _PLAIN, _DOT, _SLASH, _NEWLINE = range(5)
+_SHORT_PATH = 2 * MAX_DEPTH - 1  # paths this long have at most MAX_DEPTH components
 
 
 def _is_json_scalar(value: Any) -> bool:
@@ -254,7 +297,7 @@ def _flatten(
     )
 
 
-_NO_META: Mapping[str, Any] = {}
+NO_META: Mapping[str, Any] = {}  # the metadata of a leaf without any (shared)
 _PLAIN_NODES: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
 _PLAIN_NODES_MAX = 256
 
@@ -372,10 +415,10 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
         if node[1] and not is_valid_path(node[1]):
             raise TreeError(f"illegal plain mapping path {node[1][:80]!r}")
         paths = _child_paths(node[1], keys)
-        if not all(map(is_valid_path, paths)):
+        if not all_valid_paths(paths):
             raise TreeError(f"illegal leaf path under {node[1][:80]!r}")
         before = len(out)
-        out.update(zip(paths, itertools.repeat(_NO_META)))
+        out.update(zip(paths, itertools.repeat(NO_META)))
         if len(out) != before + len(paths):
             raise TreeError(f"repeated leaf path under {node[1][:80]!r}")
         return
@@ -408,7 +451,7 @@ def unflatten(
         return {key: unflatten(node, leaf, plain) for _, key, node in tree[1]}
     if tag == "p":
         paths = _child_paths(tree[1], tree[2])
-        values = plain(paths) if plain is not None else (leaf(p, _NO_META) for p in paths)
+        values = plain(paths) if plain is not None else (leaf(p, NO_META) for p in paths)
         return dict(zip(tree[2], values, strict=True))
     children = [unflatten(node, leaf, plain) for node in tree[1]]
     return tuple(children) if tag == "t" else children

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from resilient import hdf5
 from resilient.staging import allocate
@@ -254,3 +256,56 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
     data = (tmp_path / "f").read_bytes()
     assert data.startswith(image) and len(data) == end + 64
     assert data[offsets[3] : offsets[3] + 8] == np.float64(3).tobytes()
+
+
+@hypothesis.settings(derandomize=True, max_examples=200, deadline=None)
+@hypothesis.given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([(4,), (2, 2), (8,), (1,), (), (3, 1, 2)]),
+            st.sampled_from(["<f8", "<i8", "<f4", "|u1"]),
+            st.sampled_from([0, 0, 0, 8, 64]),  # padding after the array
+            st.integers(1, 12),  # repeated this many times
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_views_of_a_span_are_each_arrays_own(runs: list[tuple[Any, str, int, int]]) -> None:
+    """Runs of equal, equally spaced arrays become rows of one view; each view has its array's
+    shape, dtype and bytes, whatever the mix of shapes, dtypes and spacings."""
+    shapes: list[tuple[int, ...]] = []
+    dtypes: list[np.dtype[Any]] = []
+    starts: list[int] = []
+    pos = 0
+    for shape, name, pad, times in runs:
+        for _ in range(times):
+            shapes.append(shape)
+            dtypes.append(np.dtype(name))
+            starts.append(pos)
+            pos += int(np.prod(shape)) * np.dtype(name).itemsize + pad
+    arena = np.arange(pos + 8, dtype=np.uint8)
+    sizes = np.array(
+        [int(np.prod(s)) * d.itemsize for s, d in zip(shapes, dtypes, strict=True)], np.int64
+    )
+    index = list(range(len(shapes)))
+    views = hdf5._views(arena, np.array(starts, np.int64), sizes, index, shapes, dtypes)
+    for view, shape, dt, start, size in zip(views, shapes, dtypes, starts, sizes, strict=True):
+        assert isinstance(view, np.ndarray)
+        assert (view.shape, view.dtype) == (shape, dt)
+        assert view.tobytes() == arena[start : start + size].tobytes()
+        assert view.flags.c_contiguous and view.flags.writeable
+
+
+def test_rows_of_a_block_write_through_to_the_buffer() -> None:
+    """4,000 equal arrays back to back (one block): each view is its own piece of the read
+    buffer, not a copy."""
+    arena = np.zeros(4000 * 32, np.uint8)
+    starts = np.arange(4000, dtype=np.int64) * 32
+    views = hdf5._views(
+        arena, starts, np.full(4000, 32, np.int64), list(range(4000)), [(4,)] * 4000,
+        [np.dtype("<f8")] * 4000,
+    )  # fmt: skip
+    assert all(np.shares_memory(v, arena) for v in views)
+    views[3][1] = 7.0
+    assert arena[3 * 32 + 8 : 3 * 32 + 16].view("<f8")[0] == 7.0

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from resilient import CheckpointManager
 from resilient.manifest import (
@@ -447,3 +449,28 @@ def test_file_checksum_text_of_a_real_save(tmp_path: Path) -> None:
     assert file_checksum_text(manifest, f) == combine_checksums(
         [s[:3] for s in file_segments(manifest, f)]
     )
+
+
+@hypothesis.settings(derandomize=True, max_examples=300, deadline=None)
+@hypothesis.given(
+    st.lists(
+        st.tuples(
+            st.lists(st.one_of(st.integers(0, 9), st.sampled_from([2**47, 2**48 - 1])), max_size=4),
+            st.sampled_from(["<f8", "|b1", "<c16", ">i2", "<f2"]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_dataset_sizes_from_the_columns_are_exact(rows: list[tuple[list[int], str]]) -> None:
+    """The sizes found with numpy (vectors, mixed and 0-d shapes, several dtypes) are the exact
+    products, and shapes whose product could overflow 64 bits are sized exactly too."""
+    import itertools
+    import math
+
+    from resilient.manifest import _sizes
+
+    shapes, dtypes = [r[0] for r in rows], [r[1] for r in rows]
+    dims = list(itertools.chain.from_iterable(shapes))
+    expected = [math.prod(s) * dtype_itemsize(d) for s, d in rows]
+    assert _sizes(shapes, dims, dtypes) == expected

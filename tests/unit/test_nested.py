@@ -232,3 +232,25 @@ def test_keys_need_no_escape_exactly_when_each_encodes_to_itself(keys: list[str]
     from resilient.tree import _all_safe, encode_key
 
     assert _all_safe(tuple(keys)) == all(encode_key(k) == k for k in keys)
+
+
+@hypothesis.settings(derandomize=True, max_examples=600, deadline=None)
+@hypothesis.given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="ab.%-_/\n é0A", max_size=8),
+            st.lists(st.sampled_from(["a", ".", "..", "x.y", "%41", "%i3", ""]), max_size=4).map(
+                "/".join
+            ),
+            st.integers(100, 200).map(lambda n: "a/" * (n // 2) + "b"),  # long and deep ones
+        ),
+        max_size=6,
+    )
+)
+@hypothesis.example(["0\n0"])  # a newline in a path is not a separator
+@hypothesis.example(["a/b", "a//b"])
+def test_paths_are_valid_together_exactly_when_each_is(paths: list[str]) -> None:
+    """The one-pass check over a manifest's dataset names agrees with checking each name."""
+    from resilient.tree import all_valid_paths, is_valid_path
+
+    assert all_valid_paths(paths) == all(map(is_valid_path, paths))
