@@ -62,6 +62,7 @@ from resilient.manifest import (
     file_checksum_text,
 )
 from resilient.payload import LocalData
+from resilient.staging import allocate
 from resilient.topology import Topology
 from resilient.tree import leaf_paths, unflatten
 
@@ -660,6 +661,7 @@ def _read_rank(
             offsets,
             shapes,
             list(map(numpy_dtypes.__getitem__, dtypes)),
+            allocate=allocate,
             arrived=None if digests is None else _told(digests, fresh_at),
             nbytes=sizes,
         )

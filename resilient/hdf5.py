@@ -30,7 +30,6 @@ from resilient.checksum import digest_bytes
 from resilient.h5format import ArraySpec, Spec
 from resilient.layout import rank_group_name
 from resilient.manifest import Segment
-from resilient.memory import new_bytes
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -467,6 +466,7 @@ def read_new(
     shapes: Sequence[tuple[int, ...]],
     dtypes: Sequence[np.dtype[Any]],
     *,
+    allocate: Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]],
     arrived: Arrived | None = None,
     nbytes: Sequence[int] | None = None,
 ) -> list[npt.NDArray[Any]]:
@@ -476,9 +476,8 @@ def read_new(
     Small datasets (< 1 MiB) lying close together are read by one ``preadv`` into one new
     buffer that mirrors the file from the first to the last (64-byte aligned, like the file),
     and come back as views of it: no copy, no Python per array (4,000 arrays: one read and one
-    ``map``). A view that would be misaligned for its dtype is copied instead. Large ones are
-    read straight into their own pages of one new map (:func:`resilient.memory.new_bytes`:
-    huge pages, where they are allowed, for all of them at once). With ``arrived``, spans
+    ``map``). A view that would be misaligned for its dtype is copied instead. Large ones get
+    their own array from ``allocate`` and are read straight into it. With ``arrived``, spans
     are read about 2 MiB at a time and ``arrived`` is told after each read which arrays are
     complete (empty ones are never told).
 
@@ -503,13 +502,8 @@ def read_new(
         starts = np.zeros(count, dtype=np.int64)
         starts[present] = [offsets[i] for i in present.tolist()]
     large = present[sizes[present] >= _DIRECT_MIN].tolist()
-    if large:  # each on pages of its own, in one map (kept while any of them is)
-        spans = -(-sizes[large] // _ALIGN) * _ALIGN
-        region = new_bytes(int(spans.sum()))
-        starts_in_region = (np.cumsum(spans) - spans).tolist()
-        for i, at in zip(large, starts_in_region, strict=True):
-            piece = region[at : at + int(sizes[i])]
-            out[i] = piece.view(dtypes[i]).reshape(shapes[i])
+    for i in large:
+        out[i] = allocate(shapes[i], dtypes[i])
     told = None if arrived is None else lambda got, arrs: arrived([large[k] for k in got], arrs)
     read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told)
     small = present[sizes[present] < _DIRECT_MIN]
@@ -610,18 +604,12 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 
 def _aligned_empty(nbytes: int) -> npt.NDArray[Any]:
-    """A new uint8 buffer of ``nbytes`` starting on a 64-byte boundary: a huge-page map from
-    the size at which malloc would map anyway (then nothing freed is reused), else the heap."""
+    """A new uint8 buffer of ``nbytes`` starting on a 64-byte boundary."""
     import numpy as np
 
-    if nbytes >= _MALLOC_MAPS:
-        return new_bytes(nbytes)
     raw = np.empty(nbytes + 64, dtype=np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip : skip + nbytes]
-
-
-_MALLOC_MAPS = 32 << 20  # glibc's largest mmap threshold: larger blocks are always maps
 
 
 class _Scratch:
