@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from resilient import h5format, hdf5, storage
 from resilient.arrays import (
@@ -64,7 +64,7 @@ from resilient.manifest import (
 from resilient.payload import LocalData
 from resilient.staging import allocate
 from resilient.topology import Topology
-from resilient.tree import leaf_paths, unflatten
+from resilient.tree import leaf_metas, unflatten
 
 if TYPE_CHECKING:
     import numpy as np
@@ -555,7 +555,7 @@ def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> N
     Raises:
         ConfigError: naming the first leaf that does not fit, or that is read-only.
     """
-    metas = leaf_paths(entry.tree) if entry.tree is not None else {}
+    metas = leaf_metas(entry.tree) if entry.tree is not None else {}
     if _fits_plainly(entry.datasets, into, metas):
         return
     for d in entry.datasets:
@@ -634,9 +634,13 @@ def _read_rank(
     else:
         views = {name: writable_view(target) for name, target in into.items()}
     direct = list(map(views.get, names)) if into else [None] * count
-    fresh_at: Sequence[int] = (
-        [i for i, view in enumerate(direct) if view is None] if into else range(count)
-    )
+    fresh_at: Sequence[int]
+    if not into:
+        fresh_at = range(count)
+    elif all(map(operator.is_not, direct, itertools.repeat(None))):  # (`in` compares arrays)
+        fresh_at = ()
+    else:
+        fresh_at = [i for i, view in enumerate(direct) if view is None]
     offsets: Sequence[int | None] = table.offsets
     shapes: Sequence[tuple[int, ...]] = table.shapes
     dtypes: Sequence[str] = table.dtypes
@@ -668,18 +672,26 @@ def _read_rank(
         if len(new) == count:
             arrays = new
         else:
-            at = [
-                i
-                for i, view in enumerate(direct)
-                if view is not None and table.offsets[i] is not None
-            ]
+            at: Sequence[int]
+            if not fresh_at and None not in table.offsets:  # all read into the caller's
+                at, items = range(count), list(zip(table.offsets, direct, strict=True))
+            else:
+                at = [
+                    i
+                    for i, view in enumerate(direct)
+                    if view is not None and table.offsets[i] is not None
+                ]
+                items = [(table.offsets[i], direct[i]) for i in at]
             hdf5.read_many(
                 fd,
-                [(table.offsets[i], direct[i]) for i in at],  # type: ignore[misc]
+                items,  # type: ignore[arg-type]
                 arrived=None if digests is None else _told(digests, at),
             )
-            made = iter(new)
-            arrays = [next(made) if v is None else v for v in direct]
+            if fresh_at:
+                made = iter(new)
+                arrays = [next(made) if v is None else v for v in direct]
+            else:
+                arrays = cast("list[Any]", direct)  # (no None among them)
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
     finally:

@@ -121,11 +121,11 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
 
     from resilient.arrays import template_spec
 
-    arrays: dict[str, Any] = {}
+    arrays: dict[str, Any] = flat.arrays
     blocks: dict[str, BlockSpec] = {}
-    for p, value in flat.arrays.items():
-        if not isinstance(value, np.generic):  # numpy scalars are immutable: they come
-            arrays[p] = value  # back as new values, like JSON leaves
+    if any(issubclass(t, np.generic) for t in set(map(type, arrays.values()))):
+        # numpy scalars are immutable: they come back as new values, like JSON leaves
+        arrays = {p: v for p, v in arrays.items() if not isinstance(v, np.generic)}
     for p, meta in flat.metas.items():
         block = meta.get("block")
         if block is not None:

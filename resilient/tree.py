@@ -51,6 +51,7 @@ __all__ = [
     "encode_key",
     "flatten",
     "is_valid_path",
+    "leaf_metas",
     "leaf_paths",
     "structure_of",
     "unflatten",
@@ -377,6 +378,26 @@ def leaf_paths(tree: Any) -> dict[str, Mapping[str, Any]]:
     """Every array leaf of a (checked) tree: path -> metadata."""
     out: dict[str, Mapping[str, Any]] = {}
     _walk(tree, out, 0)
+    return out
+
+
+def leaf_metas(tree: Any) -> dict[str, Mapping[str, Any]]:
+    """The array leaves of a (checked, see :func:`leaf_paths`) tree that have metadata: path ->
+    metadata (no Python per leaf of a ``"p"`` node: they have none)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        tag = node[0]
+        if tag == "a":
+            if len(node) == 3:
+                out[node[1]] = node[2]
+        elif tag == "d":
+            stack.extend(item[2] for item in node[1])
+        elif tag in ("l", "t"):
+            stack.extend(node[1])
+        elif tag == "r":
+            stack.append(node[1])
     return out
 
 

@@ -254,3 +254,30 @@ def test_paths_are_valid_together_exactly_when_each_is(paths: list[str]) -> None
     from resilient.tree import all_valid_paths, is_valid_path
 
     assert all_valid_paths(paths) == all(map(is_valid_path, paths))
+
+
+def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
+    """`leaf_metas` (what a restore into a template consults) finds exactly the leaves with
+    metadata of `leaf_paths`, with theirs, in every kind of node."""
+    from resilient.arrays import leaf_meta
+    from resilient.blocks import Block, Replicated
+    from resilient.payload import _plain_types
+    from resilient.tree import NO_META, flatten, leaf_metas, leaf_paths
+
+    a = np.zeros(3)
+    state = {
+        "model": {"w": a, "b": a},  # a compact "p" node: no metadata
+        "u": Block(np.zeros((2, 2)), (4, 2), (0, 0)),
+        "opt": {"state": {0: {"m": a}, 1: {"m": a}}, "lr": 0.1},
+        "seq": [a, (a, {"k": Block(np.zeros(2), (4,), (2,))})],
+        "rep": Replicated({"x": a, "y": [a]}),
+        "j": {"n": 1},
+    }
+    tree = flatten(state, leaf_meta, plain=_plain_types()).tree
+    full = leaf_paths(tree)
+    found = leaf_metas(tree)
+    assert set(found) <= set(full)
+    assert {p: m for p, m in full.items() if m is not NO_META and m} == {
+        p: m for p, m in found.items() if m
+    }
+    assert {p for p, m in found.items() if "block" in m} == {"u", "seq/1/1/k"}

@@ -1,0 +1,45 @@
+"""Session-wide hygiene for the tests that launch MPI jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_mpich_segments() -> Iterator[None]:
+    """Remove the shared-memory segments of the MPI jobs this session killed.
+
+    MPICH unlinks a job's ``/dev/shm/mpich_shm_*`` segment when its ranks finalize; a rank
+    killed by a test (SIGKILL, the point of the fault tests) leaves it behind: ~4 MB each, 27
+    of them for the MPI suites alone, and 9 GB of tmpfs (RAM) after a few weeks of test runs
+    on one machine. At the end of the session, segments that appeared during it and that no
+    live process maps are removed; older ones, and those of jobs still running, are left alone.
+    """
+    before = _segments()
+    yield
+    for path in _segments() - before - _mapped():
+        path.unlink(missing_ok=True)
+
+
+def _segments() -> set[Path]:
+    return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
+
+
+def _mapped() -> set[Path]:
+    """The ``/dev/shm`` files some live process maps (those of processes we may read)."""
+    found: set[Path] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        for line in text.splitlines():
+            at = line.find("/dev/shm/")
+            if at >= 0:
+                found.add(Path(line[at:].removesuffix(" (deleted)")))
+    return found
