@@ -23,11 +23,11 @@ from resilient.blocks import check_tiling as tiling_problem
 from resilient.errors import ConfigError
 from resilient.schema import Section
 from resilient.tree import (
-    NO_META,
     TreeError,
     all_valid_paths,
     elastic_kinds,
     is_valid_path,
+    leaf_metas,
     leaf_paths,
 )
 
@@ -626,9 +626,7 @@ def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
             or not all(map(leaves.__contains__, datasets.names))
         ):
             raise ManifestError(f"{sec.path}.tree: does not match the datasets")
-        metas = list(leaves.values())
-        with_meta = len(metas) - metas.count(NO_META)  # a state dict's leaves have none
-        blocks = [(p, m) for p, m in leaves.items() if "block" in m] if with_meta else []
+        blocks = [(p, m) for p, m in leaf_metas(tree).items() if "block" in m]
         by_name = {d.name: d for d in datasets} if blocks else {}
         for path, meta in blocks:
             block_of(meta, by_name[path], where=f"{sec.path}.tree")

@@ -41,7 +41,6 @@ from resilient.blocks import Block, Replicated
 
 __all__ = [
     "MAX_DEPTH",
-    "NO_META",
     "Flat",
     "ElasticKinds",
     "TreeError",
@@ -298,7 +297,7 @@ def _flatten(
     )
 
 
-NO_META: Mapping[str, Any] = {}  # the metadata of a leaf without any (shared)
+_NO_META: Mapping[str, Any] = {}
 _PLAIN_NODES: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
 _PLAIN_NODES_MAX = 256
 
@@ -439,7 +438,7 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
         if not all_valid_paths(paths):
             raise TreeError(f"illegal leaf path under {node[1][:80]!r}")
         before = len(out)
-        out.update(zip(paths, itertools.repeat(NO_META)))
+        out.update(zip(paths, itertools.repeat(_NO_META)))
         if len(out) != before + len(paths):
             raise TreeError(f"repeated leaf path under {node[1][:80]!r}")
         return
@@ -472,7 +471,7 @@ def unflatten(
         return {key: unflatten(node, leaf, plain) for _, key, node in tree[1]}
     if tag == "p":
         paths = _child_paths(tree[1], tree[2])
-        values = plain(paths) if plain is not None else (leaf(p, NO_META) for p in paths)
+        values = plain(paths) if plain is not None else (leaf(p, _NO_META) for p in paths)
         return dict(zip(tree[2], values, strict=True))
     children = [unflatten(node, leaf, plain) for node in tree[1]]
     return tuple(children) if tag == "t" else children

@@ -262,7 +262,7 @@ def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
     from resilient.arrays import leaf_meta
     from resilient.blocks import Block, Replicated
     from resilient.payload import _plain_types
-    from resilient.tree import NO_META, flatten, leaf_metas, leaf_paths
+    from resilient.tree import flatten, leaf_metas, leaf_paths
 
     a = np.zeros(3)
     state = {
@@ -277,7 +277,5 @@ def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
     full = leaf_paths(tree)
     found = leaf_metas(tree)
     assert set(found) <= set(full)
-    assert {p: m for p, m in full.items() if m is not NO_META and m} == {
-        p: m for p, m in found.items() if m
-    }
+    assert {p: m for p, m in full.items() if m} == {p: m for p, m in found.items() if m}
     assert {p for p, m in found.items() if "block" in m} == {"u", "seq/1/1/k"}
