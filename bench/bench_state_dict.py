@@ -32,20 +32,28 @@ Modes of every case (timed from the call to the data being durable, fsync includ
 * ``dcp_save``, ``dcp_async`` (``model``): ``torch.distributed.checkpoint.save`` /
   ``async_save`` in a one-process gloo group, then ``fsync`` of its files;
 * reads, with the files in the page cache (warm): ``raw_read`` (the same bytes into a reused
-  buffer: the limit), ``restore`` (new arrays/tensors), ``restore_into`` (into the existing
-  state: ``restore(into=...)``), ``torch_load``, ``dcp_load`` (into the existing state). Each
+  buffer: the limit of reading into existing memory), ``raw_read_new`` (the same bytes into a
+  newly allocated buffer, dropped after the timer: the limit of reading into new memory),
+  ``restore`` (new arrays/tensors), ``restore_into`` (into the existing state:
+  ``restore(into=...)``), ``torch_load``, ``dcp_load`` (into the existing state). Each
   read's files are read once, untimed, just before it: ``resilient`` writes arrays of 1 MiB or
   more with ``O_DIRECT``, which leaves them out of the page cache, so a restore right after a
   save would otherwise read from the disk while ``torch.load`` reads from memory.
 
+The peers' rows (``torch_*``, ``dcp_*``) run for every case when torch is installed; for the
+``many*`` cases they save and load the same arrays as CPU tensors (``torch.from_numpy``: the
+same memory).
+
 Each round runs every mode once in a shuffled order (seeded); one untimed warm-up round checks
 the contents. Reported: medians (min, max) and ratios to ``raw`` (writes) and ``raw_read``
-(reads) of the same run.
+(reads) of the same run; the reads into new memory (``restore``, ``torch_load``) also against
+``raw_read_new``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -68,7 +76,9 @@ from resilient import CheckpointManager
 
 WRITES = ("raw", "raw_paced", "first", "save", "async", "torch_save", "dcp_save", "dcp_async")
 PACE = 2 << 20
-READS = ("raw_read", "restore", "restore_into", "torch_load", "dcp_load")
+READS = ("raw_read", "raw_read_new", "restore", "restore_into", "torch_load", "dcp_load")
+PEERS = ("torch_save", "dcp_save", "dcp_async", "torch_load", "dcp_load")
+NEW_MEMORY = ("restore", "torch_load")  # reads that return new arrays: also against raw_read_new
 
 
 def leaves(state: Any) -> list[Any]:
@@ -87,6 +97,17 @@ def as_bytes(leaf: Any) -> bytes:
         t = leaf.detach().contiguous().reshape(-1)
         return bytes(t.view(torch.uint8).numpy()) if t.numel() else b""
     return bytes(np.ascontiguousarray(leaf).view(np.uint8))
+
+
+def as_tensors(state: Any) -> Any:
+    """``state`` with its numpy leaves as CPU tensors sharing their memory (for the peers)."""
+    import torch
+
+    if isinstance(state, dict):
+        return {k: as_tensors(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [as_tensors(v) for v in state]
+    return torch.from_numpy(state) if isinstance(state, np.ndarray) else state
 
 
 def renamed(state: Any, suffix: str) -> Any:
@@ -134,6 +155,8 @@ class Case:
 
     def __init__(self, base: Path, name: str, state: dict[str, Any], modes: Sequence[str]) -> None:
         self.base, self.name, self.state, self.modes = base, name, state, list(modes)
+        # what the peers save and load: the state, its numpy leaves as tensors of the same memory
+        self.peer_state = as_tensors(state) if any(m in PEERS for m in modes) else state
         self.flat = np.concatenate([np.frombuffer(as_bytes(x), np.uint8) for x in leaves(state)])
         self.readbuf = np.empty_like(self.flat)
         self.raw_path = base / f"{name}.raw"
@@ -166,6 +189,7 @@ class Case:
         newest = sorted((self.base / f"{self.name}.mgr").glob("step_*"))[-1:]
         paths = {
             "raw_read": [self.raw_path],
+            "raw_read_new": [self.raw_path],
             "restore": newest,
             "restore_into": newest,
             "torch_load": [self.torch_path],
@@ -240,7 +264,7 @@ class Case:
 
         self.torch_path.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        torch.save(self.state, self.torch_path)
+        torch.save(self.peer_state, self.torch_path)
         fsync_tree(self.torch_path)
         return {"durable": time.perf_counter() - t0}
 
@@ -249,7 +273,7 @@ class Case:
 
         shutil.rmtree(self.dcp_dir, ignore_errors=True)
         t0 = time.perf_counter()
-        dcp.save(self.state, checkpoint_id=str(self.dcp_dir))
+        dcp.save(self.peer_state, checkpoint_id=str(self.dcp_dir))
         fsync_tree(self.dcp_dir)
         return {"durable": time.perf_counter() - t0}
 
@@ -259,7 +283,7 @@ class Case:
         target = self.base / f"{self.name}.dcpa"
         shutil.rmtree(target, ignore_errors=True)
         t0 = time.perf_counter()
-        fut = dcp.async_save(self.state, checkpoint_id=str(target))
+        fut = dcp.async_save(self.peer_state, checkpoint_id=str(target))
         t1 = time.perf_counter()
         fut.result()
         fsync_tree(target)
@@ -277,6 +301,21 @@ class Case:
         t = time.perf_counter() - t0
         if check and not np.array_equal(self.readbuf, self.flat):
             raise AssertionError("raw read differs")
+        return {"read": t}
+
+    def m_raw_read_new(self, check: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        buf = np.empty_like(self.flat)
+        fd = os.open(self.raw_path, os.O_RDONLY)
+        try:
+            view, pos = memoryview(buf), 0
+            while pos < len(view):
+                pos += os.preadv(fd, [view[pos:]], pos)
+        finally:
+            os.close(fd)
+        t = time.perf_counter() - t0
+        if check and not np.array_equal(buf, self.flat):
+            raise AssertionError("raw read into new memory differs")
         return {"read": t}
 
     def m_restore(self, check: bool) -> dict[str, float]:
@@ -309,7 +348,7 @@ class Case:
         import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
-        dcp.load(self.state, checkpoint_id=str(self.dcp_dir))  # in place, like restore_into
+        dcp.load(self.peer_state, checkpoint_id=str(self.dcp_dir))  # in place, like restore_into
         return {"read": time.perf_counter() - t0}
 
 
@@ -347,11 +386,14 @@ def print_case(name: str, count: int, nbytes: int, res: dict[str, Any]) -> None:
     print(f"\n== {name}: {count} arrays, {nbytes / 2**20:.1f} MiB (medians; ratio = limit / mode)")
     raw = res["raw"]["durable"]["median"]
     rread = res.get("raw_read", {}).get("read", {}).get("median")
+    rnew = res.get("raw_read_new", {}).get("read", {}).get("median")
     for mode, vals in res.items():
         for key, s in vals.items():
             ref = rread if key == "read" else raw
             ratio = f"{ref / s['median']:.2f}x" if ref else "-"
             slow = f"{s['median'] / ref:.2f}x the limit" if ref else ""
+            if mode in NEW_MEMORY and rnew:
+                slow += f", {s['median'] / rnew:.2f}x raw_read_new"
             print(
                 f"  {mode:13s} {key:8s} {s['median'] * 1e3:9.1f} ms"
                 f"  ({s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f})  speed {ratio:>6s}  {slow}"
@@ -377,19 +419,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"resilient {results['library']}, {args.runs} rounds, in {base}")
     try:
         for name in args.cases.split(","):
+            torch_here = importlib.util.find_spec("torch") is not None
+            if torch_here:
+                init_torch_group(base)
+            modes: Sequence[str] = WRITES + READS
+            if not torch_here:
+                modes = [m for m in modes if m not in PEERS]
             if name == "model":
-                try:
-                    import torch  # noqa: F401
-                except ImportError:
+                if not torch_here:
                     print("\n== model: skipped (torch is not installed)")
                     continue
-                init_torch_group(base)
                 state = model_state(args.model_width, args.model_layers)
-                modes: Sequence[str] = WRITES + READS
             else:
                 count, kib = {"many4k": (4000, 4), "many64k": (1000, 64)}[name]
                 state = many_state(count, kib)
-                modes = (*WRITES[:5], *READS[:3])
             case = Case(base, name, state, modes)
             try:
                 res = bench_case(case, args.runs, args.seed)
