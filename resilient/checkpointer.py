@@ -589,16 +589,19 @@ def _fits_plainly(table: DatasetTable, into: Mapping[str, Any], metas: Mapping[s
         shapes, dtypes = [table.shapes[i] for i in kept], [table.dtypes[i] for i in kept]
     else:
         shapes, dtypes = list(table.shapes), list(table.dtypes)
+    # dtypes compared as numpy dtypes (equal exactly when their strings are): a dtype's `.str`
+    # builds a new string each time, ~17x slower for thousands of arrays
+    kinds = {d: numpy_dtype(d) for d in set(dtypes)}
     return (
         set(map(type, targets)) == {np.ndarray}
         and list(map(_shape, targets)) == shapes
-        and list(map(_dtype_str, targets)) == dtypes
+        and list(map(_dtype, targets)) == list(map(kinds.__getitem__, dtypes))
         and all(map(_writeable, targets))
         and not any(map(_TORCH, metas.values()))  # (a state dict saved from torch: not plain)
     )
 
 
-_dtype_str = operator.attrgetter("dtype.str")
+_dtype = operator.attrgetter("dtype")
 _TORCH = operator.methodcaller("get", "torch")
 _c_contiguous = operator.attrgetter("flags.c_contiguous")
 _writeable = operator.attrgetter("flags.writeable")
@@ -708,12 +711,13 @@ def _read_rank(
             str(directory), f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
         )
     by_name = dict(zip(names, arrays, strict=True))
-    for name, template in into.items():
-        if name not in by_name:
-            continue
-        if views[name] is None:  # a template leaf that could not be read into directly
-            fill_leaf(template, by_name[name])
-        by_name[name] = template
+    if views is not into:  # (plain numpy targets were read into as they are: nothing to do)
+        for name, template in into.items():
+            if name not in by_name:
+                continue
+            if views[name] is None:  # a template leaf that could not be read into directly
+                fill_leaf(template, by_name[name])
+            by_name[name] = template
     if entry.tree is None:  # written before nested states: flat names, values beside them
         return {**entry.values, **by_name}
     built = unflatten(

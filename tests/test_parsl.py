@@ -487,7 +487,8 @@ def test_campaign_torch_task_follows_enabled(
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path) -> None:
     """``CampaignApps.submit("train_torch", ...)``: 2 processes under mpiexec, a 14-s simulated
-    walltime per try (torch's start-up included); free retries; bit-identical output."""
+    walltime per try (torch's start-up included); free retries; bit-identical output. The
+    100 steps of 0.15 s outlast one try however fast torch starts."""
     ref = tmp_path / "ref"
     cmd = [
         mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "100",
@@ -497,7 +498,7 @@ def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path
 
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
     fut = CampaignApps(cwd=REPO).submit(
-        "train_torch", ranks=2, steps=100, checkpoint_every=10, step_delay=0.1,
+        "train_torch", ranks=2, steps=100, checkpoint_every=10, step_delay=0.15,
         config=str(policy), checkpoint_dir=str(ck), out=str(out), walltime_s=14,
         run_extra=["--signal", "USR1@1", "--kill-wait", "3"],
         stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),

@@ -380,8 +380,10 @@ def test_cleanup_command_never_fails_the_job(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- the PyTorch task
 
+# 100 steps of 0.15 s are 15 s of steps alone: longer than one 14-s attempt however fast torch
+# starts (at 0.1 s a step, a fast machine once finished in one attempt and nothing was resumed)
 TORCH_TASK = {
-    "enabled": True, "ranks": 2, "steps": 100, "checkpoint_every": 10, "step_delay": 0.1,
+    "enabled": True, "ranks": 2, "steps": 100, "checkpoint_every": 10, "step_delay": 0.15,
     "min_walltime": 14,
 }  # fmt: skip
 

@@ -114,6 +114,7 @@ def test_restore_into_existing_arrays(tmp_path: Path) -> None:
     [
         ({"layer1.weight": np.zeros((4, 3), dtype=np.float32)}, r"'model/layer1.weight' is <f4 \(4, 3\) here"),
         ({"layer1.weight": np.zeros((3, 4), dtype=np.float64)}, r"'model/layer1.weight' is <f8 \(3, 4\) here but <f4"),
+        ({"layer1.weight": np.zeros((3, 4), dtype=">f4")}, r"'model/layer1.weight' is >f4 \(3, 4\) here but <f4"),
         ({"layer1.bias": np.broadcast_to(np.float16(0), (3,))}, "'model/layer1.bias' is read-only"),
     ],
 )  # fmt: skip
