@@ -40,9 +40,11 @@ Modes of every case (timed from the call to the data being durable, fsync includ
   more with ``O_DIRECT``, which leaves them out of the page cache, so a restore right after a
   save would otherwise read from the disk while ``torch.load`` reads from memory.
 
-The peers' rows (``torch_*``, ``dcp_*``) run for every case when torch is installed; for the
-``many*`` cases they save and load the same arrays as CPU tensors (``torch.from_numpy``: the
-same memory).
+The peers' rows (``torch_*``, ``dcp_*``) run for ``model`` when torch is installed, and with
+``--peers`` for the ``many*`` cases too, saving and loading the same arrays as CPU tensors
+(``torch.from_numpy``: the same memory). They are off there by default: torch and DCP in the
+same process slow the other rows down (memory churn, DCP's threads), and the ``many*`` targets
+are measured without them.
 
 Each round runs every mode once in a shuffled order (seeded); one untimed warm-up round checks
 the contents. Reported: medians (min, max) and ratios to ``raw`` (writes) and ``raw_read``
@@ -409,6 +411,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-width", type=int, default=512)
     p.add_argument("--model-layers", type=int, default=6)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="the peers' rows for the many* cases too (torch and DCP in the same process make\n"
+        "the other rows of those cases slower: measure the targets without them)",
+    )
     return p.parse_args(argv)
 
 
@@ -423,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if torch_here:
                 init_torch_group(base)
             modes: Sequence[str] = WRITES + READS
-            if not torch_here:
+            if not torch_here or (name != "model" and not args.peers):
                 modes = [m for m in modes if m not in PEERS]
             if name == "model":
                 if not torch_here:
