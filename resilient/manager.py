@@ -275,8 +275,8 @@ class CheckpointManager:
             metrics: JSON values describing the checkpoint (rank 0's are kept), e.g. a loss
                 for :class:`~resilient.policies.KeepBest`.
             blocking: ``False`` returns once the state is planned and copied into staging
-                buffers (reused between saves); checksums, writes and fsyncs run on a background
-                thread, and the commit (manifest, marker, rename, the save log, rotation)
+                buffers (reused between saves); the write, its checksums and its fsync run on a
+                background thread, and the commit (manifest, marker, rename, the save log, rotation)
                 happens collectively at the next :meth:`save`, :meth:`wait`, :meth:`poll`,
                 :meth:`restore` or :meth:`close`.
             copy: with ``blocking=False``, ``False`` takes no copy at all: the caller promises

@@ -14,14 +14,16 @@ Call order of one asynchronous save (NVRx's ``save_state_dict_async_plan`` / ``f
               file group    plan_write: the leader creates the file's skeleton or reuses it
               every rank    one small allreduce: did every rank plan?
               every rank    copy the arrays into staging buffers; submit the write; return
-    ... the program computes; the writer thread checksums, writes and fsyncs ...
-    wait()    every rank    finish_set: every rank's outcome to the coordinator, manifest,
-                            commit; then the save log and rotation (or the local commit and,
-                            every flush_every saves, the start of a flush)
+    ... the program computes; the writer thread writes (checksumming between the runs of the
+        write), describes, then fsyncs (a second job queued behind the first) ...
+    wait()    every rank    finish_set: every rank's description to the coordinator, manifest
+                            and marker prepared while the fsyncs run; a second small round once
+                            every rank's data is durable publishes it; then the save log and
+                            rotation (or the local commit and, every flush_every saves, the
+                            start of a flush)
 
-A blocking save writes its bytes on the caller's thread, hands their fsync to the writer thread
-and checksums meanwhile; ``finish_set`` then prepares the commit (manifest and marker written)
-while the fsyncs run, and publishes it in a second small round once every rank's is done.
+A blocking save does the same but writes its bytes on the caller's thread and hands their fsync
+to the writer thread, checksumming what the write left meanwhile.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ class _SaveFlight:
     pending: PendingDir
     task: Future[RankWritten]
     start: float
-    written: Future[None] | None = None  # a blocking save's write, when task only described it
+    written: Future[None] | None = None  # the data's fsync, when task only wrote and described
+
+    def done(self) -> bool:
+        """Whether this rank's part is done (its data durable too)."""
+        return self.task.done() and (self.written is None or self.written.done())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +86,10 @@ class _FlushFlight:
     pending: PendingDir
     task: Future[None]
     start: float
+
+    def done(self) -> bool:
+        """Whether this rank's part is done."""
+        return self.task.done()
 
 
 class SavePipeline:
@@ -187,23 +197,19 @@ class SavePipeline:
 
             def write_then_describe() -> RankWritten:
                 job = outcome()
-                hashing, digests = job.digests_alongside()
-                try:
-                    job.write(sync=False, alongside=hashing)
-                finally:
-                    digests.result()  # no thread reads the arrays once this returns (or raises)
-                syncing.append(self._writer.submit(job.sync, started=True))
-                for task in hashing:  # what the write left: done while the fsync runs
-                    task()
-                return job.describe(digests.result())
+                return _write_described(
+                    job, lambda: syncing.append(self._writer.submit(job.sync, started=True))
+                )
 
             task = self._writer.submit(write_then_describe, inline=True)
             written = syncing[0] if syncing else None
             self._in_flight = _SaveFlight(request, static, pending, task, start, written)
             self.wait()
-        else:
-            task = self._writer.submit(lambda: outcome().run())
-            self._in_flight = _SaveFlight(request, static, pending, task, start)
+        else:  # the same on the writer thread, the fsync queued behind it there: whoever
+            # waits for the save makes the manifest while the fsync runs
+            task = self._writer.submit(lambda: _write_described(outcome(), lambda: None))
+            written = self._writer.submit(lambda: outcome().sync())
+            self._in_flight = _SaveFlight(request, static, pending, task, start, written)
         return pending.final
 
     def wait(self) -> None:
@@ -217,7 +223,7 @@ class SavePipeline:
         nothing is in flight any more."""
         if self._in_flight is None:
             return True
-        if self.topo.comm.any_true(not self._in_flight.task.done()):
+        if self.topo.comm.any_true(not self._in_flight.done()):
             return False
         flight, self._in_flight = self._in_flight, None
         self._finish(flight)
@@ -326,6 +332,21 @@ class SavePipeline:
             self._deleter.delete(self._catalog.apply(self._catalog.plan(self.keep)))
         except (OSError, ResilientError) as exc:
             log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
+
+
+def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
+    """Write ``job`` without its fsync, checksumming its arrays between the runs of the write
+    (while the disk works); call ``written`` (which starts or queues the fsync), then take the
+    checksums the write left and describe the job."""
+    hashing, digests = job.digests_alongside()
+    try:
+        job.write(sync=False, alongside=hashing)
+    finally:
+        digests.result()  # no thread reads the arrays once this returns (or raises)
+    written()
+    for task in hashing:  # what the write left: done while the fsync runs (if it does)
+        task()
+    return job.describe(digests.result())
 
 
 def _failed(outcome: Callable[[], WriteJob]) -> bool:

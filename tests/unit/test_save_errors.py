@@ -84,7 +84,7 @@ def test_enospc_during_data_write(
 def test_eio_from_the_data_files_fsync(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch, blocking: bool
 ) -> None:
-    # a blocking save fsyncs its data file on the writer thread while the manifest is made
+    # a save fsyncs its data file on the writer thread while the manifest is made
     # (which is prepared in the temporary directory before the fsync is known to have failed)
     root, m = two_steps
     before = entries(root)
@@ -109,12 +109,13 @@ def test_eio_from_the_data_files_fsync(
     assert_state_equal(state, state_of(3))
 
 
+@pytest.mark.parametrize("blocking", [True, False])
 def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
-    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch, blocking: bool
 ) -> None:
     # the manifest entry is made after the bytes were handed to the writer thread for their
-    # fsync: when that fails, the save waits for the thread before it raises (no writer
-    # outlives its save)
+    # fsync (an asynchronous save queues the fsync behind its write there): when that fails,
+    # the save waits for the fsync before it raises (no writer outlives its save)
     root, m = two_steps
     before = entries(root)
     synced: list[str] = []
@@ -131,7 +132,8 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
     monkeypatch.setattr("resilient.hdf5.fsync_file", slow_fsync)
     monkeypatch.setattr("resilient.checkpointer.RankPlan.entry", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
-        m.save(3, state_of(3))
+        m.save(3, state_of(3), blocking=blocking)
+        m.wait()
     assert synced == ["rank_00000.h5"]  # the fsync had finished when save() raised
     monkeypatch.undo()
     assert leftovers(root) == [] and entries(root) == before
