@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchutil import library_revision
+from benchutil import library_revision, write_json
 
 from resilient import CheckpointManager
 from resilient.checksum import digest_arrays
@@ -224,8 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             case.close()
             shutil.rmtree(base, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
     return 0
 
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import random
 import shutil
@@ -72,7 +71,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
-from benchutil import fsync_tree, library_revision, start_writeback
+from benchutil import fsync_tree, library_revision, start_writeback, write_json
 
 from resilient import CheckpointManager
 
@@ -451,8 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_case(name, count, case.nbytes, res)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
     return 0
 
 

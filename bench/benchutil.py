@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -25,6 +26,12 @@ def library_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return rev + ("-dirty" if dirty else "")
+
+
+def write_json(path: str | None, results: object) -> None:
+    """Write a benchmark's ``results`` as JSON to ``path`` (``--json``), if one was given."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1))
 
 
 def fsync_path(path: Path) -> None:
