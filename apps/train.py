@@ -320,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             log.error("%s", exc)
         raise SystemExit(EXIT_USAGE) from None
     train(args, cfg, comm)
+    # Finished, output written: a warning signal that arrives now (the walltime's, just too
+    # late) must not kill a rank while MPI finalizes and turn a success into a failure.
+    EARLY_SIGNALS.ignore()
 
 
 if __name__ == "__main__":

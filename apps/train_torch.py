@@ -54,7 +54,6 @@ import logging
 import os
 import random
 import re
-import signal
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -451,8 +450,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dist.destroy_process_group()
     # Finished, output written: a warning signal that arrives now (the walltime's, just too
     # late) must not kill the process during shutdown and turn a success into a failure.
-    for sig in EARLY_SIGNALS.signals:
-        signal.signal(sig, signal.SIG_IGN)
+    EARLY_SIGNALS.ignore()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 1. Runs ``workflows/Snakefile`` (three MPI tasks: two 4-rank heat cases and a 2-rank training)
    with the local profile: every attempt gets a short simulated walltime from ``resilient run``
-   (warning signal, SIGTERM, SIGKILL), so each task is stopped several times, exits 75,
-   Snakemake retries it, and it resumes from its newest *valid* checkpoint.
+   (warning signal, SIGTERM, SIGKILL), so each task is stopped several times; each stop
+   checkpoints, exits 75 and is requeued in place (``resilient run --requeue``: no Snakemake
+   retry is spent on it), and the task resumes from its newest *valid* checkpoint.
 2. Runs the same three programs uninterrupted, as the reference.
 3. Prints the run report (attempts, kills, reasons, checkpoints, steps recomputed, goodput),
    writes a plot of progress against wall-clock time, and checks every final output bit for bit
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from resilient.launch import find_mpiexec
-from resilient.report import format_table, plot, task_report
+from resilient.report import find_roots, format_table, plot, task_report
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,6 +61,45 @@ def run_campaign(out: Path, walltime: float) -> int:
             say("  " + text)
     log.close()
     return proc.wait()
+
+
+def task_steps() -> dict[str, int]:
+    """Steps each task of the campaign runs to, by task name (``heat/hot``, ``train``)."""
+    import yaml
+
+    campaign = yaml.safe_load((REPO / "configs/campaign.yaml").read_text())
+    steps = {f"heat/{case}": int(c["steps"]) for case, c in campaign["heat"]["cases"].items()}
+    steps["train"] = int(campaign["train"]["steps"])
+    if campaign.get("train_torch"):
+        steps["train_torch"] = int(campaign["train_torch"]["steps"])
+    return steps
+
+
+def explain_failure(out: Path) -> list[str]:
+    """One line per task that did not finish: its attempts, the step it reached, the last
+    attempt's reason and exit code (from the checkpoint roots' ledgers)."""
+    steps = task_steps()
+    lines, seen = [], set()
+    for root in find_roots([out / "ckpt"]):
+        rule, key = root.parent.name, root.name.rsplit("-", 1)[0]
+        name = rule if key == rule else f"{rule}/{key}"
+        seen.add(name)
+        t = task_report(root, name=name)
+        if t.finished:
+            continue
+        reached = max((a.latest_after for a in t.attempts if a.latest_after is not None),
+                      default=None)  # fmt: skip
+        of = f" of {steps[name]}" if name in steps else ""
+        last = t.attempts[-1] if t.attempts else None
+        why = f"; last: {last.reason} (exit {last.exit_code})" if last else ""
+        lines.append(
+            f"{name}: not finished after {len(t.attempts)} attempts ({t.kills} stopped), "
+            f"newest valid checkpoint at step {reached}{of}{why}"
+        )
+    for name in sorted(set(steps) - seen):
+        if name != "train_torch":
+            lines.append(f"{name}: never started (see the errors in snakemake.log)")
+    return lines
 
 
 def run_reference(out: Path) -> dict[str, Path]:
@@ -120,7 +160,7 @@ def dataset_bytes(path: Path) -> dict[str, bytes]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="output folder (default out/demo-TIME)")
-    p.add_argument("--walltime", type=float, default=4.0, help="simulated walltime per attempt, s")
+    p.add_argument("--walltime", type=float, default=6.0, help="simulated walltime per attempt, s")
     args = p.parse_args(argv)
     if not (REPO / "workflows" / "Snakefile").exists():
         raise SystemExit(
@@ -134,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     code = run_campaign(out, args.walltime)
     if code != 0:
         say(f"snakemake failed (exit {code}); see {out / 'snakemake.log'}")
+        for line in explain_failure(out):
+            say("    " + line)
+        say("FAILED")
         return 1
     say(f"    campaign done in {time.time() - t0:.0f} s")
 

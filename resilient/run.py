@@ -19,6 +19,13 @@ why in ``CHECKPOINT_DIR/stops.jsonl``. An attempt that stopped that way before i
 checkpoint (it exits 1) is reported as such, not as a crash; it made no progress, so it counts
 towards ``--max-no-progress`` like any attempt without progress (the same walltime would stop
 the same way again), and ``--retries`` does not relaunch it.
+
+With ``--requeue`` (only with a simulated ``--walltime``) a walltime stop does not end the run:
+the program starts again at once with a new walltime, as a requeued job would (Slurm's
+``scontrol requeue`` keeps the job and its ID), so an engine around ``resilient run`` sees one
+job however many walltime stops it takes. The run ends when the program finishes (0), after
+``--max-no-progress`` consecutive stops without progress (93), on exit 74, on a crash (after
+``--retries``), or when a stop signal comes from outside (75: the engine decides).
 """
 
 from __future__ import annotations
@@ -110,8 +117,9 @@ class RunOptions:
     warn_signal: signal.Signals = signal.SIGUSR1
     warn_before_s: float | None = None
     kill_wait_s: float = 5.0
-    max_no_progress: int = 3
+    max_no_progress: int = 2
     retries: int = 0
+    requeue: bool = False
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
 
@@ -246,6 +254,7 @@ class _Attempt:
         self.env = env
         self.deadline = deadline
         self.pending: list[int] = []
+        self.forwarded: list[str] = []  # signals from outside, passed on to the program
 
     def run(self) -> tuple[int, str | None]:
         """Run to completion; return (exit status or -signal, our last signal sent)."""
@@ -266,6 +275,7 @@ class _Attempt:
                 log.info("forwarding %s to the program", sig.name)
                 _signal_tree(proc, sig)
                 last = sig.name
+                self.forwarded.append(sig.name)
                 if sig in (signal.SIGTERM, signal.SIGINT) and term_sent_at is None:
                     term_sent_at = now
             if warn_at is not None and now >= warn_at:
@@ -336,33 +346,13 @@ def _classify(
 
 def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     """Run ``opts.command`` per the exit-code contract; return the exit code."""
-    from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
-
     env = dict(os.environ if environ is None else environ)
     ckdir = opts.checkpoint_dir
+    if opts.requeue and opts.walltime_s is None:
+        raise ValueError("requeue needs a simulated walltime (walltime_s)")
     if ckdir is not None:
         storage.ensure_root(ckdir)
         env[ENV_CHECKPOINT_DIR] = str(ckdir)
-    start = time.time()
-    deadline: float | None = None
-    if opts.walltime_s is not None:
-        deadline = start + opts.walltime_s
-    else:
-        deadline, _ = find_deadline(env)
-    if deadline is not None:
-        env[ENV_DEADLINE] = f"{deadline:.3f}"
-
-    handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-    state: dict[str, Any] = {"attempt": None}
-
-    def forward(signum: int, frame: Any) -> None:
-        current = state["attempt"]
-        if current is not None:
-            current.on_signal(signum, frame)
-
-    previous = {s: signal.signal(s, forward) for s in handled}
-
-    if ckdir is not None:
         stalled = trailing_no_progress(read_ledger(ckdir))
         if stalled >= opts.max_no_progress:
             log.error(
@@ -372,7 +362,57 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             )  # fmt: skip
             return EXIT_NO_PROGRESS
 
-    def one_attempt() -> tuple[int, AttemptRecord]:
+    handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    current: list[_Attempt] = []  # the attempt running now, if any
+
+    def forward(signum: int, frame: Any) -> None:
+        if current:
+            current[0].on_signal(signum, frame)
+
+    previous = {s: signal.signal(s, forward) for s in handled}
+    try:
+        while True:
+            code, record, attempt = _run_job(opts, env, current)
+            if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
+                return code
+            log.info(
+                "requeued after attempt %d (%s): starting again with a new walltime of %s",
+                record.attempt, "progress" if record.progress else "no progress",
+                _seconds(float(opts.walltime_s or 0)),
+            )  # fmt: skip
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) -> bool:
+    """Did the simulated walltime end this attempt (and nothing else)?
+
+    Not if a signal came from outside (a user's Ctrl-C, a real scheduler), nor for a finished
+    program, exit 93 or 74, or a crash that no stop signal or deadline caused.
+    """
+    if attempt.forwarded or code in (0, EXIT_NO_PROGRESS, EXIT_PERMANENT):
+        return False
+    return code == EXIT_RESUME or record.signal is not None or record.program_stop is not None
+
+
+def _run_job(
+    opts: RunOptions, env: dict[str, str], current: list[_Attempt]
+) -> tuple[int, AttemptRecord, _Attempt]:
+    """One allocation: its deadline, the program's attempts in it (``--retries``: crashes are
+    relaunched while time is left); the exit code and the last attempt's record and run."""
+    from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
+    ckdir = opts.checkpoint_dir
+    deadline: float | None
+    if opts.walltime_s is not None:
+        deadline = time.time() + opts.walltime_s
+    else:
+        deadline, _ = find_deadline(env)
+    if deadline is not None:
+        env[ENV_DEADLINE] = f"{deadline:.3f}"
+
+    def one_attempt() -> tuple[int, AttemptRecord, _Attempt]:
         ledger = read_ledger(ckdir) if ckdir else []
         number = len(ledger) + 1
         env[ENV_ATTEMPT] = str(number)
@@ -384,9 +424,9 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             command=list(opts.command),
         )
         attempt = _Attempt(opts, env, deadline)
-        state["attempt"] = attempt
+        current[:] = [attempt]
         status, sent = attempt.run()
-        state["attempt"] = None
+        current.clear()
         record.end = time.time()
         record.exit_status = status
         record.signal = sent
@@ -419,10 +459,10 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             record.latest_after,
             record.exit_code,
         )
-        return record.exit_code, record
+        return record.exit_code, record, attempt
 
-    def should_retry(result: tuple[int, AttemptRecord]) -> bool:
-        code, rec = result
+    def should_retry(result: tuple[int, AttemptRecord, _Attempt]) -> bool:
+        code, rec, _ = result
         if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT) or rec.signal is not None:
             return False
         if rec.program_stop is not None:  # stopped on its own (deadline, signal): not a crash
@@ -437,19 +477,21 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             rs.next_action.sleep if rs.next_action else 0.0,
         )
 
-    try:
-        retrying = Retrying(
-            stop=stop_after_attempt(opts.retries + 1),
-            wait=wait_exponential(multiplier=opts.backoff_s, max=opts.backoff_max_s),
-            retry=retry_if_result(should_retry),
-            before_sleep=before_sleep,
-            retry_error_callback=lambda rs: rs.outcome.result() if rs.outcome else (1, None),
-        )
-        code, _ = retrying(one_attempt)
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-    return int(code)
+    retrying = Retrying(
+        stop=stop_after_attempt(opts.retries + 1),
+        wait=wait_exponential(multiplier=opts.backoff_s, max=opts.backoff_max_s),
+        retry=retry_if_result(should_retry),
+        before_sleep=before_sleep,
+        retry_error_callback=_last_result,
+    )
+    code, record, last = retrying(one_attempt)
+    return int(code), record, last
+
+
+def _last_result(rs: Any) -> tuple[int, AttemptRecord, _Attempt]:
+    """What tenacity returns once it stops retrying: the last attempt's result."""
+    result: tuple[int, AttemptRecord, _Attempt] = rs.outcome.result()
+    return result
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -473,11 +515,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--max-no-progress",
         type=int,
-        default=3,
+        default=2,
         metavar="N",
-        help="exit 93 after N consecutive attempts without a newer checkpoint (default 3)",
+        help="exit 93 after N consecutive attempts without a newer checkpoint (default 2)",
     )
     p.add_argument("--retries", type=int, default=0, help="relaunch a crashed program N times")
+    p.add_argument(
+        "--requeue",
+        action="store_true",
+        help="with --walltime: after a walltime stop, start the program again here with a "
+        "new walltime (a requeue) instead of exiting 75 to the engine; ends with 0, 93, 74, a "
+        "crash, or 75 when the stop signal came from outside",
+    )
     p.add_argument(
         "--backoff",
         default="1:60",
@@ -494,6 +543,11 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         command = command[1:]
     if not command:
         raise ValueError("no command given (resilient run [options] -- CMD ...)")
+    if args.requeue and args.walltime is None:
+        raise ValueError(
+            "--requeue needs --walltime: it replays a simulated walltime's requeue; under a "
+            "real scheduler the engine (or sbatch --requeue) resubmits after exit 75"
+        )
     base, _, most = str(args.backoff).partition(":")
     warn_sig, warn_before = args.signal_spec if args.signal_spec else (signal.SIGUSR1, None)
     return RunOptions(
@@ -505,6 +559,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         kill_wait_s=args.kill_wait,
         max_no_progress=args.max_no_progress,
         retries=args.retries,
+        requeue=args.requeue,
         backoff_s=float(base),
         backoff_max_s=float(most) if most else 60.0,
     )

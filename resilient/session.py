@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -176,10 +175,8 @@ class Session:
             self._record_stop()
         if exc is None and self.stopped and self.exit_on_stop:
             # The process is about to exit: a second warning signal (Slurm repeats them, launchers
-            # forward them) must not kill it now. CPython restores the default action of signals
-            # with Python handlers during shutdown, but keeps SIG_IGN.
-            for sig in self._signals.signals:
-                signal.signal(sig, signal.SIG_IGN)
+            # forward them) must not kill it now.
+            self._signals.ignore()
             if self.saves_this_run:
                 raise SystemExit(EXIT_RESUME)
             log.error("stopped (%s) before saving any progress: exiting 1", self.stop_reason)

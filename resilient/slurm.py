@@ -159,3 +159,15 @@ class StopSignals:
         for sig, old in self._previous.items():
             signal.signal(sig, old)
         self._previous.clear()
+
+    def ignore(self) -> None:
+        """Ignore these signals from now on: the program has saved all it will save.
+
+        Call it once a program is done (output written) or about to exit after a stop. CPython
+        gives signals with Python handlers their default action back during shutdown (for
+        SIGUSR1 and SIGUSR2: terminate), so a warning signal arriving while MPI finalizes would
+        turn a finished run into a killed one; ``SIG_IGN`` is kept.
+        """
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+        self._previous.clear()

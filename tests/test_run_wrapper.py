@@ -204,6 +204,53 @@ def test_no_progress_gives_93_and_progress_never_does(tmp_path: Path) -> None:
     assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
 
 
+def test_requeue_restarts_in_place_after_each_walltime_stop(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """One ``resilient run --requeue``: every simulated walltime stop starts the program again
+    with a new walltime; one exit code (0) for the engine, one ledger line per stop."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    args = ["--checkpoint-dir", str(ckpt), "--walltime", "2.5", "--signal", "USR1@0.5"]
+    proc = resilient_run(
+        [*args, "--kill-wait", "1", "--requeue"], heat_cmd(ckpt, out, n=2, delay=0.03)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert field(out) == reference
+    ledger = read_ledger(ckpt)
+    codes = [r["exit_code"] for r in ledger]
+    assert len(codes) >= 3 and codes[:-1] == [75] * (len(codes) - 1) and codes[-1] == 0, codes
+    for before, after in itertools.pairwise(ledger):
+        assert after["latest_before"] == before["latest_after"] is not None, ledger
+    assert proc.stderr.count("requeued after attempt") == len(codes) - 1
+
+
+def test_requeue_leaves_a_stop_signal_from_outside_to_the_engine(tmp_path: Path) -> None:
+    """A SIGTERM sent to ``resilient run`` (a user, a real scheduler) is not the simulated
+    walltime's: the program checkpoints, and the run ends with 75 instead of starting again."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
+           "--walltime", "120", "--requeue", "--", *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while latest_valid(ckpt) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    (rec,) = read_ledger(ckpt)
+    assert rec["exit_code"] == 75 and rec["progress"], rec
+    assert "requeued" not in err
+
+
+def test_requeue_needs_a_simulated_walltime(tmp_path: Path) -> None:
+    proc = resilient_run(["--checkpoint-dir", str(tmp_path / "ck"), "--requeue"], ["true"])
+    assert proc.returncode == 2 and "--requeue needs --walltime" in proc.stderr
+
+
 def test_retries_inside_one_run_survive_two_random_crashes(
     tmp_path: Path, reference: bytes
 ) -> None:

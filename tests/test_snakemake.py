@@ -1,8 +1,10 @@
 """The Snakemake workflow (workflows/Snakefile, local profile) and its checkpoint-dir helpers.
 
 Real ``snakemake`` runs with real MPI ranks and simulated walltime kills: every attempt is cut
-short by ``resilient run --walltime``, exits 75, and Snakemake's retry resumes it. Each run
-works in ``tmp_path`` (``--directory``), with the campaign replaced by a small test campaign.
+short by ``resilient run --walltime``, checkpoints and exits 75, and is requeued in place
+(``--requeue``, the profile's default: no Snakemake retry is spent on a stop) or, with
+``requeue=false``, ends the job for Snakemake's retry to resume. Each run works in ``tmp_path``
+(``--directory``), with the campaign replaced by a small test campaign.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ def campaign(tmp: Path, **changes: Any) -> dict[str, Any]:
 
 
 def snakemake(
-    tmp: Path, doc: dict[str, Any], *targets: str, retries: int = 10, cleanup_ckpt: bool = False
+    tmp: Path,
+    doc: dict[str, Any],
+    *targets: str,
+    retries: int = 10,
+    requeue: bool = True,
+    cleanup_ckpt: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run the workflow with the local profile in ``tmp/work``; return the finished process."""
     work = tmp / "work"
@@ -94,7 +101,7 @@ def snakemake(
         "--directory", str(work), "--configfile", str(configfile), "--replace-workflow-config",
         # a command-line --config replaces the profile's whole `config:` entry
         "--config", f"walltime={doc['walltime']}", f"checkpoint_config={policy}",
-        f"retries={retries}", f"cleanup_checkpoints={cleanup_ckpt}",
+        f"retries={retries}", f"requeue={requeue}", f"cleanup_checkpoints={cleanup_ckpt}",
         "--", *targets,
     ]  # fmt: skip
     proc = subprocess.run(
@@ -167,8 +174,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_walltime_kills_resume_to_bit_identical_outputs(
     tmp_path: Path, reference: dict[str, str]
 ) -> None:
-    proc = snakemake(tmp_path, campaign(tmp_path), cleanup_ckpt=True)
+    """Each task needs several walltime stops and has no Snakemake retry at all (retries=0):
+    the stops are requeued in place, so the budget is never spent on them."""
+    proc = snakemake(tmp_path, campaign(tmp_path), retries=0, cleanup_ckpt=True)
     assert proc.returncode == 0, fail(proc)
+    assert "Trying to restart" not in proc.stdout + proc.stderr
 
     dirs = task_dirs(tmp_path)
     assert sorted(dirs) == ["heat/hot", "heat/wide", "train"]
@@ -177,9 +187,7 @@ def test_walltime_kills_resume_to_bit_identical_outputs(
         codes = [r["exit_code"] for r in ledger]
         assert codes[-1] == 0 and codes.count(75) >= 2, (task, codes)
         assert ledger[0]["latest_before"] is None
-        for before, after in itertools.pairwise(
-            ledger
-        ):  # each retry resumed where the last stopped
+        for before, after in itertools.pairwise(ledger):  # each resumed where the last stopped
             assert after["latest_before"] == before["latest_after"], (task, ledger)
         # cleanup_checkpoints: the data is gone, the logs stay
         assert list_checkpoints(d) == [] and not (d / "static").exists()
@@ -204,15 +212,15 @@ def test_walltime_kills_resume_to_bit_identical_outputs(
 @pytest.mark.timeout(900)
 def test_changed_parameter_starts_fresh_while_unchanged_case_resumes(tmp_path: Path) -> None:
     targets = [str(tmp_path / "results" / "heat" / f"{c}.h5") for c in CASES]
-    # a partial run: every case is stopped once and, without retries, left unfinished
-    first = snakemake(tmp_path, campaign(tmp_path), *targets, retries=0)
+    # a partial run: every case is stopped once and, without requeue or retries, left unfinished
+    first = snakemake(tmp_path, campaign(tmp_path), *targets, retries=0, requeue=False)
     assert first.returncode != 0, fail(first)
     before = task_dirs(tmp_path)
     for task in ("heat/hot", "heat/wide"):
         assert [r["exit_code"] for r in read_ledger(before[task])] == [75]
 
     changed = campaign(tmp_path, cases={"hot": {"alpha": 0.1}})
-    second = snakemake(tmp_path, changed, *targets)
+    second = snakemake(tmp_path, changed, *targets, requeue=False)  # Snakemake's retries
     assert second.returncode == 0, fail(second)
 
     hot_dirs = sorted((tmp_path / "ckpt" / "heat").glob("hot-*"))
@@ -244,7 +252,7 @@ def test_a_changed_rank_count_resumes_instead_of_starting_over(
     """A rule whose rank count changes between attempts (4, then 2) keeps its checkpoint
     directory (the key has no rank count) and resumes the 4-rank checkpoint on 2 ranks."""
     out = tmp_path / "results" / "heat" / "hot.h5"
-    first = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0)
+    first = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0, requeue=False)
     assert first.returncode != 0, fail(first)
     (before,) = task_dirs(tmp_path).values()
     assert [r["exit_code"] for r in read_ledger(before)] == [75]
@@ -265,7 +273,7 @@ def test_a_changed_rank_count_resumes_instead_of_starting_over(
 @pytest.mark.timeout(900)
 def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
     out = tmp_path / "results" / "heat" / "hot.h5"
-    proc = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0)
+    proc = snakemake(tmp_path, campaign(tmp_path), str(out), retries=0, requeue=False)
     assert proc.returncode != 0, fail(proc)
     assert "Error in rule heat" in proc.stdout + proc.stderr
     assert not out.exists()
@@ -275,6 +283,83 @@ def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
     latest = latest_valid(d)
     assert latest is not None and latest.step == ledger[0]["latest_after"]
     assert latest_checkpoint(d) == str(latest.path)
+
+
+# --------------------------------------------------------------------------- a user's own rule
+
+# A user's own Snakefile, as a user writes it after reading the README: one rule around
+# `resilient run`, tools from PATH (the venv's `resilient`, `mpiexec`, `python`), the checkpoint
+# directory a plain path, Snakemake's retries kept for failures.
+USER_SNAKEFILE = """
+rule heat:
+    output: "results/{case}.h5"
+    retries: 1
+    shell: "resilient run --checkpoint-dir ckpt/{wildcards.case} --walltime {config[walltime]} --requeue"
+           " -- mpiexec -n 2 python -m apps.heat --steps 150 --step-delay 0.03 --checkpoint-every 10"
+           " --config {config[policy]} --checkpoint-dir ckpt/{wildcards.case} --out {output}"
+"""
+
+
+def user_snakemake(tmp: Path, walltime: float, target: str) -> subprocess.CompletedProcess[str]:
+    """The user's Snakefile in ``tmp`` with this repository's local profile."""
+    (tmp / "Snakefile").write_text(USER_SNAKEFILE)
+    policy = tmp / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    env = clean_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [
+        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", "Snakefile",
+        "--config", f"walltime={walltime}", f"policy={policy}", "--", target,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    (tmp / "snakemake.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_users_rule_outlasts_its_retries_with_walltime_stops_that_progress(
+    tmp_path: Path,
+) -> None:
+    """150 steps of >= 30 ms under 3-s attempts: more walltime stops than the rule's 1 retry,
+    each with progress, requeued in place; it finishes, bit-identical to an uninterrupted run."""
+    proc = user_snakemake(tmp_path, 3, "results/slow.h5")
+    assert proc.returncode == 0, fail(proc)
+    assert "Trying to restart" not in proc.stdout + proc.stderr  # no retry spent
+    ledger = read_ledger(tmp_path / "ckpt" / "slow")
+    codes = [r["exit_code"] for r in ledger]
+    assert len(codes) >= 3 and codes[:-1] == [75] * (len(codes) - 1) and codes[-1] == 0, codes
+    assert all(r["progress"] for r in ledger), ledger
+    for before, after in itertools.pairwise(ledger):
+        assert after["latest_before"] == before["latest_after"], ledger
+
+    ref = tmp_path / "ref"
+    cmd = [
+        mpiexec(), "-n", "2", sys.executable, "-m", "apps.heat", "--steps", "150",
+        "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, timeout=180)
+    assert done.returncode == 0, done
+    assert dataset_sha256(tmp_path / "results" / "slow.h5") == dataset_sha256(ref / "out.h5")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_users_rule_without_progress_stops_with_93_after_two_attempts(tmp_path: Path) -> None:
+    """A 0.3-s walltime, shorter than the program's start: no attempt can checkpoint. The
+    program is started twice, then exit 93; Snakemake's one retry finds the ledger and
+    `resilient run` refuses at once (exit 93) without starting the program a third time."""
+    proc = user_snakemake(tmp_path, 0.3, "results/stuck.h5")
+    assert proc.returncode != 0, fail(proc)
+    ledger = read_ledger(tmp_path / "ckpt" / "stuck")
+    assert [r["exit_code"] for r in ledger][-1] == 93, ledger
+    assert len(ledger) == 2 and not any(r["progress"] for r in ledger), ledger
+    text = proc.stdout + proc.stderr
+    assert text.count("Trying to restart") == 1, text[-4000:]
+    assert "2 consecutive attempts made no progress" in text and "not starting again" in text
+    assert not (tmp_path / "results" / "stuck.h5").exists()
 
 
 # --------------------------------------------------------------------------- helpers

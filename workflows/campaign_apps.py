@@ -84,7 +84,7 @@ class CampaignApps:
         ranks: int,
         mpi: bool = False,
         walltime_s: float | None = None,
-        max_no_progress: int = 3,
+        max_no_progress: int = 2,
         run_extra: Sequence[str] = (),
         stdout: str | None = None,
         stderr: str | None = None,

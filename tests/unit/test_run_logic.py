@@ -279,7 +279,9 @@ SESSION_LOOP = py(
 def test_run_reports_a_stop_before_the_first_checkpoint(tmp_path: Path) -> None:
     """A Session that stops before any step (the deadline has passed) exits 1: not a crash."""
     ck = tmp_path / "ck"
-    opts = RunOptions(command=SESSION_LOOP, checkpoint_dir=ck, retries=2, backoff_s=0.01)
+    opts = RunOptions(
+        command=SESSION_LOOP, checkpoint_dir=ck, retries=2, backoff_s=0.01, max_no_progress=3
+    )
     env = clean_env(**{ENV_DEADLINE: str(time.time() - 1.0)})
     assert run(opts, environ=env) == 1
     (rec,) = read_ledger(ck)  # --retries does not relaunch it: it stopped, it did not crash

@@ -215,6 +215,22 @@ def test_stop_signals_entered_twice_restores_the_original() -> None:
     assert signal.getsignal(signal.SIGUSR2) == before
 
 
+def test_stop_signals_ignore_keeps_a_late_warning_from_killing_a_finished_program() -> None:
+    """After ``ignore()`` the signal is SIG_IGN (which CPython keeps through shutdown, unlike a
+    Python handler): a warning that arrives then does nothing, and leaving the block does not
+    put the flag handler back."""
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        with StopSignals(["USR2"]) as stop:
+            stop.ignore()
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.01)
+            assert stop.received is None
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
 def test_stop_signals_rejects_unknown_names_at_construction() -> None:
     before = signal.getsignal(signal.SIGUSR1)
     with pytest.raises(ValueError):

@@ -89,7 +89,7 @@ class RunOptions:
     """
 
     walltime_s: float | None = None
-    max_no_progress: int = 3
+    max_no_progress: int = 2
     retries: int = 0
     extra: tuple[str, ...] = field(default=())
 
