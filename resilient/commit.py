@@ -52,11 +52,11 @@ class PendingDir:
     final: Path
 
     @classmethod
-    def for_step(cls, root: Path, step: int) -> PendingDir:
-        """The pending directory of a checkpoint of ``step`` (no I/O)."""
-        return cls(
-            root / layout.tmp_dir_name(step, storage.new_token()), root / layout.step_dir_name(step)
-        )
+    def for_step(cls, root: Path, step: int, *, token: str | None = None) -> PendingDir:
+        """The pending directory of a checkpoint of ``step`` (no I/O); ``token`` makes the
+        temporary name (default: a new one)."""
+        tmp = layout.tmp_dir_name(step, token if token is not None else storage.new_token())
+        return cls(root / tmp, root / layout.step_dir_name(step))
 
     @classmethod
     def for_static(cls, root: Path, content_hash: str) -> PendingDir:

@@ -28,12 +28,12 @@ raise :class:`~resilient.errors.ConfigError` naming the file and the key.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from resilient.errors import ConfigError
+from resilient.nodes import expand_node_path
 from resilient.policies import (
     EverySeconds,
     EverySteps,
@@ -49,7 +49,6 @@ from resilient.schema import Section
 
 __all__ = [
     "CheckpointConfig",
-    "expand_path",
     "load_checkpoint_config",
     "load_yaml",
     "tier_options",
@@ -115,20 +114,10 @@ class CheckpointConfig:
             walltime_margin_s=float(top.get("walltime_margin_s", _NUMBER, 60.0)),
             gc_every=top.get("gc_every", int, None),
             async_save=top.get("async_save", bool, False),
-            local_dir=None if local_dir is None else expand_path(local_dir),
+            local_dir=None if local_dir is None else expand_node_path(local_dir),
             flush_every=top.get("flush_every", int, 1),
             local_keep=top.get("local_keep", int, 2),
         )
-
-
-_VAR = re.compile(r"\$\{(\w+):-([^}]*)\}")
-
-
-def expand_path(text: str) -> str:
-    """Expand ``${VAR:-default}`` (the default when ``VAR`` is unset or empty), then ``$VAR`` and
-    ``${VAR}`` (left as they are when unset) and ``~``."""
-    text = _VAR.sub(lambda m: os.environ.get(m.group(1)) or m.group(2), text)
-    return os.path.expanduser(os.path.expandvars(text))
 
 
 def tier_options(args: Any) -> dict[str, Any]:
@@ -138,7 +127,7 @@ def tier_options(args: Any) -> dict[str, Any]:
     if getattr(args, "async_save", False):
         changes["async_save"] = True
     if getattr(args, "local_dir", None):
-        changes["local_dir"] = expand_path(args.local_dir)
+        changes["local_dir"] = expand_node_path(args.local_dir)
     if getattr(args, "flush_every", None) is not None:
         changes["flush_every"] = args.flush_every
     return changes

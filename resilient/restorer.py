@@ -135,10 +135,10 @@ class Restorer:
             ``(None, [])`` when some rank's ``blocks`` differ from its saved ones (an elastic
             restore, which reads other ranks' files: use the shared root).
         """
-        chosen = self.coll.broadcast(
-            f"loading the static data of {path}",
-            lambda: _Candidate(path, manifest, self._static_manifest(manifest)),
+        static = self.coll.broadcast(
+            f"loading the static data of {path}", lambda: self._static_manifest(manifest)
         )
+        chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
         if into:

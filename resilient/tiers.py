@@ -5,6 +5,11 @@ root of its own holding, per step, the data files of that node's ranks plus the 
 the ``COMMITTED`` marker (the same manifest the shared copy gets). Every file group must lie on
 one node (``checkpoint_comm`` ``self`` or ``node``; ``world`` only on one node).
 
+A node is what the communicator says it is (:meth:`~resilient.comm.Comm.split_node`), not a
+host name: several nodes may share a host. ``local_dir`` is expanded on each node by its own
+ranks (``/scratch/$SLURMD_NODENAME``, ``$SLURM_TMPDIR``), so each node may have its own path;
+every rank of a node must expand it to the same directory.
+
 * A save goes to a pending directory on every node; each node's leader commits its copy with
   the usual protocol (:class:`~resilient.commit.PendingDir`).
 * A flush copies a committed local checkpoint to the shared root: every rank copies its own
@@ -25,6 +30,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from resilient import hdf5, layout, storage
@@ -34,6 +40,7 @@ from resilient.comm import Comm
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import LayoutInfo, Manifest
+from resilient.nodes import expand_node_path, node_label
 from resilient.topology import Topology
 from resilient.validate import load_manifest
 
@@ -54,8 +61,21 @@ def local_root_of(local_dir: str | os.PathLike[str], shared_root: Path) -> Path:
     return Path(local_dir) / f"{Path(absolute).name}-{hash128(absolute)[:12]}"
 
 
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What one rank knows of its node: the node's first rank (of the checkpoint set: the
+    node's identity), its name, its host, and the local directory as this rank expands it
+    and as the node's first rank does."""
+
+    leader: int
+    label: str
+    host: str
+    own_dir: str
+    node_dir: str
+
+
 class LocalCheckpoint:
-    """A local checkpoint every rank has: its directory (same path on every node) and manifest."""
+    """A local checkpoint every rank has: its node's directory of the step, and the manifest."""
 
     __slots__ = ("manifest", "path")
 
@@ -68,13 +88,15 @@ class LocalTier:
     """The local tier of one manager. Construction is collective over ``topo.comm``.
 
     Args:
-        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``).
+        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``), expanded on
+            each node (``/scratch/$SLURMD_NODENAME``).
         shared_root: the shared checkpoint root this tier caches.
         topo: who writes which file.
         keep: local checkpoints kept per node (the newest ones).
 
     Raises:
-        ConfigError: a file group spans nodes, or ``keep`` < 1.
+        ConfigError: a file group spans nodes, the ranks of one node expand ``local_dir`` to
+            different directories, or ``keep`` < 1.
     """
 
     def __init__(
@@ -82,13 +104,17 @@ class LocalTier:
     ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"local_keep must be a positive integer, got {keep!r}")
-        self.root = local_root_of(local_dir, shared_root)
         self.topo = topo
         self.keep = keep
         self._coll = Collective(topo.comm)
         self.node: Comm = self._coll.check("grouping ranks by node", topo.comm.split_node)
-        self.hosts: list[str] = topo.comm.allgather(socket.gethostname())
-        self._coll.check("checking the local tier's layout", self._check_groups)
+        own_dir = expand_node_path(local_dir)
+        leader, label, node_dir = self.node.bcast((topo.comm.rank, node_label(), own_dir))
+        self.views: list[NodeView] = topo.comm.allgather(
+            NodeView(leader, label, socket.gethostname(), own_dir, node_dir)
+        )
+        self._coll.check("checking the local tier's layout", self._check_nodes)
+        self.root = local_root_of(node_dir, shared_root)
         self._coll.check(f"opening the local tier {self.root}", self._open)
 
     @property
@@ -96,14 +122,21 @@ class LocalTier:
         """Whether this rank acts for its node (creates, commits and rotates its copies)."""
         return self.node.rank == 0
 
-    def _check_groups(self) -> None:
+    def _check_nodes(self) -> None:
         for group in self.topo.groups:
-            hosts = {self.hosts[r] for r in group}
-            if len(hosts) > 1:
+            nodes = {self.views[r].leader: self.views[r].label for r in group}
+            if len(nodes) > 1:
                 raise ConfigError(
                     f"local_dir needs every checkpoint file on one node, but checkpoint_comm="
-                    f"{self.topo.kind!r} puts ranks of {sorted(hosts)[:3]} in one file: use "
-                    "'self' or 'node'"
+                    f"{self.topo.kind!r} puts ranks of nodes {sorted(nodes.values())[:3]} in "
+                    "one file: use 'self' or 'node'"
+                )
+        for rank, view in enumerate(self.views):
+            if view.own_dir != view.node_dir:
+                raise ConfigError(
+                    f"local_dir must name one directory per node, but rank {rank} expands it "
+                    f"to {view.own_dir!r} and the first rank of its node ({view.label}) to "
+                    f"{view.node_dir!r}"
                 )
 
     def _open(self) -> None:
@@ -115,9 +148,8 @@ class LocalTier:
 
     def create_pending(self, step: int) -> PendingDir:
         """Collective: name a temporary directory for ``step``; every node's leader creates it."""
-        pending = self._coll.broadcast(
-            "naming a local temporary directory", lambda: PendingDir.for_step(self.root, step)
-        )
+        token = self._coll.broadcast("naming a local temporary directory", storage.new_token)
+        pending = PendingDir.for_step(self.root, step, token=token)  # this node's directory
 
         def create() -> None:
             if self.is_node_leader:
@@ -204,14 +236,18 @@ class LocalTier:
         """
         mine = self._intact_steps(current, step)
 
-        def pick(found: Sequence[Sequence[int]]) -> LocalCheckpoint | None:
+        def pick(found: Sequence[Sequence[int]]) -> tuple[int, Manifest] | None:
             common = set(found[0]).intersection(*map(set, found[1:]))
             if not common:
                 return None
-            path = self.root / layout.step_dir_name(max(common))
-            return LocalCheckpoint(path, load_manifest(path))
+            newest = max(common)  # the same manifest on every node: the coordinator's copy
+            return newest, load_manifest(self.root / layout.step_dir_name(newest))
 
-        return self._coll.all_reduce("finding local checkpoints", lambda: mine, pick)
+        picked = self._coll.all_reduce("finding local checkpoints", lambda: mine, pick)
+        if picked is None:
+            return None
+        newest, manifest = picked
+        return LocalCheckpoint(self.root / layout.step_dir_name(newest), manifest)
 
     def _intact_steps(self, current: LayoutInfo, step: int | None) -> list[int]:
         """Steps whose local copy holds this rank's file intact (local: a few stats)."""
@@ -245,29 +281,32 @@ class LocalTier:
         except OSError as exc:
             log.warning("could not quarantine %s: %s", checkpoint.path, exc)
 
-    def listing(self) -> list[tuple[str, Path]]:
-        """``(host, local root)`` of every node (for the shared root's record of its tiers)."""
-        return sorted({(self.hosts[r], self.root) for r in range(len(self.hosts))})
+    def listing(self) -> list[tuple[str, str, Path]]:
+        """``(node, host, local root)`` of every node (the shared root's record of its tiers)."""
+        shared = self.root.name
+        return sorted({(v.label, v.host, Path(v.node_dir) / shared) for v in self.views})
 
 
-def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, Path]]) -> None:
-    """Add ``(host, local root)`` pairs to the shared root's record (for ``resilient ls``)."""
+def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, str, Path]]) -> None:
+    """Add ``(node, host, local root)`` entries to the shared root's record (``resilient ls``)."""
     known = set(_read_tiers(shared_root))
-    new = known | {(h, str(p)) for h, p in tiers}
+    new = known | {(n, h, str(p)) for n, h, p in tiers}
     if new != known:
-        doc = [{"host": h, "path": p} for h, p in sorted(new)]
+        doc = [{"node": n, "host": h, "path": p} for n, h, p in sorted(new)]
         tmp = shared_root / f".{layout.LOCAL_TIERS}.{storage.new_token()}"
         storage.write_durable(tmp, json.dumps(doc, indent=1).encode())
         os.replace(tmp, shared_root / layout.LOCAL_TIERS)
 
 
-def known_local_roots(shared_root: Path, *, host: str | None = None) -> list[Path]:
-    """The local roots recorded for ``shared_root`` on ``host`` (default: this host)."""
-    here = socket.gethostname() if host is None else host
-    return [Path(p) for h, p in _read_tiers(shared_root) if h == here]
+def known_local_roots(shared_root: Path, *, node: str | None = None) -> list[Path]:
+    """The local roots recorded for ``shared_root`` on ``node``: by default this process's
+    node (:func:`~resilient.nodes.node_label`) or host."""
+    here = {node} if node is not None else {node_label(), socket.gethostname()}
+    return [Path(p) for n, h, p in _read_tiers(shared_root) if n in here or h in here]
 
 
-def _read_tiers(shared_root: Path) -> list[tuple[str, str]]:
+def _read_tiers(shared_root: Path) -> list[tuple[str, str, str]]:
+    """``(node, host, path)`` entries (records written before nodes had names: node = host)."""
     try:
         doc = json.loads((shared_root / layout.LOCAL_TIERS).read_text())
     except (OSError, ValueError):
@@ -275,7 +314,7 @@ def _read_tiers(shared_root: Path) -> list[tuple[str, str]]:
     if not isinstance(doc, list):
         return []
     return [
-        (d["host"], d["path"])
+        (d["node"] if isinstance(d.get("node"), str) else d["host"], d["host"], d["path"])
         for d in doc
         if isinstance(d, dict) and isinstance(d.get("host"), str) and isinstance(d.get("path"), str)
     ]

@@ -28,11 +28,11 @@ than that needs ``init_process_group(timeout=...)``.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any, TypeVar
 
 from resilient.errors import ConfigError
+from resilient.nodes import node_label
 
 __all__ = ["TorchComm"]
 
@@ -43,8 +43,9 @@ _SLEEP_MAX_S = 0.002
 
 
 def _hostname() -> str:
-    """This process's host (the key of :meth:`TorchComm.split_node`; tests replace it)."""
-    return socket.gethostname()
+    """This process's node (the key of :meth:`TorchComm.split_node`; tests replace it): the
+    launcher's node name where it exports one (``SLURMD_NODENAME``), else the host name."""
+    return node_label()
 
 
 class TorchComm:

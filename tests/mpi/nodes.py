@@ -1,0 +1,79 @@
+"""The node-local tier across several nodes; driven by tests/test_multinode.py.
+
+Usage: python tests/mpi/nodes.py SCENARIO ROOT LOCAL_DIR [ARG]
+
+Started as ``mpiexec -hosts nodeA:2,nodeB:2 -launcher fork`` (one MPI node per host name on
+this machine) or by ``srun -N 2`` on the multi-node local Slurm. ``LOCAL_DIR`` is given
+unexpanded (``/tmp/x/$PMI_HOSTNAME``): each node's ranks expand it. Each rank prints
+``RESULT <json>`` on success; any failure raises (the launcher then exits non-zero).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from resilient import CheckpointManager, KeepLast
+from resilient.errors import ResilientError
+from resilient.nodes import node_label
+
+world = MPI.COMM_WORLD
+rank = world.rank
+
+
+def make_state(step: int) -> dict[str, Any]:
+    rng = np.random.default_rng(1000 * rank + step)
+    return {"u": rng.standard_normal((64 + rank, 3)), "step": step}
+
+
+def result(**kw: Any) -> None:
+    print("RESULT " + json.dumps({"rank": rank, "node": node_label(), **kw}), flush=True)
+
+
+def manager(root: str, local_dir: str, **kw: Any) -> CheckpointManager:
+    return CheckpointManager(
+        root, comm=world, checkpoint_comm="node", local_dir=local_dir, keep=KeepLast(5), **kw
+    )
+
+
+def scenario_save(root: str, local_dir: str, steps: str) -> None:
+    """Save steps 1..N (every 2nd flushed to the shared root); leave like a killed job (no
+    close, no last flush)."""
+    m = manager(root, local_dir, flush_every=2)
+    for step in range(1, int(steps) + 1):
+        m.save(step, make_state(step))
+        m.wait()  # the flush of an even step has reached the shared root
+    result(local_root=str(m._local.root) if m._local else None)
+    m.__exit__(RuntimeError, RuntimeError("killed"), None)
+
+
+def scenario_restore(root: str, local_dir: str) -> None:
+    """Restore the newest checkpoint (local tier first) and check every rank's state."""
+    with manager(root, local_dir) as m:
+        step, got = m.restore()
+        want = make_state(step)
+        assert got["step"] == step and np.array_equal(got["u"], want["u"]), (step, got)
+    result(step=step)
+
+
+def scenario_refused(root: str, local_dir: str, comm: str) -> None:
+    """Construction fails with the same error on every rank (no rank hangs)."""
+    try:
+        CheckpointManager(root, comm=world, checkpoint_comm=comm, local_dir=local_dir)
+    except ResilientError as exc:
+        result(error=type(exc).__name__, message=str(exc))
+        return
+    raise AssertionError("the manager was built")
+
+
+def main() -> None:
+    scenario, root, local_dir, *args = sys.argv[1:]
+    globals()[f"scenario_{scenario}"](root, local_dir, *args)
+
+
+if __name__ == "__main__":
+    main()
