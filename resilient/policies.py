@@ -275,9 +275,10 @@ class OnSignal(SavePolicy):
 
 
 SHORT_RUN_MARGIN_SHARE = 0.5
-"""Share of the time left at the start that a stop margin that does not fit takes instead.
+"""Share of the time left at the start that a stop margin may take at most.
 
-A margin longer than the time left would stop the run before its first step. Nothing is
+A margin longer than the time left would stop the run before its first step, and one just
+shorter leaves a start slowed by a busy node no time for a step either. Nothing is
 measured yet at the start, so nothing says how to split the time between steps and the final
 save plus the exit; half bounds both: the loop gets at least half the time to make progress,
 and the final checkpoint and the exit get the other half. That half also ends ahead of the
@@ -306,12 +307,13 @@ class BeforeWalltime(SavePolicy):
     def fit_to(self, time_left_s: float | None) -> BeforeWalltime:
         """This rule for a run that starts with ``time_left_s`` before its deadline.
 
-        Itself when the margin fits in the time left (or no deadline is known); otherwise the
-        run would stop at its first check, before any step, and never save anything: the same
-        rule with the margin clamped to :data:`SHORT_RUN_MARGIN_SHARE` of the time left (0 once
-        the deadline has passed).
+        Itself when the margin leaves the loop at least the rest of the time left beyond
+        :data:`SHORT_RUN_MARGIN_SHARE` of it (or no deadline is known); otherwise the run could
+        stop at its first check, before any step (or after a start so slow that no step fits
+        before the margin), and save nothing: the same rule with the margin clamped to
+        :data:`SHORT_RUN_MARGIN_SHARE` of the time left (0 once the deadline has passed).
         """
-        if time_left_s is None or not time_left_s <= self.margin_s:
+        if time_left_s is None or not self.margin_s > SHORT_RUN_MARGIN_SHARE * time_left_s:
             return self
         return replace(self, margin_s=max(0.0, SHORT_RUN_MARGIN_SHARE * time_left_s))
 

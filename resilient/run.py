@@ -192,6 +192,12 @@ def _stopped_before_first_checkpoint(stop: Mapping[str, Any], walltime_s: float 
                 "stopped before its first checkpoint: the deadline had passed when it started "
                 f"({why})"
             )
+        if walltime_s is not None and walltime_s >= margin:  # a slow start, not a short walltime
+            return (
+                f"stopped before its first checkpoint: it started {_seconds(walltime_s - left)} "
+                f"into its walltime of {_seconds(walltime_s)}, leaving {_seconds(left)}, less "
+                f"than the program's stop margin {_seconds(margin)} ({why})"
+            )
         walltime = walltime_s if walltime_s is not None else left
         return (
             f"stopped before its first checkpoint: walltime {_seconds(walltime)} is shorter than "
@@ -280,9 +286,9 @@ class _Attempt:
                     term_sent_at = now
             if warn_at is not None and now >= warn_at:
                 log.info(
-                    "walltime: %s %.0f s before the limit",
+                    "walltime: %s %s before the limit",
                     self.opts.warn_signal.name,
-                    term_at - now if term_at else 0,
+                    _seconds(max(0.0, term_at - now) if term_at else 0.0),
                 )
                 _signal_tree(proc, self.opts.warn_signal)
                 last, warn_at = self.opts.warn_signal.name, None

@@ -124,13 +124,14 @@ class Session:
             local_keep=local_keep,
         )
         self.comm = self.manager.comm
-        # A margin longer than the time left would stop the loop before its first step, every
-        # time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
+        # A margin longer than half the time left could stop the loop before its first step,
+        # every time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
         self._time_left_at_start = self.time_left_s
         self._stop_before_deadline = self._stop_before_deadline.fit_to(self._time_left_at_start)
         if self._stop_before_deadline.margin_s != self.margin_s and self.comm.rank == 0:
             log.warning(
-                "stop margin %.1f s is longer than the %.1f s left before the deadline (%s): "
+                "stop margin %.1f s would leave less than half of the %.1f s left before the "
+                "deadline (%s) for steps: "
                 "using %.1f s instead, so that this run can make and save progress",
                 self.margin_s,
                 self._time_left_at_start,

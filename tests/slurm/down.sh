@@ -10,7 +10,9 @@ stop() {
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
     kill -9 "$p" 2>/dev/null || true
 }
-stop "$S/state/slurmd.pid"
+for pidfile in "$S"/state/slurmd.*.pid "$S/state/slurmd.pid"; do  # one per node (and the old name)
+    stop "$pidfile"
+done
 stop "$S/state/slurmctld.pid"
 [[ ${1:-} == --keep-munge ]] || stop /run/munge/munged.pid
 exit 0

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Bring up a one-node Slurm on localhost for the tests (Debian/Ubuntu, root, no systemd needed).
+# Bring up a Slurm of N nodes on localhost for the tests (Debian/Ubuntu, root, no systemd needed).
 # Idempotent: safe to call when it is already running. Tear down with tests/slurm/down.sh.
 #
 #   bash tests/slurm/up.sh        # installs slurmctld slurmd slurm-client munge if missing
+#   RESILIENT_SLURM_NODES=1 bash tests/slurm/up.sh      # one node only
 #
-# Facts this relies on (measured on the CI machine kind): ~12 s from a fresh machine; the node
+# Nodes n1..nN (default 3) are node aliases of this host: one slurmd each (`slurmd -N n2`), its
+# own port and spool directory; `SLURMD_NODENAME` and `SLURM_NODEID` differ per node, the host
+# name does not, and MPI's shared-memory split follows Slurm's nodes (`srun -N 2 --mpi=pmi2`).
+# Partition `debug` (the default) is n1 alone, the one-node cluster every single-node test
+# expects; partition `multi` is every node, for the multi-node tests (`-p multi -N 2`).
+#
+# Facts this relies on (measured on the CI machine kind): ~12 s from a fresh machine; each node
 # claims 8 CPUs (config_overrides) so that 4-rank MPI jobs fit on 2 real cores; MpiDefault=pmi2
 # lets `srun -n 4` start a real 4-rank job with the PyPI mpich wheel; KillWait=5 keeps walltime
 # tests short; MinJobAge=600 keeps finished jobs visible to `squeue` (no accounting DB here).
 set -euo pipefail
 S=${RESILIENT_SLURM_DIR:-/tmp/resilient-slurm}
+N=${RESILIENT_SLURM_NODES:-3}
 export DEBIAN_FRONTEND=noninteractive
 
 if [[ $(id -u) != 0 ]]; then
@@ -21,10 +29,16 @@ fi
 closefds() { for fd in /proc/self/fd/*; do n=${fd##*/}; [[ $n -gt 2 ]] && eval "exec $n>&-" 2>/dev/null; done; true; }
 detach() { (closefds; exec "$@") </dev/null >/dev/null 2>&1; }
 
-node_idle() { sinfo -h -o '%T' 2>/dev/null | grep -qxE 'idle|mixed|allocated'; }
+# all N nodes up (idle, or busy with jobs)
+nodes_up() {
+    local up
+    up=$(sinfo -h -N -p multi -o '%N %T' 2>/dev/null | grep -cE ' (idle|mixed|allocated)$') || true
+    [[ ${up:-0} -ge $N ]]
+}
 
-if command -v sinfo >/dev/null && node_idle && [[ -s $S/state/slurmctld.pid ]]; then
-    echo "slurm: already running ($(sinfo -h -o '%P %D %T %c'))"
+if command -v sinfo >/dev/null && nodes_up && [[ -s $S/state/slurmctld.pid ]] &&
+    [[ $(sinfo -h -N -p multi -o '%N' 2>/dev/null | sort -u | wc -l) -eq $N ]]; then
+    echo "slurm: already running ($(sinfo -h -o '%P %D %T %c' | tr '\n' ' '))"
     exit 0
 fi
 
@@ -36,7 +50,10 @@ fi
 
 host=$(hostname -s)
 mem=$(awk '/MemTotal/ {m = int($2 / 1024 / 2); if (m > 8000) m = 8000; print m}' /proc/meminfo)
-mkdir -p "$S/state/ctld" "$S/state/d" "$S/log" /etc/slurm
+mkdir -p "$S/state/ctld" "$S/log" /etc/slurm
+for i in $(seq 1 "$N"); do mkdir -p "$S/state/d.n$i"; done
+nodes="n1" ports=17001
+((N > 1)) && nodes="n[1-$N]" ports="17001-$((17000 + N))"
 cat >/etc/slurm/slurm.conf <<CONF
 ClusterName=resilientci
 SlurmctldHost=${host}(127.0.0.1)
@@ -44,11 +61,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 StateSaveLocation=$S/state/ctld
-SlurmdSpoolDir=$S/state/d
+SlurmdSpoolDir=$S/state/d.%n
 SlurmctldPidFile=$S/state/slurmctld.pid
-SlurmdPidFile=$S/state/slurmd.pid
+SlurmdPidFile=$S/state/slurmd.%n.pid
 SlurmctldLogFile=$S/log/slurmctld.log
-SlurmdLogFile=$S/log/slurmd.log
+SlurmdLogFile=$S/log/slurmd.%n.log
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -70,8 +87,9 @@ KillWait=5
 OverTimeLimit=0
 MinJobAge=600
 SchedulerParameters=sched_interval=2,bf_interval=2
-NodeName=${host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=${mem} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+NodeName=${nodes} NodeHostname=${host} NodeAddr=127.0.0.1 Port=${ports} CPUs=8 RealMemory=${mem} State=UNKNOWN
+PartitionName=debug Nodes=n1 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+PartitionName=multi Nodes=${nodes} MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 
 if [[ ! -s /etc/munge/munge.key ]]; then
@@ -88,11 +106,12 @@ fi
 # A previous instance (from an earlier test run) is stopped first: its PIDs are in $S/state.
 bash "$(dirname "$0")/down.sh" --keep-munge >/dev/null 2>&1 || true
 detach /usr/sbin/slurmctld
-detach /usr/sbin/slurmd
-for _ in $(seq 1 150); do node_idle && break; sleep 0.2; done
-if ! node_idle; then
-    echo "slurm: node did not become idle" >&2
-    tail -n 30 "$S/log/slurmctld.log" "$S/log/slurmd.log" >&2 || true
+for i in $(seq 1 "$N"); do detach /usr/sbin/slurmd -N "n$i"; done
+for _ in $(seq 1 150); do nodes_up && break; sleep 0.2; done
+if ! nodes_up; then
+    echo "slurm: not every node became idle" >&2
+    sinfo -N >&2 || true
+    tail -n 30 "$S/log/slurmctld.log" "$S"/log/slurmd.*.log >&2 || true
     exit 1
 fi
-echo "slurm: up ($(sinfo -h -o '%P %D %T cpus=%c'))"
+echo "slurm: up ($(sinfo -h -o '%P %D %T cpus=%c' | tr '\n' ' '))"

@@ -185,6 +185,17 @@ def test_classify_a_stop_before_the_first_checkpoint(
     assert ("crashed" in reason) is (words == "crashed (exit 1)" or status == 3)
 
 
+def test_classify_a_slow_start_in_a_long_enough_walltime_says_so() -> None:
+    """4 s of walltime, a 2-s margin, a start that took 3.4 s: not a walltime too short."""
+    stop = stop_record(margin_s=2.0, time_left_at_start_s=0.6)
+    reason, code = _classify(1, None, False, 1, 3, stop=stop, walltime_s=4.0)
+    assert code == 1
+    assert reason.startswith(
+        f"{FIRST}: it started 3.4 s into its walltime of 4 s, leaving 0.6 s, less than the "
+        "program's stop margin 2 s"
+    ), reason
+
+
 def test_classify_without_walltime_names_the_time_left_at_the_start() -> None:
     reason, _ = _classify(1, None, False, 1, 3, stop=stop_record(), walltime_s=None)
     assert reason.startswith(f"{FIRST}: walltime 2.4 s is shorter than the program's stop margin")

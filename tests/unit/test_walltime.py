@@ -406,7 +406,9 @@ def test_session_stop_rule_is_a_before_walltime_policy(tmp_path: Path) -> None:
     [
         (10.0, None, 10.0),  # no deadline known
         (10.0, 30.0, 10.0),  # fits
-        (10.0, 10.01, 10.0),
+        (10.0, 20.0, 10.0),  # leaves the loop half the time left: fits
+        (10.0, 19.9, 9.95),  # would leave the loop less than half: half the time left
+        (10.0, 10.01, 5.005),
         (10.0, 10.0, 5.0),  # would stop at the first check: half the time left
         (10.0, 3.0, 1.5),
         (1e6, 1000.0, 500.0),
