@@ -370,16 +370,24 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
 
     handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
     current: list[_Attempt] = []  # the attempt running now, if any
+    unheard: list[int] = []  # stop signals that came while no program ran
 
     def forward(signum: int, frame: Any) -> None:
         if current:
             current[0].on_signal(signum, frame)
+        else:
+            unheard.append(signum)
 
     previous = {s: signal.signal(s, forward) for s in handled}
     try:
         while True:
             code, record, attempt = _run_job(opts, env, current)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
+                return code
+            if unheard:  # asked to stop between two launches: the engine decides
+                log.info(
+                    "%s before the requeue: not starting again", signal.Signals(unheard[0]).name
+                )
                 return code
             log.info(
                 "requeued after attempt %d (%s): starting again with a new walltime of %s",
