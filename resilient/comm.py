@@ -11,9 +11,34 @@ from __future__ import annotations
 import types
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Comm", "SerialComm", "as_comm"]
+__all__ = ["Channel", "Comm", "SerialComm", "as_comm"]
 
 T = TypeVar("T")
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Channel(Protocol):
+    """Point-to-point transfers of bytes between the ranks of a communicator.
+
+    A channel runs on a duplicate of its communicator, so a background thread may use it while
+    the main thread runs collectives (under MPI this needs ``MPI_THREAD_MULTIPLE``). Messages
+    from one rank to another arrive in the order sent. A blocked call sleeps, never spins. Not
+    collective: each call pairs with one call on the peer.
+    """
+
+    def send(self, dest: int, data: Buffer) -> None:
+        """Send ``data`` to rank ``dest``; returns once the buffer may be reused."""
+        ...
+
+    def recv(self, source: int, into: bytearray | memoryview) -> None:
+        """Receive exactly ``len(into)`` bytes from rank ``source`` into ``into``.
+
+        Raises:
+            ValueError: the message has another length.
+        """
+        ...
 
 
 @runtime_checkable
@@ -46,6 +71,10 @@ class Comm(Protocol):
         """The ranks of this communicator that share a node (shared-memory domain)."""
         ...
 
+    def channel(self) -> Channel:
+        """A :class:`Channel` over these ranks for a background thread (collective)."""
+        ...
+
 
 class SerialComm:
     """A communicator of one process (no MPI at all)."""
@@ -75,6 +104,19 @@ class SerialComm:
 
     def split_node(self) -> Comm:
         return self
+
+    def channel(self) -> Channel:
+        return _NoPeers()
+
+
+class _NoPeers:
+    """The channel of a communicator of one process: there is no one to talk to."""
+
+    def send(self, dest: int, data: Buffer) -> None:
+        raise ValueError(f"no rank {dest} in a communicator of one process")
+
+    def recv(self, source: int, into: bytearray | memoryview) -> None:
+        raise ValueError(f"no rank {source} in a communicator of one process")
 
 
 def _is_torch_group(obj: Any) -> bool:

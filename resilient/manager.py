@@ -31,6 +31,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.manifest import LayoutInfo
+from resilient.partner import check_redundancy
 from resilient.payload import SaveRequest, split_template
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
@@ -95,6 +96,10 @@ class CheckpointManager:
         flush_every: with ``local_dir``: copy every this many checkpoints to ``root``.
         local_keep: with ``local_dir``: local checkpoints kept per node (``keep`` applies to
             ``root``).
+        redundancy: with ``local_dir``: ``"partner"`` copies each node's local checkpoint to
+            the next node's local tier in the background (:mod:`resilient.partner`), so a
+            restore on a job that lost a node rebuilds its files from that copy before it
+            looks at ``root``. ``None``: no copies.
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class CheckpointManager:
         local_dir: str | os.PathLike[str] | None = None,
         flush_every: int = 1,
         local_keep: int = 2,
+        redundancy: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.comm: Comm = as_comm(comm)
@@ -132,6 +138,11 @@ class CheckpointManager:
             raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
         if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
             raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        if check_redundancy(redundancy) is not None and local_dir is None:
+            raise ConfigError(
+                f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
+                "needs local_dir (node-local storage such as $SLURM_TMPDIR or /dev/shm)"
+            )
         self.topology = make_topology(self.comm, checkpoint_comm)
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.topology.layout_info
@@ -140,7 +151,9 @@ class CheckpointManager:
         self._local: LocalTier | None = None
         if local_dir is not None:
             try:
-                self._local = LocalTier(local_dir, self.root, self.topology, keep=local_keep)
+                self._local = LocalTier(
+                    local_dir, self.root, self.topology, keep=local_keep, redundancy=redundancy
+                )
                 tiers = self._local.listing()
                 self._coll.broadcast(
                     "recording the local tier", lambda: record_local_tiers(self.root, tiers)
@@ -432,14 +445,10 @@ class CheckpointManager:
         """Collective: the newest local checkpoint if every rank has it intact and it is at
         least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
         assert self._local is not None
-        found = self._local.newest(self.layout, step=step)
+        shared = self.latest_step() if step is None else None
+        found = self._local.newest(self.layout, step=step, at_least=shared)
         if found is None:
             return None
-        shared: int | None = None
-        if step is None:
-            shared = self.latest_step()
-            if shared is not None and shared > found.manifest.step:
-                return None
         state, reasons = self._restorer.read(
             found.path, found.manifest, validate=validate, into=into, blocks=blocks
         )

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any, TypeVar
 
-__all__ = ["MPIComm"]
+__all__ = ["MPIChannel", "MPIComm"]
 
 T = TypeVar("T")
 
@@ -83,3 +83,59 @@ class MPIComm:
         from mpi4py import MPI
 
         return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank))
+
+    def channel(self) -> MPIChannel:
+        """Collective: a :class:`MPIChannel` on a duplicate of this communicator.
+
+        Raises:
+            ConfigError: MPI was initialised without ``MPI_THREAD_MULTIPLE`` (mpi4py asks for
+                it unless ``mpi4py.rc.thread_level`` says otherwise).
+        """
+        from mpi4py import MPI
+
+        from resilient.errors import ConfigError
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise ConfigError(
+                "transfers on a background thread need MPI_THREAD_MULTIPLE, but MPI was "
+                "initialised with a lower thread level (mpi4py.rc.thread_level)"
+            )
+        return MPIChannel(self.comm.Dup())
+
+
+class MPIChannel:
+    """Point-to-point transfers on a duplicated communicator, waited for with short sleeps
+    (a background thread spinning in ``MPI_Recv`` would steal the computing thread's core)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def send(self, dest: int, data: bytes | bytearray | memoryview) -> None:
+        from mpi4py import MPI
+
+        _wait(self.comm.Isend([data, MPI.BYTE], dest=dest, tag=_TAG))
+
+    def recv(self, source: int, into: bytearray | memoryview) -> None:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        _wait(self.comm.Irecv([into, MPI.BYTE], source=source, tag=_TAG), status)
+        got = status.Get_count(MPI.BYTE)
+        if got != len(into):
+            raise ValueError(f"expected {len(into)} bytes from rank {source}, got {got}")
+
+
+_TAG = 7
+
+
+def _wait(req: Any, status: Any = None) -> None:
+    """Wait for ``req``: yield the core for a moment, then sleep between tests."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < _YIELD_S:
+        if req.Test(status):
+            return
+        os.sched_yield()
+    delay = _SLEEP_MIN_S
+    while not req.Test(status):
+        time.sleep(delay)
+        delay = min(delay * 1.5, _SLEEP_MAX_S)

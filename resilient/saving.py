@@ -79,6 +79,20 @@ class _SaveFlight:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _ProtectFlight:
+    """A local checkpoint being copied to partner nodes (then maybe flushed)."""
+
+    checkpoint: LocalCheckpoint
+    task: Future[str | None]
+    start: float
+    flush_due: bool
+
+    def done(self) -> bool:
+        """Whether this rank's part is done."""
+        return self.task.done()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _FlushFlight:
     """A local checkpoint being copied to the shared root."""
 
@@ -134,7 +148,8 @@ class SavePipeline:
         self._staging = StagingArea()
         self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
-        self._in_flight: _SaveFlight | _FlushFlight | None = None
+        self._in_flight: _SaveFlight | _ProtectFlight | _FlushFlight | None = None
+        self._unprotected_said = False
         self._unflushed: LocalCheckpoint | None = None
         self._local_commits = 0
 
@@ -243,9 +258,11 @@ class SavePipeline:
         self._writer.shutdown()
         self._staging.release()
 
-    def _finish(self, flight: _SaveFlight | _FlushFlight) -> None:
+    def _finish(self, flight: _SaveFlight | _ProtectFlight | _FlushFlight) -> None:
         if isinstance(flight, _FlushFlight):
             self._finish_flush(flight)
+        elif isinstance(flight, _ProtectFlight):
+            self._finish_protect(flight)
         else:
             self._finish_save(flight)
 
@@ -282,7 +299,45 @@ class SavePipeline:
             self._unflushed = LocalCheckpoint(pending.final, manifest)
             self._local_commits += 1
         self._committed(self._clock() - flight.start)
-        if local is not None and self._local_commits % self.flush_every == 0:
+        if local is None:
+            return
+        flush_due = self._local_commits % self.flush_every == 0
+        checkpoint = LocalCheckpoint(pending.final, manifest)
+        protect = local.protect_job(checkpoint)
+        if protect is not None:
+            task = self._writer.submit(protect)
+            self._in_flight = _ProtectFlight(checkpoint, task, self._clock(), flush_due)
+        elif flush_due:
+            self._start_flush()
+
+    # ------------------------------------------------------------------ partner copies
+
+    def _finish_protect(self, flight: _ProtectFlight) -> None:
+        """Collective: learn whether every node's partner copy is committed; record it in the
+        shared root if so, else warn (once per run: the next save tries again)."""
+        step = flight.checkpoint.manifest.step
+        try:
+            problems: list[str] = self._coll.all_reduce(
+                f"protecting step {step}", flight.task.result, lambda f: [p for p in f if p]
+            )
+        except ResilientError as exc:
+            problems = [str(exc)]
+        if not problems:
+            took = round(self._clock() - flight.start, 6)
+            self._coll.broadcast(
+                "recording the partner copies",
+                lambda: storage.append_log(
+                    self.root / layout.PROTECT_LOG,
+                    {"time": time.time(), "step": step, "protect_s": took,
+                     "bytes": flight.checkpoint.manifest.nbytes},
+                ),
+            )  # fmt: skip
+        elif self._coll.is_coordinator:
+            level = logging.DEBUG if self._unprotected_said else logging.WARNING
+            log.log(level, "local checkpoint step %d is valid but not protected (the next save "
+                    "tries again): %s", step, problems[0])  # fmt: skip
+        self._unprotected_said = self._unprotected_said or bool(problems)
+        if flight.flush_due:
             self._start_flush()
 
     # ------------------------------------------------------------------ flushing

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from resilient.errors import ConfigError
 from resilient.nodes import node_label
 
-__all__ = ["TorchComm"]
+__all__ = ["TorchChannel", "TorchComm"]
 
 T = TypeVar("T")
 
@@ -215,3 +215,44 @@ class TorchComm:
             node = dist.new_group(ranks=ranks, backend=backend, use_local_synchronization=True)
         self._node = TorchComm(node)
         return self._node
+
+    def channel(self) -> TorchChannel:
+        """Collective: a :class:`TorchChannel` on a new gloo group of this group's ranks
+        (gloo whatever this group's backend: the bytes are on the CPU)."""
+        import torch.distributed as dist
+
+        if self.group is None:
+            group = dist.new_group(backend="gloo")
+        else:
+            ranks = [self._global(r) for r in range(self._size)]
+            group = dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True)
+        return TorchChannel(group, [self._global(r) for r in range(self._size)])
+
+
+class TorchChannel:
+    """Point-to-point transfers of bytes with gloo's ``send``/``recv`` on a group of their own
+    (gloo's blocking wait sleeps in a condition variable: no spinning)."""
+
+    def __init__(self, group: Any, global_ranks: list[int]) -> None:
+        self.group = group
+        self._global = global_ranks
+
+    def send(self, dest: int, data: bytes | bytearray | memoryview) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if len(data) == 0:
+            return
+        if isinstance(data, bytes):
+            data = bytearray(data)  # torch.frombuffer wants a writable buffer
+        tensor = torch.frombuffer(data, dtype=torch.uint8)
+        dist.send(tensor, dst=self._global[dest], group=self.group)
+
+    def recv(self, source: int, into: bytearray | memoryview) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if len(into) == 0:
+            return
+        tensor = torch.frombuffer(into, dtype=torch.uint8)
+        dist.recv(tensor, src=self._global[source], group=self.group)

@@ -34,16 +34,19 @@ def result(**kw: Any) -> None:
     print("RESULT " + json.dumps({"rank": rank, "node": node_label(), **kw}), flush=True)
 
 
-def manager(root: str, local_dir: str, **kw: Any) -> CheckpointManager:
+def manager(
+    root: str, local_dir: str, redundancy: str = "none", comm: str = "node", **kw: Any
+) -> CheckpointManager:
     return CheckpointManager(
-        root, comm=world, checkpoint_comm="node", local_dir=local_dir, keep=KeepLast(5), **kw
-    )
+        root, comm=world, checkpoint_comm=comm, local_dir=local_dir, keep=KeepLast(5),
+        redundancy=None if redundancy == "none" else redundancy, **kw,
+    )  # fmt: skip
 
 
-def scenario_save(root: str, local_dir: str, steps: str) -> None:
+def scenario_save(root: str, local_dir: str, steps: str, *how: str) -> None:
     """Save steps 1..N (every 2nd flushed to the shared root); leave like a killed job (no
-    close, no last flush)."""
-    m = manager(root, local_dir, flush_every=2)
+    close, no last flush). ``how``: redundancy and checkpoint_comm."""
+    m = manager(root, local_dir, *how, flush_every=2)
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))
         m.wait()  # the flush of an even step has reached the shared root
@@ -51,13 +54,35 @@ def scenario_save(root: str, local_dir: str, steps: str) -> None:
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
-def scenario_restore(root: str, local_dir: str) -> None:
+def scenario_restore(root: str, local_dir: str, *how: str) -> None:
     """Restore the newest checkpoint (local tier first) and check every rank's state."""
-    with manager(root, local_dir) as m:
+    with manager(root, local_dir, *how) as m:
         step, got = m.restore()
         want = make_state(step)
         assert got["step"] == step and np.array_equal(got["u"], want["u"]), (step, got)
     result(step=step)
+
+
+def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> None:
+    """Save steps 1..N with partner copies while the partner's disk is full: every save still
+    commits locally, nothing is protected, and the run goes on."""
+    import errno
+    import os
+
+    from resilient import partner
+
+    if node_label() == "nodeB":
+
+        def full(*_: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        partner._pwrite_all = full  # type: ignore[assignment]
+    m = manager(root, local_dir, "partner", *how, flush_every=100)
+    for step in range(1, int(steps) + 1):
+        m.save(step, make_state(step))
+        m.wait()
+    result(local_root=str(m._local.root) if m._local else None)
+    m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
 def scenario_refused(root: str, local_dir: str, comm: str) -> None:
