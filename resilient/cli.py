@@ -70,12 +70,25 @@ def _tiered(root: Path, *, full: bool) -> list[tuple[str, CheckpointRecord]]:
     return found
 
 
-def _record_json(r: CheckpointRecord, tier: str = "shared") -> dict[str, Any]:
+def _protected_steps(root: Path) -> set[int]:
+    """Steps whose local copies have committed partner copies on other nodes (the shared
+    root's record: the partner nodes' disks may not be visible from here)."""
+    return {
+        rec["step"]
+        for rec in storage.read_jsonl(root / layout.PROTECT_LOG)
+        if isinstance(rec.get("step"), int)
+    }
+
+
+def _record_json(
+    r: CheckpointRecord, tier: str = "shared", protected: set[int] | None = None
+) -> dict[str, Any]:
     m = r.manifest
     return {
         "step": r.step,
         "tier": tier,
         "status": r.status,
+        "protected": r.step in protected if tier == "local" and protected is not None else None,
         "path": str(r.path),
         "bytes": m.nbytes if m else None,
         "layout": m.layout.kind if m else None,
@@ -98,7 +111,9 @@ def _human_bytes(n: int | None) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    records = _tiered(_root(args.root), full=args.full)
+    root = _root(args.root)
+    records = _tiered(root, full=args.full)
+    protected = _protected_steps(root)
     if not records:
         print(f"no checkpoints in {args.root}")
         return EXIT_OK
@@ -109,6 +124,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         m = r.manifest
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)) if m else "-"
         status = r.status + (f" ({r.reason})" if r.reason else "")
+        if tier == "local" and r.status == "valid" and r.step in protected:
+            status += ", protected"  # its partner copies are committed on other nodes
         ranks = str(m.layout.nranks) if m else "-"
         kind = m.layout.kind if m else "-"
         size = _human_bytes(m.nbytes if m else None)
@@ -123,13 +140,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     valid = [r for r in records if r.status == "valid"]
     latest = valid[-1] if valid else None
     local_valid = [r for tier, r in tiered if tier == "local" and r.status == "valid"]
+    protected = _protected_steps(root)
     doc = {
         "root": str(root),
         "latest_step": latest.step if latest else None,
         "latest_path": str(latest.path) if latest else None,
         "latest_local_step": local_valid[-1].step if local_valid else None,
         "local_roots": [str(p) for p in known_local_roots(root)],
-        "checkpoints": [_record_json(r, tier) for tier, r in tiered],
+        "latest_local_protected": bool(local_valid) and local_valid[-1].step in protected,
+        "checkpoints": [_record_json(r, tier, protected) for tier, r in tiered],
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -143,7 +162,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         local_roots = [str(p) for p in known_local_roots(root)]
         if local_roots:
             print(f"local tier on this host: {', '.join(local_roots)}; "
-                  f"latest valid local step: {doc['latest_local_step']}")  # fmt: skip
+                  f"latest valid local step: {doc['latest_local_step']}"
+                  + (" (protected)" if doc["latest_local_protected"] else ""))  # fmt: skip
     return EXIT_OK
 
 

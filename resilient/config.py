@@ -18,6 +18,7 @@ Example::
     local_dir: ${SLURM_TMPDIR:-/dev/shm}  # node-local tier, flushed to the shared root
     flush_every: 5                 # ... every 5 checkpoints, and always the last one
     local_keep: 2                  # local checkpoints kept per node
+    redundancy: partner            # a copy of each node's local checkpoint on the next node
 
 ``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.session.Session`
 stops (and writes its final checkpoint) once less than this margin plus the measured save cost
@@ -34,6 +35,7 @@ from typing import Any
 
 from resilient.errors import ConfigError
 from resilient.nodes import expand_node_path
+from resilient.partner import REDUNDANCY_SCHEMES
 from resilient.policies import (
     EverySeconds,
     EverySteps,
@@ -70,6 +72,7 @@ class CheckpointConfig:
     local_dir: str | None = None
     flush_every: int = 1
     local_keep: int = 2
+    redundancy: str | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint_comm not in ("self", "node", "world"):
@@ -82,6 +85,13 @@ class CheckpointConfig:
             raise ConfigError("gc_every: must be >= 1 (or absent)")
         if self.flush_every < 1 or self.local_keep < 1:
             raise ConfigError("flush_every and local_keep: must be >= 1")
+        if self.redundancy is not None and self.redundancy not in REDUNDANCY_SCHEMES:
+            raise ConfigError(
+                f"redundancy: one of {', '.join(REDUNDANCY_SCHEMES)} (or absent), got "
+                f"{self.redundancy!r}"
+            )
+        if self.redundancy is not None and self.local_dir is None:
+            raise ConfigError(f"redundancy: {self.redundancy} needs local_dir (node-local storage)")
         if self.local_dir is not None and "$" in self.local_dir:
             raise ConfigError(
                 f"local_dir: {self.local_dir!r} names an environment variable that is not set"
@@ -94,6 +104,7 @@ class CheckpointConfig:
             "keep": self.keep, "margin_s": self.walltime_margin_s, "gc_every": self.gc_every,
             "async_save": self.async_save, "local_dir": self.local_dir,
             "flush_every": self.flush_every, "local_keep": self.local_keep,
+            "redundancy": self.redundancy,
         }  # fmt: skip
 
     @classmethod
@@ -104,7 +115,7 @@ class CheckpointConfig:
         top = Section(doc, where=where)
         top.only({
             "checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every",
-            "async_save", "local_dir", "flush_every", "local_keep",
+            "async_save", "local_dir", "flush_every", "local_keep", "redundancy",
         })  # fmt: skip
         local_dir = top.get("local_dir", str, None)
         return cls(
@@ -117,12 +128,13 @@ class CheckpointConfig:
             local_dir=None if local_dir is None else expand_node_path(local_dir),
             flush_every=top.get("flush_every", int, 1),
             local_keep=top.get("local_keep", int, 2),
+            redundancy=top.get("redundancy", str, None),
         )
 
 
 def tier_options(args: Any) -> dict[str, Any]:
-    """Overrides from a program's ``--async-save``, ``--local-dir`` and ``--flush-every`` flags
-    (an ``argparse.Namespace``; absent or unset flags change nothing)."""
+    """Overrides from a program's ``--async-save``, ``--local-dir``, ``--flush-every`` and
+    ``--redundancy`` flags (an ``argparse.Namespace``; absent or unset flags change nothing)."""
     changes: dict[str, Any] = {}
     if getattr(args, "async_save", False):
         changes["async_save"] = True
@@ -130,6 +142,9 @@ def tier_options(args: Any) -> dict[str, Any]:
         changes["local_dir"] = expand_node_path(args.local_dir)
     if getattr(args, "flush_every", None) is not None:
         changes["flush_every"] = args.flush_every
+    redundancy = getattr(args, "redundancy", None)
+    if redundancy is not None:
+        changes["redundancy"] = None if redundancy == "none" else redundancy
     return changes
 
 

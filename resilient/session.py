@@ -73,7 +73,8 @@ class Session:
             checkpoint synchronously.
         local_dir: node-local storage for checkpoints, flushed to ``ckpt_dir`` every
             ``flush_every`` checkpoints and always at the end of the session (see
-            :class:`~resilient.manager.CheckpointManager`); ``local_keep`` per node.
+            :class:`~resilient.manager.CheckpointManager`); ``local_keep`` per node;
+            ``redundancy="partner"``: a copy of each node's local checkpoint on another node.
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -94,6 +95,7 @@ class Session:
         local_dir: str | os.PathLike[str] | None = None,
         flush_every: int = 1,
         local_keep: int = 2,
+        redundancy: str | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -122,6 +124,7 @@ class Session:
             local_dir=local_dir,
             flush_every=flush_every,
             local_keep=local_keep,
+            redundancy=redundancy,
         )
         self.comm = self.manager.comm
         # A margin longer than half the time left could stop the loop before its first step,

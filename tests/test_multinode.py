@@ -8,6 +8,7 @@ expand it, as ``/scratch/$SLURMD_NODENAME`` or ``$SLURM_TMPDIR`` on a cluster.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,134 @@ def test_a_file_spanning_nodes_is_refused_on_every_rank(tmp_path: Path) -> None:
     assert len({r["message"] for r in got}) == 1
     assert "every checkpoint file on one node" in str(got[0]["message"])
     assert "nodeA" in str(got[0]["message"]) and "nodeB" in str(got[0]["message"])
+
+
+# ---------------------------------------------------------------------- partner copies
+
+RING = "nodeA:1,nodeB:2,nodeC:1"  # three nodes, one of them with two ranks: an odd ring
+
+
+def _partner_save(tmp_path: Path, hosts: str, comm: str = "self") -> tuple[Path, Path]:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    on_nodes(["save", str(root), f"{base}/$PMI_HOSTNAME", "3", "partner", comm], hosts=hosts)
+    return root, base
+
+
+def _partner_restore(root: Path, base: Path, hosts: str, comm: str = "self") -> list[int]:
+    got = on_nodes(["restore", str(root), f"{base}/$PMI_HOSTNAME", "partner", comm], hosts=hosts)
+    return [int(str(r["step"])) for r in got]
+
+
+def _local(base: Path, node: str) -> Path:
+    (found,) = (base / node).glob("shared-*")
+    return found
+
+
+def test_partner_copies_sit_on_the_next_node_and_are_recorded(tmp_path: Path) -> None:
+    root, base = _partner_save(tmp_path, RING)
+    # the ring in the order of the nodes' first ranks: A -> B -> C -> A
+    for holder, origin in [("nodeB", "nodeA"), ("nodeC", "nodeB"), ("nodeA", "nodeC")]:
+        copies = _local(base, holder) / "partner"
+        assert sorted(p.name for p in copies.iterdir()) == [origin]
+        steps = sorted(p.name for p in (copies / origin).glob("step_*"))
+        assert steps == ["step_00000002", "step_00000003"]  # rotated like the originals
+        copy, own = copies / origin / "step_00000003", _local(base, origin) / "step_00000003"
+        assert load_manifest(copy).step == 3
+        names = sorted(p.name for p in own.glob("*.h5"))
+        assert names and names == sorted(p.name for p in copy.glob("*.h5"))
+        for name in names:
+            assert (copy / name).read_bytes() == (own / name).read_bytes()
+    logged = [json.loads(line)["step"] for line in (root / "protected.jsonl").open()]
+    assert logged == [1, 2, 3]
+    listing = subprocess.run(
+        [sys.executable, "-m", "resilient.cli", "ls", str(root)], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    assert "local" in listing and "valid, protected" in listing, listing
+
+
+def test_a_lost_node_is_rebuilt_from_its_partner_copy(tmp_path: Path) -> None:
+    root, base = _partner_save(tmp_path, RING)
+    shutil.rmtree(base / "nodeB")  # its newest steps (3) never reached the shared root
+    assert _partner_restore(root, base, RING) == [3] * 4
+    rebuilt = _local(base, "nodeB") / "step_00000003"
+    assert sorted(p.name for p in rebuilt.glob("*.h5")) == ["rank_00001.h5", "rank_00002.h5"]
+
+
+def test_a_replaced_node_and_other_placements_are_rebuilt(tmp_path: Path) -> None:
+    root, base = _partner_save(tmp_path, RING)
+    saved = tmp_path / "saved"
+    shutil.copytree(tmp_path / "local", saved / "local")
+    shutil.copytree(root, saved / "shared")
+    shutil.rmtree(base / "nodeB")  # nodeB is gone; the requeued job got nodeD instead
+    assert _partner_restore(root, base, "nodeA:1,nodeD:2,nodeC:1") == [3] * 4
+    assert (_local(base, "nodeD") / "step_00000003" / "rank_00001.h5").is_file()
+
+    for name in ("local", "shared"):  # back to the state of the save; then two nodes only
+        shutil.rmtree(tmp_path / name)
+        shutil.copytree(saved / name, tmp_path / name)
+    assert _partner_restore(root, base, "nodeA:2,nodeC:2") == [3] * 4
+
+
+def test_two_adjacent_nodes_lost_fall_back_to_the_shared_root(tmp_path: Path) -> None:
+    root, base = _partner_save(tmp_path, RING)
+    shutil.rmtree(base / "nodeB")
+    shutil.rmtree(base / "nodeC")  # nodeB's only copy was on nodeC
+    hosts = RING
+    n = 4
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(n), "-hosts", hosts, "-launcher", "fork", sys.executable,
+         str(NODES), "restore", str(root), f"{base}/$PMI_HOSTNAME", "partner", "self"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["step"] for r in results(proc)] == [2] * 4  # step 2: flushed to the shared root
+    why = [line for line in proc.stderr.splitlines() if "cannot be rebuilt" in line]
+    assert len(why) == 1, proc.stderr
+    assert "rank_00001.h5, rank_00002.h5 of node nodeB" in why[0] and "shared root" in why[0]
+
+
+def test_a_corrupt_partner_copy_is_quarantined_and_an_older_step_used(tmp_path: Path) -> None:
+    root, base = _partner_save(tmp_path, RING)
+    shutil.rmtree(base / "nodeB")
+    copy = _local(base, "nodeC") / "partner" / "nodeB" / "step_00000003" / "rank_00001.h5"
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    assert _partner_restore(root, base, RING) == [2] * 4
+    held = sorted(p.name for p in copy.parent.parent.iterdir())
+    assert held[0] == "step_00000002" and held[1].startswith("step_00000003.quarantined-"), held
+
+
+def test_a_full_partner_disk_leaves_checkpoints_valid_but_unprotected(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    proc_args = ["partner_full", str(root), f"{base}/$PMI_HOSTNAME", "3"]
+    n = 4
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(n), "-hosts", HOSTS, "-launcher", "fork", sys.executable,
+         str(NODES), *proc_args],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "not protected" in line]
+    assert len(said) == 1 and "No space left on device" in said[0], proc.stderr  # once per run
+    assert not (root / "protected.jsonl").exists()
+    for node in ("nodeA", "nodeB"):  # every save committed on every node
+        steps = sorted(p.name for p in _local(base, node).glob("step_*"))
+        assert steps == ["step_00000002", "step_00000003"]
+    leftovers = list((_local(base, "nodeB") / "partner").rglob(".step_*"))
+    assert leftovers == [] and not list((_local(base, "nodeB") / "partner").rglob("step_*"))
+    assert _partner_restore(root, base, HOSTS, "node") == [3] * 4  # still restorable
+
+
+def test_partner_on_one_node_says_so_once(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    proc = subprocess.run(
+        [mpiexec(), "-n", "2", "-hosts", "nodeA:2", "-launcher", "fork", sys.executable,
+         str(NODES), "save", str(root), f"{base}/$PMI_HOSTNAME", "2", "partner", "self"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "no other node" in line]
+    assert len(said) == 1, proc.stderr
+    assert not (_local(base, "nodeA") / "partner").exists()

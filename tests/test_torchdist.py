@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -137,6 +138,18 @@ def test_a_sub_group_as_comm_splits_by_host(tmp_path: Path) -> None:
     """Two checkpoint sets over pair groups, each pair on two faked hosts: "node" is per rank."""
     got = run_ranks(4, ["subgroup", str(tmp_path / "ck"), "node"])
     assert [r["layout"] for r in got] == [{"kind": "node", "nranks": 2, "groups": [[0], [1]]}] * 4
+
+
+@pytest.mark.parametrize("kind", ["self", "node"])
+def test_partner_copies_over_gloo_rebuild_a_lost_node(tmp_path: Path, kind: str) -> None:
+    root, local = str(tmp_path / "ck"), tmp_path / "local"
+    run_ranks(4, ["partner", root, kind, str(local), "save"])
+    (copies,) = (local / "host1").glob("ck-*/partner/host0/step_00000003")
+    assert sorted(p.name for p in copies.glob("*.h5"))
+    shutil.rmtree(local / "host0")  # host0's local disk is gone; its copy is on host1
+    assert [r["step"] for r in run_ranks(4, ["partner", root, kind, str(local), "restore"])] == [
+        3
+    ] * 4
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -167,6 +167,28 @@ def scenario_subgroup(root: str, kind: str) -> None:
     result(ok=True, layout=layout)
 
 
+def scenario_partner(root: str, kind: str, local: str, action: str) -> None:
+    """Two "nodes" (``SLURMD_NODENAME`` = host0, host1), a local tier in ``local/<node>``, partner
+    copies over gloo. ``action`` save: steps 1..3, asynchronous, left like a killed job (no
+    flush); restore: the newest step, checked bit for bit."""
+    os.environ["SLURMD_NODENAME"] = f"host{rank // 2}"
+    m = CheckpointManager(
+        root, comm=dist.group.WORLD, checkpoint_comm=kind, local_dir=f"{local}/$SLURMD_NODENAME",
+        redundancy="partner", flush_every=100,
+    )  # fmt: skip
+    if action == "save":
+        for step in range(1, 4):
+            m.save(step, make_state(step), blocking=False)
+        m.wait()
+        m.__exit__(RuntimeError, RuntimeError("killed"), None)
+        result(ok=True)
+        return
+    with m:
+        step, state = m.restore()
+        assert_same(state, make_state(step))
+    result(ok=True, step=step)
+
+
 def scenario_session(root: str, kind: str) -> None:
     """A Session over the group: saves every 2 steps; a signal on the last rank stops everyone."""
     with Session(
