@@ -7,9 +7,14 @@ Skipped where Slurm or its ``multi`` partition (two nodes or more) is missing.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -105,3 +110,212 @@ def test_heat_with_a_per_node_local_dir_matches_an_uninterrupted_run(tmp_path: P
     with h5py.File(ref) as a, h5py.File(out) as b:
         assert a["T"][()].tobytes() == b["T"][()].tobytes()
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["n1", "n2"]
+
+
+# ---------------------------------------------------------------------- partner copies
+
+
+def _local_root(base: Path, node: str) -> Path:
+    (found,) = (base / node).iterdir()  # <name of the shared root>-<hash of its path>
+    return found
+
+
+def _reset(tmp_path: Path, saved: Path) -> None:
+    for name in ("local", "shared"):
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
+        shutil.copytree(saved / name, tmp_path / name)
+
+
+def test_partner_copies_rebuild_lost_nodes_on_slurm(tmp_path: Path) -> None:
+    """On n1..n3: copies on the right nodes; a wiped node rebuilt; a requeue onto fewer nodes;
+    two adjacent nodes lost (the shared root, said once); a corrupt copy (quarantined, the next
+    option)."""
+    if len(multi_nodes()) < 3:
+        pytest.skip("needs 3 nodes in partition multi")
+    root, base = tmp_path / "shared", tmp_path / "local"
+    local = f"{base}/$SLURMD_NODENAME"
+    how = ["partner", "self"]
+
+    def restore(nodes: str) -> subprocess.CompletedProcess[str]:
+        return srun(nodes, 4, [str(NODES), "restore", str(root), local, *how])
+
+    srun("n1,n2,n3", 4, [str(NODES), "save", str(root), local, "3", *how])
+    ring = {"n2": "n1", "n3": "n2", "n1": "n3"}  # holder: origin (nodes by their first rank)
+    for holder, origin in ring.items():
+        copy = _local_root(base, holder) / "partner" / origin / "step_00000003"
+        own = _local_root(base, origin) / "step_00000003"
+        names = sorted(p.name for p in own.glob("*.h5"))
+        assert names and names == sorted(p.name for p in copy.glob("*.h5")), (holder, origin)
+        assert all((copy / n).read_bytes() == (own / n).read_bytes() for n in names)
+    saved = tmp_path / "saved"
+    shutil.copytree(base, saved / "local")
+    shutil.copytree(root, saved / "shared")
+
+    shutil.rmtree(base / "n2")  # n2's disk is gone: rebuilt from n3's copy, newest step
+    proc = restore("n1,n2,n3")
+    assert [r["step"] for r in results(proc)] == [3] * 4
+    assert "rebuilt local step 3 on node(s) n2" in proc.stderr, proc.stderr
+
+    _reset(tmp_path, saved)  # requeued onto two of the three nodes (ranks placed 2 + 2)
+    assert [r["step"] for r in results(restore("n1,n3"))] == [3] * 4
+
+    _reset(tmp_path, saved)  # n2 and n3 lost: n2's files are nowhere; step 2 is in the root
+    shutil.rmtree(base / "n2")
+    shutil.rmtree(base / "n3")
+    proc = restore("n1,n2,n3")
+    assert [r["step"] for r in results(proc)] == [2] * 4
+    said = [line for line in proc.stderr.splitlines() if "cannot be rebuilt" in line]
+    assert len(said) == 1 and "of node n2" in said[0] and "shared root" in said[0], proc.stderr
+
+    _reset(tmp_path, saved)  # n2 lost and its copy on n3 corrupt: quarantined, step 2
+    shutil.rmtree(base / "n2")
+    (bad,) = (_local_root(base, "n3") / "partner" / "n2" / "step_00000003").glob("*.h5")
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    bad.write_bytes(bytes(data))
+    assert [r["step"] for r in results(restore("n1,n2,n3"))] == [2] * 4
+    assert any(p.name.startswith("step_00000003.quarantined-") for p in bad.parent.parent.iterdir())
+
+
+HEAT = ["-m", "apps.heat", "--nx", "96", "--ny", "64", "--steps", "400", "--checkpoint-every",
+        "10", "--checkpoint-comm", "node", "--async-save", "--redundancy", "partner",
+        "--flush-every", "1000"]  # fmt: skip
+
+
+def _reference(tmp_path: Path) -> bytes:
+    ref = tmp_path / "ref.h5"
+    done = subprocess.run(
+        [mpiexec(), "-n", "4", sys.executable, *HEAT[:8], "--checkpoint-dir",
+         str(tmp_path / "refck"), "--out", str(ref)],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with h5py.File(ref) as f:
+        return bytes(f["T"][()].tobytes())
+
+
+def _heat_job(tmp_path: Path, nodes: str | None) -> str:
+    """Submit the heat run (4 ranks, 2 per node, slowed down) as a batch job; its id. Not
+    requeued by Slurm when a node fails (the default for batch jobs): the test resubmits."""
+    where = ["-w", nodes] if nodes else []
+    args = [*HEAT, "--step-delay", "0.05", "--local-dir", f"{tmp_path}/local/$SLURMD_NODENAME",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out.h5")]  # fmt: skip
+    wrap = " ".join(["srun", "--mpi=pmi2", sys.executable, *(f"'{a}'" for a in args)])
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--no-requeue", "-p", "multi", *where, "-N", "2",
+         "--ntasks-per-node=2",
+         "--time=10", "-o", str(tmp_path / "job-%j.log"), "--chdir", str(REPO), "--wrap", wrap],
+        env=clean_env(), capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    return out.strip().split(";")[0]
+
+
+def _protected(root: Path) -> int:
+    try:
+        return len((root / "protected.jsonl").read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def _job_state(job: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "?")
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _finish(tmp_path: Path, job: str) -> str:
+    _wait(lambda: _job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
+          f"job {job}", 300)  # fmt: skip
+    return (tmp_path / f"job-{job}.log").read_text()
+
+
+def test_a_killed_job_with_a_wiped_node_resumes_from_the_newest_local_step(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the whole job (nothing flushed: flush_every 1000), one node's local directory
+    wiped, the same nodes again: the newest protected step is rebuilt, the output is exact."""
+    multi_nodes()
+    want = _reference(tmp_path)
+    job = _heat_job(tmp_path, "n1,n2")
+    _wait(lambda: _protected(tmp_path / "ck") >= 3, "three protected checkpoints")
+    _kill_where(f"SLURM_JOB_ID={job}")  # scancel would send SIGTERM first: a graceful stop
+    _finish(tmp_path, job)
+    assert not list((tmp_path / "ck").glob("step_*"))  # nothing reached the shared root
+    n1 = _local_root(tmp_path / "local", "n1")  # what n1 has of its own and of n2's
+    both = {p.name for p in n1.glob("step_*")} & {p.name for p in n1.glob("partner/n2/step_*")}
+    newest = max(int(name[5:]) for name in both)
+    shutil.rmtree(tmp_path / "local" / "n2")
+    job = _heat_job(tmp_path, "n1,n2")
+    log = _finish(tmp_path, job)
+    assert _job_state(job) == "COMPLETED", log
+    assert f"rebuilt local step {newest} on node(s) n2" in log, log
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["T"][()].tobytes() == want
+
+
+def _kill_where(env: str, spool_dir: str | None = None) -> None:
+    """SIGKILL every process whose environment holds ``env`` (or, with ``spool_dir``, that has a
+    file open in it: a node's slurmstepd)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        if env.encode() in environ or (spool_dir and any(spool_dir in f for f in fds)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _kill_node(node: str, spool: Path) -> None:
+    """What a node's loss looks like to Slurm: its slurmd, its job steps and ranks die."""
+    os.kill(int((spool / f"slurmd.{node}.pid").read_text()), signal.SIGKILL)
+    _kill_where(f"SLURMD_NODENAME={node}", f"/d.{node}/")
+
+
+def _node_state(node: str) -> str:
+    out = subprocess.run(
+        ["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True, timeout=30
+    )
+    return out.stdout.strip()
+
+
+def test_a_lost_node_goes_down_and_the_job_resumes_on_the_remaining_nodes(
+    tmp_path: Path,
+) -> None:
+    """n2's slurmd is killed during the job, with its ranks and its disk: Slurm marks it DOWN,
+    the job fails; the resubmission lands on n1 and n3 and resumes from n1's own copy and n1's
+    partner copy of n2, rebuilt onto n3; the output is exact."""
+    if len(multi_nodes()) < 3:
+        pytest.skip("needs 3 nodes in partition multi")
+    spool = Path(os.environ.get("RESILIENT_SLURM_DIR", "/tmp/resilient-slurm")) / "state"
+    if not (spool / "slurmd.n2.pid").is_file():
+        pytest.skip(f"no pid file of n2's slurmd in {spool}")
+    want = _reference(tmp_path)
+    job = _heat_job(tmp_path, "n1,n2")
+    try:
+        _wait(lambda: _protected(tmp_path / "ck") >= 3, "three protected checkpoints")
+        _kill_node("n2", spool)
+        shutil.rmtree(tmp_path / "local" / "n2")
+        _wait(lambda: "down" in _node_state("n2"), "n2 to be marked down", 120)
+        first = _finish(tmp_path, job)
+        assert _job_state(job) in ("FAILED", "NODE_FAIL", "CANCELLED"), first
+        job = _heat_job(tmp_path, None)  # wherever Slurm puts it: n1 and n3
+        log = _finish(tmp_path, job)
+        assert _job_state(job) == "COMPLETED", log
+        assert "on node(s) n3 from partner copies" in log, log
+        with h5py.File(tmp_path / "out.h5") as f:
+            assert f["T"][()].tobytes() == want
+    finally:
+        subprocess.run(["/usr/sbin/slurmd", "-N", "n2"], timeout=60, check=False)
+        _wait(lambda: _node_state("n2") in ("idle", "mixed"), "n2 back in service", 120)
