@@ -67,6 +67,7 @@ from resilient.launch import find_mpiexec  # noqa: E402
 
 FAILURES = (
     "lost",
+    "lost_protected",
     "regressions",
     "verify_failures",
     "invalid_dirs",
@@ -87,9 +88,12 @@ class Counts:
     kills_in_save: int = 0
     rank_kills: int = 0
     job_kills: int = 0
+    node_kills: int = 0  # --node-loss: one node's ranks and its local directory
+    double_losses: int = 0  # --node-loss: both nodes lost with nothing protected in between
     launches: int = 0
     campaigns: int = 0  # completed and compared
     lost: int = 0
+    lost_protected: int = 0  # --node-loss: resumed older than the newest protected checkpoint
     regressions: int = 0
     verify_failures: int = 0
     invalid_dirs: int = 0
@@ -117,6 +121,7 @@ class Settings:
     hang_timeout_s: float
     cli_subprocess: bool
     keep_roots: bool
+    node_loss: bool = False
 
 
 # --------------------------------------------------------------------------- processes
@@ -211,6 +216,29 @@ def newest_committed(root: Path) -> int | None:
     return None
 
 
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict):
+                out.append(doc)
+    return out
+
+
+def _env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
 def run_cli(args: list[str], *, subprocess_cli: bool) -> tuple[int, str]:
     """``resilient ARGS``: exit code and standard output."""
     if subprocess_cli:
@@ -228,9 +256,21 @@ def run_cli(args: list[str], *, subprocess_cli: bool) -> tuple[int, str]:
 # --------------------------------------------------------------------------- one campaign
 
 
-def heat_command(s: Settings, root: Path, out: Path, lay: str, mode: str) -> list[str]:
+NODES = ("nodeA", "nodeB")
+
+
+def heat_command(
+    s: Settings, root: Path, out: Path, lay: str, mode: str, local: Path | None = None
+) -> list[str]:
+    """The heat run; with ``local`` (``--node-loss``) on two MPI nodes of this machine, each
+    with its local tier in ``local/<node>`` and partner copies, flushed every 5 saves."""
+    half = s.ranks // 2
+    nodes = ["-hosts", f"{NODES[0]}:{s.ranks - half},{NODES[1]}:{half}", "-launcher", "fork"]
+    tier = ["--local-dir", f"{local}/$PMI_HOSTNAME", "--redundancy", "partner",
+            "--flush-every", "5"]  # fmt: skip
     return [
-        find_mpiexec(), "-n", str(s.ranks), sys.executable, "-m", "apps.heat",
+        find_mpiexec(), "-n", str(s.ranks), *(nodes if local else []),
+        sys.executable, "-m", "apps.heat", *(tier if local else []),
         "--nx", str(s.nx), "--ny", str(s.ny), "--steps", str(s.steps),
         "--checkpoint-dir", str(root), "--out", str(out), "--checkpoint-every", str(s.every),
         "--checkpoint-comm", lay, "--step-delay", str(s.step_delay),
@@ -271,6 +311,11 @@ class Campaign:
         self.dir.mkdir(parents=True)
         self.observed: int | None = None  # newest valid step at the last observation
         self.launches = 0
+        self.local = self.dir / "local"  # --node-loss: the nodes' local directories
+        self.promise: int | None = None  # --node-loss: the next launch resumes at least here
+        self.lost_nodes: set[str] = set()  # --node-loss: lost since the last new protection
+        self.lost_at = 0.0
+        self.launched_at = 0.0
 
     def log(self) -> Any:
         return open(self.dir / f"launch-{self.launches:03d}.log", "wb")
@@ -308,10 +353,12 @@ class Soak:
         self.c.seconds = round(time.monotonic() - t0, 1)
 
     def launch(self, campaign: Campaign) -> subprocess.Popen[bytes]:
+        local = campaign.local if self.s.node_loss else None
         cmd = wrapped(
-            heat_command(self.s, campaign.root, campaign.out, self.c.layout, self.c.mode),
+            heat_command(self.s, campaign.root, campaign.out, self.c.layout, self.c.mode, local),
             campaign.root,
         )
+        campaign.launched_at = time.time()
         campaign.launches += 1
         self.c.launches += 1
         with campaign.log() as fh:
@@ -325,6 +372,7 @@ class Soak:
         for _ in range(3):  # a launch without a kill finishes; allow a spare for a crash
             proc = self.launch(campaign)
             code = proc.wait(timeout=600)
+            self.check_resume(campaign)
             if code == 0:
                 self.completed(campaign)
                 return
@@ -384,8 +432,81 @@ class Soak:
             time.sleep(0.01)
         return victims if proc.poll() is None else None
 
+    def check_resume(self, campaign: Campaign) -> None:
+        """``--node-loss``: the launch that just ended resumed at least from the newest
+        checkpoint protected before the last node loss (its first progress record)."""
+        if campaign.promise is None:
+            return
+        records = [
+            r for r in _read_jsonl(campaign.root / layout.PROGRESS_LOG)
+            if isinstance(r.get("time"), (int, float)) and r["time"] >= campaign.launched_at
+        ]  # fmt: skip
+        if not records:
+            return  # killed before it restored: the next launch must keep the promise
+        resumed = int(records[0]["step"])
+        if resumed < campaign.promise:
+            self.c.lost_protected += 1
+            self.problem(
+                f"{campaign.root}: resumed from step {resumed} after a node loss, but step "
+                f"{campaign.promise} was protected before it"
+            )
+        campaign.promise = None
+
+    def node_trial(self, campaign: Campaign) -> bool:
+        """``--node-loss``: one launch, then one node lost at a random moment (its ranks
+        killed, the job with them, and its local directory wiped); ``True`` if the campaign
+        ended first."""
+        before = campaign.observed
+        proc = self.launch(campaign)
+        delay, start = self.rng.uniform(0.2, self.s.max_delay_s), time.monotonic()
+        while proc.poll() is None and time.monotonic() - start < delay:
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            self.check_resume(campaign)
+            return self.ended(proc, campaign)
+        node = self.rng.choice(NODES)
+        # what partner copies promise: the newest checkpoint protected since the last loss
+        # (all of them before the first); a second node lost before anything new was
+        # protected loses the copies of the first (beyond what the scheme promises)
+        fresh = [
+            int(r["step"]) for r in _read_jsonl(campaign.root / layout.PROTECT_LOG)
+            if isinstance(r.get("step"), int) and float(r.get("time", 0)) > campaign.lost_at
+        ]  # fmt: skip
+        if fresh:
+            campaign.lost_nodes = set()
+        protected = max(fresh, default=None)
+        committed = newest_committed(campaign.root)
+        on_node = [p for p in rank_pids(campaign.root) if _env(p).get("PMI_HOSTNAME") == node]
+        _kill(on_node)  # the node dies; the job dies with it (and its launcher, its wrapper)
+        _kill([proc.pid, *job_pids(campaign.root)])
+        shutil.rmtree(campaign.local / node, ignore_errors=True)
+        proc.wait()
+        self.check_resume(campaign)  # this launch's own resume, if an earlier loss asked
+        self.c.trials += 1
+        self.c.node_kills += 1
+        survivors = wait_gone(campaign.root, self.s.hang_timeout_s)
+        if survivors:
+            self.c.hangs += 1
+            self.problem(f"{campaign.dir}: processes {survivors} survived their job")
+            _kill(survivors)
+            wait_gone(campaign.root, 10)
+        shutil.rmtree(campaign.local / node, ignore_errors=True)  # a late write recreated it
+        campaign.lost_nodes.add(node)
+        campaign.lost_at = time.time()
+        if len(campaign.lost_nodes) > 1:
+            self.c.double_losses += 1
+            campaign.promise = committed  # only the shared root's own
+        else:
+            candidates = [x for x in (protected, committed, campaign.promise) if x is not None]
+            campaign.promise = max(candidates, default=None)
+        floor = max((x for x in (committed, before) if x is not None), default=None)
+        self.observe(campaign, when="after the node loss", floor=floor)
+        return False
+
     def trial(self, campaign: Campaign) -> bool:
         """One launch and (unless it finishes first) one kill; ``True`` if the campaign ended."""
+        if self.s.node_loss:
+            return self.node_trial(campaign)
         before = campaign.observed
         by_rank = self.rng.random() < self.s.rank_share
         proc = self.launch(campaign)
@@ -503,7 +624,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-timeout", type=float, default=60.0)
     p.add_argument("--cli-subprocess", action="store_true", help="run `resilient` as a program")
     p.add_argument("--keep", action="store_true", help="keep the roots of completed campaigns")
+    p.add_argument(
+        "--node-loss", action="store_true",
+        help="two MPI nodes with local tiers and partner copies; each kill loses one node "
+        "(its ranks and its local directory)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.node_loss and ("world" in args.layouts.split(",") or args.ranks < 2):
+        p.error("--node-loss needs --ranks >= 2 and layouts self or node (a file per node)")
     if args.trials < 1 or args.ranks < 1:
         p.error("--trials and --ranks must be >= 1")
     return args
@@ -519,7 +647,8 @@ def _split(total: int, parts: int) -> Iterator[int]:
 
 
 def format_table(rows: Sequence[Counts]) -> str:
-    cols = ["trials", "kills_in_save", "rank_kills", "job_kills", "launches", "campaigns",
+    cols = ["trials", "kills_in_save", "rank_kills", "job_kills", "node_kills", "double_losses",
+            "launches", "campaigns",
             *FAILURES, "seconds"]  # fmt: skip
     head = f"{'layout':6} {'mode':5} " + " ".join(f"{c:>{max(len(c), 6)}}" for c in cols)
     lines = [head]
@@ -535,7 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ranks=args.ranks, steps=args.steps, every=args.every, nx=args.nx, ny=args.ny,
         step_delay=args.step_delay, save_share=args.save_share, rank_share=args.rank_share,
         max_delay_s=args.max_delay, hang_timeout_s=args.hang_timeout,
-        cli_subprocess=args.cli_subprocess, keep_roots=args.keep,
+        cli_subprocess=args.cli_subprocess, keep_roots=args.keep, node_loss=args.node_loss,
     )  # fmt: skip
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     modes = _modes(args.mode)
@@ -556,7 +685,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_table([counts]).splitlines()[1], flush=True)
     total = Counts("all", "-")
     for r in rows:
-        for name in ("trials", "kills_in_save", "rank_kills", "job_kills", "launches",
+        for name in ("trials", "kills_in_save", "rank_kills", "job_kills", "node_kills",
+                     "double_losses", "launches",
                      "campaigns", *FAILURES):  # fmt: skip
             setattr(total, name, getattr(total, name) + getattr(r, name))
     total.seconds = round(time.monotonic() - t0, 1)

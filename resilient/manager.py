@@ -461,6 +461,7 @@ class CheckpointManager:
             return None
         if step is None and (shared is None or shared < found.manifest.step):
             self._pipeline.adopt_unflushed(found)  # not in the shared root: close() flushes it
+        self._pipeline.protect(found)  # partner copies again, for the nodes of this job
         return found.manifest.step, state
 
     def _check_open(self) -> None:

@@ -312,6 +312,16 @@ class SavePipeline:
 
     # ------------------------------------------------------------------ partner copies
 
+    def protect(self, checkpoint: LocalCheckpoint) -> None:
+        """Collective: copy a restored local checkpoint to the partner nodes again, in the
+        background (nothing else in flight). A lost node's partner copies were lost with it,
+        and a job on another node set has another ring: until this is done, a second loss
+        would find nothing."""
+        job = self.local.protect_job(checkpoint) if self.local is not None else None
+        if job is None or self._in_flight is not None:
+            return
+        self._in_flight = _ProtectFlight(checkpoint, self._writer.submit(job), self._clock(), False)
+
     def _finish_protect(self, flight: _ProtectFlight) -> None:
         """Collective: learn whether every node's partner copy is committed; record it in the
         shared root if so, else warn (once per run: the next save tries again)."""

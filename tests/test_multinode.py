@@ -138,6 +138,9 @@ def test_a_lost_node_is_rebuilt_from_its_partner_copy(tmp_path: Path) -> None:
     assert _partner_restore(root, base, RING) == [3] * 4
     rebuilt = _local(base, "nodeB") / "step_00000003"
     assert sorted(p.name for p in rebuilt.glob("*.h5")) == ["rank_00001.h5", "rank_00002.h5"]
+    # and protected again: nodeB holds nodeA's copy once more (lost with its disk)
+    again = _local(base, "nodeB") / "partner" / "nodeA" / "step_00000003"
+    assert load_manifest(again).step == 3
 
 
 def test_a_replaced_node_and_other_placements_are_rebuilt(tmp_path: Path) -> None:
