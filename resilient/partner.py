@@ -40,6 +40,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,36 @@ def _read_exact(fd: int, view: memoryview, pos: int) -> None:
         view, pos = view[got:], pos + got
 
 
+class _Reader:
+    """Reads one file chunk by chunk, hashing it; after a problem, hands out zeros."""
+
+    def __init__(self, f: _Outgoing) -> None:
+        self.path = f.path
+        self.hash = _hasher()
+        self.problem: str | None = None
+        self.fd = -1
+        try:
+            self.fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            self.problem = f"{f.path}: {exc.strerror or exc}"
+
+    def read(self, view: memoryview, pos: int) -> memoryview:
+        if self.problem is None:
+            try:
+                _read_exact(self.fd, view, pos)
+                self.hash.update(view)
+            except (OSError, EOFError) as exc:
+                self.problem = f"{self.path}: {exc}"
+        if self.problem is not None:
+            view[:] = bytes(len(view))
+        return view
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def send_files(
     channel: Channel, dest: int, header: Mapping[str, Any], files: Sequence[_Outgoing]
 ) -> list[str]:
@@ -188,39 +219,33 @@ def send_files(
     their digests; returns the problems found (a file unreadable, short, or not matching its
     recorded digest: its bytes are sent as zeros, and the trailer tells the receiver not to keep
     them). The stream is always complete, so the receiver never waits for bytes that do not
-    come."""
+    come. The next chunk is read (and hashed) on a helper thread while one is being sent."""
     _send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
-    buf = memoryview(bytearray(min(CHUNK, max((f.size for f in files), default=0))))
+    size = min(CHUNK, max((f.size for f in files), default=0))
+    bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
     problems: list[str] = []
     digests: list[str] = []
-    for f in files:
-        h, problem, pos = _hasher(), None, 0
-        try:
-            fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            fd, problem = -1, f"{f.path}: {exc.strerror or exc}"
-        try:
-            while pos < f.size:
-                view = buf[: min(CHUNK, f.size - pos)]
-                if problem is None:
-                    try:
-                        _read_exact(fd, view, pos)
-                        h.update(view)
-                    except (OSError, EOFError) as exc:
-                        problem = f"{f.path}: {exc}"
-                if problem is not None:
-                    view[:] = bytes(len(view))
-                channel.send(dest, view)
-                pos += len(view)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        digest = h.hexdigest()
-        if problem is None and f.digest is not None and digest != f.digest:
-            problem = f"{f.path}: its bytes do not match the digest recorded when it was copied"
-        if problem is not None:
-            problems.append(problem)
-        digests.append(digest)
+    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-read") as pool:
+        for f in files:
+            reader = _Reader(f)
+            try:
+                chunks = [(pos, min(CHUNK, f.size - pos)) for pos in range(0, f.size, CHUNK)]
+                ahead = pool.submit(reader.read, bufs[0][: chunks[0][1]], 0) if chunks else None
+                for i in range(len(chunks)):
+                    assert ahead is not None
+                    view = ahead.result()
+                    if i + 1 < len(chunks):
+                        pos, n = chunks[i + 1]
+                        ahead = pool.submit(reader.read, bufs[(i + 1) % 2][:n], pos)
+                    channel.send(dest, view)
+            finally:
+                reader.close()
+            digest, problem = reader.hash.hexdigest(), reader.problem
+            if problem is None and f.digest is not None and digest != f.digest:
+                problem = f"{f.path}: its bytes do not match the digest recorded when copied"
+            if problem is not None:
+                problems.append(problem)
+            digests.append(digest)
     _send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
     return problems
 
@@ -258,47 +283,62 @@ def receive_files(
     channel: Channel, source: int, directory: Callable[[dict[str, Any]], Path]
 ) -> _Received:
     """Receive what :func:`send_files` sends into ``directory(header)`` (created by it), each
-    file fsynced. A failure to write (a full disk) does not stop the reception: the rest of the
-    stream is read and dropped, and the result names the error."""
+    file fsynced. Chunks are written (and files fsynced) on a helper thread while the next
+    chunk arrives. A failure to write (a full disk) does not stop the reception: the rest of
+    the stream is read and dropped, and the result names the error."""
     header = _recv_doc(channel, source)
     files = _check_header(header, source)
-    error: str | None = None
+    errors: list[str] = []
     target: Path | None = None
     try:
         target = directory(header)
     except OSError as exc:
-        error = f"creating a directory for the copy: {exc}"
-    buf = memoryview(bytearray(min(CHUNK, max((n for _, n in files), default=0))))
+        errors.append(f"creating a directory for the copy: {exc}")
+    size = min(CHUNK, max((n for _, n in files), default=0))
+    bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
     digests: dict[str, str] = {}
-    for name, size in files:
-        h, fd, pos = _hasher(), -1, 0
-        if error is None and target is not None:
+
+    def write(fd: int, view: memoryview, pos: int, name: str) -> None:
+        if fd >= 0 and not errors:
             try:
-                fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                _pwrite_all(fd, view, pos)
             except OSError as exc:
-                error = f"creating {target / name}: {exc.strerror or exc}"
+                errors.append(f"writing {name}: {exc.strerror or exc}")
+
+    def close(fd: int, name: str) -> None:
+        if fd < 0:
+            return
         try:
-            while pos < size:
-                view = buf[: min(CHUNK, size - pos)]
+            if not errors:
+                os.fsync(fd)
+        except OSError as exc:
+            errors.append(f"syncing {name}: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+
+    pending: list[Future[None]] = [Future(), Future()]
+    for f in pending:
+        f.set_result(None)
+    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-write") as writer:
+        i = 0
+        for name, nbytes in files:
+            h, fd = _hasher(), -1
+            if not errors and target is not None:
+                try:
+                    fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except OSError as exc:
+                    errors.append(f"creating {target / name}: {exc.strerror or exc}")
+            for pos in range(0, nbytes, CHUNK):
+                pending[i % 2].result()  # the buffer's previous write is done
+                view = bufs[i % 2][: min(CHUNK, nbytes - pos)]
                 channel.recv(source, view)
                 h.update(view)
-                if fd >= 0 and error is None:
-                    try:
-                        _pwrite_all(fd, view, pos)
-                    except OSError as exc:
-                        error = (
-                            f"writing {target / name if target else name}: {exc.strerror or exc}"
-                        )
-                pos += len(view)
-            if fd >= 0 and error is None:
-                try:
-                    os.fsync(fd)
-                except OSError as exc:
-                    error = f"syncing {target / name if target else name}: {exc.strerror or exc}"
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        digests[name] = h.hexdigest()
+                where = str(target / name) if target else name
+                pending[i % 2] = writer.submit(write, fd, view, pos, where)
+                i += 1
+            writer.submit(close, fd, name)  # after this file's writes, in order
+            digests[name] = h.hexdigest()
+    error = errors[0] if errors else None
     trailer = _recv_doc(channel, source)
     theirs = trailer.get("digests") if isinstance(trailer, dict) else None
     if isinstance(trailer, dict) and trailer.get("error"):
