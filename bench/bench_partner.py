@@ -93,7 +93,7 @@ def main() -> int:
             local_dir=local,
             flush_every=10**6,
             redundancy="partner" if mode == "partner" else None,
-        )  # fmt: skip
+        )
         for mode in ("local", "partner")
     }
     raw_dir = base / "raw" / node

@@ -34,6 +34,7 @@ would provide the same three operations beside this one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -43,9 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from resilient import layout, storage
+from resilient.collective import Collective
 from resilient.comm import Channel
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
@@ -57,8 +59,10 @@ __all__ = [
     "Held",
     "PartnerCopies",
     "Rebuild",
+    "Redundancy",
     "Ring",
     "check_redundancy",
+    "make_redundancy",
     "plan_rebuild",
 ]
 
@@ -82,6 +86,62 @@ def check_redundancy(name: str | None) -> str | None:
     raise ConfigError(
         f"redundancy must be one of {', '.join(REDUNDANCY_SCHEMES)} (or none), got {name!r}"
     )
+
+
+class Redundancy(Protocol):
+    """A redundancy scheme of the node-local tier: :class:`PartnerCopies` (XOR, which keeps
+    less, would be a second one). Made collectively by :func:`make_redundancy`."""
+
+    @property
+    def protecting(self) -> bool:
+        """Whether the scheme protects anything here (``partner``: two nodes or more)."""
+        ...
+
+    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of protecting a committed local checkpoint (no collective: it runs
+        on the writer thread); the job returns why it is not protected (``None``: it is)."""
+        ...
+
+    def recover(
+        self,
+        own_steps: Callable[[], list[int]],
+        current: LayoutInfo,
+        *,
+        step: int | None,
+        at_least: int | None,
+    ) -> None:
+        """Collective: complete every node's copy of the newest step (or ``step``, not older
+        than ``at_least``) that the nodes can rebuild between them."""
+        ...
+
+
+def make_redundancy(
+    name: str,
+    root: Path,
+    nodes: Sequence[tuple[int, str]],
+    coll: Collective,
+    *,
+    keep: int,
+    shared_root: Path,
+) -> Redundancy:
+    """Collective: the scheme ``name`` for the local tier ``root``, given ``(first rank of its
+    node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
+
+    Raises:
+        ConfigError: an unknown scheme, or no channel between the ranks.
+    """
+    check_redundancy(name)
+    channel = coll.check("opening a channel for partner copies", coll.comm.channel)
+    ring = Ring.of(nodes)
+    copies = PartnerCopies(root, ring, coll, channel, keep=keep)
+    coll.check("cleaning up partner copies", copies.open)
+    if len(ring) == 1 and coll.is_coordinator:
+        log.warning(
+            "redundancy='partner' on one node (%s): there is no other node to keep a copy, so "
+            "local checkpoints are protected only by their flush to %s",
+            ring.labels[0], shared_root,
+        )  # fmt: skip
+    return copies
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,19 +556,22 @@ class PartnerCopies:
     Args:
         root: this node's local tier root.
         ring: the nodes of the job.
-        rank: this rank (of the tier's communicator).
+        coll: the tier's ranks (collective steps of :meth:`recover`).
         channel: point-to-point transfers between the tier's ranks.
         keep: partner copies kept per node of origin (the tier's ``local_keep``).
     """
 
-    def __init__(self, root: Path, ring: Ring, rank: int, channel: Channel, *, keep: int) -> None:
+    def __init__(
+        self, root: Path, ring: Ring, coll: Collective, channel: Channel, *, keep: int
+    ) -> None:
         self.root = root
         self.ring = ring
-        self.rank = rank
+        self.coll = coll
+        self.rank = coll.rank
         self.channel = channel
         self.keep = keep
         self.node = next(
-            n for n, ranks in zip(ring.leaders, ring.ranks, strict=True) if rank in ranks
+            n for n, ranks in zip(ring.leaders, ring.ranks, strict=True) if self.rank in ranks
         )
 
     @property
@@ -700,6 +763,62 @@ class PartnerCopies:
             pending.rollback()
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
+
+    def recover(
+        self,
+        own_steps: Callable[[], list[int]],
+        current: LayoutInfo,
+        *,
+        step: int | None,
+        at_least: int | None,
+    ) -> None:
+        """Collective: give every node its ranks' files of the newest step that the nodes can
+        complete between them (own copies and partner copies), if any is missing somewhere."""
+        partner, coll = self, self.coll
+        excluded: set[int] = set()
+        for _ in range(3):  # a corrupt partner copy is quarantined and the choice made again
+            held: dict[int, Held] = {}
+
+            def local() -> tuple[int, dict[int, tuple[str, dict[str, str]]]]:
+                nonlocal held
+                if partner.acts:
+                    try:
+                        held = partner.inventory(own_steps(), current)
+                    except OSError as exc:
+                        log.warning("could not list the local tier %s: %s", self.root, exc)
+                return self.rank, {s: h.summary() for s, h in held.items()}
+
+            def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
+                inventories = {r: inv for r, inv in found if r in partner.ring.leaders}
+                return plan_rebuild(
+                    inventories, partner.ring, current, only=step, at_least=at_least,
+                    excluded=frozenset(excluded),
+                )  # fmt: skip
+
+            plan, why = coll.all_reduce("listing local and partner copies", local, decide)
+            if why is not None and coll.is_coordinator:
+                log.warning(
+                    "%s; using %s", why,
+                    f"local step {plan.step}" if plan is not None else "the shared root",
+                )  # fmt: skip
+            if plan is None or not plan.transfers:
+                return
+            problems: list[str] = coll.all_reduce(
+                f"rebuilding step {plan.step} from partner copies",
+                functools.partial(partner.rebuild, plan, held),
+                lambda found: [p for p in found if p],
+            )
+            if not problems:
+                if coll.is_coordinator:
+                    nodes = sorted({partner.ring.label(d) for _, d, _ in plan.transfers})
+                    log.warning(
+                        "rebuilt local step %d on node(s) %s from partner copies",
+                        plan.step, ", ".join(nodes),
+                    )  # fmt: skip
+                return
+            if coll.is_coordinator:
+                log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
+            excluded.add(plan.step)
 
     def _quarantine(self, path: Path, step: int, reason: str) -> None:
         log.warning("partner copy %s is corrupt, quarantined: %s", path, reason)

@@ -28,7 +28,6 @@ SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -36,7 +35,6 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from resilient import hdf5, layout, storage
 from resilient.checksum import hash128
@@ -46,7 +44,7 @@ from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import LayoutInfo, Manifest
 from resilient.nodes import expand_node_path, node_label
-from resilient.partner import Held, PartnerCopies, Ring, check_redundancy, plan_rebuild
+from resilient.partner import Redundancy, make_redundancy
 from resilient.topology import Topology
 from resilient.validate import load_manifest
 
@@ -117,7 +115,6 @@ class LocalTier:
     ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"local_keep must be a positive integer, got {keep!r}")
-        check_redundancy(redundancy)
         self.topo = topo
         self.keep = keep
         self._coll = Collective(topo.comm)
@@ -130,18 +127,12 @@ class LocalTier:
         self._coll.check("checking the local tier's layout", self._check_nodes)
         self.root = local_root_of(node_dir, shared_root)
         self._coll.check(f"opening the local tier {self.root}", self._open)
-        self.partner: PartnerCopies | None = None
-        if redundancy == "partner":
-            channel = self._coll.check("opening a channel for partner copies", topo.comm.channel)
-            ring = Ring.of([(v.leader, v.label) for v in self.views])
-            self.partner = PartnerCopies(self.root, ring, topo.comm.rank, channel, keep=keep)
-            self._coll.check("cleaning up partner copies", self.partner.open)
-            if len(ring) == 1 and self._coll.is_coordinator:
-                log.warning(
-                    "redundancy='partner' on one node (%s): there is no other node to keep a "
-                    "copy, so local checkpoints are protected only by their flush to %s",
-                    ring.labels[0], shared_root,
-                )  # fmt: skip
+        self.redundancy: Redundancy | None = None
+        if redundancy is not None:
+            self.redundancy = make_redundancy(
+                redundancy, self.root, [(v.leader, v.label) for v in self.views],
+                self._coll, keep=keep, shared_root=shared_root,
+            )  # fmt: skip
 
     @property
     def is_node_leader(self) -> bool:
@@ -220,10 +211,11 @@ class LocalTier:
 
     def protect_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
         """This rank's part of protecting a committed local checkpoint (see
-        :meth:`PartnerCopies.protect_job`; no collective), or ``None`` without a partner."""
-        if self.partner is None or not self.partner.protecting:
+        :meth:`~resilient.partner.Redundancy.protect_job`; no collective), or ``None`` without
+        redundancy (or without another node)."""
+        if self.redundancy is None or not self.redundancy.protecting:
             return None
-        return self.partner.protect_job(checkpoint.path, checkpoint.manifest)
+        return self.redundancy.protect_job(checkpoint.path, checkpoint.manifest)
 
     # ------------------------------------------------------------------ flushing
 
@@ -271,8 +263,8 @@ class LocalTier:
         Quick checks only (marker, manifest, this rank's file size, same layout); the restore
         verifies every checksum it reads.
         """
-        if self.partner is not None and self.partner.protecting:
-            self._rebuild(current, step, at_least)
+        if self.redundancy is not None and self.redundancy.protecting:
+            self.redundancy.recover(self._committed_steps, current, step=step, at_least=at_least)
         mine = [s for s in self._intact_steps(current, step) if at_least is None or s >= at_least]
 
         def pick(found: Sequence[Sequence[int]]) -> tuple[int, Manifest] | None:
@@ -287,56 +279,6 @@ class LocalTier:
             return None
         newest, manifest = picked
         return LocalCheckpoint(self.root / layout.step_dir_name(newest), manifest)
-
-    def _rebuild(self, current: LayoutInfo, step: int | None, at_least: int | None) -> None:
-        """Collective: give every node its ranks' files of the newest step that the nodes can
-        complete between them (own copies and partner copies), if any is missing somewhere."""
-        partner = self.partner
-        assert partner is not None
-        excluded: set[int] = set()
-        for _ in range(3):  # a corrupt partner copy is quarantined and the choice made again
-            held: dict[int, Held] = {}
-
-            def local() -> tuple[int, dict[int, tuple[str, dict[str, str]]]]:
-                nonlocal held
-                if partner.acts:
-                    try:
-                        held = partner.inventory(self._committed_steps(), current)
-                    except OSError as exc:
-                        log.warning("could not list the local tier %s: %s", self.root, exc)
-                return self.topo.comm.rank, {s: h.summary() for s, h in held.items()}
-
-            def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
-                inventories = {r: inv for r, inv in found if r in partner.ring.leaders}
-                return plan_rebuild(
-                    inventories, partner.ring, current, only=step, at_least=at_least,
-                    excluded=frozenset(excluded),
-                )  # fmt: skip
-
-            plan, why = self._coll.all_reduce("listing local and partner copies", local, decide)
-            if why is not None and self._coll.is_coordinator:
-                log.warning(
-                    "%s; using %s", why,
-                    f"local step {plan.step}" if plan is not None else "the shared root",
-                )  # fmt: skip
-            if plan is None or not plan.transfers:
-                return
-            problems: list[str] = self._coll.all_reduce(
-                f"rebuilding step {plan.step} from partner copies",
-                functools.partial(partner.rebuild, plan, held),
-                lambda found: [p for p in found if p],
-            )
-            if not problems:
-                if self._coll.is_coordinator:
-                    nodes = sorted({partner.ring.label(d) for _, d, _ in plan.transfers})
-                    log.warning(
-                        "rebuilt local step %d on node(s) %s from partner copies",
-                        plan.step, ", ".join(nodes),
-                    )  # fmt: skip
-                return
-            if self._coll.is_coordinator:
-                log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
-            excluded.add(plan.step)
 
     def _intact_steps(self, current: LayoutInfo, step: int | None) -> list[int]:
         """Steps whose local copy holds this rank's file intact (local: a few stats)."""
