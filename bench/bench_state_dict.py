@@ -197,7 +197,9 @@ class Case:
             "dcp_load": [self.dcp_dir],
         }[mode]
         for path in paths:
-            for f in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+            for f in (
+                [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+            ):
                 with open(f, "rb") as src:
                     while src.readinto(self.readbuf):
                         pass

@@ -90,6 +90,7 @@ class Counts:
     job_kills: int = 0
     node_kills: int = 0  # --node-loss: one node's ranks and its local directory
     double_losses: int = 0  # --node-loss: both nodes lost with nothing protected in between
+    rebuilds: int = 0  # --node-loss: launches that rebuilt a node's files from partner copies
     launches: int = 0
     campaigns: int = 0  # completed and compared
     lost: int = 0
@@ -444,6 +445,9 @@ class Soak:
         if not records:
             return  # killed before it restored: the next launch must keep the promise
         resumed = int(records[0]["step"])
+        log_file = campaign.dir / f"launch-{campaign.launches:03d}.log"
+        with contextlib.suppress(OSError):
+            self.c.rebuilds += "from partner copies" in log_file.read_text(errors="replace")
         if resumed < campaign.promise:
             self.c.lost_protected += 1
             self.problem(
@@ -648,7 +652,7 @@ def _split(total: int, parts: int) -> Iterator[int]:
 
 def format_table(rows: Sequence[Counts]) -> str:
     cols = ["trials", "kills_in_save", "rank_kills", "job_kills", "node_kills", "double_losses",
-            "launches", "campaigns",
+            "rebuilds", "launches", "campaigns",
             *FAILURES, "seconds"]  # fmt: skip
     head = f"{'layout':6} {'mode':5} " + " ".join(f"{c:>{max(len(c), 6)}}" for c in cols)
     lines = [head]
@@ -686,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     total = Counts("all", "-")
     for r in rows:
         for name in ("trials", "kills_in_save", "rank_kills", "job_kills", "node_kills",
-                     "double_losses", "launches",
+                     "double_losses", "rebuilds", "launches",
                      "campaigns", *FAILURES):  # fmt: skip
             setattr(total, name, getattr(total, name) + getattr(r, name))
     total.seconds = round(time.monotonic() - t0, 1)

@@ -61,3 +61,24 @@ def test_short_soak_loses_nothing(tmp_path: Path) -> None:
     assert total["kills_in_save"] >= 1, report
     assert all(r["campaigns"] >= 1 for r in rows), report
     assert total["launches"] > total["trials"], report  # the last campaign of each ran to its end
+
+
+def test_short_node_loss_soak_keeps_every_protected_checkpoint(tmp_path: Path) -> None:
+    """``--node-loss``: two MPI nodes with local tiers and partner copies; each kill loses one
+    node (its ranks, the job with them, and its local directory)."""
+    out = tmp_path / "soak.json"
+    cmd = [
+        sys.executable, str(REPO / "bench" / "soak.py"), "--node-loss", "--trials", "4",
+        "--mode", "async", "--layouts", "node", "--steps", "90", "--max-delay", "5",
+        "--seed", "7", "--workdir", str(tmp_path / "work"), "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=840
+    )
+    assert out.exists(), proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    total, report = doc["total"], proc.stdout[-4000:]
+    for name in (*FAILURES, "lost_protected"):
+        assert total[name] == 0, (name, report, [p for r in doc["rows"] for p in r["problems"]])
+    assert proc.returncode == 0, report
+    assert total["node_kills"] == 4 and total["campaigns"] >= 1, report
