@@ -122,6 +122,19 @@ def test_walltime_stops_on_4_ranks_resume_on_other_rank_counts(
         assert after["latest_before"] == before["latest_after"]
 
 
+def _wait_until_started(ckpt: Path, since: float, timeout_s: float = 60) -> None:
+    """Until the program launched at ``since`` has restored (its first progress record)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            for line in (ckpt / "progress.jsonl").read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    if json.loads(line).get("time", 0) >= since:
+                        return
+        time.sleep(0.05)
+    raise AssertionError(f"the program did not start within {timeout_s} s")
+
+
 def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, reference: bytes) -> None:
     """SIGKILL of every process (a node crash) and SIGTERM (preemption) at random moments."""
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
@@ -130,6 +143,7 @@ def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, refere
     for i in range(40):
         full = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt), "--kill-wait", "2",
                 "--", *heat_cmd(ckpt, out, delay=0.05)]  # fmt: skip
+        launched = time.time()
         proc = subprocess.Popen(full, cwd=REPO, env=clean_env(), start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         if i < 6:
@@ -143,7 +157,11 @@ def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, refere
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 kinds.append("SIGKILL")
-            else:  # preemption: SIGTERM to the wrapper, which forwards it
+            else:  # preemption: SIGTERM to the wrapper, which forwards it, once the
+                # program is up (a signal during Python's start-up kills it before its
+                # handlers exist: exit 1, as for any program; under load that took > 2 s)
+                _wait_until_started(ckpt, launched)
+                time.sleep(rng.uniform(0.0, 0.5))
                 proc.send_signal(signal.SIGTERM)
                 kinds.append("SIGTERM")
         code = proc.wait(timeout=120)
