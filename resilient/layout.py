@@ -57,6 +57,7 @@ SAVE_LOG = "saves.jsonl"  # one line per committed checkpoint (step, time, cost,
 LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "path"}]
 PROGRESS_LOG = "progress.jsonl"  # (time, step) samples written by Session, at most 1/s
 STOP_LOG = "stops.jsonl"  # one line per early stop of a Session: why, step, margins, saved?
+RUN_KEY = "run_key.json"  # the parameters that define the run whose checkpoints these are
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
 PARTNER_DIR = "partner"  # in a local tier root: partner copies, one directory per origin node
 PARTNER_RECORD = "PARTNER.json"  # in a partner copy: each file's size and whole-file digest

@@ -35,6 +35,7 @@ from resilient.partner import check_redundancy
 from resilient.payload import SaveRequest, split_template
 from resilient.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.restorer import Restorer, StateValidator
+from resilient.runkey import check_run_key, normalize_run_key, record_run_key
 from resilient.saving import SavePipeline
 from resilient.statics import StaticStore
 from resilient.tiers import LocalTier, record_local_tiers
@@ -100,6 +101,12 @@ class CheckpointManager:
             the next node's local tier in the background (:mod:`resilient.partner`), so a
             restore on a job that lost a node rebuilds its files from that copy before it
             looks at ``root``. ``None``: no copies.
+        run_key: the parameters that define this run's result (JSON values, e.g.
+            ``{"nx": 512, "alpha": 0.2}``; not what may change between its jobs, such as the
+            number of steps or, for an elastic state, the rank count). Recorded in ``root`` at
+            the first save; a manager whose key differs from the recorded one raises
+            :class:`ConfigError` on every rank at construction, naming the differing keys,
+            before anything in ``root`` is touched (:mod:`resilient.runkey`).
     """
 
     def __init__(
@@ -117,8 +124,10 @@ class CheckpointManager:
         flush_every: int = 1,
         local_keep: int = 2,
         redundancy: str | None = None,
+        run_key: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = Path(root)
+        self.run_key = normalize_run_key(run_key)
         self.comm: Comm = as_comm(comm)
         self.keep = keep
         self.save_when = save_when
@@ -131,6 +140,7 @@ class CheckpointManager:
         self._catalog = Catalog(self.root, self._statics)
         self._closed = False
         self._saves = 0
+        self._saves_started = 0
         self._last_saved_step: int | None = None
         self._last_saved_time: float | None = clock()
         self.save_cost_s: float | None = None
@@ -170,6 +180,7 @@ class CheckpointManager:
         try:
             storage.ensure_root(self.root)
             self._lock.acquire()
+            check_run_key(self.root, self.run_key)
             storage.cleanup_leftovers(self.root)
         except BaseException:
             self._lock.release()
@@ -313,6 +324,11 @@ class CheckpointManager:
             return built[0].step
 
         self._coll.all_reduce(f"save of step {step}", check_arguments, _same_step)
+        if self._saves_started == 0 and self.run_key is not None:
+            self._coll.broadcast(
+                "recording the run key", lambda: record_run_key(self.root, self.run_key)
+            )
+        self._saves_started += 1
         request = built[0]
         static_hash = self._statics.store(self.topology, request.step, request.static)
         self._last_saved_step = request.step

@@ -24,10 +24,13 @@ from types import TracebackType
 from typing import Any
 
 from resilient import layout, storage
+from resilient.arrays import template_spec
 from resilient.blocks import unwrap
+from resilient.collective import Collective
 from resilient.errors import CheckpointNotFoundError, ConfigError
 from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager
+from resilient.payload import split_template
 from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
 from resilient.restorer import StateValidator
 from resilient.slurm import (
@@ -75,6 +78,9 @@ class Session:
             ``flush_every`` checkpoints and always at the end of the session (see
             :class:`~resilient.manager.CheckpointManager`); ``local_keep`` per node;
             ``redundancy="partner"``: a copy of each node's local checkpoint on another node.
+        run_key: the parameters that define the run's result: a later run on the same
+            ``ckpt_dir`` with other values is refused (see
+            :class:`~resilient.manager.CheckpointManager`).
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -96,6 +102,7 @@ class Session:
         flush_every: int = 1,
         local_keep: int = 2,
         redundancy: str | None = None,
+        run_key: Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -125,8 +132,10 @@ class Session:
             flush_every=flush_every,
             local_keep=local_keep,
             redundancy=redundancy,
+            run_key=run_key,
         )
         self.comm = self.manager.comm
+        self._coll = Collective(self.comm)
         # A margin longer than half the time left could stop the loop before its first step,
         # every time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
         self._time_left_at_start = self.time_left_s
@@ -209,7 +218,10 @@ class Session:
         ``static`` is saved with every checkpoint (stored once by content hash); a restored
         state includes the static entries too. ``blocks`` gives this rank's block of each
         :class:`~resilient.blocks.Block` leaf for a checkpoint saved on another rank count (see
-        :meth:`~resilient.manager.CheckpointManager.restore`). Either way the state comes back
+        :meth:`~resilient.manager.CheckpointManager.restore`). A restored array whose shape or
+        dtype differs from ``initial``'s (a mapping; a callable is not called to compare) is a
+        :class:`ConfigError` on every rank, naming the leaf: the checkpoints belong to a run
+        with other parameters (Block leaves may differ: an elastic restore). Either way the state comes back
         without wrappers: ``initial``'s and ``static``'s Blocks and Replicated values are
         unwrapped too.
         """
@@ -224,6 +236,11 @@ class Session:
             self._note_progress(step, force=True)
             log.info("no checkpoint in %s: starting at step %d", self.root, step)
             return step, state
+        if not callable(initial):
+            self._coll.check(
+                "comparing the checkpoint with the initial state",
+                lambda: _same_arrays(initial, state, self.root),
+            )
         self._saved_step = restored_step
         self._note_progress(restored_step, force=True)
         log.info("resumed from step %d in %s", restored_step, self.root)
@@ -329,3 +346,21 @@ class Session:
             why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
             log.info("%s: final checkpoint of step %d", why, step)
             self.save(step, state, metrics=metrics)
+
+
+def _same_arrays(initial: Mapping[str, Any], state: Mapping[str, Any], root: Path) -> None:
+    """Raise :class:`ConfigError` if an array leaf of ``state`` (restored from ``root``) has
+    another shape or dtype than the same leaf of ``initial`` (Block leaves excepted)."""
+    wanted, blocks = split_template(initial)
+    got, _ = split_template(state)
+    for path, value in wanted.items():
+        if path in blocks or path not in got:
+            continue
+        (want_shape, want_dtype), (shape, dtype) = template_spec(value), template_spec(got[path])
+        if (want_shape, want_dtype) != (shape, dtype):
+            raise ConfigError(
+                f"the checkpoint in {root} holds {path!r} with shape {shape} and dtype "
+                f"{dtype}, but this run's initial state has shape {want_shape} and dtype "
+                f"{want_dtype}: the checkpoint directory belongs to a run with other "
+                "parameters; give these parameters a directory of their own, or delete it"
+            )
