@@ -62,7 +62,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's resilient and apps/, not an installed copy
 
-from resilient import cli, layout  # noqa: E402
+from resilient import cli, layout, storage  # noqa: E402
 from resilient.launch import find_mpiexec  # noqa: E402
 
 FAILURES = (
@@ -215,20 +215,6 @@ def newest_committed(root: Path) -> int | None:
         if (root / layout.step_dir_name(step) / layout.COMMITTED).exists():
             return step
     return None
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict):
-                out.append(doc)
-    return out
 
 
 def _env(pid: int) -> dict[str, str]:
@@ -433,13 +419,22 @@ class Soak:
             time.sleep(0.01)
         return victims if proc.poll() is None else None
 
+    def reap(self, campaign: Campaign) -> None:
+        """Wait until no process of the job is left; a survivor counts as a hang (killed)."""
+        survivors = wait_gone(campaign.root, self.s.hang_timeout_s)
+        if survivors:
+            self.c.hangs += 1
+            self.problem(f"{campaign.dir}: processes {survivors} survived their job")
+            _kill(survivors)
+            wait_gone(campaign.root, 10)
+
     def check_resume(self, campaign: Campaign) -> None:
         """``--node-loss``: the launch that just ended resumed at least from the newest
         checkpoint protected before the last node loss (its first progress record)."""
         if campaign.promise is None:
             return
         records = [
-            r for r in _read_jsonl(campaign.root / layout.PROGRESS_LOG)
+            r for r in storage.read_jsonl(campaign.root / layout.PROGRESS_LOG)
             if isinstance(r.get("time"), (int, float)) and r["time"] >= campaign.launched_at
         ]  # fmt: skip
         if not records:
@@ -473,7 +468,7 @@ class Soak:
         # (all of them before the first); a second node lost before anything new was
         # protected loses the copies of the first (beyond what the scheme promises)
         fresh = [
-            int(r["step"]) for r in _read_jsonl(campaign.root / layout.PROTECT_LOG)
+            int(r["step"]) for r in storage.read_jsonl(campaign.root / layout.PROTECT_LOG)
             if isinstance(r.get("step"), int) and float(r.get("time", 0)) > campaign.lost_at
         ]  # fmt: skip
         if fresh:
@@ -488,12 +483,7 @@ class Soak:
         self.check_resume(campaign)  # this launch's own resume, if an earlier loss asked
         self.c.trials += 1
         self.c.node_kills += 1
-        survivors = wait_gone(campaign.root, self.s.hang_timeout_s)
-        if survivors:
-            self.c.hangs += 1
-            self.problem(f"{campaign.dir}: processes {survivors} survived their job")
-            _kill(survivors)
-            wait_gone(campaign.root, 10)
+        self.reap(campaign)
         shutil.rmtree(campaign.local / node, ignore_errors=True)  # a late write recreated it
         campaign.lost_nodes.add(node)
         campaign.lost_at = time.time()
@@ -536,12 +526,7 @@ class Soak:
             )
             _kill([proc.pid, *job_pids(campaign.root)])
             proc.wait()
-        survivors = wait_gone(campaign.root, self.s.hang_timeout_s)
-        if survivors:
-            self.c.hangs += 1
-            self.problem(f"{campaign.dir}: processes {survivors} survived their job")
-            _kill(survivors)
-            wait_gone(campaign.root, 10)
+        self.reap(campaign)
         if pending_before & pending_dirs(campaign.root):
             self.c.kills_in_save += 1
         floor = max((x for x in (committed, before) if x is not None), default=None)

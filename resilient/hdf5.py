@@ -49,6 +49,7 @@ __all__ = [
     "build_skeleton",
     "copy_ranges",
     "create_file",
+    "open_direct",
     "rank_group_name",
     "read_many",
     "read_new",
@@ -134,7 +135,8 @@ def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
         view, pos = view[n:], pos + n
 
 
-def _open_direct(path: Path) -> int | None:
+def open_direct(path: Path) -> int | None:
+    """``path`` opened for ``O_DIRECT`` writes, or ``None`` where that is refused (tmpfs)."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
         return None
@@ -194,7 +196,7 @@ def write_file(
         extra: list[tuple[int, _Buffer]] = []
         large = np.flatnonzero(sizes >= _DIRECT_MIN).tolist() if direct else []
         if large:
-            dfd = _open_direct(path)
+            dfd = open_direct(path)
         if dfd is not None:
             for i in large:
                 offset, view = starts[i], _bytes_view(arrs[i])
@@ -376,7 +378,7 @@ def copy_ranges(
     chunk = _Bounce.get()
     sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    dfd = _open_direct(dst) if any(n >= _DIRECT_MIN for _, n, _, _ in ranges) else None
+    dfd = open_direct(dst) if any(n >= _DIRECT_MIN for _, n, _, _ in ranges) else None
     try:
         if size is not None:
             os.ftruncate(fd, size)

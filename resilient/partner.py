@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from resilient import layout, storage
+from resilient import hdf5, layout, storage
 from resilient.collective import Collective
 from resilient.comm import Channel
 from resilient.commit import PendingDir
@@ -244,17 +244,6 @@ def _aligned(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
 
 
-def _open_direct(path: Path) -> int | None:
-    """``path`` opened for ``O_DIRECT`` writes, or ``None`` where that is refused (tmpfs)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(path, os.O_WRONLY | flag)
-    except OSError:
-        return None
-
-
 def _read_exact(fd: int, view: memoryview, pos: int) -> None:
     while view:
         got = os.preadv(fd, [view], pos)
@@ -412,7 +401,7 @@ def receive_files(
             if not errors and target is not None:
                 try:
                     fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    fds = (fd, _open_direct(target / name) if nbytes >= CHUNK else None)
+                    fds = (fd, hdf5.open_direct(target / name) if nbytes >= CHUNK else None)
                 except OSError as exc:
                     errors.append(f"creating {target / name}: {exc.strerror or exc}")
             for pos in range(0, nbytes, CHUNK):
