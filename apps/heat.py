@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         signals=EARLY_SIGNALS,
         **cfg.session_options(),
         validate=lambda s: bool(np.isfinite(s["u"]).all()),
+        # what defines the result; not --steps (a longer run continues a shorter one) and not
+        # the rank count (u and kappa are Blocks: restored on any rank count)
+        run_key={"app": "apps.heat", "nx": args.nx, "ny": args.ny, "alpha": args.alpha},
     ) as s:
         step, state = s.restore_or(
             {"u": dom.block(state0["u"][1:-1, 1:-1])},

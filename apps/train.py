@@ -286,6 +286,10 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, comm: MPI.Comm) -> No
         comm=comm,
         signals=EARLY_SIGNALS,
         **cfg.session_options(),
+        # the data, model and learning rate are fixed: only the program defines the result (not
+        # --steps: a longer run continues a shorter one; not the rank count: the state is
+        # Replicated and restores on any rank count)
+        run_key={"app": "apps.train"},
     ) as s:
         step, state = s.restore_or(initial_state)
         write_pidfile(rank)

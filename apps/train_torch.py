@@ -400,6 +400,9 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig) -> None:
         comm=session_comm(),
         signals=EARLY_SIGNALS,
         **cfg.session_options(),
+        # --steps sets the cosine schedule's length, and each rank has its own RNG streams and
+        # data shard: both define the result
+        run_key={"app": "apps.train_torch", "steps": args.steps, "ranks": world},
     ) as s:
         step, state = s.restore_or(trainer.state)
         trainer.load(state)  # a no-op on a fresh start

@@ -45,7 +45,9 @@ def run_campaign(out: Path, walltime: float) -> int:
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", str(REPO / "configs/profiles/local"),
         "-s", str(REPO / "workflows/Snakefile"), "--directory", str(out),
-        "--config", f"walltime={walltime}", "checkpoint_config=configs/checkpoint/demo.yaml",
+        # a command-line --config replaces the profile's whole `config:`: repeat its keys
+        "--config", f"resilient_walltime={walltime:g}", "resilient_signal=USR1@1",
+        "resilient_kill_wait=1", "checkpoint_config=configs/checkpoint/demo.yaml",
     ]  # fmt: skip
     say("$ " + " ".join(cmd[2:]))
     log = (out / "snakemake.log").open("w")

@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveError",
     "CommitError",
     "ConfigError",
+    "ForeignRunError",
     "InvalidCheckpointError",
     "LayoutMismatchError",
     "RankFailure",
@@ -28,6 +29,12 @@ class ResilientError(Exception):
 
 class ConfigError(ResilientError, ValueError):
     """A setting, policy or argument is invalid."""
+
+
+class ForeignRunError(ConfigError):
+    """The checkpoint directory belongs to another run: another ``run_key``, or restored arrays
+    of another shape or dtype than the run's initial state. Retrying cannot help; a
+    :class:`~resilient.session.Session` exits with ``EXIT_FOREIGN_RUN`` (78)."""
 
 
 class CheckpointNotFoundError(ResilientError, FileNotFoundError):

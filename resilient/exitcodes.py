@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_NO_PROGRESS", "EXIT_OK", "EXIT_PERMANENT", "EXIT_RESUME"]
+__all__ = ["EXIT_FOREIGN_RUN", "EXIT_NO_PROGRESS", "EXIT_OK", "EXIT_PERMANENT", "EXIT_RESUME"]
 
 EXIT_OK = 0  # the program finished
 EXIT_PERMANENT = 74  # EX_IOERR: a permanent storage error (disk full, no permission, read-only)
 EXIT_RESUME = 75  # EX_TEMPFAIL: stopped early with progress saved: resume me
+# EX_CONFIG: the checkpoint directory is not this run's: it belongs to another run (another
+# run_key), or to the workflow engine (it is a declared output, or was deleted between
+# attempts). A mistake in the workflow, not in the program: do not retry, fix the directory.
+EXIT_FOREIGN_RUN = 78
 EXIT_NO_PROGRESS = 93  # no progress for N consecutive attempts: do not retry

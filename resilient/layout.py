@@ -19,6 +19,12 @@ A checkpoint root looks like::
       .trash-<hex>/                    being deleted
       static/<32 hex>/                 static data, shared by checkpoints by content hash
       static/.tmp-<hex>/               static data being written
+
+Beside the root, in its parent directory, ``resilient run`` keeps one file of its own::
+
+    PARENT/.ROOTNAME.resilient-attempts   the outcome of each attempt (JSON lines), where a
+                                          workflow engine that deletes ROOT (a declared output)
+                                          leaves it: the next attempt sees that ROOT was lost
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "step_dir_name",
     "tmp_dir_name",
     "trash_dir_name",
+    "attempt_sidecar_name",
 ]
 
 MANIFEST = "manifest.json"
@@ -105,6 +112,13 @@ def static_dir_name(content_hash: str) -> str:
 def static_tmp_dir_name(token: str) -> str:
     """Name of the temporary directory static data is written into (inside ``static/``)."""
     return f".tmp-{token}"
+
+
+def attempt_sidecar_name(root_name: str) -> str:
+    """Name of ``resilient run``'s record beside the root ``root_name`` (in its parent)."""
+    if not root_name or root_name in (".", "..") or "/" in root_name:
+        raise ValueError(f"not a directory name: {root_name!r}")
+    return f".{root_name}.resilient-attempts"
 
 
 def file_name(kind: str, group_index: int) -> str:

@@ -51,14 +51,23 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+PAUSE_GC_ENV = "RESILIENT_PAUSE_GC"
+"""Set to ``1`` to pause Python's cyclic garbage collector during saves and restores."""
+
+
 def _gc_paused(method: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Run ``method`` with Python's cyclic garbage collector paused: a save or restore of a
-    state dict allocates tens of thousands of small objects, which triggered collections that
-    scanned everything alive (~10% of a save of 4,000 arrays); it creates no cycles to collect."""
+    """Run ``method`` with Python's cyclic garbage collector paused, only where the user asked
+    for it (``RESILIENT_PAUSE_GC=1``, read at each call): the collector is process-wide state,
+    so pausing it pauses it for the program's other threads too. What it buys: a save or
+    restore of thousands of small arrays allocates tens of thousands of small objects, which
+    trigger collections; pausing saved 4-8% of a save or restore of 4,000 arrays of 4 KiB
+    (``bench/bench_state_dict.py --cases many4k``, 3 alternating runs) and nothing measurable
+    on a model's state dict. A process with many live objects gains more (a full collection
+    scans them all)."""
 
     @functools.wraps(method)
     def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if not gc.isenabled():
+        if os.environ.get(PAUSE_GC_ENV) != "1" or not gc.isenabled():
             return method(*args, **kwargs)
         gc.disable()
         try:

@@ -12,7 +12,29 @@ Exit codes (the contract):
 * ``93`` no progress for ``--max-no-progress`` consecutive attempts: do not retry;
 * ``74`` a permanent storage error (disk full, permission denied, read-only): do not retry
   blindly (passed through from the program);
+* ``78`` the checkpoint directory belongs to another run (the program's ``run_key`` differs from
+  the one recorded there, or the restored arrays have another shape): do not retry; give the
+  parameters a directory of their own (passed through from the program, which exits 78 through
+  :class:`~resilient.session.Session`);
+  ``resilient run`` itself exits 78 too, without starting the program, when the checkpoint
+  directory is the workflow engine's rather than this run's: it is, or lies inside, one of the
+  task's declared ``--outputs``, or it vanished since the last unfinished attempt (see below);
 * anything else: the program's own failure, passed through (``128 + N`` if killed by signal N).
+
+A checkpoint directory that an engine deletes between attempts (Snakemake deletes a job's
+declared outputs before every retry and after a failure) would make every attempt start again
+from step 0, silently. Two checks stop that:
+
+* ``--outputs PATH...`` (and ``--task NAME`` for the message): the task's declared outputs; if
+  the checkpoint directory is one of them or lies inside one, exit 78 before the first attempt.
+  The Snakemake helper :func:`resilient.integrations.snakemake.resilient_run` passes them.
+* For a prefix written by hand: after each attempt a record goes to ``PARENT/.NAME.resilient-
+  attempts``, beside the checkpoint directory, where an engine that deletes the directory
+  leaves it. If that record ends with an unfinished attempt and the directory is no longer a
+  checkpoint root (missing, or empty: its ``.resilient-root`` marker is gone), the directory was
+  deleted between attempts: exit 78 with the fix, instead of starting again from step 0. (A
+  directory deleted together with its parent is not seen; the ``--outputs`` check covers
+  that.) To start over on purpose, delete the record too.
 
 A program using :class:`~resilient.session.Session` that stops early (deadline, signal) records
 why in ``CHECKPOINT_DIR/stops.jsonl``. An attempt that stopped that way before its first
@@ -47,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient import layout, storage
-from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.slurm import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -65,6 +87,7 @@ __all__ = [
     "main",
     "parse_duration",
     "run",
+    "sidecar_path",
 ]
 
 log = logging.getLogger("resilient.run")
@@ -122,6 +145,8 @@ class RunOptions:
     requeue: bool = False
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
+    task: str | None = None  # the workflow task's name, for messages
+    outputs: tuple[Path, ...] = ()  # the task's declared outputs: never the checkpoint directory
 
 
 @dataclass(slots=True)
@@ -153,12 +178,17 @@ def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
 
 
 def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
-    """How many attempts at the end of the ledger failed without progress, in a row."""
+    """How many attempts at the end of the ledger failed without progress, in a row.
+
+    Attempts refused because the directory belongs to another run (exit 78) do not count: they
+    say nothing of this run's progress, and the next attempt may have its parameters fixed.
+    """
     count = 0
     for rec in reversed(ledger):
         if rec.get("progress") or rec.get("exit_code") == 0:
             break
-        count += 1
+        if rec.get("exit_code") != EXIT_FOREIGN_RUN:
+            count += 1
     return count
 
 
@@ -205,6 +235,68 @@ def _stopped_before_first_checkpoint(stop: Mapping[str, Any], walltime_s: float 
             f"started; {why})"
         )
     return f"stopped before its first checkpoint ({why})"
+
+
+def sidecar_path(checkpoint_dir: Path) -> Path:
+    """``PARENT/.NAME.resilient-attempts``: the attempts' outcomes, beside the directory."""
+    path = Path(os.path.abspath(checkpoint_dir))
+    return path.parent / layout.attempt_sidecar_name(path.name)
+
+
+def _containing_output(checkpoint_dir: Path, outputs: Sequence[Path]) -> Path | None:
+    """The first output that is ``checkpoint_dir`` or a directory above it, else ``None``."""
+    ck = Path(os.path.realpath(checkpoint_dir))
+    for out in outputs:
+        resolved = Path(os.path.realpath(out))
+        if ck == resolved or resolved in ck.parents:
+            return out
+    return None
+
+
+_KEEP_OUT_OF_OUTPUTS = (
+    "Keep checkpoints out of a task's outputs: the engine deletes a task's declared outputs "
+    "before every retry and after a failure (Snakemake does), so each attempt would start "
+    "again from step 0. In Snakemake make the directory a param, "
+    '`params: ckpt=lambda wc: checkpoint_dir("ckpt", "<rule>", ..., wildcards=wc)`, and '
+    "pass it with `--checkpoint-dir {params.ckpt:q}` (resilient_run() does)"
+)
+
+
+def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
+    """Why ``ckdir`` belongs to the engine rather than this run (exit 78), else ``None``."""
+    task = f"task {opts.task!r}" if opts.task else "the task"
+    out = _containing_output(ckdir, opts.outputs)
+    if out is not None:
+        where = "is" if Path(os.path.realpath(out)) == Path(os.path.realpath(ckdir)) else "lies in"
+        return (
+            f"the checkpoint directory {ckdir} {where} the declared output {out} of {task}. "
+            f"{_KEEP_OUT_OF_OUTPUTS}. Not starting (exit {EXIT_FOREIGN_RUN})"
+        )
+    records = storage.read_jsonl(sidecar_path(ckdir))
+    last = records[-1] if records else None
+    if last is None or last.get("exit_code") == 0 or not isinstance(last.get("attempt"), int):
+        return None
+    if storage.is_root(ckdir):  # still the same root (a reset ledger is fine: the 93 advice)
+        return None
+    return (
+        f"the checkpoint directory {ckdir} of {task} was deleted after attempt {last['attempt']} "
+        f"(exit {last.get('exit_code')}), with its checkpoints and its logs: most likely it "
+        f"is (or lies in) a declared output of the task. {_KEEP_OUT_OF_OUTPUTS}. Not starting "
+        f"again from step 0 (exit {EXIT_FOREIGN_RUN}). If you deleted it yourself to start "
+        f"over, delete {sidecar_path(ckdir)} too"
+    )
+
+
+def _note_beside(checkpoint_dir: Path, number: int, record: AttemptRecord) -> None:
+    """Append the attempt's outcome to :func:`sidecar_path` (a warning if that fails: the
+    record only serves the deleted-directory check, never the run itself)."""
+    try:
+        storage.append_log(
+            sidecar_path(checkpoint_dir),
+            {"attempt": number, "exit_code": record.exit_code, "time": record.end},
+        )
+    except OSError as exc:
+        log.warning("could not record attempt %d beside %s: %s", number, checkpoint_dir, exc)
 
 
 def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
@@ -328,6 +420,12 @@ def _classify(
         return "finished", 0
     if status == EXIT_PERMANENT:
         return "permanent storage error (exit 74)", EXIT_PERMANENT
+    if status == EXIT_FOREIGN_RUN:
+        return (
+            f"the checkpoint directory belongs to another run (exit {EXIT_FOREIGN_RUN}): other "
+            "parameters than those recorded there; not retrying (give these parameters a "
+            "directory of their own, or delete it)"
+        ), EXIT_FOREIGN_RUN
     killed = status < 0 or sent is not None
     if status == EXIT_RESUME:
         reason = "stopped early (checkpointed and exited 75)"
@@ -357,6 +455,10 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     if opts.requeue and opts.walltime_s is None:
         raise ValueError("requeue needs a simulated walltime (walltime_s)")
     if ckdir is not None:
+        refusal = _not_this_runs(opts, ckdir)
+        if refusal is not None:
+            log.error("%s", refusal)
+            return EXIT_FOREIGN_RUN
         storage.ensure_root(ckdir)
         env[ENV_CHECKPOINT_DIR] = str(ckdir)
         stalled = trailing_no_progress(read_ledger(ckdir))
@@ -405,7 +507,7 @@ def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) ->
     Not if a signal came from outside (a user's Ctrl-C, a real scheduler), nor for a finished
     program, exit 93 or 74, or a crash that no stop signal or deadline caused.
     """
-    if attempt.forwarded or code in (0, EXIT_NO_PROGRESS, EXIT_PERMANENT):
+    if attempt.forwarded or code in (0, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_FOREIGN_RUN):
         return False
     return code == EXIT_RESUME or record.signal is not None or record.program_stop is not None
 
@@ -465,6 +567,7 @@ def _run_job(
         )
         if ckdir is not None:
             _append_ledger(ckdir, record)
+            _note_beside(ckdir, number, record)
         log.info(
             "attempt %d: %s; latest valid step %s -> %s; exit %d",
             number,
@@ -477,7 +580,9 @@ def _run_job(
 
     def should_retry(result: tuple[int, AttemptRecord, _Attempt]) -> bool:
         code, rec, _ = result
-        if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT) or rec.signal is not None:
+        if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_FOREIGN_RUN):
+            return False
+        if rec.signal is not None:
             return False
         if rec.program_stop is not None:  # stopped on its own (deadline, signal): not a crash
             return False
@@ -547,6 +652,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="BASE[:MAX]",
         help="exponential backoff between retries, seconds (default 1:60)",
     )
+    p.add_argument("--task", help="the workflow task's name (for messages)")
+    p.add_argument(
+        "--outputs",
+        nargs="*",
+        type=Path,
+        default=[],
+        metavar="PATH",
+        help="the task's declared outputs: exit 78 if the checkpoint directory is one of them "
+        "or lies inside one (the engine would delete it before each retry)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -576,6 +691,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         requeue=args.requeue,
         backoff_s=float(base),
         backoff_max_s=float(most) if most else 60.0,
+        task=args.task,
+        outputs=tuple(args.outputs),
     )
 
 

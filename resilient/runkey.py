@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient import layout, storage
-from resilient.errors import ConfigError
+from resilient.errors import ConfigError, ForeignRunError
 
 __all__ = ["check_run_key", "normalize_run_key", "record_run_key"]
 
@@ -58,7 +58,7 @@ def check_run_key(root: Path, key: Mapping[str, Any] | None) -> None:
     """Refuse ``key`` if ``root`` records another one (local: reads one small file).
 
     Raises:
-        ConfigError: the keys differ; the message names each differing key with both values,
+        ForeignRunError: the keys differ; the message names each differing key with both values,
             and the fix.
     """
     if key is None:
@@ -72,7 +72,7 @@ def check_run_key(root: Path, key: Mapping[str, Any] | None) -> None:
         for k in names
         if old.get(k, _ABSENT) != key.get(k, _ABSENT)
     ]
-    raise ConfigError(
+    raise ForeignRunError(
         f"the checkpoint directory {root} belongs to another run ({'; '.join(diff)}): give "
         "these parameters a checkpoint directory of their own (one per parameter set, e.g. "
         f"named after a hash of them), or delete {root} to start this run from scratch"

@@ -27,8 +27,8 @@ from resilient import layout, storage
 from resilient.arrays import template_spec
 from resilient.blocks import unwrap
 from resilient.collective import Collective
-from resilient.errors import CheckpointNotFoundError, ConfigError
-from resilient.exitcodes import EXIT_PERMANENT, EXIT_RESUME
+from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
+from resilient.exitcodes import EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
 from resilient.manager import CheckpointManager
 from resilient.payload import split_template
 from resilient.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
@@ -69,7 +69,11 @@ class Session:
         validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
             quarantined and the next older one tried.
         exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
-            run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``.
+            run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``; on a
+            permanent storage error ``SystemExit(74)``; when the checkpoint directory belongs to
+            another run (:class:`~resilient.errors.ForeignRunError`: another ``run_key``, or
+            restored arrays of another shape) ``SystemExit(78)``, at construction or on leaving
+            the block. The code after the ``with`` block does not run in these cases.
         async_save: :meth:`maybe_save` saves with ``blocking=False`` (the program waits only
             for a memory copy; the commit happens at the next save, at the latest when the
             session ends). A stop waits for the save in flight, then writes the final
@@ -120,20 +124,25 @@ class Session:
         self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
         self._own_signals = not self._signals.is_active
         self.deadline, self.deadline_source = find_deadline(env)
-        self.manager = CheckpointManager(
-            self.root,
-            comm=comm,
-            checkpoint_comm=checkpoint_comm,
-            keep=keep,
-            save_when=save_when,
-            gc_every=gc_every,
-            lock_owner=job_of(env),
-            local_dir=local_dir,
-            flush_every=flush_every,
-            local_keep=local_keep,
-            redundancy=redundancy,
-            run_key=run_key,
-        )
+        try:
+            self.manager = CheckpointManager(
+                self.root,
+                comm=comm,
+                checkpoint_comm=checkpoint_comm,
+                keep=keep,
+                save_when=save_when,
+                gc_every=gc_every,
+                lock_owner=job_of(env),
+                local_dir=local_dir,
+                flush_every=flush_every,
+                local_keep=local_keep,
+                redundancy=redundancy,
+                run_key=run_key,
+            )
+        except ForeignRunError as exc:
+            # every rank raises it; one line from the first rank (all ranks without a comm)
+            self._exit_foreign(exc, log_it=getattr(comm, "rank", 0) == 0)
+            raise
         self.comm = self.manager.comm
         self._coll = Collective(self.comm)
         # A margin longer than half the time left could stop the loop before its first step,
@@ -197,6 +206,16 @@ class Session:
         if permanent and self.exit_on_stop:
             log.error("permanent storage error, exiting %d: %s", EXIT_PERMANENT, exc)
             raise SystemExit(EXIT_PERMANENT) from exc
+        if isinstance(exc, ForeignRunError):
+            self._exit_foreign(exc, log_it=self.comm.rank == 0)
+
+    def _exit_foreign(self, exc: ForeignRunError, *, log_it: bool) -> None:
+        """With ``exit_on_stop``: log ``exc`` and exit :data:`EXIT_FOREIGN_RUN`."""
+        if not self.exit_on_stop:
+            return
+        if log_it:
+            log.error("%s (exiting %d)", exc, EXIT_FOREIGN_RUN)
+        raise SystemExit(EXIT_FOREIGN_RUN) from exc
 
     # ------------------------------------------------------------------ loop API
 
@@ -358,7 +377,7 @@ def _same_arrays(initial: Mapping[str, Any], state: Mapping[str, Any], root: Pat
             continue
         (want_shape, want_dtype), (shape, dtype) = template_spec(value), template_spec(got[path])
         if (want_shape, want_dtype) != (shape, dtype):
-            raise ConfigError(
+            raise ForeignRunError(
                 f"the checkpoint in {root} holds {path!r} with shape {shape} and dtype "
                 f"{dtype}, but this run's initial state has shape {want_shape} and dtype "
                 f"{want_dtype}: the checkpoint directory belongs to a run with other "

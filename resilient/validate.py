@@ -65,7 +65,13 @@ def _read_small(path: Path, limit: int) -> bytes:
         raise InvalidCheckpointError(str(path.parent), f"{path.name} is implausibly large")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
-        return fh.read(limit + 1)
+        # ask for the size the file has, not for `limit` (a read(limit + 1) allocates that
+        # much, 256 MiB for a manifest, however small the file); one byte more sees growth
+        size = min(os.fstat(fh.fileno()).st_size, limit)
+        data = fh.read(size + 1)
+        if len(data) > size:  # it grew since: read on, up to the limit as before
+            data += fh.read(limit - size)
+        return data
 
 
 def marker_text(step: int, manifest_checksum: str) -> str:

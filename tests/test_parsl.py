@@ -1,17 +1,22 @@
-"""Parsl integration: config loading, the resume-aware retry handler, and real Parsl runs.
+"""Parsl integration: config loading, commands for users' own apps, the retry handler, real runs.
 
 The end-to-end tests run a real DataFlowKernel (HighThroughputExecutor + LocalProvider, run
-directory under tmp) with real MPI ranks: a heat task cut short by a simulated walltime on
-every try that still completes bit-identically at no retry cost, and tasks that never make
-progress, which stop after a bounded number of tries with exit 93.
+directory under tmp) with real MPI ranks and plain ``@bash_app``/``@python_app`` apps: the
+campaign's heat DAG (prepare -> simulate -> analyse) whose simulation is cut short by a
+simulated walltime on several tries and still ends bit-identical at no retry cost; a changed
+parameter in a fixed checkpoint directory (exit 78, not retried) and the same change through
+``checkpoint_dir`` (a fresh directory); and the python-app form (``run_resilient``).
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
 import importlib.util
+import itertools
+import json
 import math
 import pickle
-import re
 import shlex
 import socket
 import subprocess
@@ -24,31 +29,31 @@ import h5py
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager
+from resilient import CheckpointManager, layout
 from resilient.errors import ConfigError
 from resilient.run import read_ledger
+from resilient.workflow import checkpoint_dir
 from tests.mpirun import REPO, clean_env, mpiexec
 
 parsl = pytest.importorskip("parsl")
 
+from parsl import File, bash_app, python_app  # noqa: E402
 from parsl.app.errors import BashExitFailure  # noqa: E402
+from parsl.config import Config  # noqa: E402
 from parsl.executors import HighThroughputExecutor, MPIExecutor  # noqa: E402
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost  # noqa: E402
 from parsl.launchers import SimpleLauncher  # noqa: E402
 from parsl.providers import LocalProvider, SlurmProvider  # noqa: E402
 
 from resilient.integrations.parsl import (  # noqa: E402
-    Launch,
     ResumableCommandError,
-    RunOptions,
+    find_roots,
     load_config,
     resilient_command,
-    resumable_apps,
-    resumable_bash,
-    resumable_mpi_bash,
     resume_retry_handler,
+    run_resilient,
 )
-from workflows.campaign_apps import CampaignApps, heat_args  # noqa: E402
+from workflows import parsl_apps  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -158,7 +163,9 @@ def test_config_options(tmp_path: Path) -> None:
         load_config(tmp_path / "broken.yaml")
 
 
-# --------------------------------------------------------------------------- handler
+# --------------------------------------------------------------------------- retry handler
+
+LAUNCHED = datetime.datetime(2030, 1, 1, 12, 0, 0)
 
 
 def save(root: Path, step: int) -> None:
@@ -166,166 +173,176 @@ def save(root: Path, step: int) -> None:
         mgr.save(step, {"x": np.arange(3)})
 
 
-def record(root: Path | None, **kwargs: Any) -> Any:  # a TaskRecord (a TypedDict) in the tests
-    kw: dict[str, Any] = dict(kwargs)
-    if root is not None:
-        kw.setdefault("checkpoint_dir", str(root))
-    return {"id": 7, "try_id": 0, "fail_count": 1, "fail_cost": 0, "kwargs": kw}
+def record(*args: Any, task_id: int = 7, **kwargs: Any) -> Any:  # a TaskRecord in the tests
+    return {
+        "id": task_id, "try_id": 0, "fail_count": 1, "fail_cost": 0, "args": list(args),
+        "kwargs": kwargs, "time_invoked": LAUNCHED, "try_time_launched": LAUNCHED,
+    }  # fmt: skip
 
 
-def step_path(root: Path, step: int) -> str:
-    return str(root / f"step_{step:08d}")
+def ledger_line(root: Path, *, end: datetime.datetime, progress: bool) -> None:
+    with open(root / layout.ATTEMPT_LEDGER, "a") as fh:
+        fh.write(json.dumps({"attempt": 1, "start": end.timestamp() - 5, "end": end.timestamp(),
+                             "progress": progress, "exit_code": 75}) + "\n")  # fmt: skip
 
 
-def test_handler_costs_by_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("code", "cost"), [(75, 0.0), (93, math.inf), (74, math.inf), (78, math.inf), (1, 1.0), (139, 1.0)]
+)  # fmt: skip
+def test_handler_prices_exit_codes(code: int, cost: float, tmp_path: Path) -> None:
+    handler = resume_retry_handler()
+    assert handler(BashExitFailure("sim", code), record()) == cost
+    assert handler(ResumableCommandError(code, ["x"]), record()) == cost
+    assert resume_retry_handler(walltime_cost=0.5, failure_cost=3)(
+        BashExitFailure("sim", code), record()
+    ) == {0.0: 0.5, 1.0: 3.0}.get(cost, cost)
+
+
+def test_handler_other_failures_cost_one() -> None:
+    assert resume_retry_handler()(ValueError("boom"), record()) == 1
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record("no/such/root")) == 1
+
+
+def test_lost_workers_are_priced_by_progress(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Roots are found under any keyword name; each failure compares with the previous one."""
     caplog.set_level("INFO", logger="resilient.integrations.parsl")
     root = tmp_path / "ck"
+    save(root, 10)  # from an earlier run: not progress of this try
     handler = resume_retry_handler()
-    tr = record(root, resume_from=None)
-
-    # nothing on disk yet: no progress
-    assert handler(BashExitFailure("heat", 75), tr) == 1
-    assert tr["kwargs"]["resume_from"] is None
-
-    save(root, 10)  # the try committed step 10, then was cut short (exit 75)
-    assert handler(BashExitFailure("heat", 75), tr) == 0
-    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
-
-    # a crash without a newer checkpoint costs 1, and resume_from stays
-    assert handler(BashExitFailure("heat", 1), tr) == 1
-    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
-
-    save(root, 20)  # a lost manager (walltime of the block) after progress is free
-    assert handler(ManagerLost(b"abc", "node1"), tr) == 0
-    assert tr["kwargs"]["resume_from"] == step_path(root, 20)
-    assert handler(WorkerLost(3, "node1"), tr) == 1  # type: ignore[no-untyped-call]  # ... without progress it is not
-
-    save(root, 30)  # a crash after progress is free too
-    assert handler(BashExitFailure("heat", 139), tr) == 0
-
-    save(root, 40)  # 93 and 74 stop at once, progress or not
-    assert handler(BashExitFailure("heat", 93), tr) == math.inf
-    assert handler(BashExitFailure("heat", 74), tr) == math.inf
-    assert tr["kwargs"]["resume_from"] == step_path(root, 40)
-
+    tr = record(3, "--nx", wherever=str(root), stdout="x.out")
+    before = copy.deepcopy(tr)
+    assert handler(ManagerLost(b"m", "h"), tr) == 1  # first failure, nothing in the ledger
+    save(root, 20)
+    assert handler(ManagerLost(b"m", "h"), tr) == 0  # 10 -> 20
+    assert handler(WorkerLost(1, "h"), tr) == 1  # type: ignore[no-untyped-call]  # 20 -> 20
+    assert handler(BashExitFailure("sim", 75), tr) == 0
+    save(root, 30)
+    assert handler(WorkerLost(1, "h"), tr) == 0  # type: ignore[no-untyped-call]
+    assert tr == before  # the handler writes nothing into the task record
+    other = record(kw=str(root), task_id=8)  # another task: its own history
+    assert handler(ManagerLost(b"m", "h"), other) == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "resilient.integrations.parsl"]
-    assert len(lines) == 8
-    assert "cost 0" in lines[1] and "10" in lines[1] and "exit 75" in lines[1]
-    assert "ManagerLost" in lines[3]
+    assert len(lines) == 6
+    assert "task 7 try 0 failed: ManagerLost" in lines[1] and "step 10 -> 20 (progress)" in lines[1]
+    assert lines[1].endswith("cost 0.0") and "exit 75" in lines[3]
 
 
-def test_handler_falls_back_to_an_older_valid_checkpoint(tmp_path: Path) -> None:
+def test_first_lost_try_reads_the_ledger(tmp_path: Path) -> None:
+    """At a task's first failure: progress if an attempt with progress ended during this try."""
     root = tmp_path / "ck"
     save(root, 10)
-    save(root, 20)
-    (root / "step_00000020" / "COMMITTED").unlink()  # the newest one is torn
-    tr = record(root, resume_from=step_path(root, 10))
-    assert resume_retry_handler()(ManagerLost(b"m", "h"), tr) == 1
-    assert tr["kwargs"]["resume_from"] == step_path(root, 10)
+    ledger_line(root, end=LAUNCHED - datetime.timedelta(minutes=5), progress=True)  # earlier
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 1
+    ledger_line(root, end=LAUNCHED + datetime.timedelta(minutes=5), progress=False)
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 1
+    ledger_line(root, end=LAUNCHED + datetime.timedelta(minutes=9), progress=True)
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 0
 
 
-def test_handler_options_and_missing_keywords(tmp_path: Path) -> None:
-    root = tmp_path / "ck"
-    save(root, 5)
-    handler = resume_retry_handler(
-        checkpoint_kwarg="ckpt", resume_kwarg="restart", walltime_cost=0.25, failure_cost=2
-    )
-    tr = record(None, ckpt=str(root), restart=None)
-    assert handler(ManagerLost(b"m", "h"), tr) == 0.25
-    assert tr["kwargs"]["restart"] == step_path(root, 5)
-    assert handler(ManagerLost(b"m", "h"), tr) == 2
-
-    # no resume keyword: the handler remembers the step itself and injects nothing
-    tr = record(root)
+def test_roots_in_files_and_nested_arguments(tmp_path: Path) -> None:
+    roots = [tmp_path / n for n in ("a", "b", "c")]
+    for r in roots:
+        save(r, 1)
+    (tmp_path / "plain").mkdir()
+    args = [File(str(roots[0])), {"deep": [roots[1]]}]
+    kwargs: dict[str, Any] = {
+        "inputs": [File(str(roots[2])), File(str(tmp_path / "plain"))], "n": 4, "x": "\0"
+    }  # fmt: skip
+    assert find_roots(args, kwargs) == roots
+    tr = record(*args, **kwargs)
     handler = resume_retry_handler()
-    assert handler(BashExitFailure("x", 75), tr) == 0
-    assert handler(BashExitFailure("x", 75), tr) == 1
-    assert "resume_from" not in tr["kwargs"]
-
-    # no checkpoint dir at all: a plain failure, but 93 still stops
-    assert handler(ValueError("boom"), record(None)) == 1
-    assert handler(BashExitFailure("x", 93), record(None)) == math.inf
+    assert handler(ManagerLost(b"m", "h"), tr) == 1
+    save(roots[2], 2)  # progress in a root passed as a File in inputs
+    assert handler(ManagerLost(b"m", "h"), tr) == 0
 
 
-def test_resumable_command_error_pickles_and_is_classified(tmp_path: Path) -> None:
+def test_resumable_command_error_pickles() -> None:
     err = pickle.loads(pickle.dumps(ResumableCommandError(93, ["a", "b c"], "tail")))
-    assert err.exitcode == 93 and err.command == ["a", "b c"] and "b c" in str(err)
-    root = tmp_path / "ck"
-    save(root, 3)
-    assert resume_retry_handler()(err, record(root, resume_from=None)) == math.inf
-    tr = record(root, resume_from=None)
-    assert resume_retry_handler()(ResumableCommandError(75), tr) == 0
+    assert err.exitcode == 93 and err.command == ["a", "b c"] and err.output == "tail"
+    assert "'b c'" in str(err) and "tail" in str(err)
 
 
 # --------------------------------------------------------------------------- commands
 
 
-def test_resilient_command_quotes_and_prefix(tmp_path: Path) -> None:
+def test_resilient_command_quotes_options_and_prefix(tmp_path: Path) -> None:
     ck = tmp_path / "a dir"
-    cmd = resilient_command(
-        ["prog", "x y"],
-        checkpoint_dir=ck,
-        run=RunOptions(walltime_s=2.5, max_no_progress=2, extra=("--kill-wait", "1")),
-    )
-    argv = shlex.split(cmd)
+    argv = shlex.split(resilient_command(["prog", "x y", 3, File(str(tmp_path / "in put"))],
+                                         checkpoint_dir=ck))  # fmt: skip
     assert argv[:4] == [sys.executable, "-m", "resilient.cli", "run"]
-    assert argv[argv.index("--checkpoint-dir") + 1] == str(ck)
-    assert argv[argv.index("--walltime") + 1] == "2.5"
-    assert argv[argv.index("--max-no-progress") + 1] == "2"
-    assert argv[argv.index("--") :] == ["--", "prog", "x y"]
-
-    cmd = resilient_command(["prog"], checkpoint_dir=ck, launcher_prefix="$PARSL_MPI_PREFIX")
-    assert " -- $PARSL_MPI_PREFIX prog" in cmd
+    assert argv[4:] == [
+        "--checkpoint-dir",
+        str(ck),
+        "--",
+        "prog",
+        "x y",
+        "3",
+        str(tmp_path / "in put"),
+    ]
+    cmd = resilient_command(
+        ["prog"], checkpoint_dir=str(ck), walltime_s=2.5, signal="USR1@30", max_no_progress=3,
+        retries=1, requeue=True, python="/py",
+    )  # fmt: skip
+    assert shlex.split(cmd) == [
+        "/py", "-m", "resilient.cli", "run", "--checkpoint-dir", str(ck), "--walltime", "2.5",
+        "--signal", "USR1@30", "--max-no-progress", "3", "--retries", "1", "--requeue", "--", "prog",
+    ]  # fmt: skip
+    cmd = resilient_command(["prog", "a b"], checkpoint_dir=ck, launcher_prefix="$PARSL_MPI_PREFIX")
+    assert " -- $PARSL_MPI_PREFIX prog 'a b'" in cmd
     echo = subprocess.run(
-        ["bash", "-c", "echo " + cmd], env={"PARSL_MPI_PREFIX": "srun -n 4"},
+        ["bash", "-c", "printf '%s\\n' " + cmd], env={"PARSL_MPI_PREFIX": "srun -n 4"},
         capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert "-- srun -n 4 prog" in echo
+    ).stdout.splitlines()  # fmt: skip
+    assert echo[-6:] == ["--", "srun", "-n", "4", "prog", "a b"]
 
 
-def test_app_commands() -> None:
-    args = heat_args(nx=8, ny=8, steps=5, out="/o.h5", checkpoint_dir="/ck")
-    common: dict[str, Any] = dict(
-        module="apps.heat", args=args, checkpoint_dir="/ck", cwd="/repo dir"
-    )
-    cmd = resumable_bash(
-        launch=Launch(launcher="mpiexec", ranks=3), resume_from="/ck/step_00000010", **common
-    )
-    assert cmd.startswith("cd '/repo dir' && export PYTHONPATH='/repo dir'")
-    assert "resume_from=/ck/step_00000010" in cmd
-    assert f"-- {mpiexec()} -n 3 {sys.executable} -m apps.heat --nx 8" in cmd
-    cmd = resumable_mpi_bash(parsl_resource_specification={"num_ranks": 2}, **common)
-    assert f"-- $PARSL_MPI_PREFIX {sys.executable} -m apps.heat --nx 8" in cmd
-    assert "resume_from=none" in cmd
-    srun = resumable_bash(
-        command=["./sim", "-x"], launch=Launch(launcher="srun", ranks=64), checkpoint_dir="/ck"
-    )
-    assert shlex.split(srun.rsplit("exec ", 1)[1])[-6:] == ["--", "srun", "-n", "64", "./sim", "-x"]
-    direct = resumable_bash(command=["./sim"], checkpoint_dir="/ck")
-    assert direct.endswith("-- ./sim")
-    with pytest.raises(ValueError, match="either command"):
-        resumable_bash(command=["./sim"], module="apps.heat", checkpoint_dir="/ck")
-    with pytest.raises(ValueError, match="ranks"):
-        Launch(launcher="mpiexec")
+def test_run_resilient_returns_zero_or_raises(tmp_path: Path) -> None:
+    assert run_resilient([sys.executable, "-c", "pass"], checkpoint_dir=tmp_path / "ok") == 0
+    with pytest.raises(ResumableCommandError) as info:
+        run_resilient([sys.executable, "-c", "import sys; print('hi'); sys.exit(3)"],
+                      checkpoint_dir=tmp_path / "bad", env={"X": "1"})  # fmt: skip
+    assert info.value.exitcode == 3 and "hi" in info.value.output
+    log = tmp_path / "logs" / "run.log"
+    with pytest.raises(ResumableCommandError) as info:
+        run_resilient([sys.executable, "-c", "print('hello'); raise SystemExit(4)"],
+                      checkpoint_dir=tmp_path / "bad2", log_path=log, cwd=tmp_path)  # fmt: skip
+    assert info.value.exitcode == 4 and info.value.output == "" and "hello" in log.read_text()
 
 
 # --------------------------------------------------------------------------- end to end
 
 STEPS = 150
-HEAT: dict[str, Any] = {"nx": 32, "ny": 32, "steps": STEPS, "ranks": 2, "checkpoint_every": 10}
+RANKS = 2
+CASE = {"nx": 32, "ny": 32, "steps": STEPS, "alpha": 0.2}
+TRIES: dict[str, Any] = {"walltime_s": 2.5, "signal": "USR1@0.5", "max_no_progress": 3}
+
+
+# The workers unpickle the apps of workflows.parsl_apps and of this module by reference: they
+# import them, so the repository must be on their path (as a user's own app module must be).
+# pytest's sys.path does not reach them; a shell line in worker_init does, whatever the caller's
+# environment holds (CI has no PYTHONPATH).
+WORKER_PATH = f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"
+
+
+def local_config(run_dir: Path, *, retries: int, label: str = "test") -> Config:
+    """HTEx + LocalProvider (one block, two workers) and resume_retry_handler."""
+    provider = LocalProvider(  # type: ignore[no-untyped-call]
+        init_blocks=1, max_blocks=1, worker_init=WORKER_PATH
+    )
+    executor = HighThroughputExecutor(label=label, max_workers_per_node=2, provider=provider)
+    return Config(
+        executors=[executor], retries=retries, retry_handler=resume_retry_handler(),
+        run_dir=str(run_dir), strategy_period=0.5,
+    )  # fmt: skip
 
 
 @pytest.fixture
 def dfk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real DataFlowKernel: HTEx + LocalProvider, retries 1, resume_retry_handler."""
+    """A real DataFlowKernel with ``retries=1``."""
     d = tmp_path_factory.mktemp("parsl")
-    path = d / "local.yaml"
-    path.write_text(
-        f"retries: 1\nretry_handler: resume\nrun_dir: {d / 'runinfo'}\nstrategy_period: 0.5\n"
-        "executor: {kind: htex, label: test, max_workers_per_node: 2}\n"
-        "provider: {kind: local, init_blocks: 1, max_blocks: 1}\n"
-    )
-    dfk = parsl.load(load_config(path))
+    dfk = parsl.load(local_config(d / "runinfo", retries=1))
     try:
         yield dfk
     finally:
@@ -343,6 +360,12 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def heat_argv(out: Path | str, ck: Path | str, **extra: Any) -> list[str]:
+    args = [sys.executable, "-m", "apps.heat", "--nx", "32", "--ny", "32", "--steps", str(STEPS),
+            "--checkpoint-every", "10", "--checkpoint-dir", str(ck), "--out", str(out)]  # fmt: skip
+    return args + [str(a) for kv in extra.items() for a in (f"--{kv[0].replace('_', '-')}", kv[1])]
+
+
 def heat_field(path: Path) -> bytes:
     with h5py.File(path) as f:
         assert int(f.attrs["steps"]) == STEPS
@@ -351,107 +374,164 @@ def heat_field(path: Path) -> bytes:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, policy: Path) -> bytes:
+    """The heat case's field from one uninterrupted run on 2 ranks."""
     d = tmp_path_factory.mktemp("ref")
-    cmd = [
-        mpiexec(), "-n", "2", sys.executable, "-m", "apps.heat", "--nx", "32", "--ny", "32",
-        "--steps", str(STEPS), "--checkpoint-every", "10", "--config", str(policy),
-        "--checkpoint-dir", str(d / "ck"), "--out", str(d / "out.h5"),
-    ]  # fmt: skip
+    cmd = [mpiexec(), "-n", str(RANKS), *heat_argv(d / "out.h5", d / "ck", config=policy)]
     subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=120)
     return heat_field(d / "out.h5")
 
 
-def test_walltime_kills_resume_at_no_cost(
+def tail(path: Path) -> str:
+    return path.read_text()[-3000:] if path.exists() else f"({path} missing)"
+
+
+def test_heat_dag_resumes_through_walltime_stops_at_no_cost(
     dfk: Any, policy: Path, reference: bytes, tmp_path: Path
 ) -> None:
-    apps = CampaignApps(cwd=REPO)
-    ck, out = tmp_path / "ck", tmp_path / "out.h5"
-    heat = apps.submit(
-        "heat",
-        **HEAT, step_delay=0.04, config=str(policy), checkpoint_dir=str(ck), out=str(out),
-        walltime_s=2.5, max_no_progress=3, run_extra=["--signal", "USR1@0.5", "--kill-wait", "1"],
-        stdout=str(tmp_path / "heat.out"), stderr=str(tmp_path / "heat.err"),
+    """prepare -> simulate (stopped by its walltime several times) -> analyse, with retries=1:
+    every stopped try advanced the checkpoint, so none cost anything."""
+    ck = checkpoint_dir(tmp_path / "ckpt", "heat", CASE, wildcards={"case": "hot"})
+    out, err = tmp_path / "hot.h5", tmp_path / "heat.err"
+    prepared = parsl_apps.prepare(CASE, outputs=[File(str(tmp_path / "hot.json"))])
+    sim = parsl_apps.simulate(
+        ck, ranks=RANKS, checkpoint_every=10, step_delay=0.04, policy=str(policy), **TRIES,
+        inputs=[prepared.outputs[0]], outputs=[File(str(out))],
+        stdout=str(tmp_path / "heat.out"), stderr=str(err),
     )  # fmt: skip
-    # tasks that never progress, run alongside: a python app and a bash app
-    never = resumable_apps(cwd=REPO).python(
-        [sys.executable, "-c", "import sys; sys.exit(1)"], str(tmp_path / "never"),
-        run=RunOptions(max_no_progress=2), log_path=str(tmp_path / "never.log"),
-    )  # fmt: skip
-    broken = apps.submit(
-        "heat",
-        **HEAT, config=str(tmp_path / "no-such-policy.yaml"), checkpoint_dir=str(tmp_path / "broken"),
-        out=str(tmp_path / "broken.h5"), max_no_progress=2,
-        stdout=str(tmp_path / "broken.out"), stderr=str(tmp_path / "broken.err"),
-    )  # fmt: skip
-
+    summary = parsl_apps.analyse(
+        inputs=[sim.outputs[0]], outputs=[File(str(tmp_path / "summary.json"))]
+    )
     try:
-        assert heat.result(timeout=300) == 0
+        got = summary.result(timeout=400)
     except Exception:
-        print((tmp_path / "heat.err").read_text()[-3000:])
+        print(tail(err))
         raise
-    tr = heat.task_record
-    ledger = read_ledger(ck)
+    assert sim.result() == 0 and prepared.result() == CASE
+    assert json.loads((tmp_path / "hot.json").read_text()) == CASE
+    assert got["steps"] == STEPS and got["ranks"] == RANKS and got["field"] == str(out)
+    assert json.loads((tmp_path / "summary.json").read_text()) == got
+
+    tr = sim.task_record
     tries = tr["try_id"] + 1
-    assert tries >= 4, ledger  # killed at least 3 times
-    assert tr["fail_count"] == tries - 1 and tr["fail_cost"] == 0  # every kill was free
+    ledger = read_ledger(Path(ck))
+    assert tries >= 3, ledger  # stopped at least twice
+    assert tr["fail_count"] == tries - 1 and tr["fail_cost"] == 0  # every stop was free
     assert [r["exit_code"] for r in ledger] == [75] * (tries - 1) + [0]
     assert all(r["progress"] for r in ledger[:-1])
-    # the last attempt made progress, unless the one before stopped exactly at the last step
-    assert ledger[-1]["progress"] or ledger[-1]["latest_before"] == STEPS, ledger[-1]
+    for before, after in itertools.pairwise(ledger):  # each resumed where the last stopped
+        assert after["latest_before"] == before["latest_after"] is not None, ledger
     assert heat_field(out) == reference  # bit-identical to the uninterrupted run
 
-    # each retry was told where to resume from, and the step only went up
-    seen = re.findall(r"resilient: resume_from=(\S+)", (tmp_path / "heat.out").read_text())
-    assert seen[0] == "none" and len(seen) == tries
-    steps = [int(Path(s).name.split("_")[1]) for s in seen[1:]]
-    assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    assert [Path(s).parent for s in seen[1:]] == [ck] * (tries - 1)
-    assert tr["kwargs"]["resume_from"] == seen[-1]
 
-    for fut, root, kind in ((never, tmp_path / "never", ResumableCommandError),
-                            (broken, tmp_path / "broken", BashExitFailure)):  # fmt: skip
-        exc = fut.exception(timeout=120)
-        assert isinstance(exc, kind), repr(exc)
-        assert exc.exitcode == 93
-        ledger = read_ledger(root)
-        assert [r["exit_code"] for r in ledger][-1] == 93 and len(ledger) == 2
-        assert fut.task_record["try_id"] == 1 and fut.task_record["fail_cost"] == math.inf
-    assert "resilient: resume_from=none" in (tmp_path / "never.log").read_text()
+# user-style apps of the tests: their checkpoint parameter is not called checkpoint_dir
+
+
+@bash_app
+def heat_bash(
+    ckpt: str, alpha: float, *, walltime_s: float | None = None, signal: str | None = None,
+    outputs: Any = (), stdout: Any = None, stderr: Any = None,
+) -> str:  # fmt: skip
+    from resilient.integrations.parsl import resilient_command
+    from tests.mpirun import REPO, mpiexec
+
+    argv = [mpiexec(), "-n", 2, *heat_argv(outputs[0], ckpt, alpha=alpha, step_delay=0.04)]
+    command = resilient_command(argv, checkpoint_dir=ckpt, walltime_s=walltime_s, signal=signal)
+    return f"cd {REPO} && {command}"
+
+
+@python_app
+def heat_python(ckpt: str, policy: str, log: str, outputs: Any = ()) -> int:
+    from resilient.integrations.parsl import run_resilient
+    from tests.mpirun import REPO, mpiexec
+
+    argv = [mpiexec(), "-n", 2, *heat_argv(outputs[0], ckpt, config=policy, step_delay=0.04)]
+    return run_resilient(argv, checkpoint_dir=ckpt, cwd=REPO, log_path=log, **TRIES)
+
+
+def test_changed_parameter_in_a_fixed_directory_stops_with_78(
+    dfk: Any, tmp_path: Path, reference: bytes
+) -> None:
+    """The same fixed directory with another --alpha: exit 78, one try, cost inf; the same
+    change through checkpoint_dir gets a directory of its own and finishes."""
+    fixed = str(tmp_path / "ck")
+    first = heat_bash(fixed, 0.2, walltime_s=2.5, signal="USR1@0.5", outputs=[File(str(tmp_path / "a.h5"))],
+                      stderr=str(tmp_path / "a.err"))  # fmt: skip
+    first.exception(
+        timeout=300
+    )  # stopped (75) or finished: either way the directory is alpha's 0.2
+    assert read_ledger(Path(fixed)), tail(tmp_path / "a.err")
+
+    err = tmp_path / "b.err"
+    changed = heat_bash(fixed, 0.1, outputs=[File(str(tmp_path / "b.h5"))], stderr=str(err))
+    exc = changed.exception(timeout=300)
+    assert isinstance(exc, BashExitFailure) and exc.exitcode == 78, repr(exc)
+    tr = changed.task_record
+    assert tr["try_id"] == 0 and tr["fail_cost"] == math.inf
+    assert "belongs to another run" in err.read_text()
+
+    keyed = checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.1})
+    assert keyed != checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.2})
+    fresh = heat_bash(
+        keyed, 0.1, outputs=[File(str(tmp_path / "c.h5"))], stderr=str(tmp_path / "c.err")
+    )
+    assert fresh.result(timeout=300) == 0, tail(tmp_path / "c.err")
+    assert [r["exit_code"] for r in read_ledger(Path(keyed))] == [0]
+
+
+def test_python_app_resumes_after_walltime_stops(
+    dfk: Any, policy: Path, reference: bytes, tmp_path: Path
+) -> None:
+    """run_resilient inside a @python_app: ResumableCommandError(75) is free, the next try resumes."""
+    ck, out, log = tmp_path / "ck", tmp_path / "out.h5", tmp_path / "heat.log"
+    fut = heat_python(str(ck), str(policy), str(log), outputs=[File(str(out))])
+    assert fut.result(timeout=400) == 0, tail(log)
+    tr = fut.task_record
+    codes = [r["exit_code"] for r in read_ledger(ck)]
+    assert tr["try_id"] >= 1 and tr["fail_cost"] == 0, codes
+    assert codes == [75] * tr["try_id"] + [0]
+    assert heat_field(out) == reference
 
 
 def test_mpi_executor_app(
     tmp_path: Path, policy: Path, reference: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The MPIExecutor variant: ranks started by $PARSL_MPI_PREFIX (here mpiexec -n 2 -ppn 2
-    -hosts <this host>; Parsl reads the node list from a PBS_NODEFILE we fake)."""
+    """The campaign's simulate app on an MPIExecutor: ranks started by $PARSL_MPI_PREFIX (here
+    mpiexec -n 2 -ppn 2 -hosts <this host>; Parsl reads the node list from a PBS_NODEFILE we
+    fake)."""
     nodefile = tmp_path / "nodefile"
     nodefile.write_text(socket.gethostname() + "\n")
     for var in ("SLURM_NODELIST", "PBS_NODEFILE"):
         monkeypatch.delenv(var, raising=False)
-    init = f"export PBS_NODEFILE={nodefile}; export PATH={Path(mpiexec()).parent}:$PATH"
-    path = tmp_path / "mpi.yaml"
-    path.write_text(
-        f"retries: 1\nrun_dir: {tmp_path / 'runinfo'}\nstrategy_period: 0.5\n"
-        "executor: {kind: mpi, label: mpitest, max_workers_per_block: 1, mpi_launcher: mpiexec}\n"
-        f"provider: {{kind: local, launcher: simple, worker_init: '{init}'}}\n"
+    init = (
+        f"export PBS_NODEFILE={nodefile}; export PATH={Path(mpiexec()).parent}:$PATH; "
+        + WORKER_PATH
     )
-    dfk = parsl.load(load_config(path))
-    try:
-        fut = CampaignApps(cwd=REPO).submit(
-            "heat", mpi=True, **HEAT, config=str(policy), checkpoint_dir=str(tmp_path / "ck"),
-            out=str(tmp_path / "out.h5"), stdout=str(tmp_path / "o.txt"), stderr=str(tmp_path / "e.txt"),
+    executor = MPIExecutor(
+        label="mpitest", max_workers_per_block=1, mpi_launcher="mpiexec",
+        provider=LocalProvider(  # type: ignore[no-untyped-call]
+            launcher=SimpleLauncher(), worker_init=init
+        ),
+    )  # fmt: skip
+    config = Config(executors=[executor], retries=1, retry_handler=resume_retry_handler(),
+                    run_dir=str(tmp_path / "runinfo"), strategy_period=0.5)  # fmt: skip
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(CASE))
+    err = tmp_path / "e.txt"
+    with parsl.load(config):
+        fut = parsl_apps.simulate(
+            str(tmp_path / "ck"), ranks=RANKS, checkpoint_every=10, policy=str(policy),
+            parsl_resource_specification=parsl_apps.mpi_resources(RANKS),
+            inputs=[File(str(case))], outputs=[File(str(tmp_path / "out.h5"))], stderr=str(err),
         )  # fmt: skip
-        assert fut.result(timeout=120) == 0, (tmp_path / "e.txt").read_text()
-        assert fut.task_record["resource_specification"]["num_ranks"] == 2
-    finally:
-        dfk.cleanup()
+        assert fut.result(timeout=120) == 0, tail(err)
+        assert fut.task_record["resource_specification"]["num_ranks"] == RANKS
     with h5py.File(tmp_path / "out.h5") as f:
-        assert int(f.attrs["ranks"]) == 2
+        assert int(f.attrs["ranks"]) == RANKS
     assert heat_field(tmp_path / "out.h5") == reference
-    assert "-- $PARSL_MPI_PREFIX" in (tmp_path / "e.txt").read_text()
+    assert "-- $PARSL_MPI_PREFIX" in err.read_text()
 
 
-# --------------------------------------------------------------------------- the PyTorch task
+# --------------------------------------------------------------------------- the campaign
 
 
 def test_campaign_torch_task_follows_enabled(
@@ -486,9 +566,9 @@ def test_campaign_torch_task_follows_enabled(
 @pytest.mark.mpi
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path) -> None:
-    """``CampaignApps.submit("train_torch", ...)``: 2 processes under mpiexec, a 14-s simulated
-    walltime per try (torch's start-up included); free retries; bit-identical output. The
-    100 steps of 0.15 s outlast one try however fast torch starts."""
+    """The campaign's train app with ``apps.train_torch``: 2 processes under mpiexec, a 14-s
+    simulated walltime per try (torch's start-up included); free retries; bit-identical output.
+    The 100 steps of 0.15 s outlast one try however fast torch starts."""
     ref = tmp_path / "ref"
     cmd = [
         mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "100",
@@ -497,16 +577,15 @@ def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path
     subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=180)
 
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
-    fut = CampaignApps(cwd=REPO).submit(
-        "train_torch", ranks=2, steps=100, checkpoint_every=10, step_delay=0.15,
-        config=str(policy), checkpoint_dir=str(ck), out=str(out), walltime_s=14,
-        run_extra=["--signal", "USR1@1", "--kill-wait", "3"],
+    fut = parsl_apps.train(
+        "apps.train_torch", str(ck), ranks=2, steps=100, checkpoint_every=10, step_delay=0.15,
+        policy=str(policy), walltime_s=14, signal="USR1@1", outputs=[File(str(out))],
         stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),
     )  # fmt: skip
     try:
         assert fut.result(timeout=400) == 0
     except Exception:
-        print((tmp_path / "t.err").read_text()[-3000:])
+        print(tail(tmp_path / "t.err"))
         raise
     codes = [r["exit_code"] for r in read_ledger(ck)]
     assert codes[-1] == 0 and codes.count(75) >= 1, codes
@@ -516,9 +595,6 @@ def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path
         for name in want:
             assert got[name][()].tobytes() == want[name][()].tobytes(), name
         assert int(got.attrs["steps"]) == 100
-
-
-# --------------------------------------------------------------------------- other rank counts
 
 
 def test_the_campaign_key_has_no_rank_count_for_elastic_apps(
@@ -545,35 +621,138 @@ def test_the_campaign_key_has_no_rank_count_for_elastic_apps(
 
 
 def test_an_app_invoked_again_with_other_ranks_resumes(
-    tmp_path: Path, policy: Path, reference: bytes
+    dfk: Any, tmp_path: Path, policy: Path, reference: bytes
 ) -> None:
-    """A heat app stopped by its walltime on 2 ranks, then invoked again on 3 ranks: the second
-    invocation resumes from the first one's checkpoint and ends bit-identical."""
-    path = tmp_path / "local.yaml"
-    path.write_text(
-        f"retries: 0\nretry_handler: none\nrun_dir: {tmp_path / 'runinfo'}\nstrategy_period: 0.5\n"
-        "executor: {kind: htex, label: ranks, max_workers_per_node: 1}\n"
-        "provider: {kind: local, init_blocks: 1, max_blocks: 1}\n"
-    )
-    dfk = parsl.load(load_config(path))
+    """A heat run stopped by its walltime on 2 ranks (exit 75), then the campaign's simulate app
+    on 3 ranks in the same directory: it resumes from that checkpoint and ends bit-identical."""
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
-    common = {**HEAT, "config": str(policy), "checkpoint_dir": str(ck), "out": str(out),
-              "stderr": str(tmp_path / "heat.err")}  # fmt: skip
-    try:
-        apps = CampaignApps(cwd=REPO)
-        first = apps.submit(
-            "heat", **{**common, "ranks": 2}, step_delay=0.04, walltime_s=2.5,
-            run_extra=["--signal", "USR1@0.5", "--kill-wait", "1"],
-        )  # fmt: skip
-        exc = first.exception(timeout=300)
-        assert isinstance(exc, BashExitFailure) and exc.exitcode == 75, repr(exc)
-        second = apps.submit("heat", **{**common, "ranks": 3})
-        assert second.result(timeout=300) == 0, (tmp_path / "heat.err").read_text()[-3000:]
-    finally:
-        dfk.cleanup()
+    argv = [mpiexec(), "-n", "2", *heat_argv(out, ck, config=policy, step_delay=0.04)]
+    command = shlex.split(
+        resilient_command(argv, checkpoint_dir=ck, walltime_s=2.5, signal="USR1@0.5")
+    )
+    stopped = subprocess.run(
+        command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+
+    case, err = tmp_path / "case.json", tmp_path / "heat.err"
+    case.write_text(json.dumps(CASE))
+    fut = parsl_apps.simulate(
+        str(ck), ranks=3, checkpoint_every=10, policy=str(policy),
+        inputs=[File(str(case))], outputs=[File(str(out))], stderr=str(err),
+    )  # fmt: skip
+    assert fut.result(timeout=300) == 0, tail(err)
     ledger = read_ledger(ck)
     assert [r["exit_code"] for r in ledger] == [75, 0]
     assert ledger[1]["latest_before"] == ledger[0]["latest_after"] is not None
     with h5py.File(out) as f:
         assert int(f.attrs["ranks"]) == 3
     assert heat_field(out) == reference
+
+
+# --------------------------------------------------------------------------- a user's own script
+
+USER_PROGRAM = """
+import sys, time, numpy as np
+from mpi4py import MPI
+from resilient import Session
+alpha, steps, out, init = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+comm = MPI.COMM_WORLD
+with Session(comm=comm, margin_s=0.5, run_key={"alpha": alpha}) as s:  # $RESILIENT_CHECKPOINT_DIR
+    step, state = s.restore_or({"x": np.loadtxt(init)})
+    x = state["x"]
+    while step < steps and not s.should_stop():
+        x = x + alpha * np.sin(x) + comm.allreduce(float(x.sum())) * 1e-6
+        step += 1
+        time.sleep(float(sys.argv[5]))
+        s.maybe_save(step, {"x": x})
+if comm.rank == 0:
+    np.savetxt(out, x)
+"""
+
+# The README's Parsl example as a user writes it: a script (its apps go to the worker by value,
+# so the imports the apps need are inside them), the user's own MPI program, a Python Config.
+USER_SCRIPT = """
+import sys
+import parsl
+from parsl import File, bash_app, python_app
+from parsl.config import Config
+from parsl.executors import HighThroughputExecutor
+from parsl.providers import LocalProvider
+from resilient.integrations.parsl import resume_retry_handler
+from resilient.workflow import checkpoint_dir
+
+@python_app
+def prepare(outputs=()):
+    import numpy as np
+    np.savetxt(outputs[0], np.linspace(0, 1, 8))
+
+@bash_app
+def simulate(alpha, ck, mpiexec, inputs=(), outputs=(), stdout=None, stderr=None):
+    import sys
+    from resilient.integrations.parsl import resilient_command
+    return resilient_command(
+        [mpiexec, "-n", 2, sys.executable, "sim.py", alpha, 100, outputs[0], inputs[0], 0.05],
+        checkpoint_dir=ck, walltime_s=2.5, signal="USR1@1")
+
+@python_app
+def analyse(inputs=()):
+    import numpy as np
+    return float(np.loadtxt(inputs[0]).sum())
+
+alpha, mpiexec = float(sys.argv[1]), sys.argv[2]
+ck = sys.argv[3] if len(sys.argv) > 3 else checkpoint_dir("ckpt", "sim", {"alpha": alpha})
+parsl.load(Config(executors=[HighThroughputExecutor(provider=LocalProvider())], retries=1,
+                  retry_handler=resume_retry_handler(), run_dir="runinfo"))
+try:
+    p = prepare(outputs=[File("init.txt")])
+    s = simulate(alpha, ck, mpiexec, inputs=[p.outputs[0]], outputs=[File(f"out-{alpha}.txt")],
+                 stdout="sim.out", stderr="sim.err")
+    a = analyse(inputs=[s.outputs[0]])
+    try:
+        print("RESULT", a.result())
+    except Exception as exc:
+        print("FAILED", type(exc).__name__)
+    print("TRIES", s.task_record["try_id"] + 1, "COST", s.task_record["fail_cost"])
+finally:
+    parsl.dfk().cleanup()
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_users_own_script_in_a_temporary_directory(tmp_path: Path) -> None:
+    """The README's pattern from a script in a temp dir, with the user's own program: walltime
+    stops cost nothing (retries=1, several tries) and the output is bit-identical to an
+    uninterrupted run; a fixed directory reused with another parameter fails once with 78."""
+    (tmp_path / "sim.py").write_text(USER_PROGRAM)
+    (tmp_path / "flow.py").write_text(USER_SCRIPT)
+    env = clean_env()
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # Parsl's interchange
+
+    def flow(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "flow.py", *args], cwd=tmp_path, env=env, capture_output=True,
+            text=True, timeout=400,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = flow("0.1", mpiexec())
+    assert "RESULT" in out, out
+    tries, cost = out.split("TRIES", 1)[1].split()[0], out.split("COST", 1)[1].split()[0]
+    assert int(tries) >= 3 and float(cost) == 0.0, out
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    subprocess.run(
+        [mpiexec(), "-n", "2", sys.executable, str(tmp_path / "sim.py"), "0.1", "100",
+         str(ref / "out.txt"), str(tmp_path / "init.txt"), "0"],
+        cwd=ref, env=clean_env(RESILIENT_CHECKPOINT_DIR=str(ref / "ck")), check=True,
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert (tmp_path / "out-0.1.txt").read_bytes() == (ref / "out.txt").read_bytes()
+    # a fixed directory: the first alpha finishes there, the second is refused at once
+    assert "RESULT" in flow("0.2", mpiexec(), "ckpt/fixed")
+    out = flow("0.3", mpiexec(), "ckpt/fixed")
+    assert "FAILED" in out and "TRIES 1 " in out and "COST inf" in out, out
+    assert "belongs to another run" in (tmp_path / "sim.err").read_text()

@@ -421,3 +421,49 @@ def test_stop_before_the_first_checkpoint_is_reported_not_as_a_crash(tmp_path: P
     assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
     assert all(r["program_stop"]["saved"] is False for r in ledger)
     assert latest_valid(ckpt) is None
+
+
+def test_a_directory_of_another_run_is_reported_and_not_retried(tmp_path: Path) -> None:
+    """apps.heat's run_key holds alpha: the same directory with another alpha exits 78 on its
+    first attempt, `resilient run` says why and neither retries nor requeues it, nothing in the
+    directory changes; the original parameters then resume there as before."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    first = heat_cmd(ckpt, out, n=2, delay=0.03)
+    args = ["--checkpoint-dir", str(ckpt), "--walltime", "2.5", "--signal", "USR1@0.5"]
+    proc = resilient_run([*args, "--kill-wait", "1"], first)
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    before = sorted(p.name for p in ckpt.iterdir() if p.name != "attempts.jsonl")
+    other = [*first, "--alpha", "0.15"]  # the last --alpha wins
+    proc = resilient_run([*args, "--kill-wait", "1", "--requeue", "--retries", "3"], other)
+    assert proc.returncode == 78, (proc.returncode, proc.stderr[-3000:])
+    assert "belongs to another run" in proc.stderr
+    assert "alpha: 0.2 there, 0.15 now" in proc.stderr  # the program's own message
+    assert "requeued after" not in proc.stderr and "program crashed" not in proc.stderr
+    ledger = read_ledger(ckpt)
+    assert [r["exit_code"] for r in ledger] == [75, 78]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name != "attempts.jsonl") == before
+    # the refused attempt is no attempt without progress of this run: it resumes and finishes
+    proc = resilient_run([*args, "--kill-wait", "1", "--requeue"], first)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["exit_code"] for r in read_ledger(ckpt)][:2] == [75, 78]
+
+
+def test_a_shape_change_is_reported_and_not_retried(tmp_path: Path) -> None:
+    """A program without a run_key whose state's shape changes (a size parameter): exit 78
+    with the leaf and both shapes, not a crash deep in numpy."""
+    script = tmp_path / "grow.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "from resilient import Session\n"
+        "with Session() as s:\n"
+        "    step, state = s.restore_or({'u': np.zeros(int(sys.argv[1]))})\n"
+        "    s.maybe_save(step + 1, state)\n"
+    )
+    ckpt = tmp_path / "ck"
+    base = ["--checkpoint-dir", str(ckpt), "--retries", "2", "--backoff", "0.1"]
+    assert resilient_run(base, [sys.executable, str(script), "500"]).returncode == 0
+    proc = resilient_run(base, [sys.executable, str(script), "600"])
+    assert proc.returncode == 78, (proc.returncode, proc.stderr[-3000:])
+    assert "'u' with shape (500,)" in proc.stderr and "shape (600,)" in proc.stderr
+    assert "belongs to another run" in proc.stderr
+    assert [r["exit_code"] for r in read_ledger(ckpt)] == [0, 78]

@@ -14,8 +14,10 @@ import importlib.util
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,14 @@ import yaml
 
 from resilient import CheckpointManager, storage
 from resilient.integrations.snakemake import (
+    SimulatedWalltime,
+    cleanup_command,
+    resilient_run,
+    retries,
+)
+from resilient.run import read_ledger
+from resilient.validate import latest_valid, list_checkpoints
+from resilient.workflow import (
     checkpoint_dir,
     cleanup,
     fingerprint,
@@ -34,8 +44,6 @@ from resilient.integrations.snakemake import (
     stale_siblings,
     task_key,
 )
-from resilient.run import read_ledger
-from resilient.validate import latest_valid, list_checkpoints
 from tests.mpirun import REPO, clean_env, mpiexec
 
 SNAKEFILE = REPO / "workflows" / "Snakefile"
@@ -69,7 +77,7 @@ def campaign(tmp: Path, **changes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "results": str(tmp / "results"),
         "checkpoint_root": str(tmp / "ckpt"),
-        "walltime": WALLTIME,
+        "walltime": None,  # pipeline.py's key; the Snakefile refuses it (resilient_walltime)
         "heat": {"ranks": 4, "checkpoint_every": 20, "step_delay": HEAT_DELAY, "cases": cases},
         "train": dict(TRAIN),
         # explicit: Snakemake's job subprocesses merge the Snakefile's default configfile back
@@ -99,9 +107,11 @@ def snakemake(
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", str(SNAKEFILE),
         "--directory", str(work), "--configfile", str(configfile), "--replace-workflow-config",
-        # a command-line --config replaces the profile's whole `config:` entry
-        "--config", f"walltime={doc['walltime']}", f"checkpoint_config={policy}",
-        f"retries={retries}", f"requeue={requeue}", f"cleanup_checkpoints={cleanup_ckpt}",
+        # a command-line --config replaces the profile's whole `config:` entry: the profile's
+        # resilient_* keys (read by resilient_run()) are repeated here
+        "--config", f"resilient_walltime={WALLTIME}", "resilient_signal=USR1@1",
+        "resilient_kill_wait=1", f"resilient_requeue={requeue}", f"checkpoint_config={policy}",
+        f"retries={retries}", f"cleanup_checkpoints={cleanup_ckpt}",
         "--", *targets,
     ]  # fmt: skip
     proc = subprocess.run(
@@ -120,6 +130,8 @@ def task_dirs(tmp: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for rule_dir in sorted((tmp / "ckpt").iterdir()):
         for d in sorted(rule_dir.iterdir()):
+            if d.name.startswith("."):  # resilient run's records beside the directories
+                continue
             name = (
                 rule_dir.name
                 if rule_dir.name == "train"
@@ -287,33 +299,71 @@ def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- a user's own rule
 
-# A user's own Snakefile, as a user writes it after reading the README: one rule around
-# `resilient run`, tools from PATH (the venv's `resilient`, `mpiexec`, `python`), the checkpoint
-# directory a plain path, Snakemake's retries kept for failures.
+# A user's own Snakefile, as a user writes it after reading the README: the helper import, a
+# keyed checkpoint directory in params, retries(N), the resilient_run() prefix. No sys.path or
+# PYTHONPATH lines: `resilient` is installed, `mpiexec` and `python` come from PATH (here the
+# venv's; the test's environment stands in for an installed `apps`). The simulated walltime
+# comes from the workflow config (the local profile's resilient_walltime), not from the rule.
 USER_SNAKEFILE = """
+from resilient.integrations.snakemake import checkpoint_dir, resilient_run, retries
+
 rule heat:
     output: "results/{case}.h5"
-    retries: 1
-    shell: "resilient run --checkpoint-dir ckpt/{wildcards.case} --walltime {config[walltime]} --requeue"
-           " -- mpiexec -n 2 python -m apps.heat --steps 150 --step-delay 0.03 --checkpoint-every 10"
-           " --config {config[policy]} --checkpoint-dir ckpt/{wildcards.case} --out {output}"
+    params: ckpt=lambda wc: checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards=wc)
+    retries: retries(1)
+    shell: resilient_run() + "mpiexec -n 2 python -m apps.heat --steps 150 --step-delay 0.03"
+           " --checkpoint-every 10 --config {config[checkpoint_config]} --checkpoint-dir {params.ckpt:q} --out {output}"
 """
 
 
-def user_snakemake(tmp: Path, walltime: float, target: str) -> subprocess.CompletedProcess[str]:
-    """The user's Snakefile in ``tmp`` with this repository's local profile."""
-    (tmp / "Snakefile").write_text(USER_SNAKEFILE)
+def user_ckpt(tmp: Path, case: str) -> Path:
+    """The user's rule's checkpoint directory for ``case``."""
+    return tmp / checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards={"case": case})
+
+
+def user_snakemake(
+    tmp: Path,
+    walltime: float | None,
+    *targets: str,
+    snakefile: str = USER_SNAKEFILE,
+    config: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """A user's Snakefile in ``tmp`` with this repository's local profile; ``walltime``
+    replaces the profile's ``config:`` (``None``: the profile's own)."""
+    (tmp / "Snakefile").write_text(snakefile)
     policy = tmp / "policy.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
     env = clean_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", "Snakefile",
-        "--config", f"walltime={walltime}", f"policy={policy}", "--", target,
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", "Snakefile"]
+    if walltime is not None or config:
+        wall = () if walltime is None else (f"resilient_walltime={walltime}",)
+        cmd += ["--config", *wall, f"checkpoint_config={policy}", *config]
+    cmd += [*options, "--", *targets]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    (tmp / "snakemake.log").write_text(proc.stdout + proc.stderr)
+    with (tmp / "snakemake.log").open("a") as fh:
+        fh.write(proc.stdout + proc.stderr)
     return proc
+
+
+def test_a_users_rule_gets_the_profiles_walltime(tmp_path: Path) -> None:
+    """A dry run: the local profile's `config:` reaches `resilient run` through
+    resilient_run(), with Snakemake's interpreter; without a walltime there are no options."""
+    proc = user_snakemake(tmp_path, None, "results/hot.h5", options=("-n", "-p"))
+    assert proc.returncode == 0, fail(proc)
+    ckpt = checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards={"case": "hot"})
+    prefix = (
+        f"{sys.executable} -m resilient.cli run --walltime 6 --signal USR1@1 --kill-wait 1 "
+        f"--requeue --checkpoint-dir {ckpt} --task heat --outputs results/hot.h5 -- mpiexec"
+    )
+    assert prefix in proc.stdout, proc.stdout
+    proc = user_snakemake(
+        tmp_path, None, "results/hot.h5", config=("resilient_walltime=null",), options=("-n", "-p")
+    )
+    assert proc.returncode == 0, fail(proc)
+    assert f"run --checkpoint-dir {ckpt} --task heat" in proc.stdout, proc.stdout
+    assert "--walltime" not in proc.stdout
 
 
 @pytest.mark.mpi
@@ -327,7 +377,7 @@ def test_a_users_rule_outlasts_its_retries_with_walltime_stops_that_progress(
     proc = user_snakemake(tmp_path, 3, "results/slow.h5")
     assert proc.returncode == 0, fail(proc)
     assert "Trying to restart" not in proc.stdout + proc.stderr  # no retry spent
-    ledger = read_ledger(tmp_path / "ckpt" / "slow")
+    ledger = read_ledger(user_ckpt(tmp_path, "slow"))
     codes = [r["exit_code"] for r in ledger]
     assert len(codes) >= 3 and codes[:-1] == [75] * (len(codes) - 1) and codes[-1] == 0, codes
     assert all(r["progress"] for r in ledger), ledger
@@ -353,7 +403,7 @@ def test_a_users_rule_without_progress_stops_with_93_after_two_attempts(tmp_path
     `resilient run` refuses at once (exit 93) without starting the program a third time."""
     proc = user_snakemake(tmp_path, 0.3, "results/stuck.h5")
     assert proc.returncode != 0, fail(proc)
-    ledger = read_ledger(tmp_path / "ckpt" / "stuck")
+    ledger = read_ledger(user_ckpt(tmp_path, "stuck"))
     assert [r["exit_code"] for r in ledger][-1] == 93, ledger
     assert len(ledger) == 2 and not any(r["progress"] for r in ledger), ledger
     text = proc.stdout + proc.stderr
@@ -362,29 +412,229 @@ def test_a_users_rule_without_progress_stops_with_93_after_two_attempts(tmp_path
     assert not (tmp_path / "results" / "stuck.h5").exists()
 
 
+# The checkpoint directory declared as the output: Snakemake deletes it before each retry.
+# With the helper, `resilient run` sees it among the job's outputs and refuses before the
+# first attempt; with a prefix written by hand, it notices on the retry that the directory it
+# checkpointed into is gone.
+OUTPUT_SNAKEFILE_HELPER = """
+from resilient.integrations.snakemake import resilient_run, retries
+
+rule heat:
+    output: directory("ckpt/{case}")
+    retries: retries(1)
+    shell: resilient_run("{output}") + "mpiexec -n 2 python -m apps.heat --steps 150"
+           " --checkpoint-dir {output:q} --out results/{wildcards.case}.h5"
+"""
+OUTPUT_SNAKEFILE_BY_HAND = """
+rule heat:
+    output: directory("ckpt/{case}")
+    retries: 2
+    shell: "resilient run --checkpoint-dir {output} --walltime {config[resilient_walltime]} --"
+           " mpiexec -n 2 python -m apps.heat --steps 150 --step-delay 0.03 --checkpoint-every 10"
+           " --config {config[checkpoint_config]} --checkpoint-dir {output} --out results/{wildcards.case}.h5"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_dir_declared_as_output_is_refused_with_the_helper(tmp_path: Path) -> None:
+    proc = user_snakemake(tmp_path, 3, "ckpt/hot", snakefile=OUTPUT_SNAKEFILE_HELPER)
+    assert proc.returncode != 0, fail(proc)
+    text = proc.stdout + proc.stderr
+    assert (
+        "the checkpoint directory ckpt/hot is the declared output ckpt/hot of task 'heat'" in text
+    ), text[-4000:]
+    assert "Keep checkpoints out of a task's outputs" in text and "params: ckpt=" in text
+    assert "returned non-zero exit status 78" in text, text[-4000:]
+    assert "resilient run: attempt" not in text  # the program never started
+    assert not (tmp_path / "ckpt" / ".hot.resilient-attempts").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_checkpoint_dir_declared_as_output_by_hand_is_refused_on_the_retry(
+    tmp_path: Path,
+) -> None:
+    """The first attempt checkpoints and is stopped (exit 75); Snakemake deletes the output,
+    the checkpoint directory, and retries: `resilient run` refuses (78) instead of starting
+    again from step 0, and refuses the next retry at once too."""
+    proc = user_snakemake(tmp_path, 3, "ckpt/hot", snakefile=OUTPUT_SNAKEFILE_BY_HAND)
+    assert proc.returncode != 0, fail(proc)
+    text = proc.stdout + proc.stderr
+    assert text.count("resilient run: attempt") == 1, text[-4000:]  # one program start
+    assert "attempt 1: stopped early" in text, text[-4000:]
+    assert (
+        text.count(
+            "the checkpoint directory ckpt/hot of the task was deleted after attempt 1 (exit 75)"
+        )
+        == 2
+    ), text[-4000:]
+    assert "Keep checkpoints out of a task's outputs" in text
+    assert text.count("Trying to restart") == 2
+    sidecar = tmp_path / "ckpt" / ".hot.resilient-attempts"
+    assert [r["exit_code"] for r in storage.read_jsonl(sidecar)] == [75]
+
+
+# A fixed checkpoint directory keeps the checkpoints of other parameters: the program refuses
+# them (its run_key differs: exit 78, "belongs to another run"), and `resilient run` neither
+# retries nor requeues that. checkpoint_dir() keys the directory with the parameters, so a
+# change starts fresh beside the old one.
+RUN_KEY_SNAKEFILE = """
+from resilient.integrations.snakemake import checkpoint_dir, resilient_run, retries
+
+ALPHA = float(config["alpha"])
+HEAT = "mpiexec -n 2 python -m apps.heat --nx 32 --ny 32 --steps 60 --checkpoint-every 10"
+
+rule fixed:
+    output: "results/fixed.h5"
+    params: ckpt="ckpt/fixed", alpha=ALPHA
+    retries: retries(1)
+    shell: resilient_run() + HEAT + " --alpha {params.alpha} --checkpoint-dir {params.ckpt:q} --out {output}"
+
+rule keyed:
+    output: "results/keyed.h5"
+    params: ckpt=lambda wc: checkpoint_dir("ckpt", "keyed", {"alpha": ALPHA}), alpha=ALPHA
+    retries: retries(1)
+    shell: resilient_run() + HEAT + " --alpha {params.alpha} --checkpoint-dir {params.ckpt:q} --out {output}"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_changed_parameter_in_a_fixed_directory_fails_with_78(tmp_path: Path) -> None:
+    targets = ("results/fixed.h5", "results/keyed.h5")
+    first = user_snakemake(
+        tmp_path, 30, *targets, snakefile=RUN_KEY_SNAKEFILE, config=("alpha=0.2",)
+    )
+    assert first.returncode == 0, fail(first)
+    keyed_before = sorted((tmp_path / "ckpt" / "keyed").glob("keyed-*"))
+
+    # the params changed: Snakemake reruns both jobs
+    second = user_snakemake(
+        tmp_path, 30, *targets, snakefile=RUN_KEY_SNAKEFILE, config=("alpha=0.15",)
+    )
+    assert second.returncode != 0, fail(second)
+    text = second.stdout + second.stderr
+    assert "belongs to another run" in text and "returned non-zero exit status 78" in text
+    assert "Error in rule fixed" in text and "Error in rule keyed" not in text
+    # each Snakemake attempt started the program once: no retry or requeue inside `resilient run`
+    codes = [r["exit_code"] for r in read_ledger(tmp_path / "ckpt" / "fixed")]
+    assert codes == [0, 78, 78], codes
+
+    keyed = sorted((tmp_path / "ckpt" / "keyed").glob("keyed-*"))
+    (fresh,) = set(keyed) - set(keyed_before)
+    ledger = read_ledger(fresh)
+    assert [r["exit_code"] for r in ledger] == [0] and ledger[0]["latest_before"] is None
+    assert json.loads((fresh / "run_key.json").read_text())["alpha"] == 0.15
+    with h5py.File(tmp_path / "results" / "keyed.h5") as f:
+        assert int(f.attrs["steps"]) == 60
+
+
 # --------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class FakeWorkflow:
+    """What the helpers read of Snakemake's Workflow."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    remote_exec: bool = False
+    globals: dict[str, Any] = field(default_factory=dict)
+
+
+def test_retries_are_zero_inside_a_cluster_job() -> None:
+    assert retries(10, FakeWorkflow()) == 10
+    assert retries(10, FakeWorkflow(remote_exec=True)) == 0
+    assert retries(3) == 3  # no workflow running in this process
+    with pytest.raises(ValueError):
+        retries(-1, FakeWorkflow())
+
+
+def test_simulated_walltime_from_the_config() -> None:
+    assert SimulatedWalltime.from_config({}) is None
+    for unset in (None, "null", "", "0", "none", False):
+        assert SimulatedWalltime.from_config({"resilient_walltime": unset}) is None
+    wall = SimulatedWalltime.from_config(
+        {"resilient_walltime": "6", "resilient_signal": "USR1@1", "resilient_kill_wait": 1}
+    )
+    assert wall == SimulatedWalltime(walltime_s=6, signal="USR1@1", kill_wait_s=1)
+    assert wall.options() == [
+        "--walltime",
+        "6",
+        "--signal",
+        "USR1@1",
+        "--kill-wait",
+        "1",
+        "--requeue",
+    ]
+    assert wall.options(min_walltime_s=12)[:2] == ["--walltime", "12"]
+    plain = SimulatedWalltime.from_config(
+        {"resilient_walltime": "5m", "resilient_requeue": "false"}
+    )
+    assert plain is not None and plain.options() == ["--walltime", "300"]
+    for bad in ({"resilient_walltime": "soon"}, {"resilient_walltime": 6, "resilient_signal": "USR1"},
+                {"resilient_walltime": 6, "resilient_requeue": "maybe"}):  # fmt: skip
+        with pytest.raises(ValueError, match="resilient_"):
+            SimulatedWalltime.from_config(bad)
+
+
+def test_resilient_run_names_its_settings_in_the_snakefile_namespace() -> None:
+    """The command text stays the same whatever the walltime or the interpreter (Snakemake
+    reruns a finished job whose command text changed); the settings go to a global."""
+    py = shlex.quote(sys.executable)
+    local = FakeWorkflow(
+        config={"resilient_walltime": 6, "resilient_signal": "USR1@1", "resilient_kill_wait": 1}
+    )
+    cluster = FakeWorkflow()
+    for wf in (local, cluster):
+        assert resilient_run(workflow=wf) == (
+            "{_resilient_run} --checkpoint-dir {params.ckpt:q} --task {rule} "
+            "--outputs {output:q} -- "
+        )
+    assert local.globals["_resilient_run"] == (
+        f"{py} -m resilient.cli run --walltime 6 --signal USR1@1 --kill-wait 1 --requeue"
+    )
+    assert cluster.globals["_resilient_run"] == f"{py} -m resilient.cli run"
+    text = resilient_run("ckpt/x y", min_walltime=12, min_kill_wait=3, workflow=local)
+    assert text.startswith("{_resilient_run_w12_k3} --checkpoint-dir 'ckpt/x y' ")
+    assert local.globals["_resilient_run_w12_k3"].endswith(
+        "--walltime 12 --signal USR1@1 --kill-wait 3 --requeue"
+    )
+    assert "--checkpoint-dir {output:q} " in resilient_run("{output}", workflow=cluster)
+    assert resilient_run(workflow=object()).startswith(f"{py} -m resilient.cli run --checkpoint")
+    assert cleanup_command(workflow=cluster) == (
+        "{_resilient_python} -m resilient.workflow cleanup {params.ckpt:q} {output:q}"
+    )
+    assert cluster.globals["_resilient_python"] == py
 
 
 def test_checkpoint_dir_is_deterministic_and_keyed(tmp_path: Path) -> None:
     params = {"nx": 96, "alpha": 0.2}
-    a = checkpoint_dir("ckpt", "heat", {"case": "hot"}, params)
-    assert a == checkpoint_dir("ckpt", "heat", {"case": "hot"}, dict(reversed(params.items())))
+    a = checkpoint_dir("ckpt", "heat", params, wildcards={"case": "hot"})
+    assert a == checkpoint_dir(
+        "ckpt", "heat", dict(reversed(params.items())), wildcards={"case": "hot"}
+    )
     assert Path(a).parent == Path("ckpt/heat")
     key, digest = Path(a).name.rsplit("-", 1)
     assert key == "hot" and len(digest) == 12 and int(digest, 16) >= 0
-    assert a != checkpoint_dir("ckpt", "heat", {"case": "hot"}, {"nx": 96, "alpha": 0.25})
-    assert Path(checkpoint_dir("ckpt", "train", {})).name.startswith("train-")
-    multi = checkpoint_dir("ckpt", "r", {"a": "x", "b": "y"})
+    assert a != checkpoint_dir("ckpt", "heat", {"nx": 96, "alpha": 0.25}, wildcards={"case": "hot"})
+    assert Path(checkpoint_dir("ckpt", "train")).name.startswith("train-")
+    multi = checkpoint_dir("ckpt", "r", wildcards={"a": "x", "b": "y"})
     assert Path(multi).name.startswith("x_y-")
 
     # unsafe wildcard values stay inside the rule's directory and still differ
     for value in ("../../etc", "a/b", ".hidden"):
-        p = Path(checkpoint_dir("ckpt", "heat", {"case": value}))
+        p = Path(checkpoint_dir("ckpt", "heat", wildcards={"case": value}))
         assert p.parent == Path("ckpt/heat") and not p.name.startswith("."), p
     assert task_key({"case": "a/b"}) == task_key({"case": "a_b"})
-    assert checkpoint_dir("c", "r", {"case": "a/b"}) != checkpoint_dir("c", "r", {"case": "a_b"})
+    assert checkpoint_dir("c", "r", wildcards={"case": "a/b"}) != checkpoint_dir(
+        "c", "r", wildcards={"case": "a_b"}
+    )
     with pytest.raises(ValueError):
-        checkpoint_dir("ckpt", "../x", {})
+        checkpoint_dir("ckpt", "../x")
 
     # inputs: path, size and content count; mtime alone does not
     f = tmp_path / "mesh.dat"
@@ -413,9 +663,11 @@ def make_root(path: Path, steps: tuple[int, ...] = (1, 2, 3)) -> None:
 
 
 def test_cleanup_keeps_logs_and_needs_every_output(tmp_path: Path) -> None:
-    ck = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hot"}, {"alpha": 0.2}))
-    old = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hot"}, {"alpha": 0.1}))
-    other = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"case": "hotter"}, {"alpha": 0.1}))
+    ck = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.2}, wildcards={"case": "hot"}))
+    old = Path(checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.1}, wildcards={"case": "hot"}))
+    other = Path(
+        checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.1}, wildcards={"case": "hotter"})
+    )
     for d in (ck, old, other):
         make_root(d)
     (ck / "step_00000002").rename(ck / "step_00000002.quarantined-0123456789abcdef")
@@ -456,7 +708,7 @@ def test_cleanup_command_never_fails_the_job(tmp_path: Path) -> None:
     finally:
         lock.release()
     proc = subprocess.run(
-        [sys.executable, "-m", "resilient.integrations.snakemake", "cleanup", str(ck), str(out)],
+        [sys.executable, "-m", "resilient.workflow", "cleanup", str(ck), str(out)],
         env=clean_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -496,7 +748,7 @@ def test_torch_task_resumes_to_bit_identical_output(tmp_path: Path) -> None:
     out = tmp_path / "results" / "train_torch" / "model.h5"
     proc = snakemake(tmp_path, campaign(tmp_path, train_torch=dict(TORCH_TASK)), str(out))
     assert proc.returncode == 0, fail(proc)
-    (d,) = (tmp_path / "ckpt" / "train_torch").iterdir()
+    (d,) = (tmp_path / "ckpt" / "train_torch").glob("train_torch-*")
     codes = [r["exit_code"] for r in read_ledger(d)]
     assert codes[-1] == 0 and codes.count(75) >= 1, codes
     assert dataset_sha256(out) == dataset_sha256(ref / "out.h5")

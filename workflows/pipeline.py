@@ -4,25 +4,29 @@
                                  [--walltime SECONDS] [--results DIR] [--checkpoint-root DIR]
                                  [--checkpoint-config configs/checkpoint/demo.yaml]
 
-One heat task per case, one train task and, when the campaign's ``train_torch.enabled`` is
-true (``auto``: PyTorch is installed), one PyTorch DDP task (``apps.train_torch``), each a bash
-app running ``resilient run -- mpiexec -n N python -m apps.<app> ...``
-(workflows/campaign_apps.py, on the generic apps of :mod:`resilient.integrations.parsl`). Each
-task
-has its own checkpoint directory, keyed exactly as in workflows/Snakefile
-(``<checkpoint_root>/heat/<case>-<12 hex>``, ``<checkpoint_root>/train/train-<12 hex>``, the hex a
-hash of what determines the result: app, grid, steps, alpha, rank count, checkpoint layout), so
-a changed parameter starts fresh, a rerun or a retry resumes, and a campaign started under one
-engine resumes under the other. The Parsl config's
+Plain Parsl apps (workflows/parsl_apps.py). Each heat case is a three-stage DAG: ``prepare``
+writes the case's parameters (``<results>/heat/<case>.json``), ``simulate`` runs ``apps.heat``
+on them through ``resilient run`` (``inputs=[that File]``, ``outputs=[<case>.h5]``), and
+``analyse`` summarises the field (``<case>-summary.json``). ``train`` and, when the campaign's
+``train_torch.enabled`` is true (``auto``: PyTorch is installed), ``train_torch`` are single
+resumable apps. Each resumable task has its own checkpoint directory, keyed exactly as in
+workflows/Snakefile by :func:`resilient.workflow.checkpoint_dir`
+(``<checkpoint_root>/heat/<case>-<12 hex>``, ``<checkpoint_root>/train/train-<12 hex>``), so a
+changed parameter starts fresh, a rerun or a retry resumes, and a campaign started under one
+engine resumes under the other.
+
+The Parsl config is a Python ``Config`` (:func:`local_config` by default; :func:`main` takes
+one) or a YAML file (``--config``, :func:`resilient.integrations.parsl.load_config`). Its
 ``resume_retry_handler`` makes a try that was cut short after committing a newer checkpoint
-free, and sets the task's ``resume_from`` for the next try.
+free. On an ``MPIExecutor`` the ranks are started by ``$PARSL_MPI_PREFIX``, else by
+``mpiexec -n N``.
 
 ``--walltime`` (else the campaign's ``walltime``) simulates a walltime per try locally
 (``resilient run --walltime``); without one, the Slurm job's own end time applies.
 
 Prints one line per task (status, tries), writes ``<results>/parsl-summary.json`` and exits 1
 if any task failed. Relative paths on the command line are taken from the current directory;
-the tasks run in the repository root, and Parsl's run_dir is relative to it.
+the tasks run in the repository root, and a relative Parsl run_dir is relative to it.
 """
 
 from __future__ import annotations
@@ -38,17 +42,22 @@ import time
 from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from resilient.config import load_yaml
 from resilient.errors import ConfigError
-from resilient.integrations.snakemake import checkpoint_dir  # engine-neutral keying
 from resilient.run import read_ledger
 from resilient.schema import Section
+from resilient.workflow import checkpoint_dir
+
+if TYPE_CHECKING:
+    from parsl.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: workflows.parsl_apps and resilient from here
+    sys.path.insert(0, str(REPO))
 
 _CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train", "train_torch"}
 _HEAT_KEYS = {"ranks", "checkpoint_every", "step_delay", "cases"}
@@ -68,7 +77,8 @@ class Task:
     out: Path
     min_walltime: float = 0.0  # a simulated walltime per try is at least this
     checkpoint_dir: Path = field(init=False)
-    future: Any = None
+    future: Any = None  # the resumable app's AppFuture
+    analysis: Any = None  # heat: the analyse app's AppFuture
 
     def place(self, checkpoint_root: Path, layout: str | None = None) -> None:
         """Key the checkpoint directory exactly as workflows/Snakefile does, so that a campaign
@@ -80,13 +90,13 @@ class Task:
             keyed = {"app": "apps.heat", "nx": p["nx"], "ny": p["ny"],
                      "steps": p["steps"], "alpha": p["alpha"], "layout": layout}  # fmt: skip
             self.checkpoint_dir = Path(
-                checkpoint_dir(checkpoint_root, "heat", {"case": case}, keyed)
+                checkpoint_dir(checkpoint_root, "heat", keyed, wildcards={"case": case})
             )
         else:  # "train" and "train_torch": ckpt/<app>/<app>-<hash>
             keyed = {"app": f"apps.{self.app}", "steps": p["steps"], "layout": layout}
             if self.app == "train_torch":  # per-rank RNG streams: no elastic restore
                 keyed = {"app": keyed["app"], "ranks": p["ranks"], **keyed}
-            self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, self.app, {}, keyed))
+            self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, self.app, keyed))
 
 
 def torch_task_enabled(value: Any) -> bool:
@@ -172,7 +182,7 @@ def load_campaign(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
-        "--config", type=Path, default=REPO / "configs/parsl/local.yaml", help="Parsl config YAML"
+        "--config", type=Path, help="Parsl config YAML (default: local_config(), built in Python)"
     )
     p.add_argument(
         "--campaign", type=Path, default=REPO / "configs/campaign.yaml", help="campaign YAML"
@@ -194,6 +204,83 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def local_config(run_dir: str | os.PathLike[str] = REPO / "runinfo") -> Config:
+    """This machine: one HighThroughputExecutor block on the local host, two workers, retries 2
+    (tries *without* progress tolerated after the first), resume_retry_handler."""
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+    from parsl.providers import LocalProvider
+
+    from resilient.integrations.parsl import resume_retry_handler
+
+    executor = HighThroughputExecutor(
+        label="local",
+        max_workers_per_node=2,
+        cores_per_worker=1,
+        provider=LocalProvider(init_blocks=1, min_blocks=0, max_blocks=1),
+    )
+    return Config(
+        executors=[executor],
+        retries=2,
+        retry_handler=resume_retry_handler(),
+        run_dir=os.fspath(run_dir),
+        strategy_period=1,
+    )
+
+
+def uses_mpi_executor(config: Config) -> bool:
+    """Whether the config's executors are MPIExecutors (ranks from ``$PARSL_MPI_PREFIX``)."""
+    from parsl.executors import MPIExecutor
+
+    return bool(config.executors) and all(isinstance(e, MPIExecutor) for e in config.executors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tries:
+    """How every try of the campaign's resumable apps runs (``resilient run`` and the apps)."""
+
+    policy: Path  # the checkpoint policy YAML
+    walltime_s: float | None  # simulated walltime per try, or None
+    mpi: bool  # ranks from $PARSL_MPI_PREFIX (MPIExecutor), else mpiexec -n
+    logs: Path  # <task>.out / <task>.err
+
+
+def submit(task: Task, tries: Tries) -> None:
+    """Submit one campaign task: the heat DAG (prepare -> simulate -> analyse) or a train app."""
+    from parsl import File
+
+    from workflows.parsl_apps import analyse, mpi_resources, prepare, simulate, train
+
+    ranks = int(task.params["ranks"])
+    common: dict[str, Any] = {
+        "ranks": ranks,
+        "policy": str(tries.policy),
+        "walltime_s": None
+        if tries.walltime_s is None
+        else max(tries.walltime_s, task.min_walltime),
+        "stdout": str(tries.logs / f"{task.name}.out"),
+        "stderr": str(tries.logs / f"{task.name}.err"),
+        **task.options,
+    }
+    if tries.mpi:
+        common["parsl_resource_specification"] = mpi_resources(ranks)
+    task.out.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = str(task.checkpoint_dir)
+    if task.app != "heat":
+        steps = int(task.params["steps"])
+        task.future = train(
+            f"apps.{task.app}", ckpt, steps=steps, outputs=[File(str(task.out))], **common
+        )
+        return
+    case = {k: task.params[k] for k in ("nx", "ny", "steps", "alpha")}
+    prepared = prepare(case, outputs=[File(str(task.out.with_suffix(".json")))])
+    task.future = simulate(
+        ckpt, inputs=[prepared.outputs[0]], outputs=[File(str(task.out))], **common
+    )
+    summary = task.out.with_name(f"{task.out.stem}-summary.json")
+    task.analysis = analyse(inputs=[task.future.outputs[0]], outputs=[File(str(summary))])
+
+
 def _absolute(path: Path | None) -> Path | None:
     return None if path is None else path.resolve()
 
@@ -202,10 +289,20 @@ def _fmt_cost(value: float) -> float | str:
     return "inf" if math.isinf(value) else value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _log_decisions() -> None:
+    """Print the retry handler's decisions to stderr (``retry: ...``)."""
+    decisions = logging.getLogger("resilient.integrations.parsl")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("retry: %(message)s"))
+    decisions.addHandler(handler)
+    decisions.setLevel(logging.INFO)
+    decisions.propagate = False
+
+
+def main(argv: list[str] | None = None, *, config: Config | None = None) -> int:
+    """Run the campaign under ``config`` (else ``--config`` YAML, else :func:`local_config`)."""
     args = parse_args(argv)
-    config_path, campaign_path = args.config.resolve(), args.campaign.resolve()
-    policy = args.checkpoint_config.resolve()
+    campaign_path, policy = args.campaign.resolve(), args.checkpoint_config.resolve()
     try:
         layout = (yaml.safe_load(policy.read_text()) or {}).get("checkpoint_comm")
         tasks, results, ckroot, campaign_walltime = load_campaign(
@@ -224,54 +321,60 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    config_path = None if args.config is None else args.config.resolve()
     os.chdir(REPO)  # the tasks run here; a relative Parsl run_dir lands here too
+    # workers import workflows.parsl_apps: put the repository on their PYTHONPATH
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
     import parsl
-    from campaign_apps import CampaignApps  # next to this script
 
     from resilient.integrations.parsl import load_config
 
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        print(f"pipeline: {exc}", file=sys.stderr)
-        return 2
-
-    decisions = logging.getLogger("resilient.integrations.parsl")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("retry: %(message)s"))
-    decisions.addHandler(handler)
-    decisions.setLevel(logging.INFO)
-    decisions.propagate = False
-
+    if config is None:
+        try:
+            config = local_config() if config_path is None else load_config(config_path)
+        except ConfigError as exc:
+            print(f"pipeline: {exc}", file=sys.stderr)
+            return 2
+    _log_decisions()
     logs = results / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    tries = Tries(policy=policy, walltime_s=walltime, mpi=uses_mpi_executor(config), logs=logs)
     start = time.time()
-    print(f"parsl config {config_path}, campaign {campaign_path}, walltime {walltime} s per try")
+    print(
+        f"parsl config {config_path or 'local_config()'}, campaign {campaign_path}, "
+        f"walltime {walltime} s per try"
+    )
     print(
         f"checkpoints under {ckroot}, results in {results}, Parsl run_dir {Path(config.run_dir).resolve()}"
     )
     dfk = parsl.load(config)
     try:
-        apps = CampaignApps(cwd=REPO)
         for t in tasks:
-            t.out.parent.mkdir(parents=True, exist_ok=True)
-            common = {
-                "checkpoint_dir": str(t.checkpoint_dir),
-                "out": str(t.out),
-                "config": str(policy),
-                "walltime_s": None if walltime is None else max(walltime, t.min_walltime),
-                "stdout": str(logs / f"{t.name}.out"),
-                "stderr": str(logs / f"{t.name}.err"),
-                **t.options,
-            }
-            t.future = apps.submit(t.app, **t.params, **common)
+            submit(t, tries)
             print(f"submitted {t.name}: {t.checkpoint_dir}")
-        wait([t.future for t in tasks])  # failures are reported below, from the task records
+        futures = [f for t in tasks for f in (t.future, t.analysis) if f is not None]
+        wait(futures)  # failures are reported below, from the task records
     finally:
         rows = [summarise(t, since=start) for t in tasks]
         dfk.cleanup()
+    return report(
+        rows, results, since=start, config=config_path, campaign=campaign_path, walltime=walltime
+    )
 
-    ok = all(r["status"] in ("exec_done", "memo_done") for r in rows)
+
+def report(
+    rows: list[dict[str, Any]],
+    results: Path,
+    *,
+    since: float,
+    config: Path | None,
+    campaign: Path,
+    walltime: float | None,
+) -> int:
+    """Print the table, write ``<results>/parsl-summary.json``; 0 if every task finished."""
+    ok = all(r["status"] in ("exec_done", "memo_done") and r["error"] is None for r in rows)
     print()
     print(f"{'task':<12} {'status':<10} {'tries':>5} {'retry cost':>10}  ledger exits   output")
     for r in rows:
@@ -281,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     summary = {
         "ok": ok,
-        "elapsed_s": round(time.time() - start, 1),
-        "config": str(config_path),
-        "campaign": str(campaign_path),
+        "elapsed_s": round(time.time() - since, 1),
+        "config": str(config) if config is not None else "local_config()",
+        "campaign": str(campaign),
         "walltime_s": walltime,
         "tasks": rows,
     }
@@ -295,16 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def _error(fut: Any) -> str | None:
+    if fut is None or not fut.done():
+        return None if fut is None else "not done"
+    exc = fut.exception()
+    return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
 def summarise(t: Task, *, since: float) -> dict[str, Any]:
-    """One task's status, tries and this run's ledger lines (attempts started after ``since``)."""
+    """One task's status, tries and this run's ledger lines (attempts started after ``since``);
+    for heat, also the analysis (its summary, or its error)."""
     fut = t.future
     rec = fut.task_record if fut is not None else {}
-    error = None
-    if fut is not None and fut.done():
-        exc = fut.exception()
-        error = None if exc is None else f"{type(exc).__name__}: {exc}"
     status = rec.get("status")
-    return {
+    row: dict[str, Any] = {
         "task": t.name,
         "app": t.app,
         "params": t.params,
@@ -314,14 +421,18 @@ def summarise(t: Task, *, since: float) -> dict[str, Any]:
         "tries": rec.get("try_id", -1) + 1,
         "fail_count": rec.get("fail_count", 0),
         "fail_cost": _fmt_cost(float(rec.get("fail_cost", 0))),
-        "resume_from": rec.get("kwargs", {}).get("resume_from"),
         "ledger_exits": [
             r.get("exit_code")
             for r in read_ledger(t.checkpoint_dir)
             if float(r.get("start", 0)) >= since
         ],
-        "error": error,
+        "error": _error(fut),
     }
+    if t.analysis is not None:
+        error = _error(t.analysis)
+        row["analysis"] = {"error": error} if error else t.analysis.result()
+        row["error"] = row["error"] or (f"analysis: {error}" if error else None)
+    return row
 
 
 if __name__ == "__main__":

@@ -1,361 +1,287 @@
-"""Helpers for Snakemake rules: one checkpoint directory per task, kept across attempts.
+"""Snakemake helpers: a resumable rule in five lines.
 
-Snakemake deletes a job's declared outputs before every attempt and after a failure, so a
-checkpoint directory must never be an ``output:``. Pass it as a ``params`` entry instead, named
-after the rule, the wildcards and a hash of everything that determines the computation::
+::
 
-    from resilient.integrations.snakemake import checkpoint_dir
+    from resilient.integrations.snakemake import checkpoint_dir, resilient_run, retries
 
-    rule heat:
-        output: "results/heat/{case}.h5"
-        params: ckpt=lambda wc, input: checkpoint_dir("ckpt", "heat", wc, CASES[wc.case], input)
-        retries: 10
-        shell: "resilient run --checkpoint-dir {params.ckpt} -- mpiexec -n 4 python -m apps.heat ..."
+    rule sim:
+        output: "results/{case}.h5"
+        params: ckpt=lambda wc: checkpoint_dir("ckpt", "sim", CASES[wc.case], wildcards=wc)
+        retries: retries(10)
+        shell: resilient_run() + "mpiexec -n 4 python sim.py --case {wildcards.case} --out {output}"
 
-A retry of the same job gets the same directory and resumes from its newest valid checkpoint;
-a changed parameter or input file gets a new directory and starts fresh (the old one is left
-alone: :func:`stale_siblings` lists it, :func:`cleanup` can remove it).
+* :func:`checkpoint_dir` (from :mod:`resilient.workflow`) names the task's checkpoint directory
+  after the rule, its wildcards and a hash of its parameters: a retry resumes, a changed
+  parameter starts fresh in a directory of its own. It is a ``param``, never an ``output``:
+  Snakemake deletes a job's declared outputs before every retry and after a failure.
+* :func:`retries` is the rule's retry budget for the Snakemake that submits the jobs, and 0
+  inside a cluster job (``--mode remote``: the executor plugin re-runs the rule there, and a
+  ``retries:`` would restart the program at once in the same, nearly expired allocation).
+* :func:`resilient_run` is the shell prefix ``<this python> -m resilient.cli run [walltime]
+  --checkpoint-dir {params.ckpt:q} --task {rule} --outputs {output:q} --``. The
+  program takes its checkpoint directory from ``$RESILIENT_CHECKPOINT_DIR`` (which ``resilient
+  run`` sets, and :class:`~resilient.session.Session` reads when given no directory) or from
+  ``{params.ckpt}``.
 
-Nothing here imports Snakemake: these are functions of paths and mappings, usable from a
-Snakefile, an sbatch script or a Parsl app alike. ``python -m resilient.integrations.snakemake
-cleanup CKPT_DIR OUTPUT...`` runs :func:`cleanup` from a shell command.
+**A simulated walltime from the profile.** A local profile plays Slurm's end of a job by keeping
+its walltime in its ``config:``; :func:`resilient_run` reads it from the running workflow's
+config when the Snakefile is parsed, so no Snakefile wires it::
+
+    config:
+      resilient_walltime: 6          # seconds per attempt (also 90s, 5m, 01:00:00); absent,
+                                     # null or 0: none (on Slurm the deadline comes from the job)
+      resilient_requeue: true        # requeue a walltime stop in place (default true)
+      resilient_signal: USR1@1       # warning signal and its lead (default USR1@10% of it)
+      resilient_kill_wait: 1         # SIGTERM to SIGKILL (default 5 s)
+
+A ``--config`` on the command line replaces the profile's whole ``config:`` entry: repeat the
+keys there.
+
+**Checkpoints declared as an output** are refused, naming the rule, the directory and the fix.
+:func:`resilient_run` passes the job's concrete outputs (``--outputs {output:q}``, with
+``--task {rule}``) and ``resilient run`` exits 78 before the first attempt if the checkpoint
+directory is one of them or lies inside one. That check is done on the job's paths after
+wildcard expansion, by plain path comparison. The alternative, a DAG-time check of the
+checkpoint path against every rule's output patterns (``rule.is_producer``), would guess:
+wildcards match ``/`` by default, so a broad pattern of an unrelated rule (``directory("{x}")``)
+matches every path and its ancestors, and it would rely on Snakemake internals besides. For a
+prefix written by hand, ``resilient run`` itself notices on the second attempt that the
+directory was deleted since an unfinished attempt (:mod:`resilient.run`) and exits 78 too.
+
+**Settings are names, not text.** The text of a rule's shell command is one of Snakemake's
+rerun triggers ("code"): a finished job whose command text changed runs again. So what belongs
+to this run rather than to the task (the interpreter, the simulated walltime) is not written
+into the command: :func:`resilient_run` puts it into the Snakefile's namespace
+(``workflow.globals``) under a name (``_resilient_run``, ``_resilient_python``) and the
+command refers to it (``{_resilient_run} --checkpoint-dir ...``); switching profiles or
+walltimes reruns nothing. Without a running workflow (a test, a fake) the text is inlined.
+
+No snakemake import at module level: the running workflow is looked up lazily
+(``snakemake.workflow.workflow``, set by Snakemake when it parses a Snakefile), and every
+helper also takes it as ``workflow=``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import os
-import re
-import stat
+import shlex
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any
 
-from resilient import layout, storage
-from resilient.checksum import digest_file_range, digest_text
-from resilient.errors import CheckpointLockedError
-from resilient.validate import latest_valid
+from resilient.run import parse_duration, parse_signal_spec
+from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale_siblings
 
 __all__ = [
-    "HASH_HEX",
+    "CONFIG_KEYS",
+    "SimulatedWalltime",
     "checkpoint_dir",
     "cleanup",
-    "fingerprint",
+    "cleanup_command",
     "latest_checkpoint",
-    "main",
+    "resilient_run",
+    "retries",
+    "simulated_walltime",
     "stale_siblings",
-    "task_key",
 ]
 
-log = logging.getLogger(__name__)
-
-HASH_HEX = 12
-"""Hex digits of the fingerprint in a checkpoint directory's name (48 bits)."""
-
-# Small files a checkpoint root keeps after cleanup, so that `resilient report` still works.
-KEPT_FILES = frozenset(
-    {
-        layout.ROOT_MARKER,
-        layout.LOCK_FILE,
-        layout.ATTEMPT_LEDGER,
-        layout.SAVE_LOG,
-        layout.PROGRESS_LOG,
-        layout.STOP_LOG,
-    }
+CONFIG_KEYS = (
+    "resilient_walltime",
+    "resilient_requeue",
+    "resilient_signal",
+    "resilient_kill_wait",
 )
+"""The workflow-config keys :func:`resilient_run` reads (a profile's ``config:``)."""
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=,@-]")
-_HEX = re.compile(rf"[0-9a-f]{{{HASH_HEX}}}")
-_SEP = "-"  # between the wildcard key and the fingerprint
-_JOIN = "_"  # between wildcard values
-
-PathLike = str | os.PathLike[str]
+_UNSET = ("", "null", "none", "~", "false", "no", "off", "0")
 
 
-class _Items(Protocol):
-    """A mapping, or Snakemake's ``Wildcards`` (a list with names and ``items()``)."""
-
-    def items(self) -> Iterable[tuple[str, Any]]: ...
-
-
-# --------------------------------------------------------------------------- naming
-
-
-def task_key(wildcards: Mapping[str, str] | _Items) -> str:
-    """The wildcard values joined into one safe path component (``""`` without wildcards).
-
-    Characters other than letters, digits and ``. _ + = , @ -`` become ``_``, and a leading
-    dot is escaped, so that a value can neither leave the directory (``..``, ``/``) nor hide
-    it. Two values that sanitise alike still get different directories: the wildcards are
-    part of the fingerprint too.
-    """
-    key = _JOIN.join(_UNSAFE.sub("_", str(v)) for _, v in wildcards.items())
-    return "_" + key if key.startswith(".") else key
-
-
-_digest_cache: dict[tuple[str, int, int, int, int], str] = {}
-
-
-def _file_digest(path: Path, st: os.stat_result) -> str:
-    """xxh3-64 of a file's content; cached per (path, device, inode, size, mtime)."""
-    cache_key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    cached = _digest_cache.get(cache_key)
-    if cached is not None:
-        return cached
-    fd = os.open(path, os.O_RDONLY)
+def _current_workflow() -> Any:
+    """The Workflow Snakemake is running in this process, else ``None``."""
     try:
-        digest = digest_file_range(fd, 0, st.st_size)
-    finally:
-        os.close(fd)
-    _digest_cache[cache_key] = digest
-    return digest
+        import snakemake.workflow as snakemake_workflow
+    except ImportError:
+        return None
+    return getattr(snakemake_workflow, "workflow", None)
 
 
-def _input_record(name: str) -> dict[str, Any]:
-    """Path, size and content hash of one input file (or of every file below a directory)."""
-    path = Path(name)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"checkpoint_dir: input {name!r} does not exist (yet); the fingerprint needs its content"
-        ) from None
-    if stat.S_ISDIR(st.st_mode):
-        tree = []
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            for f in sorted(filenames):
-                p = Path(dirpath) / f
-                fst = p.stat()
-                tree.append([p.relative_to(path).as_posix(), fst.st_size, _file_digest(p, fst)])
-        return {"path": name, "tree": tree}
-    return {"path": name, "size": st.st_size, "xxh3": _file_digest(path, st)}
+def _is_unset(value: Any) -> bool:
+    return value is None or value is False or str(value).strip().lower() in _UNSET
 
 
-def fingerprint(
-    params: Mapping[str, Any] | None = None,
-    inputs: Sequence[PathLike] | PathLike = (),
-    wildcards: Mapping[str, str] | _Items | None = None,
-) -> str:
-    """:data:`HASH_HEX` hex digits of a hash of the parameters (JSON, sorted keys), the
-    wildcards, and each input's path, size and content (xxh3-64).
+def _flag(key: str, value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"config {key}: expected true or false, got {value!r}")
 
-    Inputs keep their order and their paths as given (relative paths stay relative, so a
-    moved workflow directory keeps its fingerprints). Non-JSON parameter values are hashed as
-    ``str(value)``.
 
-    Raises:
-        FileNotFoundError: an input does not exist.
+def _shell_literal(text: str) -> str:
+    """``text`` quoted for the shell and with its braces escaped for Snakemake's formatting."""
+    return shlex.quote(text).replace("{", "{{").replace("}", "}}")
+
+
+def _python() -> str:
+    """This interpreter (Snakemake's), quoted: the venv's, whatever PATH says."""
+    return shlex.quote(sys.executable)
+
+
+def _by_name(workflow: Any, name: str, value: str) -> str:
+    """``{name}``, with ``value`` put into the Snakefile's namespace under ``name``; without
+    one (no running workflow) ``value`` itself, braces escaped for Snakemake's formatting."""
+    namespace = getattr(workflow, "globals", None) if workflow is not None else None
+    if isinstance(namespace, MutableMapping):
+        namespace[name] = value
+        return "{" + name + "}"
+    return value.replace("{", "{{").replace("}", "}}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedWalltime:
+    """A walltime that ``resilient run`` plays locally (USR1, SIGTERM, SIGKILL per attempt)."""
+
+    walltime_s: float
+    """Seconds per attempt."""
+    requeue: bool = True
+    """Start the program again in place after a walltime stop (no Snakemake retry spent)."""
+    signal: str | None = None
+    """Warning signal and its lead, ``SIG@SECONDS``; ``None``: ``resilient run``'s default."""
+    kill_wait_s: float | None = None
+    """SIGTERM to SIGKILL; ``None``: ``resilient run``'s default."""
+
+    def __post_init__(self) -> None:
+        if not self.walltime_s > 0:
+            raise ValueError(f"walltime_s must be > 0, got {self.walltime_s}")
+        if self.signal is not None:
+            parse_signal_spec(self.signal)
+        if self.kill_wait_s is not None and self.kill_wait_s < 0:
+            raise ValueError(f"kill_wait_s must be >= 0, got {self.kill_wait_s}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SimulatedWalltime | None:
+        """From a workflow config's ``resilient_*`` keys; ``None`` without a walltime.
+
+        Values given with ``--config`` arrive as strings: ``6``, ``90s``, ``5m``, ``true``.
+
+        Raises:
+            ValueError: a value is malformed (the message names the key).
+        """
+        raw = config.get("resilient_walltime")
+        if _is_unset(raw):
+            return None
+        try:
+            walltime = parse_duration(str(raw))
+            requeue = _flag("resilient_requeue", config.get("resilient_requeue", True))
+            sig = config.get("resilient_signal")
+            wait = config.get("resilient_kill_wait")
+            return cls(
+                walltime_s=walltime,
+                requeue=requeue,
+                signal=None if _is_unset(sig) else str(sig),
+                kill_wait_s=None if wait is None else parse_duration(str(wait)),
+            )
+        except ValueError as exc:
+            raise ValueError(f"config resilient_*: {exc}") from None
+
+    def options(self, *, min_walltime_s: float | None = None) -> list[str]:
+        """``resilient run``'s options for this walltime (at least ``min_walltime_s``)."""
+        walltime = max(self.walltime_s, min_walltime_s or 0.0)
+        out = ["--walltime", f"{walltime:g}"]
+        if self.signal is not None:
+            out += ["--signal", self.signal]
+        if self.kill_wait_s is not None:
+            out += ["--kill-wait", f"{self.kill_wait_s:g}"]
+        if self.requeue:
+            out.append("--requeue")
+        return out
+
+
+def simulated_walltime(workflow: Any = None) -> SimulatedWalltime | None:
+    """The running workflow's simulated walltime (its config's ``resilient_*`` keys), if any."""
+    wf = workflow if workflow is not None else _current_workflow()
+    config = getattr(wf, "config", None) if wf is not None else None
+    return SimulatedWalltime.from_config(config) if isinstance(config, Mapping) else None
+
+
+def retries(n: int, workflow: Any = None) -> int:
+    """A rule's ``retries:``: ``n`` where Snakemake submits the jobs, 0 inside a cluster job.
+
+    Inside a job of a cluster executor (``workflow.remote_exec``: Snakemake re-runs the rule
+    there with ``--mode remote``) a rule's retries would restart the program at once in the
+    same, nearly expired allocation; the submitting Snakemake's retries resubmit it instead.
+    ``workflow`` defaults to the one Snakemake is running.
     """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    doc = {
-        "params": dict(params or {}),
-        "wildcards": {str(k): str(v) for k, v in (wildcards.items() if wildcards else ())},
-        "inputs": [_input_record(os.fspath(p)) for p in inputs],
-    }
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
-    return digest_text(text)[:HASH_HEX]
+    if n < 0:
+        raise ValueError(f"retries must be >= 0, got {n}")
+    wf = workflow if workflow is not None else _current_workflow()
+    return 0 if wf is not None and bool(getattr(wf, "remote_exec", False)) else n
 
 
-def checkpoint_dir(
-    root: PathLike,
-    rule: str,
-    wildcards: Mapping[str, str] | _Items,
-    params: Mapping[str, Any] | None = None,
-    inputs: Sequence[PathLike] | PathLike = (),
-) -> str:
-    """``ROOT/RULE/<wildcard values>-<fingerprint>``: the checkpoint directory of one task.
-
-    Deterministic: the same rule, wildcards, parameters and input files always give the same
-    directory (so a retry resumes), any change gives a new one (so it starts fresh). Only the
-    parameters that change the computation belong in ``params``: the step count, the physics,
-    not the checkpoint cadence or a demo's slow-down. The rank count belongs there only for a
-    program whose checkpoints restore on the same rank count alone; one that saves
-    :class:`~resilient.blocks.Block` and :class:`~resilient.blocks.Replicated` values resumes on
-    any rank count, so leave it out and a retry with other ranks resumes. Without wildcards the
-    rule's name stands for the wildcard values (``ckpt/train/train-<fingerprint>``), so reports
-    name the task.
-
-    Raises:
-        ValueError: ``rule`` is not a plain name.
-        FileNotFoundError: an input does not exist.
-    """
-    if not rule or _UNSAFE.search(rule) or rule.startswith("."):
-        raise ValueError(f"rule must be a plain name, got {rule!r}")
-    key = task_key(wildcards) or rule
-    digest = fingerprint(params, inputs, wildcards)
-    return os.fspath(Path(root) / rule / f"{key}{_SEP}{digest}")
+def _placeholder(text: str) -> str:
+    """A Snakemake placeholder gets ``:q`` (``{params.ckpt}`` -> ``{params.ckpt:q}``); a
+    plain path is quoted."""
+    if text.startswith("{") and text.endswith("}") and text.count("{") == 1:
+        return text if ":" in text else text[:-1] + ":q}"
+    if "{" in text:
+        return text  # a template of the user's (e.g. "ckpt/{wildcards.case}"): as given
+    return _shell_literal(text)
 
 
-def _split_name(name: str) -> tuple[str, str] | None:
-    """(key, fingerprint) of a checkpoint directory name, else ``None``."""
-    key, _, digest = name.rpartition(_SEP)
-    return (key, digest) if key and _HEX.fullmatch(digest) else None
-
-
-def stale_siblings(ckpt_dir: PathLike) -> list[str]:
-    """Other checkpoint directories of the same rule and wildcards (other fingerprints).
-
-    They belong to earlier parameters or inputs of this task. Nothing removes them
-    automatically (they may be wanted back); ``cleanup(..., remove_stale=True)`` does.
-    """
-    path = Path(ckpt_dir)
-    own = _split_name(path.name)
-    if own is None:
-        return []
-    try:
-        entries = sorted(os.scandir(path.parent), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    out = []
-    for entry in entries:
-        parsed = _split_name(entry.name)
-        if (
-            entry.name != path.name
-            and parsed is not None
-            and parsed[0] == own[0]
-            and entry.is_dir(follow_symlinks=False)
-        ):
-            out.append(os.fspath(path.parent / entry.name))
-    return out
-
-
-# --------------------------------------------------------------------------- inspection
-
-
-def latest_checkpoint(ckpt_dir: PathLike) -> str | None:
-    """Path of the newest valid checkpoint in ``ckpt_dir`` (quick validation), else ``None``."""
-    rec = latest_valid(Path(ckpt_dir))
-    return os.fspath(rec.path) if rec else None
-
-
-# --------------------------------------------------------------------------- cleanup
-
-
-def _is_checkpoint_data(name: str) -> bool:
-    return (
-        name == layout.STATIC_DIR
-        or layout.parse_step_dir(name) is not None
-        or layout.parse_quarantined(name) is not None
-        or layout.parse_tmp_dir(name) is not None
-        or layout.is_trash(name)
-    )
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or not path.is_dir():
-        path.unlink()
-    else:
-        storage.remove_tree(path)
-
-
-def _clean_root(root: Path, *, keep_logs: bool) -> list[str]:
-    """Remove a root's checkpoint data (or, without ``keep_logs``, the root) under its lock."""
-    lock = storage.RootLock(root)
-    lock.acquire()  # CheckpointLockedError: a job is still writing here
-    removed = []
-    try:
-        if keep_logs:
-            for entry in sorted(root.iterdir()):
-                if entry.name not in KEPT_FILES and _is_checkpoint_data(entry.name):
-                    _remove(entry)
-                    removed.append(os.fspath(entry))
-            return removed
-    finally:
-        lock.release()
-    storage.remove_tree(root)
-    return [os.fspath(root)]
-
-
-def cleanup(
-    ckpt_dir: PathLike,
-    output_paths: Sequence[PathLike] | PathLike,
-    keep_logs: bool = True,
+def resilient_run(
+    checkpoint_dir: str = "{params.ckpt}",
     *,
-    remove_stale: bool = False,
-) -> list[str]:
-    """Once every output exists, delete the task's checkpoint data; return what was removed.
+    min_walltime: float | None = None,
+    min_kill_wait: float | None = None,
+    workflow: Any = None,
+) -> str:
+    """The shell prefix that runs a rule's command through ``resilient run``.
 
-    Removes the ``step_*`` directories, ``static/``, quarantined checkpoints and leftovers of
-    killed saves, under the root's lock. With ``keep_logs`` (the default) the small logs stay
-    (``attempts.jsonl``, ``saves.jsonl``, ``progress.jsonl``, ``stops.jsonl``,
-    ``.resilient-root``), so that ``resilient report`` still describes the run; without it the
-    whole directory goes. With ``remove_stale`` the task's :func:`stale_siblings` are removed
-    entirely too (a locked one is skipped with a warning).
+    ``{_resilient_run} --checkpoint-dir {params.ckpt:q} --task {rule} --outputs {output:q} --``
+    (append the command), where ``_resilient_run`` is ``<this python> -m resilient.cli run``
+    plus the walltime options of the workflow's config (:class:`SimulatedWalltime`: a local
+    profile's ``resilient_walltime``); without one there are none, and on Slurm the job's own
+    end time applies.
 
-    Does nothing while an output is missing: the checkpoints are then the only way to resume.
+    Args:
+        checkpoint_dir: a placeholder (``{params.ckpt}``, quoted for the shell here) or a
+            plain path. Never ``{output}``: ``resilient run`` refuses a checkpoint directory
+            that is, or lies in, one of the job's outputs.
+        min_walltime: seconds; a simulated walltime is at least this (a slow-starting program).
+        min_kill_wait: seconds; a simulated walltime's SIGTERM-to-SIGKILL wait is at least this.
+        workflow: the Snakemake workflow; default the one being parsed.
 
     Raises:
-        CheckpointLockedError: a job still holds ``ckpt_dir``'s lock.
-        OSError: a deletion failed.
+        ValueError: a ``resilient_*`` config value is malformed.
     """
-    if isinstance(output_paths, (str, os.PathLike)):
-        output_paths = [output_paths]
-    missing = [os.fspath(p) for p in output_paths if not os.path.exists(p)]
-    if missing or not output_paths:
-        log.warning(
-            "not cleaning %s: %s",
-            ckpt_dir,
-            f"missing outputs {missing}" if missing else "no outputs given",
-        )
-        return []
-    root = Path(ckpt_dir)
-    removed: list[str] = []
-    if storage.is_root(root):
-        removed += _clean_root(root, keep_logs=keep_logs)
-    if remove_stale:
-        for sibling in stale_siblings(root):
-            path = Path(sibling)
-            try:
-                if storage.is_root(path):
-                    removed += _clean_root(path, keep_logs=False)
-            except CheckpointLockedError as exc:
-                log.warning("left %s alone: %s", sibling, exc)
-    for p in removed:
-        log.info("removed %s", p)
-    return removed
+    wf = workflow if workflow is not None else _current_workflow()
+    wall = simulated_walltime(wf)
+    command = [_python(), "-m", "resilient.cli", "run"]
+    name = "_resilient_run"
+    if wall is not None:
+        if min_kill_wait is not None:
+            wall = replace(wall, kill_wait_s=max(wall.kill_wait_s or 5.0, min_kill_wait))
+        command += [shlex.quote(o) for o in wall.options(min_walltime_s=min_walltime)]
+    for tag, value in (("w", min_walltime), ("k", min_kill_wait)):
+        if value is not None:  # another name per variant, the same whatever the profile
+            name += f"_{tag}{value:g}".replace(".", "_").replace("-", "_")
+    parts = [
+        _by_name(wf, name, " ".join(command)),
+        "--checkpoint-dir", _placeholder(checkpoint_dir),
+        "--task", "{rule}", "--outputs", "{output:q}",
+    ]  # fmt: skip
+    return " ".join([*parts, "--", ""])
 
 
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m resilient.integrations.snakemake cleanup CKPT_DIR OUTPUT...``.
-
-    Exits 0 even when the cleanup fails (after a warning): it runs after a finished job, and a
-    failing command would make Snakemake delete that job's outputs and run it again.
-    """
-    p = argparse.ArgumentParser(
-        prog="python -m resilient.integrations.snakemake",
-        description="Checkpoint-directory helpers for workflow rules.",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("cleanup", help="delete a finished task's checkpoint data (keeps the logs)")
-    c.add_argument("ckpt_dir")
-    c.add_argument(
-        "outputs", nargs="+", help="the task's outputs; nothing is removed unless all exist"
-    )
-    c.add_argument("--remove-logs", action="store_true", help="remove the whole directory")
-    c.add_argument("--remove-stale", action="store_true", help="also remove stale siblings")
-    args = p.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="resilient cleanup: %(message)s", stream=sys.stderr
-    )
-    try:
-        cleanup(
-            args.ckpt_dir,
-            args.outputs,
-            keep_logs=not args.remove_logs,
-            remove_stale=args.remove_stale,
-        )
-    except (OSError, CheckpointLockedError) as exc:
-        log.warning("could not clean up %s (left as is): %s", args.ckpt_dir, exc)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def cleanup_command(
+    checkpoint_dir: str = "{params.ckpt}", outputs: str = "{output}", *, workflow: Any = None
+) -> str:
+    """``<this python> -m resilient.workflow cleanup {params.ckpt:q} {output:q}``: after a
+    finished job (``&& ...``), delete its checkpoint data and keep the logs. It never fails
+    the job (see :func:`resilient.workflow.main`)."""
+    wf = workflow if workflow is not None else _current_workflow()
+    return " ".join(
+        [_by_name(wf, "_resilient_python", _python()), "-m", "resilient.workflow", "cleanup",
+         _placeholder(checkpoint_dir), _placeholder(outputs)]
+    )  # fmt: skip

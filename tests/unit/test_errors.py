@@ -23,6 +23,7 @@ ALL = sorted(
 SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "ResilientError": (("something failed",), {}),
     "ConfigError": (("bad setting 'x'",), {}),
+    "ForeignRunError": (("the checkpoint directory /scratch/ck belongs to another run",), {}),
     "CheckpointNotFoundError": (("no valid checkpoint in /scratch/ck",), {}),
     "InvalidCheckpointError": (
         ("/scratch/ck/step_00000003", "data file rank_00000.h5 is missing"),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from resilient import CheckpointManager, Session
-from resilient.errors import ConfigError
+from resilient.errors import ConfigError, ForeignRunError
+from resilient.exitcodes import EXIT_FOREIGN_RUN
 from tests.mpirun import REPO, clean_env, mpiexec, results
 
 KEY = {"nx": 64, "alpha": 0.2, "case": "hot"}
@@ -72,8 +73,23 @@ def test_session_passes_the_key(tmp_path: Path) -> None:
     with Session(tmp_path / "ck", run_key=KEY, environ={}) as s:
         _, state = s.restore_or({"u": np.zeros(2)})
         s.manager.save(5, state)
-    with pytest.raises(ConfigError, match="nx: 64 there, 65 now"):
+    with pytest.raises(ForeignRunError, match="nx: 64 there, 65 now"):
+        Session(tmp_path / "ck", run_key={**KEY, "nx": 65}, environ={}, exit_on_stop=False)
+    # a program's Session exits 78 (the exit-code contract), after logging the reason
+    with pytest.raises(SystemExit) as info:
         Session(tmp_path / "ck", run_key={**KEY, "nx": 65}, environ={})
+    assert info.value.code == EXIT_FOREIGN_RUN == 78
+    assert isinstance(info.value.__cause__, ForeignRunError)
+
+
+def test_session_exits_78_on_a_shape_change(tmp_path: Path) -> None:
+    with Session(tmp_path / "ck", environ={}) as s:
+        _, state = s.restore_or({"u": np.zeros(2)})
+        s.manager.save(5, state)
+    with pytest.raises(SystemExit) as info, Session(tmp_path / "ck", environ={}) as s:
+        s.restore_or({"u": np.zeros(3)})
+    assert info.value.code == EXIT_FOREIGN_RUN
+    assert "'u' with shape (2,)" in str(info.value.__cause__)
 
 
 SCRIPT = """

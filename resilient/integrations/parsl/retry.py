@@ -1,182 +1,192 @@
 """Parsl's retry handler for resumable tasks: a try that made progress costs nothing.
 
-:func:`resume_retry_handler` is a ``Config(retry_handler=...)`` that charges a failed try by
-*progress*: a try that committed a newer valid checkpoint costs ``walltime_cost`` (0), one that
-did not costs ``failure_cost`` (1), and the exits that must not be retried (93: no progress for
-too long, 74: permanent storage error) cost ``math.inf``. With ``Config(retries=N)`` a task is
-therefore relaunched as long as it advances, and gives up after N+1 tries that did not
-(Parsl#1905). Before each relaunch the handler sets the task's ``resume_from`` keyword to the
-newest valid checkpoint (Parsl re-reads ``task_record['kwargs']`` at relaunch).
+:func:`resume_retry_handler` is a ``Config(retry_handler=...)``. It reads only what Parsl
+documents for a retry handler -- the exception and the task record -- and writes nothing into
+the record. It prices a failed try of any app whose command comes from
+:func:`~resilient.integrations.parsl.commands.resilient_command` or
+:func:`~resilient.integrations.parsl.commands.run_resilient`, whatever the app's parameters are
+called:
 
-The handler keeps its bookkeeping in the task's keyword arguments: the checkpoint root in
-``checkpoint_dir`` and the checkpoint a try started from in ``resume_from`` (both names are
-configurable). The apps of :mod:`resilient.integrations.parsl.apps` have both.
+* exit 75 costs ``walltime_cost`` (0): ``resilient run`` exits 75 only after a newer valid
+  checkpoint was committed, and the next try finds the resume point itself;
+* exit 93 (no progress for too long), 74 (permanent storage error) and 78 (the checkpoint
+  directory belongs to another run) cost ``math.inf``: no more tries;
+* a lost worker or manager (``WorkerLost``, ``ManagerLost``: a pilot job hit its walltime) is
+  priced by progress: ``walltime_cost`` when a checkpoint root among the task's arguments holds
+  a newer valid checkpoint than at the task's previous failure (at its first: when the root's
+  ledger has an attempt with progress that ended during this try), else ``failure_cost``;
+* anything else costs ``failure_cost`` (1).
+
+With ``Config(retries=N)`` a task is therefore relaunched as long as it advances and gives up
+after N+1 tries that did not (Parsl#1905).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import os
-import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient import layout
-from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.integrations.parsl.commands import ResumableCommandError
+from resilient.run import read_ledger
+from resilient.storage import is_root
 from resilient.validate import latest_valid
 
 if TYPE_CHECKING:
     from parsl.dataflow.taskrecord import TaskRecord
 
-__all__ = [
-    "FAILURE",
-    "NO_PROGRESS",
-    "PERMANENT",
-    "WALLTIME",
-    "ResumableCommandError",
-    "RetryHandler",
-    "classify_failure",
-    "exit_code_of",
-    "resume_retry_handler",
-]
+__all__ = ["RetryHandler", "exit_code_of", "find_roots", "resume_retry_handler"]
 
 log = logging.getLogger("resilient.integrations.parsl")
 
 RetryHandler = Callable[[Exception, "TaskRecord"], float]
 
-# failure classes (what the handler logs)
-WALLTIME = "walltime/preemption"
-NO_PROGRESS = "no progress"
-PERMANENT = "permanent storage error"
-FAILURE = "failure"
-
-
-# --------------------------------------------------------------------------- exceptions
-
-
-class ResumableCommandError(Exception):
-    """A command run by :func:`run_resumable` exited non-zero. Picklable.
-
-    Attributes:
-        exitcode: the exit code of ``resilient run`` (0/75/93/74/other, see the README).
-        command: the command, as an argument list.
-        output: the tail of its output (empty when it went to a log file).
-    """
-
-    def __init__(self, exitcode: int, command: Sequence[str] = (), output: str = "") -> None:
-        super().__init__(exitcode, list(command), output)
-        self.exitcode = exitcode
-        self.command = list(command)
-        self.output = output
-
-    def __str__(self) -> str:
-        text = f"resumable command exited {self.exitcode}: {shlex.join(self.command)}"
-        return f"{text}\n{self.output}" if self.output else text
-
-
-# --------------------------------------------------------------------------- retry handler
+_FINAL = {
+    EXIT_NO_PROGRESS: "no progress for too long",
+    EXIT_PERMANENT: "permanent storage error",
+    EXIT_FOREIGN_RUN: "the checkpoint directory belongs to another run",
+}
 
 
 def exit_code_of(exc: BaseException) -> int | None:
-    """The exit code a failed try reported: bash apps and :func:`run_resumable`, else ``None``."""
+    """The exit code a failed try reported (a bash app, :func:`run_resilient`), else ``None``."""
     if isinstance(exc, (BashExitFailure, ResumableCommandError)):
         code = exc.exitcode
         return code if isinstance(code, int) else None
     return None
 
 
-def classify_failure(exc: BaseException) -> str:
-    """:data:`WALLTIME`, :data:`NO_PROGRESS`, :data:`PERMANENT` or :data:`FAILURE`."""
-    if isinstance(exc, (ManagerLost, WorkerLost)):
-        return WALLTIME
-    code = exit_code_of(exc)
-    if code == EXIT_RESUME:
-        return WALLTIME
-    if code == EXIT_NO_PROGRESS:
-        return NO_PROGRESS
-    if code == EXIT_PERMANENT:
-        return PERMANENT
-    return FAILURE
+def _paths(value: Any) -> Iterator[Path]:
+    """Every path in an argument: strings, ``os.PathLike`` (Parsl ``File``), inside containers."""
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            yield Path(value)
+        except TypeError:  # an os.PathLike whose __fspath__ returns bytes
+            return
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _paths(item)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _paths(item)
 
 
-def _step_of(resume_from: Any) -> int | None:
-    """The step of a checkpoint path (``.../step_00001200``), else ``None``."""
-    if not isinstance(resume_from, (str, os.PathLike)):
-        return None
-    return layout.parse_step_dir(Path(resume_from).name)
+def find_roots(args: Any, kwargs: Any) -> list[Path]:
+    """The checkpoint roots (:func:`resilient.storage.is_root`) among a task's arguments."""
+    found: dict[Path, None] = {}
+    for path in _paths([args or (), kwargs or {}]):
+        if path not in found and is_root(path):
+            found[path] = None
+    return list(found)
 
 
-def resume_retry_handler(
-    *,
-    checkpoint_kwarg: str = "checkpoint_dir",
-    resume_kwarg: str = "resume_from",
-    walltime_cost: float = 0.0,
-    failure_cost: float = 1.0,
-) -> RetryHandler:
-    """A Parsl ``retry_handler`` that charges a failed try by checkpoint progress.
+def _latest_step(root: Path) -> int | None:
+    rec = latest_valid(root)
+    return rec.step if rec is not None else None
 
-    For each failed try it finds the newest valid checkpoint under
-    ``task_record['kwargs'][checkpoint_kwarg]`` and compares its step with the step the try
-    started from (the checkpoint named by ``kwargs[resume_kwarg]``; for apps without that
-    keyword, the step this handler saw at the previous failure). The cost is
 
-    * ``math.inf`` for exit 93 (no progress for ``--max-no-progress`` attempts) and exit 74
-      (permanent storage error): no more tries;
-    * ``walltime_cost`` when the try committed a newer valid checkpoint, whatever killed it
-      (walltime or preemption -- ``ManagerLost``, ``WorkerLost``, exit 75 -- or a crash);
-    * ``failure_cost`` otherwise, and when the task has no ``checkpoint_kwarg``.
+def _ledger_progress_since(root: Path, since: float | None) -> bool:
+    """Whether the root's ledger has an attempt with progress that ended after ``since``."""
+    if since is None:
+        return False
+    return any(
+        r.get("progress") is True and isinstance(r.get("end"), (int, float)) and r["end"] >= since
+        for r in read_ledger(root)
+    )
 
-    It then sets ``kwargs[resume_kwarg]`` (when the task has that keyword) to the path of the
-    newest valid checkpoint as a string, or ``None``, and logs one INFO line.
+
+def _timestamp(value: Any) -> float | None:
+    return value.timestamp() if isinstance(value, datetime.datetime) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Progress:
+    """What a lost try left behind: per root, the newest valid step before and after."""
+
+    steps: dict[Path, tuple[int | None, int | None]]
+    advanced: bool
+
+    def describe(self) -> str:
+        if not self.steps:
+            return "no checkpoint root among its arguments"
+        text = ", ".join(f"{root}: step {b} -> {a}" for root, (b, a) in self.steps.items())
+        return f"{text} ({'progress' if self.advanced else 'no progress'})"
+
+
+class _ProgressTracker:
+    """The newest valid step of each task's roots at its previous failure (one per handler)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, Any, Path], int | None] = {}
+        self._lock = threading.Lock()
+
+    def measure(self, task_record: Any) -> _Progress:
+        """Compare each root's newest valid step with the previous failure's (or the ledger)."""
+        roots = find_roots(task_record.get("args"), task_record.get("kwargs"))
+        run_id = getattr(task_record.get("dfk"), "run_id", None)
+        since = _timestamp(task_record.get("try_time_launched")) or _timestamp(
+            task_record.get("time_invoked")
+        )
+        steps: dict[Path, tuple[int | None, int | None]] = {}
+        advanced = False
+        for root in roots:
+            key = (run_id, task_record.get("id"), root)
+            after = _latest_step(root)
+            with self._lock:
+                known, before = key in self._seen, self._seen.get(key)
+                self._seen[key] = after
+            if known:
+                advanced |= after is not None and (before is None or after > before)
+            else:
+                advanced |= _ledger_progress_since(root, since)
+            steps[root] = (before, after)
+        return _Progress(steps, advanced)
+
+
+def resume_retry_handler(*, walltime_cost: float = 0.0, failure_cost: float = 1.0) -> RetryHandler:
+    """A Parsl ``retry_handler`` that prices a failed try by checkpoint progress.
+
+    See the module docstring for the costs. Logs one INFO line per decision on the logger
+    ``resilient.integrations.parsl``.
     """
-    seen: dict[tuple[str | None, Any], int | None] = {}
-    lock = threading.Lock()
+    tracker = _ProgressTracker()
 
     def handler(exc: Exception, task_record: TaskRecord) -> float:
-        kind = classify_failure(exc)
-        code = exit_code_of(exc)
-        what = f"{kind}, exit {code}" if code is not None else f"{kind}, {type(exc).__name__}"
-        task_id = task_record.get("id")
-        try_id = task_record.get("try_id")
-        kwargs = task_record.get("kwargs")
-        if not isinstance(kwargs, dict) or kwargs.get(checkpoint_kwarg) is None:
-            cost = math.inf if kind in (NO_PROGRESS, PERMANENT) else failure_cost
-            log.info(
-                "task %s try %s failed (%s); no %r keyword, progress unknown; cost %s",
-                task_id, try_id, what, checkpoint_kwarg, cost,
-            )  # fmt: skip
-            return cost
-        root = Path(kwargs[checkpoint_kwarg])
-        latest = latest_valid(root)
-        after = latest.step if latest is not None else None
-        dfk = task_record.get("dfk")
-        key = (getattr(dfk, "run_id", None), task_id)
-        with lock:
-            before = _step_of(kwargs[resume_kwarg]) if resume_kwarg in kwargs else seen.get(key)
-            seen[key] = after
-        advanced = after is not None and (before is None or after > before)
-        if kind in (NO_PROGRESS, PERMANENT):
-            cost = math.inf
-        elif advanced:
-            cost = walltime_cost
-        else:
-            cost = failure_cost
-        resume = str(latest.path) if latest is not None else None
-        injected = resume_kwarg in kwargs
-        if injected:
-            kwargs[resume_kwarg] = resume
+        cost, why = _decide(exc, task_record, tracker, walltime_cost, failure_cost)
         log.info(
-            "task %s try %s failed (%s); checkpoint step %s -> %s in %s (%s); cost %s; %s",
-            task_id, try_id, what, before, after, root,
-            "progress" if advanced else "no progress", cost,
-            f"{resume_kwarg}={resume}" if injected else f"no {resume_kwarg!r} keyword to set",
+            "task %s try %s failed: %s; cost %s",
+            task_record.get("id"), task_record.get("try_id"), why, cost,
         )  # fmt: skip
         return cost
 
     return handler
+
+
+def _decide(
+    exc: Exception,
+    task_record: Any,
+    tracker: _ProgressTracker,
+    walltime_cost: float,
+    failure_cost: float,
+) -> tuple[float, str]:
+    """(cost, reason) of one failed try; every failure updates the steps seen per root."""
+    progress = tracker.measure(task_record)
+    code = exit_code_of(exc)
+    if code == EXIT_RESUME:
+        return walltime_cost, "exit 75 (stopped after committing a newer checkpoint)"
+    if code in _FINAL:
+        return math.inf, f"exit {code} ({_FINAL[code]}): not retried"
+    if isinstance(exc, (ManagerLost, WorkerLost)):
+        cost = walltime_cost if progress.advanced else failure_cost
+        return cost, f"{type(exc).__name__}; {progress.describe()}"
+    return failure_cost, f"exit {code}" if code is not None else type(exc).__name__

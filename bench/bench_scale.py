@@ -1,0 +1,472 @@
+"""The coordinator at scale, simulated (issue 23, point 4): one process, no MPI.
+
+Run::
+
+    python bench/bench_scale.py --ranks 1024 [--datasets 300] [--per-file 1] [--repeats 3]
+                                [--json OUT] [--dir DIR] [--max-rss-gib 8]
+
+What a save's commit and a restore do with every rank's description, driven through the
+library's own functions, fed with synthetic descriptions shaped like what the gather delivers:
+
+* every rank's message is what :func:`resilient.checkpointer.finish_set` gathers, ``(True,
+  RankWritten)``: its :class:`~resilient.manifest.RankEntry` (a
+  :class:`~resilient.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
+  file's leader, a :class:`~resilient.checkpointer.FileWritten` with the segments of the real
+  HDF5 skeleton (:func:`resilient.hdf5.build_skeleton`), pickled as mpi4py's lowercase
+  collectives pickle it (protocol 5, one message per rank);
+* **commit**: rank 0 runs the real ``finish_set`` as :class:`resilient.saving.SavePipeline`
+  calls it (``prepare`` while the data syncs, ``publish`` in a second round) over
+  :class:`RootComm`, a stand-in for rank 0 of an MPI communicator (``gather`` receives every
+  rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). So the
+  commit is: unpickle N descriptions, ``build_manifest``, ``PendingDir.prepare`` (JSON,
+  checksum, manifest and marker written), ``PendingDir.publish`` (fsync, rename), and pickling
+  the reply every rank receives: the whole :class:`~resilient.manifest.Manifest`;
+* **restore** from the shared root (:class:`resilient.restorer.Restorer`): rank 0 loads the
+  manifest (:func:`resilient.validate.load_manifest`: read, checksum, ``parse_manifest``; the
+  ``lstat`` of every data file by ``validate_checkpoint`` is left out) and broadcasts the
+  chosen candidate, the whole parsed manifest in it (``Collective.broadcast``); every other
+  rank unpickles it and looks at its own entry (:func:`resilient.elastic.needs_elastic`).
+  ``rank_restore_*`` is that rank's part before it reads its data: the bytes it receives, the
+  time to unpickle them, the memory they take. With a node-local tier
+  (:meth:`resilient.tiers.LocalTier.newest`) every rank runs ``load_manifest`` on the whole
+  manifest itself: ``load_manifest_s`` is then every rank's cost.
+
+Times are wall-clock medians of ``--repeats`` untraced runs; ``*_peak_bytes`` come from one
+more run under :mod:`tracemalloc` (the peak of Python allocations inside the measured part;
+the other ranks' messages, made before, are not counted, the receive buffer is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import pickle
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from benchutil import library_revision, write_json
+
+from resilient import layout
+from resilient._version import __version__
+from resilient.checkpointer import FileWritten, RankPlan, RankWritten, finish_set
+from resilient.collective import Collective
+from resilient.comm import SerialComm
+from resilient.commit import PendingDir
+from resilient.elastic import needs_elastic
+from resilient.hdf5 import build_skeleton
+from resilient.manifest import Manifest, Segment
+from resilient.payload import split_state
+from resilient.restorer import _Candidate
+from resilient.topology import Topology
+from resilient.tree import leaf_paths
+from resilient.validate import load_manifest
+
+T = TypeVar("T")
+PROTOCOL = pickle.HIGHEST_PROTOCOL  # mpi4py 4.1's MPI.pickle.PROTOCOL (5)
+STEP = 1200
+PARAMS = ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
+          "linear1.bias", "linear2.weight", "norm1.weight")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- synthetic ranks
+
+
+def rank_plans(ranks: int, datasets: int) -> list[RankPlan]:
+    """Every rank's :class:`RankPlan` of a transformer-like state of ``datasets`` arrays (the
+    same structure on every rank, as in a data-parallel or sharded job).
+
+    A third of the arrays are ``model/layers.{i}.{param}``, the others
+    ``optim/state/{k}/exp_avg[_sq]`` (int keys, as a PyTorch optimizer's), beside JSON
+    ``param_groups`` and ``step``. The tree is the real one (:func:`split_state` of tiny arrays
+    of these names); the shapes are set afterwards: (1024, 4096) float32 weights, (4096,) others.
+    """
+    n_model = max(1, datasets // 3)
+    tiny = np.zeros(1, np.float32)
+    model = {f"layers.{i // len(PARAMS)}.{PARAMS[i % len(PARAMS)]}": tiny for i in range(n_model)}
+    moments: dict[int, dict[str, Any]] = {}
+    for j in range(datasets - n_model):
+        moments.setdefault(j // 2, {})["exp_avg" if j % 2 == 0 else "exp_avg_sq"] = tiny
+    state = {
+        "model": model,
+        "optim": {"state": moments, "param_groups": [{"lr": 3e-4, "params": list(moments)}]},
+        "step": STEP,
+    }
+    tree = split_state(state).tree
+    names = tuple(leaf_paths(tree))
+    shapes = tuple((1024, 4096) if "weight" in n else (4096,) for n in names)
+    dtypes = ("<f4",) * len(names)
+    nbytes = tuple(int(np.prod(s)) * 4 for s in shapes)
+    specs = tuple(zip(names, shapes, dtypes, strict=True))
+    return [
+        RankPlan(r, specs, tree, frozenset(), names, shapes, dtypes, nbytes) for r in range(ranks)
+    ]
+
+
+def layout_kind(per_file: int) -> str:
+    """The layout of files of ``per_file`` consecutive ranks."""
+    return "self" if per_file == 1 else "custom"
+
+
+def messages(ranks: int, datasets: int, per_file: int) -> list[bytes]:
+    """What every rank sends in the save's gather, pickled: ``(True, RankWritten)``.
+
+    Files hold ``per_file`` consecutive ranks; each file's leader also reports its file (the
+    HDF5 skeleton of the first group, reused for the others with other checksums). Dataset
+    checksums are random, different on every rank."""
+    plans = rank_plans(ranks, datasets)
+    kind = layout_kind(per_file)
+    skeleton = build_skeleton(kind, [(p.rank, p.specs) for p in plans[:per_file]])
+    rng = np.random.default_rng(23)
+    out = []
+    for plan in plans:
+        group, slot = divmod(plan.rank, per_file)
+        name = layout.file_name(kind, group)
+        hexes = rng.bytes(8 * datasets).hex()
+        entry = plan.entry(
+            name, skeleton.offsets[slot], [hexes[i : i + 16] for i in range(0, len(hexes), 16)]
+        )
+        file = None
+        if slot == 0:
+            members = tuple(range(plan.rank, min(plan.rank + per_file, ranks)))
+            segs = tuple(Segment(s.offset, s.length, rng.bytes(8).hex())
+                         for s in skeleton.meta_segments)  # fmt: skip
+            file = FileWritten(name, skeleton.size, segs, members)
+        out.append(pickle.dumps((True, RankWritten(entry, file)), PROTOCOL))
+    return out
+
+
+# --------------------------------------------------------------------------- rank 0's comm
+
+
+@dataclass
+class RootComm:
+    """Rank 0 of ``size`` ranks, as mpi4py's lowercase ``gather`` and ``bcast`` treat it.
+
+    The first ``gather`` returns ``inbox`` (every rank's pickled message, rank 0's included),
+    received into one buffer and unpickled; a later one, every rank sending what rank 0 sends.
+    ``bcast`` pickles what rank 0 sends (what every other rank receives) into ``sent``.
+    ``seconds`` adds up the time of each (keys ``gather``, ``bcast``)."""
+
+    size: int
+    inbox: list[bytes] | None
+    sent: list[bytes] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    rank: int = 0
+
+    def gather(self, obj: T, root: int = 0) -> list[T]:
+        """Every rank's object, in rank order."""
+        t0 = time.perf_counter()
+        inbox, self.inbox = self.inbox, None
+        if inbox is None:
+            inbox = [pickle.dumps(obj, PROTOCOL)] * self.size
+        buffer = b"".join(inbox)  # the receive buffer of a gatherv
+        view, pos, out = memoryview(buffer), 0, []
+        for msg in inbox:
+            out.append(pickle.loads(view[pos : pos + len(msg)]))
+            pos += len(msg)
+        del view, buffer
+        self._add("gather", t0)
+        return out
+
+    def bcast(self, obj: T, root: int = 0) -> T:
+        """``obj``, pickled once as rank 0 sends it."""
+        t0 = time.perf_counter()
+        self.sent.append(pickle.dumps(obj, PROTOCOL))
+        self._add("bcast", t0)
+        return obj
+
+    def _add(self, what: str, t0: float) -> None:
+        self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
+
+
+def timed(fn: Callable[..., None], seconds: dict[str, float], what: str) -> Callable[..., None]:
+    """``fn``, adding its time to ``seconds[what]``."""
+
+    def call(*args: Any) -> None:
+        t0 = time.perf_counter()
+        fn(*args)
+        seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t0
+
+    return call
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+def commit(inbox: list[bytes], per_file: int, root: Path) -> tuple[Manifest, RootComm, float]:
+    """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
+    ``SavePipeline._finish_save`` runs it (the real ``finish_set``, ``prepare``/``publish`` of a
+    real :class:`PendingDir`). Returns the manifest, the comm (bytes, times) and the wall time."""
+    ranks = len(inbox)
+    comm = RootComm(ranks, list(inbox))
+    groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
+    topo = Topology(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,  # type: ignore[arg-type]
+                    group_index=0)  # fmt: skip
+    pending = PendingDir.for_step(root, STEP).create()
+    what = f"save of checkpoint step {STEP}"
+    own = pickle.loads(inbox[0])[1]  # rank 0's outcome (the gather takes it from the inbox)
+    t0 = time.perf_counter()
+    manifest = finish_set(
+        topo, lambda: own, step=STEP, metrics={"loss": 1.0}, library_version=__version__,
+        durable=lambda: None,
+        prepare=timed(lambda m: pending.prepare(m, what=what), comm.seconds, "prepare"),
+        publish=timed(lambda: pending.publish(what=what), comm.seconds, "publish"),
+    )  # fmt: skip
+    return manifest, comm, time.perf_counter() - t0
+
+
+def coordinator_restore(path: Path, ranks: int, reply: bytes) -> tuple[bytes, dict[str, Any]]:
+    """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.broadcast`` of the
+    candidate. Returns the bytes every rank receives, and times. When ``load_manifest`` refuses
+    the checkpoint, its error is returned (``restore_error``) and the candidate holds the
+    manifest the commit wrote instead (from its ``reply``: what parsing it would give)."""
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        manifest = load_manifest(path)
+    except Exception as exc:  # e.g. a manifest over load_manifest's size limit
+        out["restore_error"] = f"{type(exc).__name__}: {exc}"
+        manifest = pickle.loads(reply)[1]
+    else:
+        out["load_manifest_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    comm = RootComm(ranks, None)
+    Collective(comm).broadcast("choosing a checkpoint", lambda: _Candidate(path, manifest, None))  # type: ignore[arg-type]
+    out["restore_bcast_pickle_s"] = time.perf_counter() - t1
+    return comm.sent[0], out
+
+
+def rank_restore(received: bytes, rank: int) -> float:
+    """One rank's part of a restore before it reads its data: unpickle the broadcast candidate,
+    decide on an elastic restore from its own entry. Returns the time."""
+    t0 = time.perf_counter()
+    ok, candidate = pickle.loads(received)
+    assert ok
+    needs_elastic(candidate.manifest.ranks[rank], {})
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@contextmanager
+def traced(on: bool) -> Iterator[dict[str, int]]:
+    """With ``on``: the peak of Python allocations inside the block (tracemalloc), as
+    ``out["peak"]``; else nothing."""
+    out: dict[str, int] = {}
+    if not on:
+        yield out
+        return
+    gc.collect()
+    tracemalloc.start()
+    try:
+        yield out
+    finally:
+        out["peak"] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+def seconds_of(fn: Callable[[], object]) -> float:
+    """Wall time of ``fn()``."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) -> dict[str, Any]:
+    """One commit, then one restore, of the checkpoint of ``inbox`` in a new directory under
+    ``base``: times (``trace=False``) or tracemalloc peaks (``trace=True``), and sizes. At most
+    one copy of the manifest's objects is alive at a time (besides the commit's inputs)."""
+    ranks, out = len(inbox), dict[str, Any]()
+    root = Path(tempfile.mkdtemp(prefix="scale-", dir=base))
+    try:
+        rss0 = reset_peak_rss()
+        with traced(trace) as mem:
+            manifest, comm, commit_s = commit(inbox, per_file, root)
+        out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
+        final = root / layout.step_dir_name(STEP)
+        reply = comm.sent[0]  # ("ok", manifest): what every rank receives at every save
+        out.update(manifest_bytes=(final / layout.MANIFEST).stat().st_size, reply_bytes=len(reply))
+        if trace:
+            out["commit_peak_bytes"] = mem["peak"]
+        else:
+            s = comm.seconds
+            out.update(
+                commit_s=commit_s, gather_unpickle_s=s["gather"], prepare_s=s["prepare"],
+                publish_s=s["publish"], bcast_pickle_s=s["bcast"],
+                build_manifest_s=commit_s - sum(s.values()),
+                encode_s=seconds_of(manifest.to_json),
+            )  # fmt: skip
+        del manifest, comm
+        gc.collect()
+        if not trace:
+            out["rank_save_receive_s"] = seconds_of(functools.partial(pickle.loads, reply))
+            gc.collect()
+        with traced(trace) as mem:
+            received, restore = coordinator_restore(final, ranks, reply)
+        del reply
+        gc.collect()
+        with traced(trace) as mem2:
+            rank_s = rank_restore(received, ranks - 1)
+        out.update(
+            rank_restore_bytes=len(received), restore_error=restore.pop("restore_error", None)
+        )
+        if trace:
+            out.update(coordinator_restore_peak_bytes=mem["peak"],
+                       rank_restore_peak_bytes=mem2["peak"])  # fmt: skip
+        else:
+            out.update(rank_restore_s=rank_s, **restore)
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        gc.collect()
+
+
+def run(
+    ranks: int, datasets: int, per_file: int, repeats: int, base: Path, *, trace: bool = True
+) -> dict[str, Any]:
+    """Measure one size: ``repeats`` timed commits and restores (medians), then one traced
+    (with ``trace``; else the peaks are ``None``)."""
+    t0 = time.perf_counter()
+    inbox = messages(ranks, datasets, per_file)
+    setup_s = time.perf_counter() - t0
+    samples = [measure_once(inbox, per_file, base, trace=False) for _ in range(repeats)]
+    peaks = measure_once(inbox, per_file, base, trace=True) if trace else {}
+    first, gathered = samples[0], sum(map(len, inbox))
+    times = {
+        k: round(statistics.median(s[k] for s in samples), 4) for k in first if k.endswith("_s")
+    }
+    return {
+        "ranks": ranks,
+        "datasets": datasets,
+        "per_file": per_file,
+        "files": -(-ranks // per_file),
+        "repeats": repeats,
+        "manifest_bytes": first["manifest_bytes"],
+        **times,
+        "commit_s_max": round(max(s["commit_s"] for s in samples), 4),
+        "commit_peak_bytes": peaks.get("commit_peak_bytes"),
+        "commit_rss_delta_bytes": max(s["commit_rss_delta_bytes"] or 0 for s in samples) or None,
+        "rank_restore_bytes": first["rank_restore_bytes"],
+        "rank_restore_peak_bytes": peaks.get("rank_restore_peak_bytes"),
+        "coordinator_restore_peak_bytes": peaks.get("coordinator_restore_peak_bytes"),
+        "restore_error": first["restore_error"],
+        "gathered_bytes": gathered,
+        "gathered_bytes_per_rank": gathered // ranks,
+        "save_bcast_bytes_per_rank": first["reply_bytes"],
+        "save_bcast_bytes_total": first["reply_bytes"] * (ranks - 1),
+        "max_rss_bytes": max_rss(),
+        "setup_s": round(setup_s, 2),
+        "peak_memory": "*_peak_bytes: tracemalloc, peak of Python allocations, one extra untimed "
+        "run; commit_rss_delta_bytes: VmHWM after the commit minus VmRSS before it (VmHWM reset "
+        "by clear_refs; a lower bound: memory freed earlier is reused)",
+        "revision": library_revision(),
+        "python": sys.version.split()[0],
+    }
+
+
+def reset_peak_rss() -> int:
+    """Reset this process's ``VmHWM`` to its current resident memory (Linux ``clear_refs``);
+    return that, or 0 where it cannot be reset."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return 0
+    return max_rss()
+
+
+def max_rss() -> int:
+    """This process's peak resident memory so far (``VmHWM``), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def watch_rss(limit_bytes: int) -> None:
+    """Abort this process (exit 3) as soon as its resident memory passes ``limit_bytes``."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def watch() -> None:
+        while True:
+            with open("/proc/self/statm") as fh:
+                rss = int(fh.read().split()[1]) * page
+            if rss > limit_bytes:
+                print(f"aborted: resident memory {rss / 2**30:.1f} GiB over the limit",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                os._exit(3)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """The results as a Markdown table (MB = 10^6 bytes)."""
+
+    def mb(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1e6:,.1f}"
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    rows = [
+        "| ranks x datasets | manifest MB | gathered MB | commit s (unpickle / build / prepare / "
+        "publish / bcast pickle) | commit peak MB (RSS delta) | reply MB per rank, rank unpickle s | "
+        "restore: rank MB, s, peak MB | load_manifest s |",
+        "|" + "---|" * 8,
+    ]
+    for r in results:
+        rows.append(
+            f"| {r['ranks']:,} x {r['datasets']} | {mb(r['manifest_bytes'])} "
+            f"| {mb(r['gathered_bytes'])} | {s(r['commit_s'])} ({s(r['gather_unpickle_s'])} / "
+            f"{s(r['build_manifest_s'])} / {s(r['prepare_s'])} / {s(r['publish_s'])} / "
+            f"{s(r['bcast_pickle_s'])}) | {mb(r['commit_peak_bytes'])} "
+            f"({mb(r['commit_rss_delta_bytes'])} RSS) "
+            f"| {mb(r['save_bcast_bytes_per_rank'])}, {s(r['rank_save_receive_s'])} "
+            f"| {mb(r['rank_restore_bytes'])}, {s(r['rank_restore_s'])}, "
+            f"{mb(r['rank_restore_peak_bytes'])} | {s(r.get('load_manifest_s'))} |"
+        )
+    rows += [f"{r['ranks']:,} ranks: restore failed: {r['restore_error']}"
+             for r in results if r["restore_error"]]  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse the arguments, measure each size, print the table, write the JSON."""
+    ap = argparse.ArgumentParser(description="The coordinator at scale, simulated (no MPI).")
+    ap.add_argument("--ranks", default="1024", help="rank counts, comma-separated")
+    ap.add_argument("--datasets", type=int, default=300, help="arrays per rank")
+    ap.add_argument("--per-file", type=int, default=1, help="ranks per file (1: self)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per size")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--dir", help="where the checkpoints are written (default: the temp dir)")
+    ap.add_argument("--no-trace", action="store_true", help="skip the tracemalloc run")
+    ap.add_argument("--max-rss-gib", type=float, default=8.0, help="abort above this RSS")
+    args = ap.parse_args(argv)
+    watch_rss(int(args.max_rss_gib * 2**30))
+    base = Path(args.dir or tempfile.gettempdir())
+    results = []
+    for n in (int(x) for x in args.ranks.split(",")):
+        results.append(
+            run(n, args.datasets, args.per_file, args.repeats, base, trace=not args.no_trace)
+        )
+        print(table(results[-1:]).splitlines()[2], flush=True)
+    print(table(results))
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The command of a resumable Parsl app: ``resilient run -- PROGRAM`` for your own apps.
+
+Two forms, for the two kinds of Parsl app:
+
+* :func:`resilient_command` returns the shell command a ``@bash_app`` returns::
+
+      @bash_app
+      def simulate(nx, ckpt, inputs=(), outputs=(), stdout=None, stderr=None):
+          from resilient.integrations.parsl import resilient_command  # on the worker
+          return resilient_command(["mpiexec", "-n", "4", "./sim", "--nx", nx,
+                                    "--out", outputs[0]], checkpoint_dir=ckpt)
+
+* :func:`run_resilient` runs the same command in a subprocess inside a ``@python_app`` and
+  raises :class:`ResumableCommandError` (picklable, with the exit code) when it fails.
+
+Both produce ``python -m resilient.cli run --checkpoint-dir D [options] -- PROGRAM...``. The
+exit code is ``resilient run``'s contract (0, 75, 93, 74, 78, or the program's own), which
+:func:`~resilient.integrations.parsl.retry.resume_retry_handler` turns into a retry cost.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResumableCommandError", "resilient_argv", "resilient_command", "run_resilient"]
+
+PathLike = str | os.PathLike[str]
+
+_OUTPUT_TAIL = 4000  # characters of captured output kept in a ResumableCommandError
+
+
+class ResumableCommandError(Exception):
+    """A command run by :func:`run_resilient` exited non-zero. Picklable.
+
+    Attributes:
+        exitcode: the exit code of ``resilient run`` (75, 93, 74, 78 or the program's own).
+        command: the command, as an argument list.
+        output: the tail of its output (empty when it went to a log file).
+    """
+
+    def __init__(self, exitcode: int, command: Sequence[str] = (), output: str = "") -> None:
+        super().__init__(exitcode, list(command), output)
+        self.exitcode = exitcode
+        self.command = list(command)
+        self.output = output
+
+    def __str__(self) -> str:
+        text = f"resumable command exited {self.exitcode}: {shlex.join(self.command)}"
+        return f"{text}\n{self.output}" if self.output else text
+
+
+def _word(value: Any) -> str:
+    """One argument as text: a path (``os.PathLike``, e.g. a Parsl ``File``) or ``str(value)``."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)  # type: ignore[no-any-return]
+    return str(value)
+
+
+def _duration(seconds: float) -> str:
+    text = f"{float(seconds):.3f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def resilient_argv(
+    argv: Sequence[Any],
+    *,
+    checkpoint_dir: PathLike,
+    walltime_s: float | None = None,
+    signal: str | None = None,
+    max_no_progress: int | None = None,
+    retries: int | None = None,
+    requeue: bool = False,
+    python: str | None = None,
+) -> list[str]:
+    """``[python, -m, resilient.cli, run, --checkpoint-dir, D, OPTIONS..., --, *argv]``.
+
+    Options left ``None`` (or ``requeue=False``) are not passed: ``resilient run``'s defaults
+    apply. ``signal`` is ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to
+    :data:`sys.executable` of the process that builds the command.
+    """
+    words = [python or sys.executable, "-m", "resilient.cli", "run"]
+    words += ["--checkpoint-dir", _word(checkpoint_dir)]
+    if walltime_s is not None:
+        words += ["--walltime", _duration(walltime_s)]
+    if signal is not None:
+        words += ["--signal", signal]
+    if max_no_progress is not None:
+        words += ["--max-no-progress", str(int(max_no_progress))]
+    if retries is not None:
+        words += ["--retries", str(int(retries))]
+    if requeue:
+        words.append("--requeue")
+    return [*words, "--", *(_word(a) for a in argv)]
+
+
+def resilient_command(
+    argv: Sequence[Any],
+    *,
+    checkpoint_dir: PathLike,
+    walltime_s: float | None = None,
+    signal: str | None = None,
+    max_no_progress: int | None = None,
+    retries: int | None = None,
+    requeue: bool = False,
+    launcher_prefix: str = "",
+    python: str | None = None,
+) -> str:
+    """The shell command ``python -m resilient.cli run --checkpoint-dir D ... -- PROGRAM...``.
+
+    For the body of a ``@bash_app``. Every word is shell-quoted except ``launcher_prefix``, raw
+    shell text put between ``--`` and the program, e.g. ``"$PARSL_MPI_PREFIX"`` under an
+    ``MPIExecutor`` (the shell expands it). Values in ``argv`` may be numbers, paths or Parsl
+    ``File`` objects. The options are :func:`resilient_argv`'s.
+    """
+    words = resilient_argv(
+        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
+    )  # fmt: skip
+    if not launcher_prefix:
+        return shlex.join(words)
+    split = words.index("--") + 1
+    return f"{shlex.join(words[:split])} {launcher_prefix} {shlex.join(words[split:])}"
+
+
+def run_resilient(
+    argv: Sequence[Any],
+    *,
+    checkpoint_dir: PathLike,
+    walltime_s: float | None = None,
+    signal: str | None = None,
+    max_no_progress: int | None = None,
+    retries: int | None = None,
+    requeue: bool = False,
+    python: str | None = None,
+    cwd: PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    log_path: PathLike | None = None,
+) -> int:
+    """Run ``argv`` under ``resilient run`` in a subprocess: the body of a ``@python_app``.
+
+    ``cwd`` is the working directory, ``env`` extra environment variables (added to this
+    process's). Output is appended to ``log_path``, else captured (its tail goes into the
+    error). The options are :func:`resilient_argv`'s.
+
+    Returns:
+        0.
+
+    Raises:
+        ResumableCommandError: ``resilient run`` exited non-zero (its exit code, for
+            :func:`~resilient.integrations.parsl.retry.resume_retry_handler`).
+    """
+    command = resilient_argv(
+        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
+    )  # fmt: skip
+    full_env = {**os.environ, **(env or {})}
+    if log_path is None:
+        done = subprocess.run(
+            command, cwd=cwd, env=full_env, capture_output=True, text=True, check=False
+        )
+        code, output = done.returncode, (done.stdout + done.stderr)[-_OUTPUT_TAIL:]
+    else:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as fh:
+            code = subprocess.run(
+                command, cwd=cwd, env=full_env, stdout=fh, stderr=subprocess.STDOUT, check=False
+            ).returncode
+        output = ""
+    if code != 0:
+        raise ResumableCommandError(code, command, output)
+    return 0
