@@ -64,7 +64,7 @@ from resilient.manifest import (
 from resilient.payload import LocalData
 from resilient.staging import allocate
 from resilient.topology import Topology
-from resilient.tree import leaf_metas, unflatten
+from resilient.tree import Memo, leaf_metas, unflatten
 
 if TYPE_CHECKING:
     import numpy as np
@@ -251,6 +251,7 @@ class WriteJob:
     arrays: Mapping[str, npt.NDArray[np.generic]]
     skeleton: Skeleton | None  # the group's leader writes HDF5's own bytes
     members: tuple[int, ...] = ()  # the group's ranks, on its leader
+    bounce: hdf5.Bounce | None = None  # the writer's O_DIRECT buffer (None: one per write)
 
     def run(self) -> RankWritten:
         """:meth:`write`, then :meth:`describe`."""
@@ -306,7 +307,13 @@ class WriteJob:
         skeleton = self.skeleton.get if self.skeleton is not None else None
         storage.retry_io(
             lambda: hdf5.write_file(
-                self.path, self.offsets, arrays, skeleton=skeleton, sync=sync, alongside=alongside
+                self.path,
+                self.offsets,
+                arrays,
+                skeleton=skeleton,
+                sync=sync,
+                alongside=alongside,
+                bounce=self.bounce,
             ),
             what=f"writing {self.path}",
         )
@@ -317,10 +324,17 @@ class WriteJob:
 
 
 def plan_write(
-    topo: Topology, directory: Path, data: LocalData, *, step: int, cache: SkeletonCache
+    topo: Topology,
+    directory: Path,
+    data: LocalData,
+    *,
+    step: int,
+    cache: SkeletonCache,
+    bounce: hdf5.Bounce | None = None,
 ) -> WriteJob:
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
-    part of a save into ``directory``.
+    part of a save into ``directory`` (its write goes through ``bounce``, the caller's, if
+    given: see :class:`resilient.hdf5.Bounce`).
 
     The leader creates the file and lays out the data (:func:`resilient.h5format.place_data`);
     its write builds HDF5's metadata (:func:`resilient.hdf5.build_skeleton`), unless
@@ -348,7 +362,7 @@ def plan_write(
     skeleton = cache.skeleton if leader else None
     assert skeleton is not None or not leader
     members = topo.members if leader else ()
-    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members)
+    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce)
 
 
 def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache) -> _Skeleton:
@@ -530,7 +544,12 @@ def build_manifest(
 
 
 def read_rank(
-    directory: Path, manifest: Manifest, rank: int, *, into: Mapping[str, Any] | None = None
+    directory: Path,
+    manifest: Manifest,
+    rank: int,
+    *,
+    into: Mapping[str, Any] | None = None,
+    memo: Memo | None = None,
 ) -> dict[str, Any]:
     """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
     structure (torch tensors where tensors were saved).
@@ -538,13 +557,14 @@ def read_rank(
     Args:
         into: existing arrays or tensors by leaf path (see :func:`check_template`) that array
             leaves are read into instead of new ones; they appear in the result as themselves.
+        memo: the caller's :class:`~resilient.tree.Memo` for rebuilding the structure.
 
     Raises:
         InvalidCheckpointError: a checksum mismatch or a truncated file.
         OSError: the file cannot be read (transient errors are retried first).
     """
     return storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank, into or {}),
+        lambda: _read_rank(directory, manifest, rank, into or {}, memo),
         what=f"reading {directory} for rank {rank}",
     )
 
@@ -625,7 +645,7 @@ def _is_writable(target: Any) -> bool:
 
 
 def _read_rank(
-    directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any]
+    directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any], memo: Memo | None
 ) -> dict[str, Any]:
     entry = manifest.ranks[rank]
     table = entry.datasets
@@ -724,6 +744,7 @@ def _read_rank(
         entry.tree,
         lambda path, meta: by_name[path] if path in into else restore_leaf(by_name[path], meta),
         lambda paths: map(by_name.__getitem__, paths),  # numpy leaves: as read
+        memo=memo,
     )
     assert isinstance(built, dict)
     return built

@@ -11,6 +11,7 @@ to export a global file (:func:`write_global_file`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArraySpec",
+    "Bounce",
     "Spec",
     "FileSkeleton",
     "fsync_file",
@@ -112,21 +114,82 @@ def create_file(path: Path) -> None:
 
 
 _DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT
-_BOUNCE_BYTES = 32 << 20  # page-aligned staging buffer, allocated once per process
+_BOUNCE_BYTES = 32 << 20  # page-aligned staging buffer of a Bounce
 
 
-class _Bounce:
-    """A page-aligned buffer per thread, reused by every save (O_DIRECT needs alignment; the
-    writer thread and the caller's thread may both be writing)."""
+class Bounce:
+    """A page-aligned buffer through which :func:`write_file` writes arrays that are not
+    page-aligned with ``O_DIRECT`` (which needs alignment), and :func:`copy_ranges` copies.
 
-    local = threading.local()
+    Owned by its user (a manager's writer, :class:`resilient.saving.SavePipeline`): mapped at
+    its first use, kept and reused by every later one (on this kind of VM first touching new
+    pages costs ~2.3 s per GiB; a buffer touched before costs nothing), unmapped by
+    :meth:`close`. Nothing of it lives in the module or in a thread: a write given no bounce
+    maps one for the call and unmaps it when it returns. Local, thread-safe: the buffer is lent
+    to one write at a time; a write that finds it lent (another thread's) maps one of its own
+    for the call, and one returned after :meth:`close` is unmapped then.
+    """
 
-    @classmethod
-    def get(cls) -> memoryview:
-        buffer = getattr(cls.local, "buffer", None)
+    def __init__(self, nbytes: int = _BOUNCE_BYTES) -> None:
+        self.nbytes = -(-nbytes // _ALIGN) * _ALIGN
+        self._lock = threading.Lock()
+        self._kept: mmap.mmap | None = None
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[memoryview]:
+        """The buffer, for the ``with`` block (views of it must not outlive the block)."""
+        with self._lock:
+            buffer, self._kept = self._kept, None
         if buffer is None:
-            buffer = cls.local.buffer = mmap.mmap(-1, _BOUNCE_BYTES)
-        return memoryview(buffer)
+            buffer = _map(self.nbytes)
+        view = memoryview(buffer)
+        try:
+            yield view
+        finally:
+            view.release()
+            with self._lock:
+                keep = not self._closed and self._kept is None
+                if keep:
+                    self._kept = buffer
+            if not keep:
+                _unmap(buffer)
+
+    def close(self) -> None:
+        """Unmap the buffer (one lent now: when it is returned). Idempotent; a later
+        :meth:`lend` maps a buffer for that call only."""
+        with self._lock:
+            self._closed = True
+            buffer, self._kept = self._kept, None
+        if buffer is not None:
+            _unmap(buffer)
+
+    def __enter__(self) -> Bounce:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _map(nbytes: int) -> mmap.mmap:
+    """A new anonymous map (page-aligned, its pages faulted in as they are first written)."""
+    return mmap.mmap(-1, nbytes)
+
+
+def _unmap(buffer: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # a view is still alive (an error's traceback)
+        buffer.close()  # then it is unmapped when that view goes
+
+
+@contextlib.contextmanager
+def _bounce(owner: Bounce | None, need: int) -> Iterator[memoryview]:
+    """``owner``'s buffer, or (none) one of at most ``need`` bytes mapped for the block only."""
+    if owner is not None:
+        with owner.lend() as view:
+            yield view
+        return
+    with Bounce(min(_BOUNCE_BYTES, max(need, 1))) as own, own.lend() as view:
+        yield view
 
 
 def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
@@ -155,6 +218,7 @@ def write_file(
     direct: bool = True,
     sync: bool = True,
     alongside: list[Callable[[], None]] | None = None,
+    bounce: Bounce | None = None,
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path`` (``None``: an empty array,
     nothing to write), then fsync (unless ``sync`` is false: then :func:`fsync_file` must follow
@@ -174,7 +238,8 @@ def write_file(
     shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
     cache), which made shared-file saves bimodal here; direct writes also leave the page cache
     alone. A page-aligned source (a staging buffer) is written as it is; any other goes through
-    a reused page-aligned buffer. Unaligned heads and tails, and small arrays, are written
+    ``bounce``'s page-aligned buffer (none given: one mapped for this call, whose pages are
+    faulted in as it is filled). Unaligned heads and tails, and small arrays, are written
     through the page cache (:func:`_pwrite_runs`: no Python per array).
     """
     import numpy as np
@@ -198,16 +263,21 @@ def write_file(
         if large:
             dfd = open_direct(path)
         if dfd is not None:
-            for i in large:
-                offset, view = starts[i], _bytes_view(arrs[i])
-                head = (-offset) % _ALIGN
-                body = (len(view) - head) // _ALIGN * _ALIGN
-                extra.append((offset, view[:head]))
-                if (arrs[i].ctypes.data + head) % _ALIGN == 0:
-                    _pwrite_all(dfd, view[head : head + body], offset + head)
-                else:
-                    _write_bounced(dfd, view[head : head + body], offset + head)
-                extra.append((offset + head + body, view[head + body :]))
+            with contextlib.ExitStack() as lent:
+                buffer: memoryview | None = None
+                for i in large:
+                    offset, view = starts[i], _bytes_view(arrs[i])
+                    head = (-offset) % _ALIGN
+                    body = (len(view) - head) // _ALIGN * _ALIGN
+                    extra.append((offset, view[:head]))
+                    if (arrs[i].ctypes.data + head) % _ALIGN == 0:
+                        _pwrite_all(dfd, view[head : head + body], offset + head)
+                    else:
+                        if buffer is None:  # the first array that needs it
+                            need = int(sizes[large].max())
+                            buffer = lent.enter_context(_bounce(bounce, need))
+                        _write_bounced(dfd, buffer, view[head : head + body], offset + head)
+                    extra.append((offset + head + body, view[head + body :]))
             small = np.ones(len(bufs), bool)
             small[large] = False
             keep = np.flatnonzero(small).tolist()
@@ -344,9 +414,9 @@ def _pwritev_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = Non
             bufs[first] = memoryview(bufs[first]).cast("B")[n:]  # type: ignore[arg-type]
 
 
-def _write_bounced(dfd: int, view: memoryview, offset: int) -> None:
-    """Write an aligned-length ``view`` to aligned ``offset`` through the page-aligned buffer."""
-    bounce = _Bounce.get()
+def _write_bounced(dfd: int, bounce: memoryview, view: memoryview, offset: int) -> None:
+    """Write an aligned-length ``view`` to aligned ``offset`` through the page-aligned
+    ``bounce``."""
     pos = 0
     while pos < len(view):
         n = min(len(bounce), len(view) - pos)
@@ -361,8 +431,10 @@ def copy_ranges(
     ranges: Sequence[tuple[int, int, str, str]],
     *,
     size: int | None = None,
+    bounce: Bounce | None = None,
 ) -> None:
     """Copy byte ranges of ``src`` to the same offsets of ``dst``, verifying each one, then fsync.
+    The bytes pass through ``bounce``'s buffer (none given: one mapped for this call).
 
     Each range is ``(offset, length, xxh3-64 hex digest, label)``; its bytes are hashed as they
     are read, so a corrupt source is never copied as if it were good. Like :func:`write_file`,
@@ -375,28 +447,29 @@ def copy_ranges(
     """
     import xxhash
 
-    chunk = _Bounce.get()
+    need = max((n for _, n, _, _ in ranges), default=0)
     sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    dfd = open_direct(dst) if any(n >= _DIRECT_MIN for _, n, _, _ in ranges) else None
+    dfd = open_direct(dst) if need >= _DIRECT_MIN else None
     try:
-        if size is not None:
-            os.ftruncate(fd, size)
-        for offset, length, expected, label in ranges:
-            h = xxhash.xxh3_64()
-            pos, end = offset, offset + length
-            while pos < end:
-                n = min(len(chunk), end - pos)
-                got = os.preadv(sfd, [chunk[:n]], pos)
-                if got == 0:
-                    raise EOFError(f"{src.name} ends at byte {pos}, expected {end}")
-                h.update(chunk[:got])
-                aligned = dfd is not None and pos % _ALIGN == 0 and got % _ALIGN == 0
-                _pwrite_all(dfd if aligned else fd, chunk[:got], pos)  # type: ignore[arg-type]
-                pos += got
-            if h.hexdigest() != expected:
-                raise ValueError(f"checksum mismatch in {src}: {label}")
-        os.fsync(fd)
+        with _bounce(bounce, need) as chunk:
+            if size is not None:
+                os.ftruncate(fd, size)
+            for offset, length, expected, label in ranges:
+                h = xxhash.xxh3_64()
+                pos, end = offset, offset + length
+                while pos < end:
+                    n = min(len(chunk), end - pos)
+                    got = os.preadv(sfd, [chunk[:n]], pos)
+                    if got == 0:
+                        raise EOFError(f"{src.name} ends at byte {pos}, expected {end}")
+                    h.update(chunk[:got])
+                    aligned = dfd is not None and pos % _ALIGN == 0 and got % _ALIGN == 0
+                    _pwrite_all(dfd if aligned else fd, chunk[:got], pos)  # type: ignore[arg-type]
+                    pos += got
+                if h.hexdigest() != expected:
+                    raise ValueError(f"checksum mismatch in {src}: {label}")
+            os.fsync(fd)
     finally:
         for f in (sfd, fd, dfd):
             if f is not None:
@@ -442,7 +515,9 @@ def read_many(
     gaps = start[1:] - end[:-1]
     cuts = [0, *(np.flatnonzero((gaps < 0) | (gaps > _SPAN_GAP)) + 1).tolist(), len(order)]
     limit = _READ_CHUNK if arrived is not None else _MAX_READ
-    scratch = _Scratch.get()
+    # where the bytes between two arrays of a span are read to (never looked at)
+    inner = gaps[(gaps > 0) & (gaps <= _SPAN_GAP)]
+    scratch = memoryview(bytearray(int(inner.max()) if inner.size else 0))
     for a, b in itertools.pairwise(cuts):
         k = a
         while k < b:  # a run: whole arrays, at most IOV_MAX iovecs with the gaps between them
@@ -612,19 +687,6 @@ def _aligned_empty(nbytes: int) -> npt.NDArray[Any]:
     raw = np.empty(nbytes + 64, dtype=np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip : skip + nbytes]
-
-
-class _Scratch:
-    """Where the bytes between two arrays of a span are read to (per thread, never used)."""
-
-    local = threading.local()
-
-    @classmethod
-    def get(cls) -> memoryview:
-        buffer = getattr(cls.local, "buffer", None)
-        if buffer is None:
-            buffer = cls.local.buffer = bytearray(_SPAN_GAP)
-        return memoryview(buffer)
 
 
 _SPAN_GAP = 64 << 10  # arrays at most this far apart are read as one span

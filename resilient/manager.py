@@ -40,6 +40,7 @@ from resilient.saving import SavePipeline
 from resilient.statics import StaticStore
 from resilient.tiers import LocalTier, record_local_tiers
 from resilient.topology import make_topology
+from resilient.tree import Memo
 from resilient.validate import latest_valid
 
 __all__ = ["CheckpointManager"]
@@ -163,8 +164,9 @@ class CheckpointManager:
                 "needs local_dir (node-local storage such as $SLURM_TMPDIR or /dev/shm)"
             )
         self.topology = make_topology(self.comm, checkpoint_comm)
+        self._memo = Memo()  # what the saves and restores of this manager's states share
         self._restorer = Restorer(
-            self.root, self._coll, self._catalog, layout=self.topology.layout_info
+            self.root, self._coll, self._catalog, layout=self.topology.layout_info, memo=self._memo
         )
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
         self._local: LocalTier | None = None
@@ -329,7 +331,7 @@ class CheckpointManager:
         built: list[SaveRequest] = []
 
         def check_arguments() -> int:
-            built.append(SaveRequest.build(step, state, static, metrics))
+            built.append(SaveRequest.build(step, state, static, metrics, memo=self._memo))
             return built[0].step
 
         self._coll.all_reduce(f"save of step {step}", check_arguments, _same_step)
@@ -443,7 +445,9 @@ class CheckpointManager:
         self.wait()
 
         def arguments() -> tuple[dict[str, Any] | None, dict[str, BlockSpec]]:
-            leaves, specs = split_template(into) if into is not None else (None, {})
+            leaves, specs = (
+                split_template(into, memo=self._memo) if into is not None else (None, {})
+            )
             for path, value in (blocks or {}).items():
                 specs[path] = _block_spec(path, value)
             return leaves, specs

@@ -23,6 +23,7 @@ from resilient.blocks import check_tiling as tiling_problem
 from resilient.errors import ConfigError
 from resilient.schema import Section
 from resilient.tree import (
+    Memo,
     TreeError,
     all_valid_paths,
     elastic_kinds,
@@ -383,7 +384,7 @@ def _itemsize_or_none(dtype: str) -> int | None:
         return None
 
 
-def _dataset_fast(doc: Any) -> DatasetEntry | None:
+def _dataset_fast(doc: Any, memo: Memo | None = None) -> DatasetEntry | None:
     """A well-formed dataset entry, checked in a few microseconds; ``None`` for anything else
     (which :func:`_parse_dataset` then rejects with the precise reason). Accepts nothing that
     :func:`_parse_dataset` would reject: a manifest lists thousands of datasets."""
@@ -411,8 +412,13 @@ def _dataset_fast(doc: Any) -> DatasetEntry | None:
             return None
     elif type(offset) is not int or not 0 <= offset <= _MAX_INT:
         return None
-    if not _HEX16_RE.match(checksum) or not is_valid_path(name):
+    if not _HEX16_RE.match(checksum):
         return None
+    if memo is None or name not in memo.valid:
+        if not is_valid_path(name):
+            return None
+        if memo is not None:
+            memo.add_valid((name,))
     return DatasetEntry(name, tuple(shape), dtype, offset, nbytes, checksum)
 
 
@@ -444,7 +450,7 @@ _HEX_DIGITS = b"0123456789abcdef"
 _NONE = type(None)
 
 
-def _parse_columns(sec: Section) -> DatasetTable:
+def _parse_columns(sec: Section, memo: Memo) -> DatasetTable:
     """A rank's datasets from their columns (see :func:`_columns`), checked column by column
     at C speed (no Python per dataset unless a check fails and names the culprit)."""
     where = sec.path
@@ -461,7 +467,7 @@ def _parse_columns(sec: Section) -> DatasetTable:
         raise ManifestError(f"{where}: columns of different lengths")
     if not n:
         return DatasetTable((), (), (), (), (), "")
-    if set(map(type, names)) != {str} or not all_valid_paths(names):
+    if set(map(type, names)) != {str} or not all_valid_paths(names, memo=memo):
         bad = next(x for x in names if type(x) is not str or not is_valid_path(x))
         raise ManifestError(f"{where}: illegal dataset name {bad!r}")
     if len(set(names)) != n:
@@ -599,24 +605,24 @@ def _parse_file(sec: Section, nranks: int) -> FileEntry:
     )
 
 
-def _parse_rank(sec: Section, file_names: set[str], version: int) -> RankEntry:
+def _parse_rank(sec: Section, file_names: set[str], version: int, memo: Memo) -> RankEntry:
     fname = sec.require("file", str)
     if fname not in file_names:
         raise ManifestError(f"{sec.path}: file {fname!r} is not listed in files")
     if version == 1:
         raw = sec.require("datasets", list)
         datasets = DatasetTable.of(
-            [_dataset_fast(d) or _parse_dataset(sec.sections("datasets")[i])
+            [_dataset_fast(d, memo) or _parse_dataset(sec.sections("datasets")[i])
              for i, d in enumerate(raw)]
         )  # fmt: skip
         if len(set(datasets.names)) != len(datasets):
             raise ManifestError(f"{sec.path}: repeated dataset name")
     else:
-        datasets = _parse_columns(sec.section("datasets"))
+        datasets = _parse_columns(sec.section("datasets"), memo)
     tree = sec.doc.get("tree")
     if tree is not None:
         try:
-            leaves = leaf_paths(tree)
+            leaves = leaf_paths(tree, memo=memo)
         except TreeError as exc:
             raise ManifestError(f"{sec.path}.tree: {exc}") from None
         # (the names are distinct, and so are the leaves: equal lengths and inclusion suffice)
@@ -655,8 +661,10 @@ def block_of(meta: Mapping[str, Any], dataset: DatasetEntry, *, where: str = "")
     return spec
 
 
-def parse_manifest(text: str | bytes) -> Manifest:
-    """Parse and check a manifest read from disk.
+def parse_manifest(text: str | bytes, *, memo: Memo | None = None) -> Manifest:
+    """Parse and check a manifest read from disk. Its ranks' trees and names are checked with
+    ``memo`` (the caller's :class:`~resilient.tree.Memo`; ``None``: one for this parse, so that
+    the names every rank repeats are checked once).
 
     Raises:
         ManifestError: the text is not a well-formed manifest of a supported version.
@@ -698,7 +706,8 @@ def parse_manifest(text: str | bytes) -> Manifest:
     if len(rank_sections) != lay.nranks:
         raise ManifestError(f"manifest lists {len(rank_sections)} ranks, layout says {lay.nranks}")
     names = {f.name for f in files}
-    ranks = [_parse_rank(r, names, version) for r in rank_sections]
+    memo = Memo() if memo is None else memo
+    ranks = [_parse_rank(r, names, version, memo) for r in rank_sections]
 
     static = doc.get("static")
     if static is not None and (not isinstance(static, str) or not _HEX32_RE.match(static)):

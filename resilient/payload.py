@@ -17,7 +17,7 @@ from resilient.arrays import leaf_meta, storable_dtype, to_numpy
 from resilient.blocks import BlockSpec
 from resilient.checksum import digest_array
 from resilient.errors import ConfigError
-from resilient.tree import TreeError, flatten
+from resilient.tree import Memo, TreeError, flatten
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,9 +56,12 @@ class LocalData:
 EMPTY = LocalData({}, None)
 
 
-def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> LocalData:
+def split_state(
+    state: Mapping[str, Any] | None, *, what: str = "state", memo: Memo | None = None
+) -> LocalData:
     """Flatten a user mapping (any nesting of mappings, lists and tuples whose leaves are
-    arrays, tensors or JSON values) into array leaves and a tree.
+    arrays, tensors or JSON values) into array leaves and a tree (``memo``: the caller's
+    :class:`~resilient.tree.Memo`, if any).
 
     Raises:
         ConfigError: a key that is neither a string nor an int, a value that is neither an
@@ -67,7 +70,7 @@ def split_state(state: Mapping[str, Any] | None, *, what: str = "state") -> Loca
     if state is None:
         return EMPTY
     try:
-        flat = flatten(state, leaf_meta, what=what, plain=_plain_types())
+        flat = flatten(state, leaf_meta, what=what, plain=_plain_types(), memo=memo)
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     values = list(flat.arrays.values())
@@ -104,7 +107,9 @@ def _all_storable(arrays: list[npt.NDArray[np.generic]]) -> bool:
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 
 
-def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, BlockSpec]]:
+def split_template(
+    template: Mapping[str, Any], *, memo: Memo | None = None
+) -> tuple[dict[str, Any], dict[str, BlockSpec]]:
     """A restore template's array leaves by path (the arrays a restore reads into) and its
     :class:`~resilient.blocks.Block` leaves' blocks by path (what an elastic restore reads into
     them), from one pass over it.
@@ -114,7 +119,9 @@ def split_template(template: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             inside its global shape.
     """
     try:
-        flat = flatten(template, leaf_meta, what="restore template", plain=_plain_types())
+        flat = flatten(
+            template, leaf_meta, what="restore template", plain=_plain_types(), memo=memo
+        )
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     import numpy as np
@@ -158,16 +165,19 @@ class SaveRequest:
         state: Mapping[str, Any],
         static: Mapping[str, Any] | None,
         metrics: Mapping[str, Any] | None,
+        *,
+        memo: Memo | None = None,
     ) -> SaveRequest:
-        """Check and split one rank's arguments (local: no communication, no I/O).
+        """Check and split one rank's arguments (local: no communication, no I/O; ``memo``: the
+        caller's :class:`~resilient.tree.Memo`, if any).
 
         Raises:
             ConfigError: a bad step, name, value or metric, or a name in both state and static.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"step must be a non-negative int, got {step!r}")
-        data = split_state(state)
-        static_data = None if static is None else split_state(static, what="static")
+        data = split_state(state, memo=memo)
+        static_data = None if static is None else split_state(static, what="static", memo=memo)
         if metrics is not None:
             try:
                 json.dumps(dict(metrics), allow_nan=True)

@@ -34,6 +34,7 @@ from resilient.errors import (
     InvalidCheckpointError,
 )
 from resilient.manifest import LayoutInfo, Manifest
+from resilient.tree import Memo
 from resilient.validate import iter_checkpoints, load_manifest
 
 __all__ = ["Restorer", "StateValidator"]
@@ -69,12 +70,21 @@ class Restorer:
         coll: the ranks; the coordinator chooses and quarantines.
         catalog: told about quarantined checkpoints (so that rotation forgets them).
         layout: the layout of this run (another one on disk is a :class:`LayoutMismatchError`).
+        memo: the owner's :class:`~resilient.tree.Memo` for parsing manifests and rebuilding
+            states (``None``: this restorer's own).
     """
 
     def __init__(
-        self, root: Path, coll: Collective, catalog: Catalog, *, layout: LayoutInfo
+        self,
+        root: Path,
+        coll: Collective,
+        catalog: Catalog,
+        *,
+        layout: LayoutInfo,
+        memo: Memo | None = None,
     ) -> None:
         self.root = root
+        self.memo = Memo() if memo is None else memo
         self.coll = coll
         self.catalog = catalog
         self.layout = layout
@@ -190,7 +200,7 @@ class Restorer:
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
         current = self.layout
-        for record in iter_checkpoints(self.root, step=step):
+        for record in iter_checkpoints(self.root, step=step, memo=self.memo):
             if record.manifest is None:
                 storage.quarantine(record.path, record.step, record.reason)
                 self.catalog.quarantined(record.step)
@@ -278,9 +288,9 @@ class Restorer:
                     read_elastic(static_dir, plan.static, blocks=blocks, into=into, stats=stats)
                 )
         else:
-            state = read_rank(chosen.path, chosen.manifest, rank, into=into)
+            state = read_rank(chosen.path, chosen.manifest, rank, into=into, memo=self.memo)
             if chosen.static is not None:
-                state.update(read_rank(static_dir, chosen.static, rank, into=into))
+                state.update(read_rank(static_dir, chosen.static, rank, into=into, memo=self.memo))
         if validate is None:
             return state
         try:

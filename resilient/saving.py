@@ -50,6 +50,7 @@ from resilient.checkpointer import (
 from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ResilientError
+from resilient.hdf5 import Bounce
 from resilient.manifest import Manifest
 from resilient.payload import SaveRequest
 from resilient.policies import KeepPolicyLike
@@ -148,6 +149,7 @@ class SavePipeline:
         self._staging = StagingArea()
         self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
+        self._bounce = Bounce()  # O_DIRECT's aligned buffer: reused by every save, then closed
         self._in_flight: _SaveFlight | _ProtectFlight | _FlushFlight | None = None
         self._unprotected_said = False
         self._unflushed: LocalCheckpoint | None = None
@@ -196,7 +198,12 @@ class SavePipeline:
             )
         outcome = planned(
             lambda: plan_write(
-                self.topo, pending.path, request.data, step=step, cache=self._skeletons
+                self.topo,
+                pending.path,
+                request.data,
+                step=step,
+                cache=self._skeletons,
+                bounce=self._bounce,
             )
         )
         if not blocking and self.topo.comm.any_true(_failed(outcome)):
@@ -253,10 +260,12 @@ class SavePipeline:
             self.wait()
 
     def shutdown(self) -> None:
-        """Local: stop the writer thread and free the staging buffers (nothing in flight)."""
+        """Local: stop the writer thread and free the staging and bounce buffers (nothing in
+        flight)."""
         self._in_flight = None
         self._writer.shutdown()
         self._staging.release()
+        self._bounce.close()
 
     def _finish(self, flight: _SaveFlight | _ProtectFlight | _FlushFlight) -> None:
         if isinstance(flight, _FlushFlight):
@@ -361,7 +370,9 @@ class SavePipeline:
             f"creating a temporary directory in {self.root}",
             lambda: PendingDir.for_step(self.root, step).create(),
         )
-        task = self._writer.submit(self.local.flush_job(checkpoint, pending.path))
+        task = self._writer.submit(
+            self.local.flush_job(checkpoint, pending.path, bounce=self._bounce)
+        )
         self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
 
     def _finish_flush(self, flight: _FlushFlight) -> None:

@@ -219,8 +219,11 @@ class LocalTier:
 
     # ------------------------------------------------------------------ flushing
 
-    def flush_job(self, checkpoint: LocalCheckpoint, shared: Path) -> Callable[[], None]:
-        """This rank's part of copying ``checkpoint`` into the shared directory ``shared``.
+    def flush_job(
+        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: hdf5.Bounce | None = None
+    ) -> Callable[[], None]:
+        """This rank's part of copying ``checkpoint`` into the shared directory ``shared``
+        (through ``bounce``, the caller's buffer, if given).
 
         The returned function does no communication (it may run on a background thread); it
         raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
@@ -243,7 +246,9 @@ class LocalTier:
         def copy() -> None:
             try:
                 storage.retry_io(
-                    lambda: hdf5.copy_ranges(src, dst, ranges, size=file.size if leader else None),
+                    lambda: hdf5.copy_ranges(
+                        src, dst, ranges, size=file.size if leader else None, bounce=bounce
+                    ),
                     what=f"copying {src} to {dst}",
                 )
             except (ValueError, EOFError) as exc:

@@ -25,16 +25,21 @@ Tree nodes (JSON arrays, first element the tag)::
                              dict's thousands of arrays), at ``path/encode_key(key)`` each
     ["l", [node, ...]]       a list
     ["t", [node, ...]]       a tuple
+
+No state is kept in the module: what is worth remembering between calls (a state dict's leaf
+paths, its ``"p"`` node, paths already found valid) is kept in a :class:`Memo` that the caller
+owns and passes in (a manager keeps one for its saves and restores; a parse of a manifest, one
+for its ranks, which repeat the same names). Without one, nothing is remembered.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from resilient.blocks import Block, Replicated
@@ -43,6 +48,7 @@ __all__ = [
     "MAX_DEPTH",
     "Flat",
     "ElasticKinds",
+    "Memo",
     "TreeError",
     "all_valid_paths",
     "decode_key",
@@ -79,7 +85,38 @@ class Flat(NamedTuple):
     metas: dict[str, Mapping[str, Any]]
 
 
-@functools.lru_cache(maxsize=1 << 16)  # the same keys come back at every save
+class Memo:
+    """What calls of this module may remember for their caller, who owns it and passes it in:
+    the nodes and leaf paths of the last few ``"p"`` nodes (a state dict's thousands of names:
+    made once, not at every save and restore) and the leaf paths already found valid (the
+    ranks of a manifest repeat the same names: 256 ranks parsed in half the time). Bounded
+    (each part is emptied when full); local, for one thread at a time.
+    """
+
+    __slots__ = ("nodes", "paths", "valid")
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
+        self.paths: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        self.valid: set[str] = set()
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.nodes.clear()
+        self.paths.clear()
+        self.valid.clear()
+
+    def add_valid(self, paths: Iterable[str]) -> None:
+        """Remember ``paths`` as valid leaf paths (the caller checked them)."""
+        if len(self.valid) >= _VALID_MAX:
+            self.valid.clear()
+        self.valid.update(paths)
+
+
+_MEMO_NODES = 256  # "p" nodes remembered (nodes and paths each)
+_VALID_MAX = 1 << 16  # valid paths remembered
+
+
 def encode_key(key: str) -> str:
     """``key`` as one path component (reversible; see the module docstring)."""
     if key == "":
@@ -112,7 +149,6 @@ def decode_key(component: str) -> str:
     return raw.decode("utf-8", "surrogatepass")
 
 
-@functools.lru_cache(maxsize=1 << 16)  # the same names come back at every save and restore
 def is_valid_path(path: str) -> bool:
     """Whether ``path`` is a well-formed leaf path (escaped components joined by ``/``)."""
     if not path or len(path) > _MAX_PATH:
@@ -123,17 +159,17 @@ def is_valid_path(path: str) -> bool:
     return all(_COMPONENT_RE.match(p) and set(p) != {"."} for p in parts)
 
 
-def all_valid_paths(paths: Sequence[str]) -> bool:
+def all_valid_paths(paths: Sequence[str], *, memo: Memo | None = None) -> bool:
     """Whether every one of ``paths`` (strings) is :func:`is_valid_path`: a few numpy passes
     over all of them at once when none holds an escape (a state dict's names), else one call
-    each."""
+    each for those not in ``memo`` (and those found valid are added to it)."""
     if not paths:
         return True
     joined = "\n".join(paths)
     if joined and joined.isascii():
         import numpy as np
 
-        kind = _path_classes().take(np.frombuffer(joined.encode(), np.uint8))
+        kind = np.frombuffer(joined.encode().translate(_PATH_CLASSES), np.uint8)
         ends = np.flatnonzero(kind == _NEWLINE)
         if (
             len(ends) == len(paths) - 1  # no newline in a path
@@ -146,21 +182,21 @@ def all_valid_paths(paths: Sequence[str]) -> bool:
             and np.diff(ends, prepend=-1, append=len(kind)).max() <= _SHORT_PATH + 1
         ):
             return True
-    return all(map(is_valid_path, paths))
-
-
-@functools.cache
-def _path_classes() -> Any:
-    """Each byte's class in a path: a lookup table."""
-    import numpy as np
-
-    classes = np.zeros(256, np.uint8)  # _INVALID
-    classes[list(_SAFE_BYTES)] = _PLAIN
-    classes[[ord("."), ord("/"), ord("\n")]] = (_DOT, _SLASH, _NEWLINE)
-    return classes
+    if memo is None:
+        return all(map(is_valid_path, paths))
+    unknown = set(paths).difference(memo.valid)
+    if not all(map(is_valid_path, unknown)):
+        return False
+    memo.add_valid(unknown)
+    return True
 
 
 _INVALID, _PLAIN, _DOT, _SLASH, _NEWLINE = range(5)
+_PATH_CLASSES = bytes(  # each byte's class in a path: a bytes.translate table (immutable)
+    _PLAIN if b in _SAFE_BYTES and b != ord(".") else
+    {ord("."): _DOT, ord("/"): _SLASH, ord("\n"): _NEWLINE}.get(b, _INVALID)
+    for b in range(256)
+)  # fmt: skip
 _SHORT_PATH = 2 * MAX_DEPTH - 1  # paths this long have at most MAX_DEPTH components
 
 
@@ -187,12 +223,13 @@ def flatten(
     *,
     what: str = "state",
     plain: frozenset[type] = frozenset(),
+    memo: Memo | None = None,
 ) -> Flat:
     """Split ``state`` into its tree, its array leaves by path and their metadata (:class:`Flat`).
 
     The tree is the caller's own: JSON containers are copied, so later changes to ``state``
-    do not reach it. Parts of it may be shared with the trees of earlier calls and must not be
-    modified.
+    do not reach it. Parts of it may be shared with the trees of earlier calls given the same
+    ``memo`` and must not be modified.
 
     Args:
         state: a mapping with string keys (the top level).
@@ -202,6 +239,7 @@ def flatten(
         plain: types whose instances are array leaves without metadata (``numpy.ndarray``):
             a mapping with string keys and only such values (a state dict's thousands of
             arrays) is flattened in one step, its tree node reused while its keys are unchanged.
+        memo: the caller's :class:`Memo` (``None``: nothing is remembered).
 
     Raises:
         TreeError: a key that is neither a string nor an int, a value that is neither an
@@ -210,7 +248,9 @@ def flatten(
     if not isinstance(state, Mapping):
         raise TreeError(f"{what} must be a mapping of names to values")
     out = Flat(None, {}, {})
-    return out._replace(tree=_flatten(state, "", out, is_array, what, 0, set(), False, plain))
+    memo = Memo() if memo is None else memo
+    tree = _flatten(state, "", out, is_array, what, 0, set(), False, plain, memo)
+    return out._replace(tree=tree)
 
 
 def _flatten(
@@ -223,6 +263,7 @@ def _flatten(
     active: set[int],
     replicated: bool,
     plain: frozenset[type],
+    memo: Memo,
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
@@ -238,7 +279,9 @@ def _flatten(
     if isinstance(value, Replicated):
         if not path:
             raise TreeError(f"{what} must be a mapping, not Replicated (wrap its values)")
-        inner = _flatten(value.value, path, out, is_array, what, depth + 1, active, True, plain)
+        inner = _flatten(
+            value.value, path, out, is_array, what, depth + 1, active, True, plain, memo
+        )
         return inner if replicated else ["r", inner]  # nested Replicated: once is enough
     if isinstance(value, Block):
         if replicated:
@@ -257,7 +300,7 @@ def _flatten(
     if id(value) in active:
         raise TreeError(f"{where}: contains itself")
     if isinstance(value, Mapping):
-        node = _plain_mapping(value, path, out.arrays, plain) if plain and value else None
+        node = _plain_mapping(value, path, out.arrays, plain, memo) if plain and value else None
         if node is not None:
             return node
         active.add(id(value))
@@ -268,7 +311,9 @@ def _flatten(
             tag = "s" if isinstance(key, str) else "i"
             name = encode_key(key) if isinstance(key, str) else f"%i{key}"  # never an escape
             sub = f"{path}/{name}" if path else name
-            node = _flatten(child, sub, out, is_array, what, depth + 1, active, replicated, plain)
+            node = _flatten(
+                child, sub, out, is_array, what, depth + 1, active, replicated, plain, memo
+            )
             items.append([tag, key, node])
         active.discard(id(value))
         return ["d", items]
@@ -285,6 +330,7 @@ def _flatten(
                 active,
                 replicated,
                 plain,
+                memo,
             )
             for i, child in enumerate(value)
         ]
@@ -297,31 +343,33 @@ def _flatten(
     )
 
 
-_NO_META: Mapping[str, Any] = {}
-_PLAIN_NODES: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
-_PLAIN_NODES_MAX = 256
+_NO_META: Mapping[str, Any] = MappingProxyType({})  # the metadata of every "p" leaf: none
 
 
 def _plain_mapping(
-    mapping: Mapping[Any, Any], path: str, arrays: dict[str, Any], plain: frozenset[type]
+    mapping: Mapping[Any, Any],
+    path: str,
+    arrays: dict[str, Any],
+    plain: frozenset[type],
+    memo: Memo,
 ) -> list[Any] | None:
     """The node of a mapping with string keys whose values are all of ``plain`` types (array
     leaves without metadata), its leaves added to ``arrays``; ``None`` for any other mapping.
 
-    No per-leaf Python: the node (and, by :func:`_child_paths`, the leaves' paths) is cached by
-    ``(path, keys)``."""
+    No per-leaf Python: the node (and, by :func:`_child_paths`, the leaves' paths) is kept in
+    ``memo`` by ``(path, keys)``."""
     values = mapping.values()
     if not set(map(type, values)) <= plain:
         return None
     keys = tuple(mapping)
-    node = _PLAIN_NODES.get((path, keys))
+    node = memo.nodes.get((path, keys))
     if node is None:
         if set(map(type, keys)) != {str}:
             return None
-        if len(_PLAIN_NODES) >= _PLAIN_NODES_MAX:
-            _PLAIN_NODES.clear()
-        node = _PLAIN_NODES[(path, keys)] = ["p", path, list(keys)]
-    paths = _child_paths(path, keys)
+        if len(memo.nodes) >= _MEMO_NODES:
+            memo.nodes.clear()
+        node = memo.nodes[(path, keys)] = ["p", path, list(keys)]
+    paths = _child_paths(path, keys, memo)
     arrays.update(zip(paths, values, strict=True))
     return node
 
@@ -342,24 +390,25 @@ def _all_safe(keys: Sequence[str]) -> bool:
     return not ("\n." in joined or joined.startswith(".")) or not _DOTS_LINE_RE.search(joined)
 
 
-def _child_paths(path: str, keys: list[str] | tuple[str, ...]) -> list[str]:
-    """The leaf paths of a ``"p"`` node's keys (no Python per key: escapes are cached, and
-    the paths of the last few nodes too)."""
+def _child_paths(
+    path: str, keys: list[str] | tuple[str, ...], memo: Memo | None = None
+) -> list[str]:
+    """The leaf paths of a ``"p"`` node's keys (no Python per key unless one needs an escape;
+    the paths of the last few nodes are kept in ``memo``)."""
     key = (path, tuple(keys))
-    found = _CHILD_PATHS.get(key)
+    found = None if memo is None else memo.paths.get(key)
     if found is None:
         if _all_safe(keys):
             components: Iterable[str] = keys  # nothing to escape: no call per key
         else:
             components = map(encode_key, keys)
         found = list(map(f"{path}/".__add__, components) if path else components)
-        if len(_CHILD_PATHS) >= _PLAIN_NODES_MAX:
-            _CHILD_PATHS.clear()
-        _CHILD_PATHS[key] = found
+        if memo is None:
+            return found
+        if len(memo.paths) >= _MEMO_NODES:
+            memo.paths.clear()
+        memo.paths[key] = found
     return list(found)
-
-
-_CHILD_PATHS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
 
 
 def _copy_json(value: Any) -> Any:
@@ -373,10 +422,15 @@ def _where(what: str, path: str) -> str:
     return f"{what}[{path!r}]" if path else what
 
 
-def leaf_paths(tree: Any) -> dict[str, Mapping[str, Any]]:
-    """Every array leaf of a (checked) tree: path -> metadata."""
+def leaf_paths(tree: Any, *, memo: Memo | None = None) -> dict[str, Mapping[str, Any]]:
+    """Every array leaf of a tree: path -> metadata, checking the tree (``memo``: the caller's
+    :class:`Memo`, if any).
+
+    Raises:
+        TreeError: a malformed tree, an illegal or a repeated leaf path.
+    """
     out: dict[str, Mapping[str, Any]] = {}
-    _walk(tree, out, 0)
+    _walk(tree, out, 0, Memo() if memo is None else memo)
     return out
 
 
@@ -400,7 +454,7 @@ def leaf_metas(tree: Any) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
+def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int, memo: Memo) -> None:
     if depth > MAX_DEPTH + 1:
         raise TreeError("tree nested too deeply")
     if not isinstance(node, list) or not node or not isinstance(node[0], str):
@@ -409,8 +463,13 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
     if tag == "j" and len(node) == 2:
         return
     if tag == "a" and len(node) in (2, 3) and isinstance(node[1], str):
-        if not is_valid_path(node[1]) or node[1] in out:
-            raise TreeError(f"illegal or repeated leaf path {node[1][:80]!r}")
+        path = node[1]
+        if path not in memo.valid:
+            if not is_valid_path(path):
+                raise TreeError(f"illegal or repeated leaf path {path[:80]!r}")
+            memo.add_valid((path,))
+        if path in out:
+            raise TreeError(f"illegal or repeated leaf path {path[:80]!r}")
         meta = node[2] if len(node) == 3 else {}
         if not isinstance(meta, dict):
             raise TreeError(f"leaf {node[1]!r}: metadata is not a mapping")
@@ -426,7 +485,7 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
                 or isinstance(item[1], bool)
             ):
                 raise TreeError(f"malformed mapping item {str(item)[:60]!r}")
-            _walk(item[2], out, depth + 1)
+            _walk(item[2], out, depth + 1, memo)
         return
     if tag == "p" and len(node) == 3 and type(node[1]) is str and type(node[2]) is list:
         keys = node[2]
@@ -434,8 +493,8 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
             raise TreeError(f"malformed plain mapping {str(node)[:60]!r}")
         if node[1] and not is_valid_path(node[1]):
             raise TreeError(f"illegal plain mapping path {node[1][:80]!r}")
-        paths = _child_paths(node[1], keys)
-        if not all_valid_paths(paths):
+        paths = _child_paths(node[1], keys, memo)
+        if not all_valid_paths(paths, memo=memo):
             raise TreeError(f"illegal leaf path under {node[1][:80]!r}")
         before = len(out)
         out.update(zip(paths, itertools.repeat(_NO_META)))
@@ -444,10 +503,10 @@ def _walk(node: Any, out: dict[str, Mapping[str, Any]], depth: int) -> None:
         return
     if tag in ("l", "t") and len(node) == 2 and isinstance(node[1], list):
         for child in node[1]:
-            _walk(child, out, depth + 1)
+            _walk(child, out, depth + 1, memo)
         return
     if tag == "r" and len(node) == 2:
-        _walk(node[1], out, depth + 1)
+        _walk(node[1], out, depth + 1, memo)
         return
     raise TreeError(f"malformed tree node {str(node)[:60]!r}")
 
@@ -456,24 +515,27 @@ def unflatten(
     tree: Any,
     leaf: Callable[[str, Mapping[str, Any]], Any],
     plain: Callable[[list[str]], Iterable[Any]] | None = None,
+    *,
+    memo: Memo | None = None,
 ) -> Any:
     """Rebuild a structure from a (checked, see :func:`leaf_paths`) tree; ``leaf(path, meta)``
     gives each array leaf's value, and ``plain(paths)``, if given, the values of a ``"p"``
-    node's leaves at once (else ``leaf`` is called for each)."""
+    node's leaves at once (else ``leaf`` is called for each). ``memo``: the caller's
+    :class:`Memo`, if any."""
     tag = tree[0]
     if tag == "j":
         return tree[1]
     if tag == "r":
-        return unflatten(tree[1], leaf, plain)
+        return unflatten(tree[1], leaf, plain, memo=memo)
     if tag == "a":
         return leaf(tree[1], tree[2] if len(tree) == 3 else {})
     if tag == "d":
-        return {key: unflatten(node, leaf, plain) for _, key, node in tree[1]}
+        return {key: unflatten(node, leaf, plain, memo=memo) for _, key, node in tree[1]}
     if tag == "p":
-        paths = _child_paths(tree[1], tree[2])
+        paths = _child_paths(tree[1], tree[2], memo)
         values = plain(paths) if plain is not None else (leaf(p, _NO_META) for p in paths)
         return dict(zip(tree[2], values, strict=True))
-    children = [unflatten(node, leaf, plain) for node in tree[1]]
+    children = [unflatten(node, leaf, plain, memo=memo) for node in tree[1]]
     return tuple(children) if tag == "t" else children
 
 

@@ -25,6 +25,7 @@ from resilient.manifest import (
     parse_manifest,
     segment_label,
 )
+from resilient.tree import Memo
 
 __all__ = [
     "CheckpointRecord",
@@ -79,8 +80,9 @@ def marker_text(step: int, manifest_checksum: str) -> str:
     return json.dumps({"step": step, "manifest_checksum": manifest_checksum})
 
 
-def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
-    """Read and check the marker and manifest of a committed directory.
+def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = None) -> Manifest:
+    """Read and check the marker and manifest of a committed directory (``memo``: the caller's
+    :class:`~resilient.tree.Memo`, see :func:`~resilient.manifest.parse_manifest`).
 
     Raises:
         InvalidCheckpointError: with the reason.
@@ -113,7 +115,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint") -> Manifest:
             where, "manifest.json does not match its checksum in COMMITTED"
         )
     try:
-        manifest = parse_manifest(text)
+        manifest = parse_manifest(text, memo=memo)
     except ManifestError as exc:
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
     if manifest.kind != kind:
@@ -196,6 +198,7 @@ def validate_checkpoint(
     kind: str = "checkpoint",
     static_root: Path | None = None,
     node_local: bool = False,
+    memo: Memo | None = None,
 ) -> Manifest:
     """Validate one committed checkpoint (and its static data); return its manifest.
 
@@ -205,11 +208,12 @@ def validate_checkpoint(
         kind: ``checkpoint`` or ``static``.
         static_root: the root holding its static data (default: ``path``'s parent).
         node_local: a node-local copy (:mod:`resilient.tiers`): files of other nodes are absent.
+        memo: the caller's :class:`~resilient.tree.Memo` for parsing the manifest.
 
     Raises:
         InvalidCheckpointError: with the reason.
     """
-    manifest = load_manifest(path, kind=kind)
+    manifest = load_manifest(path, kind=kind, memo=memo)
     _check_files(path, manifest, full=full, node_local=node_local)
     if manifest.static is not None:
         parent = path.parent if static_root is None else static_root
@@ -231,6 +235,7 @@ def iter_checkpoints(
     quarantined: bool = False,
     static_root: Path | None = None,
     node_local: bool = False,
+    memo: Memo | None = None,
 ) -> Iterator[CheckpointRecord]:
     """The checkpoints under ``root``, newest first, each with its verdict.
 
@@ -247,6 +252,7 @@ def iter_checkpoints(
         quarantined: also yield quarantined directories (status ``quarantined``), after the
             committed directory of the same step.
         static_root, node_local: for a node-local tier, see :func:`validate_checkpoint`.
+        memo: the caller's :class:`~resilient.tree.Memo` for parsing manifests.
     """
     try:
         names = os.listdir(root)
@@ -271,7 +277,7 @@ def iter_checkpoints(
             continue
         try:
             manifest = validate_checkpoint(
-                path, full=full, static_root=static_root, node_local=node_local
+                path, full=full, static_root=static_root, node_local=node_local, memo=memo
             )
         except InvalidCheckpointError as exc:
             yield CheckpointRecord(number, path, "invalid", exc.reason)

@@ -252,9 +252,14 @@ def test_keys_need_no_escape_exactly_when_each_encodes_to_itself(keys: list[str]
 @hypothesis.example(["a/b", "a//b"])
 def test_paths_are_valid_together_exactly_when_each_is(paths: list[str]) -> None:
     """The one-pass check over a manifest's dataset names agrees with checking each name."""
-    from resilient.tree import all_valid_paths, is_valid_path
+    from resilient.tree import Memo, all_valid_paths, is_valid_path
 
-    assert all_valid_paths(paths) == all(map(is_valid_path, paths))
+    expected = all(map(is_valid_path, paths))
+    assert all_valid_paths(paths) == expected
+    memo = Memo()  # the caller's: what it remembers changes no answer
+    assert all_valid_paths(paths, memo=memo) == expected
+    assert all_valid_paths(paths, memo=memo) == expected
+    assert all(map(is_valid_path, memo.valid))
 
 
 def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
@@ -280,3 +285,30 @@ def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
     assert set(found) <= set(full)
     assert {p: m for p, m in full.items() if m} == {p: m for p, m in found.items() if m}
     assert {p for p, m in found.items() if "block" in m} == {"u", "seq/1/1/k"}
+
+
+def test_the_tree_module_keeps_no_state_of_its_own() -> None:
+    """Nothing is remembered in the module (issue 23, point 5): its module-level values are
+    constants (no caches, no mutable containers); what is worth remembering lives in a
+    caller's Memo, and a tree flattened with one is the tree flattened without."""
+    import types
+
+    import numpy as np
+
+    from resilient import tree
+    from resilient.arrays import leaf_meta
+
+    mutable = (dict, list, set, bytearray)
+    for name, value in vars(tree).items():
+        if name.startswith("__") or isinstance(value, (types.ModuleType, type)):
+            continue
+        assert not hasattr(value, "cache_info"), f"tree.{name} is a cache"
+        assert not isinstance(value, mutable) or name == "__all__", f"tree.{name} is mutable"
+    state = {"model": {f"l{i}.w": np.zeros(2) for i in range(50)}, "opt": {3: {"m": 1}}}
+    memo = tree.Memo()
+    first = tree.flatten(state, leaf_meta, plain=frozenset({np.ndarray}), memo=memo)
+    again = tree.flatten(state, leaf_meta, plain=frozenset({np.ndarray}), memo=memo)
+    alone = tree.flatten(state, leaf_meta, plain=frozenset({np.ndarray}))
+    assert first.tree == again.tree == alone.tree and list(first.arrays) == list(alone.arrays)
+    assert memo.nodes and memo.paths  # remembered by the caller's memo
+    assert tree.leaf_paths(first.tree, memo=memo) == tree.leaf_paths(alone.tree)
