@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -67,11 +67,29 @@ class Digests:
     def __init__(self, count: int) -> None:
         self._out = [""] * count
         self._jobs: list[Future[None]] = []
+        self._streams: dict[int, xxhash.xxh3_64] = {}  # used on the helper thread only
 
     def add(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
         """Checksum ``arrays`` (complete now, unchanged until :meth:`result`) as the digests
         at ``positions``."""
         self._jobs.append(_helper().submit(self._put, positions, arrays))
+
+    def add_piece(self, position: int, data: memoryview, last: bool) -> None:
+        """Checksum the next bytes of the array at ``position`` (unchanged until
+        :meth:`result`); with ``last``, its digest is complete (the same as :meth:`add`'s)."""
+        self._jobs.append(_helper().submit(self._update, position, data, last))
+
+    def _update(self, position: int, data: memoryview, last: bool) -> None:
+        stream = self._streams.get(position)
+        if stream is None:
+            stream = self._streams[position] = xxhash.xxh3_64()
+        stream.update(data)
+        if last:
+            self._out[position] = self._streams.pop(position).hexdigest()
+
+    def alongside(self, fn: Callable[[], object]) -> Future[object]:
+        """Run ``fn`` on the helper thread, after the checksums added so far."""
+        return _helper().submit(fn)
 
     def _put(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
         self.put(positions, digest_arrays(list(arrays)))

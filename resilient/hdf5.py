@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from resilient import h5format
 from resilient.checksum import digest_bytes
@@ -53,6 +53,7 @@ __all__ = [
     "create_file",
     "open_direct",
     "rank_group_name",
+    "ReadWatcher",
     "read_many",
     "read_new",
     "write_file",
@@ -476,9 +477,19 @@ def copy_ranges(
                 os.close(f)
 
 
-Arrived = Callable[[Sequence[int], Sequence["npt.NDArray[Any]"]], None]
-"""Told, as reading goes on, which arrays are complete: their positions in the request, and
-them (to checksum them while the next bytes are read)."""
+class ReadWatcher(Protocol):
+    """Told, as reading goes on, what is in memory (to checksum it while the next bytes are
+    read). Positions are those of the arrays in the request."""
+
+    def arrays(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[Any]]) -> None:
+        """These arrays are complete."""
+
+    def piece(self, position: int, data: memoryview, last: bool) -> None:
+        """The next bytes of a large array, read a piece at a time (``last``: its end)."""
+
+    def fault(self, data: memoryview) -> Callable[[], object]:
+        """Start faulting in the pages under ``data`` (new memory, read into next); return
+        what waits until they are in."""
 
 _READ_CHUNK = 2 << 20  # a span is read this many bytes at a time when someone is told
 
@@ -487,7 +498,8 @@ def read_many(
     fd: int,
     items: Sequence[tuple[int, npt.NDArray[np.generic]]],
     *,
-    arrived: Arrived | None = None,
+    arrived: ReadWatcher | None = None,
+    fresh: bool = False,
 ) -> None:
     """Fill each C-contiguous array with the bytes of ``fd`` at its offset.
 
@@ -495,7 +507,10 @@ def read_many(
     run of up to 512 of them: the arrays themselves are its iovecs (the bytes between them go
     to a scratch buffer), so 4,000 small arrays are eight system calls, no copy, and the runs
     are found with numpy (no Python per array). With ``arrived``, a run holds about 2 MiB at
-    most, and ``arrived`` is told after each read which arrays it completed.
+    most, ``arrived`` is told after each read which arrays it completed, and an array larger
+    than that is read a piece at a time, each piece told as it arrives; with ``fresh`` too
+    (arrays of new memory whose pages are not in yet), each piece's pages are faulted in
+    (``arrived.fault``) while the piece before it is read.
 
     Raises:
         EOFError: the file ends early.
@@ -523,14 +538,46 @@ def read_many(
         while k < b:  # a run: whole arrays, at most IOV_MAX iovecs with the gaps between them
             stop = int(np.searchsorted(end[k:b], start[k] + limit, "right")) + k
             stop = min(max(stop, k + 1), b, k + _IOV_MAX // 2)
+            if arrived is not None and stop == k + 1 and end[k] - start[k] > limit:
+                _read_pieces(fd, ordered[k], int(start[k]), int(order[k]), arrived, fresh=fresh)
+                k = stop
+                continue
+            if fresh and arrived is not None:  # their pages in one call each, not by faults
+                for wait in [arrived.fault(_bytes_view(a)) for a in ordered[k:stop]]:
+                    wait()
             bufs: list[_Buffer] = ordered[k:stop]
             holes = np.flatnonzero(gaps[k : stop - 1] > 0)
             for h in holes[::-1].tolist():  # from the back: the positions stay right
                 bufs.insert(h + 1, scratch[: int(gaps[k + h])])
             _preadv_all(fd, bufs, int(start[k]), int(end[stop - 1] - start[k]))
             if arrived is not None:
-                arrived(order[k:stop].tolist(), ordered[k:stop])
+                arrived.arrays(order[k:stop].tolist(), ordered[k:stop])
             k = stop
+
+
+def _read_pieces(
+    fd: int,
+    array: npt.NDArray[np.generic],
+    offset: int,
+    position: int,
+    watcher: ReadWatcher,
+    *,
+    fresh: bool,
+) -> None:
+    """Read one large array ``_READ_CHUNK`` bytes at a time, telling ``watcher`` each piece
+    (and, ``fresh``, having the next piece's pages faulted in while this one is read)."""
+    data = _bytes_view(array)
+    size = len(data)
+    ready = watcher.fault(data[:_READ_CHUNK]) if fresh else None
+    for pos in range(0, size, _READ_CHUNK):
+        end = pos + _READ_CHUNK
+        after = watcher.fault(data[end : end + _READ_CHUNK]) if fresh and end < size else None
+        if ready is not None:
+            ready()
+        piece = data[pos:end]
+        _preadv_all(fd, [piece], offset + pos, len(piece))
+        watcher.piece(position, piece, end >= size)
+        ready = after
 
 
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
@@ -543,8 +590,8 @@ def read_new(
     shapes: Sequence[tuple[int, ...]],
     dtypes: Sequence[np.dtype[Any]],
     *,
-    allocate: Callable[[tuple[int, ...], np.dtype[Any]], npt.NDArray[Any]],
-    arrived: Arrived | None = None,
+    allocate: Allocate,
+    arrived: ReadWatcher | None = None,
     nbytes: Sequence[int] | None = None,
 ) -> list[npt.NDArray[Any]]:
     """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``fd``, in order
@@ -556,7 +603,9 @@ def read_new(
     ``map``). A view that would be misaligned for its dtype is copied instead. Large ones get
     their own array from ``allocate`` and are read straight into it. With ``arrived``, spans
     are read about 2 MiB at a time and ``arrived`` is told after each read which arrays are
-    complete (empty ones are never told).
+    complete (empty ones are never told) or, of a large array, which piece arrived; the large
+    arrays' pages are then faulted in a piece ahead of the read (``populate=False``) instead of
+    all before it.
 
     Raises:
         EOFError: the file ends early.
@@ -580,9 +629,9 @@ def read_new(
         starts[present] = [offsets[i] for i in present.tolist()]
     large = present[sizes[present] >= _DIRECT_MIN].tolist()
     for i in large:
-        out[i] = allocate(shapes[i], dtypes[i])
-    told = None if arrived is None else lambda got, arrs: arrived([large[k] for k in got], arrs)
-    read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told)
+        out[i] = allocate(shapes[i], dtypes[i], populate=arrived is None)
+    told = None if arrived is None else _Renumbered(arrived, large)
+    read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told, fresh=True)
     small = present[sizes[present] < _DIRECT_MIN]
     order = small[np.argsort(starts[small], kind="stable")]
     begin, end = starts[order], starts[order] + sizes[order]
@@ -607,13 +656,38 @@ def read_new(
                 stop = max(stop, k + 1)
                 upto = max(ends[k:stop])
                 _preadv_all(fd, [arena[pos:upto]], base + pos)
-                arrived(index[k:stop], views[k:stop])
+                arrived.arrays(index[k:stop], views[k:stop])
                 pos, k = upto, stop
         if (begin[a:b] % _VIEW_ALIGN).any():  # a view misaligned for its dtype is copied
             views = [view if view.flags.aligned else view.copy() for view in views]
         for i, view in zip(index, views, strict=True):
             out[i] = view
     return out
+
+
+class Allocate(Protocol):
+    """Makes a new array (``populate=False``: its pages may be left for ``fault``)."""
+
+    def __call__(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], *, populate: bool = ...
+    ) -> npt.NDArray[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Renumbered:
+    """A watcher of a sub-request: position ``k`` of it is ``positions[k]`` of the whole."""
+
+    watcher: ReadWatcher
+    positions: Sequence[int]
+
+    def arrays(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[Any]]) -> None:
+        self.watcher.arrays([self.positions[k] for k in positions], arrays)
+
+    def piece(self, position: int, data: memoryview, last: bool) -> None:
+        self.watcher.piece(self.positions[position], data, last)
+
+    def fault(self, data: memoryview) -> Callable[[], object]:
+        return self.watcher.fault(data)
 
 
 _VIEW_ALIGN = 64  # the arena's alignment: a view starting on it is aligned for any dtype
