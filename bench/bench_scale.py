@@ -20,7 +20,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). So the
   commit is: unpickle N descriptions, ``build_manifest``, ``PendingDir.prepare`` (JSON,
   checksum, manifest and marker written), ``PendingDir.publish`` (fsync, rename), and pickling
-  the reply every rank receives: the whole :class:`~resilient.manifest.Manifest`;
+  the reply every rank receives (``("ok", None)``: the manifest stays on rank 0);
 * **restore** from the shared root (:class:`resilient.restorer.Restorer`): rank 0 loads the
   manifest (:func:`resilient.validate.load_manifest`: read, checksum, ``parse_manifest``; the
   ``lstat`` of every data file by ``validate_checkpoint`` is left out) and broadcasts the
@@ -225,21 +225,22 @@ def commit(inbox: list[bytes], per_file: int, root: Path) -> tuple[Manifest, Roo
         prepare=timed(lambda m: pending.prepare(m, what=what), comm.seconds, "prepare"),
         publish=timed(lambda: pending.publish(what=what), comm.seconds, "publish"),
     )  # fmt: skip
+    assert manifest is not None  # (rank 0: the coordinator keeps it)
     return manifest, comm, time.perf_counter() - t0
 
 
-def coordinator_restore(path: Path, ranks: int, reply: bytes) -> tuple[bytes, dict[str, Any]]:
+def coordinator_restore(path: Path, ranks: int, written: bytes) -> tuple[bytes, dict[str, Any]]:
     """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.broadcast`` of the
     candidate. Returns the bytes every rank receives, and times. When ``load_manifest`` refuses
     the checkpoint, its error is returned (``restore_error``) and the candidate holds the
-    manifest the commit wrote instead (from its ``reply``: what parsing it would give)."""
+    manifest the commit wrote instead (``written``, pickled: what parsing it would give)."""
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
         manifest = load_manifest(path)
     except Exception as exc:  # e.g. a manifest over load_manifest's size limit
         out["restore_error"] = f"{type(exc).__name__}: {exc}"
-        manifest = pickle.loads(reply)[1]
+        manifest = pickle.loads(written)
     else:
         out["load_manifest_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -298,7 +299,7 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
             manifest, comm, commit_s = commit(inbox, per_file, root)
         out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
         final = root / layout.step_dir_name(STEP)
-        reply = comm.sent[0]  # ("ok", manifest): what every rank receives at every save
+        reply = comm.sent[0]  # ("ok", None): what every rank receives at every save
         out.update(manifest_bytes=(final / layout.MANIFEST).stat().st_size, reply_bytes=len(reply))
         if trace:
             out["commit_peak_bytes"] = mem["peak"]
@@ -310,14 +311,15 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
                 build_manifest_s=commit_s - sum(s.values()),
                 encode_s=seconds_of(manifest.to_json),
             )  # fmt: skip
+        written = pickle.dumps(manifest, protocol=5)  # (for a manifest load_manifest refuses)
         del manifest, comm
         gc.collect()
         if not trace:
             out["rank_save_receive_s"] = seconds_of(functools.partial(pickle.loads, reply))
             gc.collect()
         with traced(trace) as mem:
-            received, restore = coordinator_restore(final, ranks, reply)
-        del reply
+            received, restore = coordinator_restore(final, ranks, written)
+        del reply, written
         gc.collect()
         with traced(trace) as mem2:
             rank_s = rank_restore(received, ranks - 1)

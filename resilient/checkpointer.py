@@ -425,7 +425,8 @@ def finish_set(
     durable: Callable[[], None] | None = None,
     prepare: Callable[[Manifest], None] | None = None,
     publish: Callable[[], None] | None = None,
-) -> Manifest:
+    everywhere: bool = False,
+) -> Manifest | None:
     """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
     returns it or raises the job's error), build the manifest and ``commit`` it on the
     coordinator.
@@ -436,7 +437,10 @@ def finish_set(
     round, once every rank's data is durable, lets it ``publish``.
 
     Returns:
-        The manifest, on every rank.
+        The manifest on the coordinator; on every rank with ``everywhere`` (a node-local
+        tier, whose every node commits its own copy). Otherwise the other ranks get ``None``:
+        the manifest grows with ranks x datasets, and sending it to every rank at every save
+        would move ranks x that over the network.
     """
     coll = Collective(topo.comm)
 
@@ -453,7 +457,7 @@ def finish_set(
 
     what = f"save of {kind} step {step}"
     try:
-        manifest = coll.all_reduce(what, outcome, combine)
+        manifest = coll.all_reduce(what, outcome, combine, everywhere=everywhere)
     except Exception:
         if durable is not None:  # no writer thread may outlive the save
             with contextlib.suppress(Exception):
@@ -475,15 +479,12 @@ def save_set(
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
-) -> Manifest:
+) -> None:
     """Collective over ``topo.comm``: call on all ranks. Write ``data`` of every rank into
     ``pending`` and commit it (:func:`plan_write`, :meth:`WriteJob.run`, :func:`finish_set`).
 
     The coordinator has already created ``pending``. On any failure every rank raises the same
     error and ``pending`` is rolled back; everything else is untouched.
-
-    Returns:
-        The committed manifest, on every rank.
     """
     what = f"save of {kind} step {step}"
     coll = Collective(topo.comm)
@@ -491,7 +492,7 @@ def save_set(
         outcome = planned(
             lambda: plan_write(topo, pending.path, data, step=step, cache=cache or SkeletonCache())
         )
-        return finish_set(
+        finish_set(
             topo, lambda: outcome().run(), step=step, kind=kind, static=static, metrics=metrics,
             library_version=library_version,
             commit=lambda manifest: pending.commit(manifest, what=what),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from resilient.errors import CollectiveError, RankFailure, ResilientError
 
@@ -153,14 +153,42 @@ class Collective:
             _raise(what, failed, self.comm.size)
         return result  # type: ignore[return-value]
 
-    def all_reduce(self, what: str, local: Callable[[], T], combine: Callable[[list[T]], R]) -> R:
+    @overload
+    def all_reduce(
+        self,
+        what: str,
+        local: Callable[[], T],
+        combine: Callable[[list[T]], R],
+        *,
+        everywhere: Literal[True] = ...,
+    ) -> R: ...
+
+    @overload
+    def all_reduce(
+        self,
+        what: str,
+        local: Callable[[], T],
+        combine: Callable[[list[T]], R],
+        *,
+        everywhere: bool,
+    ) -> R | None: ...
+
+    def all_reduce(
+        self,
+        what: str,
+        local: Callable[[], T],
+        combine: Callable[[list[T]], R],
+        *,
+        everywhere: bool = True,
+    ) -> R | None:
         """Collective over ``comm``: call on all ranks. Every rank runs ``local``; then the
         coordinator runs ``combine`` on the results of all ranks (in rank order).
 
         ``combine`` runs only when every ``local`` succeeded.
 
         Returns:
-            ``combine``'s result, on every rank.
+            ``combine``'s result, on every rank; with ``everywhere=False`` on the coordinator
+            only (the others get ``None``: a large result is not sent to every rank).
 
         Raises:
             ResilientError: the same error on every rank if any ``local`` or ``combine`` raised.
@@ -182,10 +210,13 @@ class Collective:
                     reply = ("ok", combine([v for _, v in gathered]))  # type: ignore[misc]
                 except Exception as exc:
                     reply = ("combine", [_payload(exc, self.rank)])
+        kept = reply[1]
+        if not everywhere and reply[0] == "ok":
+            reply = ("ok", None)
         status, value = self.comm.bcast(reply, root=0)
         if status == "local":
             _raise(what, value, self.comm.size)
         if status == "combine":
             _raise(what, value, 1)
-        result: R = value
+        result: R | None = kept if self.is_coordinator else value
         return result

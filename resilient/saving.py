@@ -284,6 +284,7 @@ class SavePipeline:
                     self.topo, flight.task.result, step=request.step, static=flight.static,
                     metrics=request.metrics, library_version=__version__,
                     commit=None if local else lambda m: pending.commit(m, what=what),
+                    everywhere=local is not None,
                 )  # fmt: skip
             else:  # the manifest is prepared while the data is still being written
                 manifest = finish_set(
@@ -292,6 +293,7 @@ class SavePipeline:
                     durable=flight.written.result,
                     prepare=None if local else lambda m: pending.prepare(m, what=what),
                     publish=None if local else lambda: pending.publish(what=what),
+                    everywhere=local is not None,
                 )  # fmt: skip
         except Exception:
             if local is not None:
@@ -299,19 +301,20 @@ class SavePipeline:
             elif self._coll.is_coordinator:
                 pending.rollback()
             raise
-        if local is None:
+        if local is None:  # the manifest is the coordinator's alone (see finish_set)
             self._coll.broadcast(
-                "recording the save", lambda: self._after_commit(manifest, flight.start)
+                "recording the save",
+                lambda: self._after_commit(_made(manifest), flight.start),
             )
         else:
-            local.commit(pending, manifest)
-            self._unflushed = LocalCheckpoint(pending.final, manifest)
+            local.commit(pending, _made(manifest))
+            self._unflushed = LocalCheckpoint(pending.final, _made(manifest))
             self._local_commits += 1
         self._committed(self._clock() - flight.start)
         if local is None:
             return
         flush_due = self._local_commits % self.flush_every == 0
-        checkpoint = LocalCheckpoint(pending.final, manifest)
+        checkpoint = LocalCheckpoint(pending.final, _made(manifest))
         protect = local.protect_job(checkpoint)
         if protect is not None:
             task = self._writer.submit(protect)
@@ -423,6 +426,12 @@ def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
     for task in hashing:  # what the write left: done while the fsync runs (if it does)
         task()
     return job.describe(digests.result())
+
+
+def _made(manifest: Manifest | None) -> Manifest:
+    """The manifest a commit returned where it returns one."""
+    assert manifest is not None, "finish_set returns the manifest here"
+    return manifest
 
 
 def _failed(outcome: Callable[[], WriteJob]) -> bool:

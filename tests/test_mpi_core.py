@@ -47,6 +47,17 @@ def test_kill_during_save_restores_last_committed(
     assert not [p for p in root.iterdir() if p.name.startswith(".step_")], "tmp dir not cleaned"
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_reply_kept_by_the_coordinator_reaches_no_other_rank(tmp_path: Path, n: int) -> None:
+    """finish_set's manifest stays on rank 0 (all_reduce(everywhere=False)); errors still
+    reach every rank alike."""
+    got = results(run_mpi(n, [SCENARIO, "reply", str(tmp_path / "ck"), "world"]))
+    total = n * (n + 1) // 2
+    assert [r["got"] for r in got] == [total] + [None] * (n - 1)
+    assert [r["everywhere"] for r in got] == [total] * n
+    assert len({tuple(r["error"]) for r in got}) == 1 and "no" in got[0]["error"][1]
+
+
 @pytest.mark.parametrize("kind", ["self", "world", "split"])
 @pytest.mark.parametrize("how", ["enospc", "badvalue", "badstep"])
 def test_one_rank_failing_raises_everywhere(tmp_path: Path, kind: str, how: str) -> None:

@@ -232,6 +232,33 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
     result(ok=True, error=errors[0][0], message=errors[0][1])
 
 
+def scenario_reply(root: str, kind: str) -> None:
+    """Collective.all_reduce(everywhere=False): the result stays on the coordinator (the
+    others get None); a failing combine still raises the same error on every rank."""
+    from resilient.collective import Collective
+    from resilient.comm import as_comm
+
+    coll = Collective(as_comm(world))
+
+    def mine() -> int:
+        return coll.rank + 1
+
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    got = coll.all_reduce("summing", mine, total, everywhere=False)
+    everywhere = coll.all_reduce("summing", mine, total)
+
+    def refuse(_: list[int]) -> int:
+        raise ValueError("no")
+
+    try:
+        coll.all_reduce("refusing", lambda: 1, refuse, everywhere=False)
+    except resilient.ResilientError as exc:
+        error = [type(exc).__name__, str(exc)]
+    result(ok=True, got=got, everywhere=everywhere, size=coll.comm.size, error=error)
+
+
 def main() -> None:
     scenario, root, kind = sys.argv[1:4]
     arg = sys.argv[4] if len(sys.argv) > 4 else ""
