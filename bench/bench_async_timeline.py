@@ -86,7 +86,7 @@ class Recorder:
 
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
-    from resilient import checkpointer, checksum, mpi, saving, staging
+    from resilient import checkpointer, checksum, mpi, saving, staging, storage
     from resilient.commit import PendingDir
 
     def patch(owner: object, attr: str, phase: str) -> None:
@@ -105,6 +105,17 @@ def instrument(rec: Recorder) -> None:
     patch(PendingDir, "create", "create dir")
     patch(saving, "plan_write", "plan")
     patch(saving.SavePipeline, "_after_commit", "log+rotate")
+    setattr(storage, "shutil", _Rmtree(rec))  # noqa: B010  (the rotation's unlinks)
+
+
+class _Rmtree:
+    """``shutil`` inside :mod:`resilient.storage`, its ``rmtree`` recorded as ``delete``."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rmtree = rec.wrap("delete", shutil.rmtree)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(shutil, name)
 
 
 def cpu_seconds() -> float:
@@ -138,6 +149,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7, help="timed rounds after a warm-up")
     p.add_argument("--dir", default=tempfile.gettempdir(), help="parent of the checkpoints")
     p.add_argument("--torch", action="store_true", help="import torch, make a gloo group first")
+    p.add_argument(
+        "--keep-all", action="store_true", help="keep every checkpoint (default: KeepLast(1))"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
@@ -154,7 +168,12 @@ def main() -> None:
     rec = Recorder()
     instrument(rec)
     managers = {
-        mode: CheckpointManager(base / mode, comm=COMM, checkpoint_comm="self", keep=KeepLast(1))
+        mode: CheckpointManager(
+            base / mode,
+            comm=COMM,
+            checkpoint_comm="self",
+            keep=None if args.keep_all else KeepLast(1),
+        )
         for mode in ("sync", "async")
     }
     steps = dict.fromkeys(managers, 0)

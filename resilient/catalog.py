@@ -136,11 +136,12 @@ class Catalog:
         """Which valid checkpoints ``keep`` deletes (never the newest)."""
         return plan_rotation(self.infos(), keep)
 
-    def apply(self, plan: RotationPlan) -> list[Path]:
+    def apply(self, plan: RotationPlan) -> Trashed:
         """Trash the checkpoints ``plan`` deletes and the static data no longer used.
 
         Renames are synchronous (a deleted checkpoint stops counting at once); the caller
-        deletes the returned trash, e.g. on a background thread.
+        deletes the returned trash, e.g. on a background thread, or reuses a trashed
+        checkpoint's files for the next save (:class:`resilient.saving.SavePipeline`).
         """
         entries = self._entries()
         trash = []
@@ -155,7 +156,20 @@ class Catalog:
             entry = entries.pop(step, None)
             if entry is not None:
                 self.statics.unref(entry.static)
-        return trash + self.statics.collect()
+        return Trashed(tuple(trash), tuple(self.statics.collect()))
+
+
+@dataclass(frozen=True, slots=True)
+class Trashed:
+    """What a rotation renamed to trash names: checkpoints (oldest first) and static data."""
+
+    checkpoints: tuple[Path, ...]
+    statics: tuple[Path, ...]
+
+    @property
+    def paths(self) -> list[Path]:
+        """All of it."""
+        return [*self.checkpoints, *self.statics]
 
 
 def save_record(manifest: Manifest) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import operator
 import os
 import time
@@ -66,6 +67,8 @@ from resilient.payload import LocalData
 from resilient.staging import allocate, fault_in
 from resilient.topology import Topology
 from resilient.tree import Memo, leaf_metas, unflatten
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -332,10 +335,13 @@ def plan_write(
     step: int,
     cache: SkeletonCache,
     bounce: hdf5.Bounce | None = None,
+    recycled: Path | None = None,
 ) -> WriteJob:
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
     part of a save into ``directory`` (its write goes through ``bounce``, the caller's, if
-    given: see :class:`resilient.hdf5.Bounce`).
+    given: see :class:`resilient.hdf5.Bounce`). With ``recycled``, a checkpoint directory that
+    rotation dropped, the leader takes the file of the same name from it to write over
+    (:func:`resilient.hdf5.claim_file`) instead of creating one.
 
     The leader creates the file and lays out the data (:func:`resilient.h5format.place_data`);
     its write builds HDF5's metadata (:func:`resilient.hdf5.build_skeleton`), unless
@@ -351,10 +357,11 @@ def plan_write(
     unchanged = cache.specs == plan.specs
     offer = _Offer(plan.rank, cache.generation, None if unchanged else plan.specs)
     leader = topo.group.rank == 0
+    claimed = leader and recycled is not None and _claimed(recycled / topo.file_name, path)
     answer = Collective(topo.group).all_reduce(
         f"planning {topo.file_name} of step {step}",
         lambda: offer,
-        lambda offers: _plan_file(path, topo.kind, offers, cache),
+        lambda offers: _plan_file(path, topo.kind, offers, cache, claimed=claimed),
     )
     if answer.offsets is not None:
         cache.specs = plan.specs
@@ -366,8 +373,20 @@ def plan_write(
     return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce)
 
 
-def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache) -> _Skeleton:
-    """Leader: reuse the cached skeleton if every rank offers the same structure, else create."""
+def _claimed(source: Path, path: Path) -> bool:
+    """Leader: :func:`resilient.hdf5.claim_file`; a failure only costs the speed-up."""
+    try:
+        return hdf5.claim_file(source, path)
+    except OSError as exc:
+        log.debug("not reusing %s: %s", source, exc)
+        return False
+
+
+def _plan_file(
+    path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache, *, claimed: bool
+) -> _Skeleton:
+    """Leader: reuse the cached skeleton if every rank offers the same structure, else create
+    the file (unless ``claimed``: a dropped checkpoint's file is there to write over)."""
     current = (
         cache.skeleton is not None
         and cache.skeleton.usable
@@ -383,11 +402,12 @@ def _plan_file(path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonC
         raise RuntimeError(f"planning {path.name}: no cached structure for ranks {missing}")
     members = [(r, s) for r, s in specs.items() if s is not None]
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
-    storage.retry_io(
-        lambda: hdf5.create_file(path),
-        what=f"creating {path}",
-        cleanup=lambda: path.unlink(missing_ok=True),
-    )
+    if not claimed:
+        storage.retry_io(
+            lambda: hdf5.create_file(path),
+            what=f"creating {path}",
+            cleanup=lambda: path.unlink(missing_ok=True),
+        )
     cache.generation += 1
     cache.group_specs = dict(members)
     cache.skeleton = Skeleton(lambda: hdf5.build_skeleton(kind, members))

@@ -215,7 +215,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         plan = catalog.plan(KeepLast(args.keep_last))
         if not args.dry_run:
             deleter = storage.BackgroundDeleter()
-            deleter.delete(catalog.apply(plan))
+            deleter.delete(catalog.apply(plan).paths)
             deleter.wait()
         for step in sorted(plan.delete):
             path = root / layout.step_dir_name(step)

@@ -19,6 +19,7 @@ import math
 import mmap
 import operator
 import os
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "GlobalDataset",
     "VirtualSource",
     "build_skeleton",
+    "claim_file",
     "copy_ranges",
     "create_file",
     "open_direct",
@@ -112,6 +114,27 @@ def create_file(path: Path) -> None:
         FileExistsError: ``path`` exists (a second writer of one directory).
     """
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+
+
+def claim_file(source: Path, path: Path) -> bool:
+    """Move ``source``, a data file of a checkpoint that rotation dropped, to ``path`` for a
+    save to write over in place; whether it was there to take.
+
+    Writing over a file's blocks costs less than writing a new file and deleting the old one
+    (no blocks freed, discarded and allocated again; 1.1-2x the speed of a new file here,
+    bench/README.md). Only a regular file of one link is taken (another name of its bytes,
+    e.g. a hard link a user made, must not change). Its bytes count for nothing until
+    rewritten: whatever the new save leaves unwritten lies between its datasets, where no
+    reader looks and no checksum covers.
+    """
+    try:
+        info = source.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return False
+        os.rename(source, path)
+    except FileNotFoundError:  # taken already, or never there
+        return False
+    return True
 
 
 _DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT

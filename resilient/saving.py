@@ -154,6 +154,9 @@ class SavePipeline:
         self._unprotected_said = False
         self._unflushed: LocalCheckpoint | None = None
         self._local_commits = 0
+        # a checkpoint that rotation dropped, whose data files the next save writes over
+        # (:func:`resilient.hdf5.claim_file`); the same on every rank
+        self._recycled: Path | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -204,6 +207,7 @@ class SavePipeline:
                 step=step,
                 cache=self._skeletons,
                 bounce=self._bounce,
+                recycled=self._recycled if self.local is None else None,
             )
         )
         if not blocking and self.topo.comm.any_true(_failed(outcome)):
@@ -266,6 +270,9 @@ class SavePipeline:
         self._writer.shutdown()
         self._staging.release()
         self._bounce.close()
+        if self._recycled is not None and self._coll.is_coordinator:
+            self._deleter.delete([self._recycled])
+        self._recycled = None
 
     def _finish(self, flight: _SaveFlight | _ProtectFlight | _FlushFlight) -> None:
         if isinstance(flight, _FlushFlight):
@@ -302,7 +309,7 @@ class SavePipeline:
                 pending.rollback()
             raise
         if local is None:  # the manifest is the coordinator's alone (see finish_set)
-            self._coll.broadcast(
+            self._recycled = self._coll.broadcast(
                 "recording the save",
                 lambda: self._after_commit(_made(manifest), flight.start),
             )
@@ -396,8 +403,14 @@ class SavePipeline:
 
     # ------------------------------------------------------------------ after a commit
 
-    def _after_commit(self, manifest: Manifest, start: float, *, flushed: bool = False) -> None:
-        """Coordinator: log the save (or flush), then rotate (a failed rotation only warns)."""
+    def _after_commit(
+        self, manifest: Manifest, start: float, *, flushed: bool = False
+    ) -> Path | None:
+        """Coordinator: log the save (or flush), then rotate (a failed rotation only warns).
+
+        Returns the newest checkpoint that rotation dropped, kept for the next save to write
+        over its files (without a node-local tier); the one kept before, and the rest of the
+        trash, are deleted in the background."""
         took = round(self._clock() - start, 6)
         extra = {"flush_s": took, "tier": "local"} if flushed else {"cost_s": took}
         storage.append_log(
@@ -405,12 +418,17 @@ class SavePipeline:
             {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
         )
         if self.keep is None:
-            return  # nothing is ever deleted: no need to know the history
+            return None  # nothing is ever deleted: no need to know the history
         try:
             self._catalog.add(manifest)
-            self._deleter.delete(self._catalog.apply(self._catalog.plan(self.keep)))
+            trashed = self._catalog.apply(self._catalog.plan(self.keep))
         except (OSError, ResilientError) as exc:
             log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
+            return self._recycled
+        reuse = trashed.checkpoints[-1] if trashed.checkpoints and self.local is None else None
+        drop = [p for p in (self._recycled, *trashed.paths) if p is not None and p != reuse]
+        self._deleter.delete(drop)
+        return reuse
 
 
 def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:

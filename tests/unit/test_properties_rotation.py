@@ -155,7 +155,7 @@ def _prune(root: Path, keep: KeepPolicyLike) -> None:
 
     catalog = Catalog(root, StaticStore(root))
     deleter = storage.BackgroundDeleter()
-    deleter.delete(catalog.apply(catalog.plan(keep)))
+    deleter.delete(catalog.apply(catalog.plan(keep)).paths)
     deleter.wait()
 
 
