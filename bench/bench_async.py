@@ -75,6 +75,12 @@ HAS_LOCAL = "local_dir" in inspect.signature(CheckpointManager.__init__).paramet
 # mode -> (group, metrics, what). Group "write" modes are compared with raw, "read" with cold_read.
 MODES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "raw": ("write", ("write",), "per rank: os.pwrite of a new file + fsync (the limit)"),
+    "raw_over": (
+        "write",
+        ("write",),
+        "per rank: os.pwrite over the same bytes of an existing file + fsync (the limit of a "
+        "save that writes over a dropped checkpoint's file)",
+    ),
     "memcpy": (
         "write",
         ("copy",),
@@ -427,6 +433,20 @@ class Bench:
             os.close(fd)
         t = time.perf_counter() - t0
         self.retire("raw", path)
+        return {"write": t}
+
+    def m_raw_over(self, check: bool) -> dict[str, float]:
+        path = self.base / "raw_over" / f"r{RANK:05d}.bin"
+        sleep_barrier()
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)  # the previous run's file, if any
+        try:
+            pwrite_all(fd, self.buf)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        t = time.perf_counter() - t0
+        sleep_barrier()
         return {"write": t}
 
     def m_memcpy(self, check: bool) -> dict[str, float]:
@@ -950,6 +970,13 @@ def check_targets(
             faster=True,
         )
     add("sync self speed >= 0.95 x raw", "sync_self.save", "raw.write", 0.95, faster=True)
+    add(  # with KeepLast(1) the save writes over the dropped checkpoint's file: this is its limit
+        "sync self speed >= 0.95 x raw over an existing file",
+        "sync_self.save",
+        "raw_over.write",
+        0.95,
+        faster=True,
+    )
     add("local-tier blocked <= 2 x memcpy", "local.blocked", "memcpy.copy", 2.0)
     add("restore speed >= 0.85 x cold read", "restore.restore", "cold_read.read", 0.85, faster=True)
     if history:
