@@ -514,6 +514,7 @@ class ReadWatcher(Protocol):
         """Start faulting in the pages under ``data`` (new memory, read into next); return
         what waits until they are in."""
 
+
 _READ_CHUNK = 2 << 20  # a span is read this many bytes at a time when someone is told
 
 

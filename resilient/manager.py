@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -26,6 +27,7 @@ from resilient.blocks import BlockSpec
 from resilient.catalog import Catalog
 from resilient.collective import Collective
 from resilient.comm import Comm, as_comm
+from resilient.commit import PendingDir
 from resilient.errors import (
     ConfigError,
     ResilientError,
@@ -330,21 +332,43 @@ class CheckpointManager:
         start = self._clock()
         built: list[SaveRequest] = []
 
-        def check_arguments() -> int:
+        def check_arguments() -> tuple[int, object | None]:
             built.append(SaveRequest.build(step, state, static, metrics, memo=self._memo))
-            return built[0].step
+            return built[0].step, StaticStore.describe(built[0].static)
 
-        self._coll.all_reduce(f"save of step {step}", check_arguments, _same_step)
-        if self._saves_started == 0 and self.run_key is not None:
-            self._coll.broadcast(
-                "recording the run key", lambda: record_run_key(self.root, self.run_key)
-            )
+        # one round for every question before the write: the arguments, the run key (at the
+        # first save), the static data, and the checkpoint's temporary directory (each round
+        # costs a sleeping barrier's wake-ups on every rank: bench_async_timeline.py)
+        first = self._saves_started == 0
+        ahead = self._coll.all_reduce(
+            f"save of step {step}",
+            check_arguments,
+            lambda asked: self._before_writing(step, asked, record_key=first),
+        )
         self._saves_started += 1
         request = built[0]
-        static_hash = self._statics.store(self.topology, request.step, request.static)
+        if ahead.static is not None and not ahead.static_stored:
+            self._statics.write(self.topology, request.step, request.static, ahead.static)
         self._last_saved_step = request.step
         self._last_saved_time = self._clock()
-        return self._pipeline.start(request, static_hash, blocking=blocking, copy=copy, start=start)
+        return self._pipeline.start(
+            request, ahead.static, blocking=blocking, copy=copy, start=start,
+            pending=ahead.pending,
+        )  # fmt: skip
+
+    def _before_writing(
+        self, step: int, asked: list[tuple[int, object | None]], *, record_key: bool
+    ) -> _Ahead:
+        """Coordinator: the answers of a save's first round (see :meth:`save`)."""
+        _same_step([s for s, _ in asked])
+        if record_key and self.run_key is not None:
+            record_run_key(self.root, self.run_key)
+        kind = self.topology.layout_info.kind
+        content, stored = self._statics.lookup(kind, [d for _, d in asked])
+        # the checkpoint's directory now, unless static data must be written first (a save
+        # that fails there must leave no directory behind)
+        pending = self._pipeline.create_dir(step) if stored else None
+        return _Ahead(content, stored, pending)
 
     def wait(self) -> None:
         """Collective: finish what is in flight, if anything: wait for every rank's background
@@ -514,6 +538,18 @@ def _block_spec(path: str, value: Any) -> BlockSpec:
 def _reraise(error: Exception | None) -> None:
     if error is not None:
         raise error
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """What the coordinator answers every rank before a save writes: the static data's
+    content hash (``None``: none) and whether it is stored, and the checkpoint's temporary
+    directory if it made it already (``None`` when static data is written first, or with a
+    node-local tier)."""
+
+    static: str | None
+    static_stored: bool
+    pending: PendingDir | None
 
 
 def _same_step(steps: list[int]) -> None:

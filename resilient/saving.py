@@ -187,14 +187,18 @@ class SavePipeline:
         blocking: bool,
         copy: bool,
         start: float,
+        pending: PendingDir | None = None,
     ) -> Path:
         """Collective: plan a save of ``request`` and start writing it (or write and commit it,
-        with ``blocking``). Nothing may be in flight. Returns the checkpoint's directory."""
+        with ``blocking``). Nothing may be in flight. Returns the checkpoint's directory.
+
+        ``pending``: the temporary directory :meth:`create_dir` made already (the same on
+        every rank; ``None``: made here, in one more round)."""
         assert self._in_flight is None, "finish the save in flight first"
         step = request.step
         if self.local is not None:
             pending = self.local.create_pending(step)
-        else:
+        elif pending is None:
             pending = self._coll.broadcast(
                 f"creating a temporary directory in {self.root}",
                 lambda: PendingDir.for_step(self.root, step).create(),
@@ -237,6 +241,11 @@ class SavePipeline:
             written = self._writer.submit(lambda: outcome().sync())
             self._in_flight = _SaveFlight(request, static, pending, task, start, written)
         return pending.final
+
+    def create_dir(self, step: int) -> PendingDir | None:
+        """Coordinator: the temporary directory of a save of ``step`` in the shared root, for
+        :meth:`start` (``None`` with a node-local tier, where every node makes its own)."""
+        return None if self.local is not None else PendingDir.for_step(self.root, step).create()
 
     def wait(self) -> None:
         """Collective: finish what is in flight, including a flush that a commit starts."""

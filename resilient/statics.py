@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 class StaticStore:
     """The static data of one checkpoint root.
 
-    :meth:`store` is collective; the reference counts and :meth:`collect` are the coordinator's
+    :meth:`write` is collective, :meth:`lookup` the coordinator's (a save asks it in the same
+    round as its other questions); the reference counts and :meth:`collect` are the coordinator's
     (filled by :class:`resilient.catalog.Catalog` from what it finds on disk).
     """
 
@@ -44,18 +45,24 @@ class StaticStore:
         self._pinned = False  # a reference could not be read: collect nothing
         self._known_good: set[str] = set()
 
-    def store(self, topo: Topology, step: int, data: LocalData | None) -> str | None:
-        """Collective over ``topo.comm``: call on all ranks. The content hash of every rank's
-        static data, written first if no valid copy exists; ``None`` if no rank gave any.
-        """
+    @staticmethod
+    def describe(data: LocalData | None) -> object | None:
+        """Local: what :meth:`lookup` needs of this rank's static data (``None``: none)."""
+        return None if data is None else data.describe()
+
+    def lookup(self, kind: str, descs: Sequence[object | None]) -> tuple[str | None, bool]:
+        """Coordinator: the content hash of every rank's static data (``descs``, by rank, from
+        :meth:`describe`) and whether a valid copy of it exists; ``(None, True)`` if no rank
+        gave any."""
+        if all(d is None for d in descs):
+            return None, True
+        content = hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
+        return content, self.is_stored(content)
+
+    def write(self, topo: Topology, step: int, data: LocalData | None, content: str) -> None:
+        """Collective over ``topo.comm``: write every rank's static data as ``content`` (what
+        :meth:`lookup` found missing)."""
         coll = Collective(topo.comm)
-        content, stored = coll.all_reduce(
-            f"static data of step {step}",
-            lambda: None if data is None else data.describe(),
-            lambda descs: self._lookup(topo.layout_info.kind, descs),
-        )
-        if content is None or stored:
-            return content
         pending = coll.broadcast(
             "creating a temporary directory for static data",
             lambda: PendingDir.for_static(self.root, content).create(),
@@ -65,13 +72,6 @@ class StaticStore:
             library_version=__version__,
         )  # fmt: skip
         self._known_good.add(content)
-        return content
-
-    def _lookup(self, kind: str, descs: Sequence[object]) -> tuple[str | None, bool]:
-        if all(d is None for d in descs):
-            return None, True
-        content = hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
-        return content, self.is_stored(content)
 
     def is_stored(self, content: str) -> bool:
         """Whether a valid copy of ``content`` exists (checked once per process)."""

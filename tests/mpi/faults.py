@@ -109,7 +109,7 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "latest": (lambda: _patch(resilient.manager, "latest_valid"), _latest),
     "save-decision": (lambda: _patch(CheckpointManager, "save_context"), _should_save),
     "step-agreement": (lambda: _patch(resilient.manager, "_same_step"), _save),
-    "static-lookup": (lambda: _patch(StaticStore, "_lookup"), _save),
+    "static-lookup": (lambda: _patch(StaticStore, "lookup"), _save),
     "static-tmpdir": (lambda: _patch(PendingDir, "create"), _save_new_static),
     "tmpdir": (lambda: _patch(PendingDir, "create"), _save),
     "create-file": (lambda: _patch(resilient.hdf5, "create_file"), _save),
