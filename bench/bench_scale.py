@@ -23,11 +23,13 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   the reply every rank receives (``("ok", None)``: the manifest stays on rank 0);
 * **restore** from the shared root (:class:`resilient.restorer.Restorer`): rank 0 loads the
   manifest (:func:`resilient.validate.load_manifest`: read, checksum, ``parse_manifest``; the
-  ``lstat`` of every data file by ``validate_checkpoint`` is left out) and broadcasts the
-  chosen candidate, the whole parsed manifest in it (``Collective.broadcast``); every other
-  rank unpickles it and looks at its own entry (:func:`resilient.elastic.needs_elastic`).
-  ``rank_restore_*`` is that rank's part before it reads its data: the bytes it receives, the
-  time to unpickle them, the memory they take. With a node-local tier
+  ``lstat`` of every data file by ``validate_checkpoint`` is left out) and scatters each rank
+  its part of the chosen candidate (``Collective.scatter`` of ``restorer._parts``: its own
+  entry, a file group's leader its group's, their files, the header; the layout's groups stay
+  home when they are the restoring run's); the last rank unpickles its part and looks at its
+  own entry (:func:`resilient.elastic.needs_elastic`). ``rank_restore_*`` is that rank's part
+  before it reads its data: the bytes it receives, the time to unpickle them, the memory they
+  take (``leader_restore_bytes``: its group's leader's message). With a node-local tier
   (:meth:`resilient.tiers.LocalTier.newest`) every rank runs ``load_manifest`` on the whole
   manifest itself: ``load_manifest_s`` is then every rank's cost.
 
@@ -67,9 +69,9 @@ from resilient.comm import SerialComm
 from resilient.commit import PendingDir
 from resilient.elastic import needs_elastic
 from resilient.hdf5 import build_skeleton
-from resilient.manifest import Manifest, Segment
+from resilient.manifest import LayoutInfo, Manifest, Segment
 from resilient.payload import split_state
-from resilient.restorer import _Candidate
+from resilient.restorer import _Candidate, _parts, _received
 from resilient.topology import Topology
 from resilient.tree import leaf_paths
 from resilient.validate import load_manifest
@@ -157,7 +159,8 @@ class RootComm:
 
     The first ``gather`` returns ``inbox`` (every rank's pickled message, rank 0's included),
     received into one buffer and unpickled; a later one, every rank sending what rank 0 sends.
-    ``bcast`` pickles what rank 0 sends (what every other rank receives) into ``sent``.
+    ``bcast`` pickles what rank 0 sends (what every other rank receives) into ``sent``;
+    ``scatter`` pickles each rank's object (see :meth:`scatter`).
     ``seconds`` adds up the time of each (keys ``gather``, ``bcast``)."""
 
     size: int
@@ -165,6 +168,9 @@ class RootComm:
     sent: list[bytes] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     rank: int = 0
+    keep: tuple[int, ...] = ()  # the ranks whose scattered messages are kept
+    kept: dict[int, bytes] = field(default_factory=dict)
+    scattered: list[int] = field(default_factory=list)  # every scattered message's size
 
     def gather(self, obj: T, root: int = 0) -> list[T]:
         """Every rank's object, in rank order."""
@@ -187,6 +193,19 @@ class RootComm:
         self.sent.append(pickle.dumps(obj, PROTOCOL))
         self._add("bcast", t0)
         return obj
+
+    def scatter(self, objs: list[T] | None, root: int = 0) -> T:
+        """``objs[0]``; every other rank's object pickled as mpi4py's ``scatter`` pickles it
+        (one by one, on rank 0), its size in ``scattered``, kept in ``kept`` for ``keep``."""
+        assert objs is not None and len(objs) == self.size
+        t0 = time.perf_counter()
+        for r, obj in enumerate(objs):
+            data = pickle.dumps(obj, PROTOCOL)
+            self.scattered.append(len(data))
+            if r in self.keep:
+                self.kept[r] = data
+        self._add("scatter", t0)
+        return objs[0]
 
     def _add(self, what: str, t0: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
@@ -229,11 +248,20 @@ def commit(inbox: list[bytes], per_file: int, root: Path) -> tuple[Manifest, Roo
     return manifest, comm, time.perf_counter() - t0
 
 
-def coordinator_restore(path: Path, ranks: int, written: bytes) -> tuple[bytes, dict[str, Any]]:
-    """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.broadcast`` of the
-    candidate. Returns the bytes every rank receives, and times. When ``load_manifest`` refuses
-    the checkpoint, its error is returned (``restore_error``) and the candidate holds the
-    manifest the commit wrote instead (``written``, pickled: what parsing it would give)."""
+def current_layout(ranks: int, per_file: int) -> LayoutInfo:
+    """The layout of the restoring run: the saved one (files of ``per_file`` consecutive ranks)."""
+    groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
+    return LayoutInfo(layout_kind(per_file), ranks, groups)
+
+
+def coordinator_restore(
+    path: Path, current: LayoutInfo, written: bytes, keep: Sequence[int]
+) -> tuple[dict[int, bytes], RootComm, dict[str, Any]]:
+    """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.scatter`` of each
+    rank's part of the candidate (:func:`resilient.restorer._parts`). Returns the messages of
+    the ranks ``keep``, the comm (every message's size) and times. When ``load_manifest``
+    refuses the checkpoint, its error is returned (``restore_error``) and the candidate holds
+    the manifest the commit wrote instead (``written``, pickled: what parsing it would give)."""
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
@@ -244,19 +272,21 @@ def coordinator_restore(path: Path, ranks: int, written: bytes) -> tuple[bytes, 
     else:
         out["load_manifest_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    comm = RootComm(ranks, None)
-    Collective(comm).broadcast("choosing a checkpoint", lambda: _Candidate(path, manifest, None))  # type: ignore[arg-type]
-    out["restore_bcast_pickle_s"] = time.perf_counter() - t1
-    return comm.sent[0], out
+    comm = RootComm(current.nranks, None, keep=tuple(keep))
+    whole = _Candidate(path, manifest, None)
+    Collective(comm).scatter("choosing a checkpoint", lambda: _parts(whole, current))  # type: ignore[arg-type]
+    out["restore_scatter_s"] = time.perf_counter() - t1
+    return comm.kept, comm, out
 
 
-def rank_restore(received: bytes, rank: int) -> float:
-    """One rank's part of a restore before it reads its data: unpickle the broadcast candidate,
-    decide on an elastic restore from its own entry. Returns the time."""
+def rank_restore(received: bytes, rank: int, current: LayoutInfo) -> float:
+    """One rank's part of a restore before it reads its data: unpickle its part of the
+    candidate, put its layout back, decide on an elastic restore from its own entry. Returns
+    the time."""
     t0 = time.perf_counter()
     ok, candidate = pickle.loads(received)
     assert ok
-    needs_elastic(candidate.manifest.ranks[rank], {})
+    needs_elastic(_received(candidate.manifest, current).ranks[rank], {})
     return time.perf_counter() - t0
 
 
@@ -317,15 +347,21 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
         if not trace:
             out["rank_save_receive_s"] = seconds_of(functools.partial(pickle.loads, reply))
             gc.collect()
+        current = current_layout(ranks, per_file)
+        last, leader = ranks - 1, current.groups[-1][0]  # a file group's last rank, its leader
         with traced(trace) as mem:
-            received, restore = coordinator_restore(final, ranks, written)
+            kept, scomm, restore = coordinator_restore(final, current, written, (last, leader))
         del reply, written
         gc.collect()
         with traced(trace) as mem2:
-            rank_s = rank_restore(received, ranks - 1)
+            rank_s = rank_restore(kept[last], last, current)
         out.update(
-            rank_restore_bytes=len(received), restore_error=restore.pop("restore_error", None)
-        )
+            rank_restore_bytes=len(kept[last]), leader_restore_bytes=len(kept[leader]),
+            restore_scatter_bytes_total=sum(scomm.scattered),
+            restore_scatter_bytes_max=max(scomm.scattered),
+            restore_error=restore.pop("restore_error", None),
+        )  # fmt: skip
+        del scomm
         if trace:
             out.update(coordinator_restore_peak_bytes=mem["peak"],
                        rank_restore_peak_bytes=mem2["peak"])  # fmt: skip
@@ -363,6 +399,9 @@ def run(
         "commit_peak_bytes": peaks.get("commit_peak_bytes"),
         "commit_rss_delta_bytes": max(s["commit_rss_delta_bytes"] or 0 for s in samples) or None,
         "rank_restore_bytes": first["rank_restore_bytes"],
+        "leader_restore_bytes": first["leader_restore_bytes"],
+        "restore_scatter_bytes_total": first["restore_scatter_bytes_total"],
+        "restore_scatter_bytes_max": first["restore_scatter_bytes_max"],
         "rank_restore_peak_bytes": peaks.get("rank_restore_peak_bytes"),
         "coordinator_restore_peak_bytes": peaks.get("coordinator_restore_peak_bytes"),
         "restore_error": first["restore_error"],
@@ -421,13 +460,16 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     def mb(n: int | None) -> str:
         return "-" if n is None else f"{n / 1e6:,.1f}"
 
+    def kb(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1e3:,.1f}"
+
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
     rows = [
         "| ranks x datasets | manifest MB | gathered MB | commit s (unpickle / build / prepare / "
         "publish / bcast pickle) | commit peak MB (RSS delta) | reply MB per rank, rank unpickle s | "
-        "restore: rank MB, s, peak MB | load_manifest s |",
+        "restore: rank KB, s, peak KB | load_manifest s |",
         "|" + "---|" * 8,
     ]
     for r in results:
@@ -438,8 +480,8 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             f"{s(r['bcast_pickle_s'])}) | {mb(r['commit_peak_bytes'])} "
             f"({mb(r['commit_rss_delta_bytes'])} RSS) "
             f"| {mb(r['save_bcast_bytes_per_rank'])}, {s(r['rank_save_receive_s'])} "
-            f"| {mb(r['rank_restore_bytes'])}, {s(r['rank_restore_s'])}, "
-            f"{mb(r['rank_restore_peak_bytes'])} | {s(r.get('load_manifest_s'))} |"
+            f"| {kb(r['rank_restore_bytes'])}, {s(r['rank_restore_s'])}, "
+            f"{kb(r['rank_restore_peak_bytes'])} | {s(r.get('load_manifest_s'))} |"
         )
     rows += [f"{r['ranks']:,} ranks: restore failed: {r['restore_error']}"
              for r in results if r["restore_error"]]  # fmt: skip

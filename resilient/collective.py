@@ -6,10 +6,13 @@ rank raises (not only this library's), turns it into data (:class:`~resilient.er
 rank, message, errno), moves that data with the same collectives the success path uses, and
 raises one error on every rank. So no rank ever waits for a peer that has left on an exception.
 
-Three shapes cover the library:
+Four shapes cover the library:
 
 * :meth:`Collective.broadcast` -- the coordinator (rank 0) runs ``fn``; every rank gets its
   result or the same exception ("rank 0 creates the temporary directory").
+* :meth:`Collective.scatter` -- the coordinator runs ``fn``, which returns one value per rank;
+  every rank gets its own value (and only it) or the same exception ("rank 0 sends each rank
+  its part of the manifest").
 * :meth:`Collective.check` -- every rank runs ``fn``; everyone learns who failed ("every rank
   checks its input").
 * :meth:`Collective.all_reduce` -- every rank runs ``local``; the coordinator combines the
@@ -128,6 +131,33 @@ class Collective:
             except Exception as exc:
                 reply = (False, _payload(exc, self.rank))
         ok, value = self.comm.bcast(reply, root=0)
+        if not ok:
+            assert isinstance(value, tuple)
+            _raise(what, [value], 1)
+        return value  # type: ignore[return-value]
+
+    def scatter(self, what: str, fn: Callable[[], Sequence[T]]) -> T:
+        """Collective over ``comm``: call on all ranks. The coordinator runs ``fn``, which
+        returns one value per rank (rank order); each rank receives only its own.
+
+        Returns:
+            This rank's value of ``fn``'s result, on every rank.
+
+        Raises:
+            ResilientError: the coordinator's own resilient error, on every rank.
+            CollectiveError: for any other exception of ``fn`` (naming rank 0), or a result
+                that is not one value per rank, on every rank.
+        """
+        replies: list[tuple[bool, T | _Payload]] | None = None
+        if self.is_coordinator:
+            try:
+                values = fn()
+                if len(values) != self.comm.size:
+                    raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
+                replies = [(True, v) for v in values]
+            except Exception as exc:
+                replies = [(False, _payload(exc, self.rank))] * self.comm.size
+        ok, value = self.comm.scatter(replies, root=0)
         if not ok:
             assert isinstance(value, tuple)
             _raise(what, [value], 1)

@@ -61,6 +61,11 @@ class Comm(Protocol):
 
     def bcast(self, obj: T, root: int = 0) -> T: ...
 
+    def scatter(self, objs: list[T] | None, root: int = 0) -> T:
+        """Rank ``r`` gets ``objs[r]`` (``objs``: one per rank on ``root``, ignored elsewhere):
+        each rank receives only its own object, not all of them."""
+        ...
+
     def barrier(self) -> None: ...
 
     def any_true(self, flag: bool) -> bool:
@@ -95,6 +100,10 @@ class SerialComm:
 
     def bcast(self, obj: T, root: int = 0) -> T:
         return obj
+
+    def scatter(self, objs: list[T] | None, root: int = 0) -> T:
+        assert objs is not None and len(objs) == 1
+        return objs[0]
 
     def barrier(self) -> None:
         return None

@@ -42,6 +42,7 @@ __all__ = [
     "LayoutInfo",
     "Manifest",
     "ManifestError",
+    "PartialRanks",
     "RankEntry",
     "Segment",
     "Stripes",
@@ -243,6 +244,58 @@ class RankEntry:
             object.__setattr__(self, "datasets", DatasetTable.of(self.datasets))
 
 
+class PartialRanks(Sequence[RankEntry]):
+    """Some ranks' entries of a manifest of ``size`` ranks (:meth:`Manifest.part`): what one
+    rank of a restore receives instead of every rank's. Indexed by rank like the whole tuple;
+    an entry that is not in the part raises :class:`LookupError` (so does iterating over all).
+    Immutable; pickles as its entries only (nothing per absent rank)."""
+
+    __slots__ = ("_entries", "_size")
+
+    def __init__(self, size: int, entries: Mapping[int, RankEntry]) -> None:
+        if not all(0 <= r < size for r in entries):
+            raise ValueError(f"ranks {sorted(entries)[:4]}... outside 0..{size - 1}")
+        self._size = size
+        self._entries = dict(entries)
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The ranks whose entries this part holds, in order."""
+        return tuple(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, i: int) -> RankEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RankEntry]: ...
+    def __getitem__(self, i: int | slice) -> RankEntry | Sequence[RankEntry]:
+        if isinstance(i, slice):
+            return tuple(self[r] for r in range(*i.indices(self._size)))
+        r = i + self._size if i < 0 else i
+        try:
+            return self._entries[r]
+        except KeyError:
+            raise LookupError(
+                f"rank {i}'s entry is not in this part of the manifest (ranks {self.held[:8]})"
+            ) from None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PartialRanks):
+            return (self._size, self._entries) == (other._size, other._entries)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._size, tuple(sorted(self._entries))))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PartialRanks, (self._size, self._entries))
+
+    def __repr__(self) -> str:
+        return f"PartialRanks({self._size}, ranks {list(self.held)})"
+
+
 @dataclass(frozen=True, slots=True)
 class FileEntry:
     """One data file of a checkpoint.
@@ -280,7 +333,7 @@ class Manifest:
     time: float
     layout: LayoutInfo
     files: tuple[FileEntry, ...]
-    ranks: tuple[RankEntry, ...]
+    ranks: Sequence[RankEntry]  # a tuple; a PartialRanks in a part (:meth:`part`)
     kind: str = "checkpoint"
     static: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
@@ -290,15 +343,65 @@ class Manifest:
 
     @property
     def nbytes(self) -> int:
-        """Total size of the data files."""
+        """Total size of the data files (of a part's files only, in a part)."""
         return sum(f.size for f in self.files)
+
+    @property
+    def is_part(self) -> bool:
+        """Whether this is a part (:meth:`part`), not the whole manifest."""
+        return isinstance(self.ranks, PartialRanks)
+
+    def part(self, ranks: Sequence[int], *, layout: LayoutInfo | None = None) -> Manifest:
+        """The manifest as one rank of a restore needs it: the entries of ``ranks`` only (a
+        :class:`PartialRanks`), the files they name, and everything else as it is (step, static
+        reference, metrics...). ``layout``: the layout to put in its place (e.g. one without
+        its groups, which the receiving rank already knows: see the restorer).
+
+        A part cannot be encoded (:meth:`to_json`) nor validated as a whole; the elastic restore,
+        which reads other ranks' entries, needs the whole manifest.
+        """
+        return self.parts([ranks], layout=layout)[0]
+
+    def parts(
+        self, rank_sets: Sequence[Sequence[int]], *, layout: LayoutInfo | None = None
+    ) -> list[Manifest]:
+        """:meth:`part` of each of ``rank_sets`` (the files indexed once: work that grows with
+        the ranks and files, not with their product)."""
+        files = {f.name: f for f in self.files}
+        position = {f.name: i for i, f in enumerate(self.files)}
+        lay = self.layout if layout is None else layout
+        out = []
+        for ranks in rank_sets:
+            entries = {r: self.ranks[r] for r in ranks}
+            names = sorted({e.file for e in entries.values()}, key=position.__getitem__)
+            out.append(
+                Manifest(
+                    step=self.step,
+                    time=self.time,
+                    layout=lay,
+                    files=tuple(files[n] for n in names),
+                    ranks=PartialRanks(len(self.ranks), entries),
+                    kind=self.kind,
+                    static=self.static,
+                    metrics=self.metrics,
+                    library_version=self.library_version,
+                    schema_version=self.schema_version,
+                    checksum_algorithm=self.checksum_algorithm,
+                )
+            )
+        return out
 
     def to_json(self) -> str:
         """Serialise to JSON text in the current schema (stable key order).
 
         Each rank's datasets are columns (:func:`_columns`): a state dict's thousands of arrays
         are a few JSON arrays, written and parsed at C speed, not thousands of objects.
+
+        Raises:
+            ValueError: a part (:meth:`part`), not a whole manifest.
         """
+        if self.is_part:
+            raise ValueError("a part of a manifest cannot be written as a manifest")
         doc: dict[str, Any] = {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,

@@ -3,9 +3,9 @@
 Imports nothing from the rest of the library (:class:`MPIComm` satisfies the ``Comm`` protocol
 structurally), so :func:`resilient.comm.as_comm` can import it lazily without a cycle.
 
-Waiting ranks never spin inside a blocking MPI call: ``barrier``, ``allgather``, ``gather`` and
-``bcast`` first wait in a non-blocking barrier polled with short sleeps, because a rank waiting
-there may wait for a slow writer. With MPICH on oversubscribed cores a plain ``Barrier`` made the
+Waiting ranks never spin inside a blocking MPI call: ``barrier``, ``allgather``, ``gather``,
+``bcast`` and ``scatter`` first wait in a non-blocking barrier polled with short sleeps, because
+a rank waiting there may wait for a slow writer. With MPICH on oversubscribed cores a plain ``Barrier`` made the
 writing rank 5-10x slower (ranks spinning steal its core). ``any_true`` (called every step, when
 ranks arrive together) is one small allreduce without that barrier, and ``split_node`` is a plain
 ``Split_type``.
@@ -71,6 +71,11 @@ class MPIComm:
     def bcast(self, obj: T, root: int = 0) -> T:
         self.barrier()
         result: T = self.comm.bcast(obj, root=root)
+        return result
+
+    def scatter(self, objs: list[T] | None, root: int = 0) -> T:
+        self.barrier()
+        result: T = self.comm.scatter(objs if self._rank == root else None, root=root)
         return result
 
     def any_true(self, flag: bool) -> bool:

@@ -6,8 +6,13 @@ Call order of :meth:`Restorer.restore` (every step through
     coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
                   checkpoints that fail quick validation; layout checked: another rank count
                   or layout needs a checkpoint that can be restored elastically)
+    scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
+                  own entry, its group's for a file group's leader, their files, the header;
+                  the layout's groups only when they differ from this run's): what a rank
+                  receives grows with its own datasets, not with the rank count
     every rank    elastic or not: another layout, or a rank whose new blocks differ from its
                   saved ones (one small allreduce)
+    broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
     every rank    read its piece and its static data (or, elastically, its new blocks and the
                   replicated values: resilient.elastic), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
@@ -15,6 +20,7 @@ Call order of :meth:`Restorer.restore` (every step through
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -46,12 +52,64 @@ StateValidator = Callable[[Mapping[str, Any]], bool]
 
 @dataclass(frozen=True, slots=True)
 class _Candidate:
-    """A checkpoint the coordinator chose to try restoring, sent to every rank."""
+    """A checkpoint the coordinator chose to try restoring; each rank receives its part
+    (:func:`_parts`), the whole one only for an elastic restore."""
 
     path: Path
     manifest: Manifest
     static: Manifest | None
     elastic: bool = False  # another layout: only an elastic restore can read it
+
+
+def _needed(saved: LayoutInfo, current: LayoutInfo) -> list[tuple[int, ...]]:
+    """The ranks whose entries each rank of ``current`` needs for a plain restore: its own, and
+    a file group's leader its group's too (to reuse the file's skeleton at its next save, see
+    :func:`~resilient.checkpointer.seed_cache`); nothing for another layout (elastic: the whole
+    manifest follows)."""
+    if saved.nranks != current.nranks or saved.kind != current.kind:
+        return [()] * current.nranks
+    needed: list[tuple[int, ...]] = [(r,) for r in range(current.nranks)]
+    if saved.groups == current.groups:
+        for group in saved.groups:
+            needed[group[0]] = group
+    return needed
+
+
+def _stripped(saved: LayoutInfo, current: LayoutInfo) -> LayoutInfo | None:
+    """``saved`` without its groups when it is ``current`` (every rank knows those): a part
+    then carries nothing that grows with the rank count. ``None``: send it as it is."""
+    return LayoutInfo(saved.kind, saved.nranks, ()) if saved == current else None
+
+
+def _static_parts(static: Manifest | None, current: LayoutInfo) -> list[Manifest | None]:
+    """The part of a static data set's manifest each rank of ``current`` receives: its own
+    entry (where the set has one)."""
+    if static is None:
+        return [None] * current.nranks
+    n = len(static.ranks)
+    needed = [(r,) if r < n else () for r in range(current.nranks)]
+    return list(static.parts(needed, layout=_stripped(static.layout, current)))
+
+
+def _parts(whole: _Candidate, current: LayoutInfo) -> list[_Candidate]:
+    """Coordinator: the part of ``whole`` each rank of ``current`` receives (see :func:`_needed`)."""
+    m = whole.manifest
+    manifests = m.parts(_needed(m.layout, current), layout=_stripped(m.layout, current))
+    statics = _static_parts(whole.static, current)
+    return [
+        _Candidate(whole.path, part, static, whole.elastic)
+        for part, static in zip(manifests, statics, strict=True)
+    ]
+
+
+def _received(manifest: Manifest, current: LayoutInfo) -> Manifest:
+    """A part as received, its layout's groups put back (see :func:`_stripped`)."""
+    lay = manifest.layout
+    if manifest.is_part and not lay.groups:
+        if (lay.kind, lay.nranks) != (current.kind, current.nranks):
+            raise ValueError(f"a part of a manifest of another layout ({lay.kind}, {lay.nranks})")
+        return dataclasses.replace(manifest, layout=current)
+    return manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +162,15 @@ class Restorer:
         :meth:`resilient.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
         arrays to read into, ``blocks`` leaf paths to this rank's new blocks."""
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
+        whole: list[_Candidate] = []  # the coordinator's candidate, whole
+
+        def choose() -> list[_Candidate]:
+            whole[:] = [next(candidates)]
+            return _parts(whole[0], self.layout)
+
         while True:
-            chosen = self.coll.broadcast("choosing a checkpoint", lambda: next(candidates))
-            plan = self._plan(chosen, blocks or {})
+            chosen = self._receive(self.coll.scatter("choosing a checkpoint", choose))
+            plan, chosen = self._plan(chosen, blocks or {}, whole)
             if into and plan is None:
                 self._check_template(chosen, into)
             state: dict[str, Any] = {}
@@ -145,9 +209,12 @@ class Restorer:
             ``(None, [])`` when some rank's ``blocks`` differ from its saved ones (an elastic
             restore, which reads other ranks' files: use the shared root).
         """
-        static = self.coll.broadcast(
-            f"loading the static data of {path}", lambda: self._static_manifest(manifest)
+        static = self.coll.scatter(
+            f"loading the static data of {path}",
+            lambda: _static_parts(self._static_manifest(manifest), self.layout),
         )
+        if static is not None:
+            static = _received(static, self.layout)
         chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
@@ -164,6 +231,13 @@ class Restorer:
         self.last_restored = (path, manifest)
         return state, []
 
+    def _receive(self, part: _Candidate) -> _Candidate:
+        """This rank's part of a candidate, its layout put back."""
+        static = None if part.static is None else _received(part.static, self.layout)
+        return dataclasses.replace(
+            part, manifest=_received(part.manifest, self.layout), static=static
+        )
+
     def _needs_elastic(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> bool:
         """Collective: whether the candidate must be read elastically (another layout, or a
         rank whose new blocks differ from its saved ones)."""
@@ -178,14 +252,22 @@ class Restorer:
 
         return bool(self.coll.all_reduce("deciding on an elastic restore", mine, any))
 
-    def _plan(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> _Elastic | None:
-        """Collective: the candidate's elastic plans, or ``None`` for a plain read.
+    def _plan(
+        self, chosen: _Candidate, blocks: Mapping[str, BlockSpec], whole: list[_Candidate]
+    ) -> tuple[_Elastic | None, _Candidate]:
+        """Collective: the candidate's elastic plans, or ``None`` for a plain read; and the
+        candidate to read (for an elastic restore, which reads other ranks' entries, the whole
+        one, broadcast from ``whole`` on the coordinator).
 
         Raises:
             LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
         """
         if not self._needs_elastic(chosen, blocks):
-            return None
+            return None, chosen
+        chosen = self.coll.broadcast(
+            f"sending the whole manifest of {chosen.path.name} for an elastic restore",
+            lambda: whole[0],
+        )
         current = self.layout.describe()
 
         def plan() -> _Elastic:
@@ -195,7 +277,7 @@ class Restorer:
                 None if static is None else ElasticPlan.of(static, current=current),
             )
 
-        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
+        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan), chosen
 
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""

@@ -8,7 +8,7 @@ layouts, the commit protocol, validation and rotation are the same as under MPI.
 a process group, so torch is loaded): ``import resilient`` never imports torch.
 
 Objects travel with torch's object collectives (``all_gather_object``, ``gather_object``,
-``broadcast_object_list``: pickled, as mpi4py's lower-case methods do); ``any_true`` is one
+``broadcast_object_list``, ``scatter_object_list``: pickled, as mpi4py's lower-case methods do); ``any_true`` is one
 ``all_reduce(MAX)`` of a one-element int tensor.
 
 Backends: tested with gloo on CPU. Under NCCL the object collectives move their bytes through
@@ -168,6 +168,19 @@ class TorchComm:
         self._settle()
         box: list[Any] = [obj if self._rank == root else None]
         dist.broadcast_object_list(box, src=self._global(root), group=self.group)
+        result: T = box[0]
+        return result
+
+    def scatter(self, objs: list[T] | None, root: int = 0) -> T:
+        if self._size == 1:
+            assert objs is not None
+            return objs[0]
+        import torch.distributed as dist
+
+        self._settle()
+        box: list[Any] = [None]
+        mine = list(objs) if self._rank == root and objs is not None else None
+        dist.scatter_object_list(box, mine, src=self._global(root), group=self.group)
         result: T = box[0]
         return result
 

@@ -14,6 +14,22 @@ SCENARIO = "tests/mpi/scenario.py"
 KINDS = ["self", "node", "world", "split"]
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_scatter_gives_each_rank_its_own_value(tmp_path: Path, n: int) -> None:
+    """Collective.scatter (a restore's parts of the manifest): rank r gets value r; a failing
+    coordinator, or a result of the wrong length, raises the same error on every rank."""
+    got = results(run_mpi(n, [SCENARIO, "scatter", str(tmp_path / "ck"), "world"]))
+    assert [r["got"] for r in got] == [f"for {r}" for r in range(n)]
+    assert len({json_key(r["errors"]) for r in got}) == 1
+    assert len(got[0]["errors"]) == 2 and "no" in got[0]["errors"][0][1]
+
+
+def json_key(value: object) -> str:
+    import json
+
+    return json.dumps(value)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:

@@ -102,6 +102,7 @@ def scenario_roundtrip(root: str, kind: str) -> None:
         step, state = m.restore()
         assert step == 5
         assert_same(state, {**make_state(5), **make_static(version=1)})
+        check_part(m)
         step, state = m.restore(step=4)
         assert step == 4
         assert_same(state, {**make_state(4), **make_static(version=1)})
@@ -230,6 +231,41 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
         assert step == 1
         assert_same(got, make_state(1))
     result(ok=True, error=errors[0][0], message=errors[0][1])
+
+
+def check_part(m: CheckpointManager) -> None:
+    """A restore gave this rank its part of the manifest: its own entry, and its file group's
+    for the group's leader; only the files they name; this run's layout put back."""
+    restored = m._restorer.last_restored
+    assert restored is not None
+    part = restored[1]
+    assert part.is_part and len(part.ranks) == size
+    group = next(g for g in part.layout.groups if rank in g)
+    held = part.ranks.held  # type: ignore[attr-defined]
+    assert held == (group if group[0] == rank else (rank,)), (held, group)
+    assert {f.name for f in part.files} == {part.ranks[rank].file}
+    assert part.layout == m.layout
+
+
+def scenario_scatter(root: str, kind: str) -> None:
+    """Collective.scatter: each rank gets its own value; a failing coordinator raises the same
+    error on every rank."""
+    from resilient.collective import Collective
+    from resilient.comm import as_comm
+
+    coll = Collective(as_comm(world))
+    got = coll.scatter("scattering", lambda: [f"for {r}" for r in range(size)])
+
+    def refuse() -> list[str]:
+        raise ValueError("no")
+
+    errors = []
+    for fn in (refuse, lambda: ["too few"] * (size + 1)):
+        try:
+            coll.scatter("refusing", fn)
+        except resilient.ResilientError as exc:
+            errors.append([type(exc).__name__, str(exc)])
+    result(ok=True, got=got, errors=errors)
 
 
 def scenario_reply(root: str, kind: str) -> None:
