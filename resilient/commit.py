@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient import layout, storage
+from resilient import layout, storage, validate
 from resilient.checksum import digest_bytes
-from resilient.errors import CommitError
+from resilient.errors import CommitError, ConfigError
 from resilient.manifest import Manifest
 from resilient.validate import marker_text
 
@@ -93,6 +93,13 @@ class PendingDir:
             CommitError: as :meth:`commit`.
         """
         text = manifest.to_json().encode()
+        if len(text) > validate.MAX_MANIFEST_BYTES:  # committed, it could never be restored
+            raise ConfigError(
+                f"{what}: its manifest would be {len(text) / 1e6:.0f} MB, over the "
+                f"{validate.MAX_MANIFEST_BYTES >> 20} MiB a restore reads ({len(manifest.ranks)} "
+                "ranks x their arrays); not committed (earlier checkpoints are intact). Save "
+                "fewer, larger arrays per rank (e.g. one flat buffer for an optimizer's state)"
+            )
         marker = marker_text(manifest.step, digest_bytes(text)).encode()
         files = [(self.path / layout.MANIFEST, text), (self.path / layout.COMMITTED, marker)]
         with _commit_errors(what):

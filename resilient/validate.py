@@ -28,6 +28,7 @@ from resilient.manifest import (
 from resilient.tree import Memo
 
 __all__ = [
+    "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
     "iter_checkpoints",
     "latest_valid",
@@ -36,7 +37,9 @@ __all__ = [
     "validate_checkpoint",
 ]
 
-_MAX_MANIFEST_BYTES = 256 << 20
+MAX_MANIFEST_BYTES = 256 << 20
+"""The largest manifest a reader parses (a larger one is refused as implausible, so a save
+never commits one: :meth:`resilient.commit.PendingDir.prepare`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
     except (ValueError, KeyError, TypeError, RecursionError):
         raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
     try:
-        text = _read_small(path / layout.MANIFEST, _MAX_MANIFEST_BYTES)
+        text = _read_small(path / layout.MANIFEST, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise InvalidCheckpointError(where, "manifest.json is missing") from None
     if digest_bytes(text) != expected:

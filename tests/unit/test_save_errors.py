@@ -443,3 +443,24 @@ def test_a_failed_metadata_build_fails_the_save_and_the_next_one_plans_anew(
     m.save(3, new_structure)
     assert len(created) == 1  # planned anew: the failed skeleton was not offered again
     assert_state_equal(m.restore()[1], new_structure)
+
+
+def test_a_manifest_no_restore_would_read_is_not_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the manifest size a restore reads (here made small: 16,384 ranks x 300 arrays
+    reach the real 256 MiB), a save is refused with the sizes and a way out, on every rank;
+    the checkpoint before it still restores and no temporary directory is left."""
+    from resilient import validate
+
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as mgr:
+        mgr.save(1, {"u": np.arange(4.0)})
+        monkeypatch.setattr(validate, "MAX_MANIFEST_BYTES", 20_000)
+        many = {f"layer{i}.weight": np.full(3, float(i)) for i in range(400)}
+        with pytest.raises(ConfigError, match=r"manifest would be 0 MB, over the 0 MiB .*fewer"):
+            mgr.save(2, many)
+        monkeypatch.undo()
+        step, got = mgr.restore()
+    assert step == 1 and np.array_equal(got["u"], np.arange(4.0))
+    assert not leftovers(root)
