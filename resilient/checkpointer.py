@@ -348,19 +348,29 @@ def plan_write(
     every rank's structure (names, shapes, dtypes) is the one of the previous save: then the
     cached skeleton is reused and nothing touches the disk here. ``data`` must stay unchanged until the job has run.
     """
-    if cache.seed is not None:  # the first save after a restore: its file's skeleton
-        seed_cache(cache, topo, *cache.seed)
-        cache.seed = None
-    plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
-    cache.plan = plan
     path = directory / topo.file_name
-    unchanged = cache.specs == plan.specs
-    offer = _Offer(plan.rank, cache.generation, None if unchanged else plan.specs)
     leader = topo.group.rank == 0
-    claimed = leader and recycled is not None and _claimed(recycled / topo.file_name, path)
+    # this rank's own work comes first; what fails in it fails the group's round below on
+    # every member alike (a member that left before the round would leave the others in it)
+    try:
+        if cache.seed is not None:  # the first save after a restore: its file's skeleton
+            seed = cache.seed
+            cache.seed = None
+            seed_cache(cache, topo, *seed)
+        plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
+        cache.plan = plan
+        unchanged = cache.specs == plan.specs
+        offer = _Offer(plan.rank, cache.generation, None if unchanged else plan.specs)
+        failed: Exception | None = None
+    except Exception as exc:
+        failed = exc
+    claimed = (
+        failed is None and leader and recycled is not None
+        and _claimed(recycled / topo.file_name, path)
+    )  # fmt: skip
     answer = Collective(topo.group).all_reduce(
         f"planning {topo.file_name} of step {step}",
-        lambda: offer,
+        lambda: _offered(offer, failed),
         lambda offers: _plan_file(path, topo.kind, offers, cache, claimed=claimed),
     )
     if answer.offsets is not None:
@@ -371,6 +381,13 @@ def plan_write(
     assert skeleton is not None or not leader
     members = topo.members if leader else ()
     return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce)
+
+
+def _offered(offer: _Offer, failed: Exception | None) -> _Offer:
+    """This rank's offer, or the error that kept it from making one."""
+    if failed is not None:
+        raise failed
+    return offer
 
 
 def _claimed(source: Path, path: Path) -> bool:
@@ -814,15 +831,16 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
         or entry.ranks != topo.members
     ):
         return
+    rank = topo.comm.rank
+    own = manifest.ranks[rank].datasets  # (a member holds only its own entry: the leader all)
+    cache.generation += 1
+    cache.specs = tuple(zip(own.names, own.shapes, own.dtypes, strict=True))
+    cache.offsets = own.offsets
+    if topo.group.rank != 0:
+        return
     tables = {r: manifest.ranks[r].datasets for r in topo.members}
     specs = {r: tuple(zip(t.names, t.shapes, t.dtypes, strict=True)) for r, t in tables.items()}
     offsets = {r: t.offsets for r, t in tables.items()}
-    rank = topo.comm.rank
-    cache.generation += 1
-    cache.specs = specs[rank]
-    cache.offsets = tables[rank].offsets
-    if topo.group.rank != 0:
-        return
     cache.group_specs = specs
     cache.skeleton = None
     try:

@@ -163,6 +163,51 @@ class Collective:
             _raise(what, [value], 1)
         return value  # type: ignore[return-value]
 
+    def exchange(
+        self, what: str, local: Callable[[], T], answer: Callable[[list[T]], Sequence[R]]
+    ) -> R:
+        """Collective over ``comm``: call on all ranks. Every rank runs ``local``; the
+        coordinator runs ``answer`` on the results of all ranks (in rank order), which returns
+        one value per rank; each rank receives only its own. Two operations (a gather and a
+        scatter), where :meth:`check` then :meth:`scatter` would take three.
+
+        ``answer`` runs only when every ``local`` succeeded.
+
+        Returns:
+            This rank's value of ``answer``'s result, on every rank.
+
+        Raises:
+            ResilientError: the same error on every rank if any ``local`` or ``answer`` raised
+                (or ``answer`` did not return one value per rank).
+        """
+        mine: tuple[bool, T | _Payload]
+        try:
+            mine = (True, local())
+        except Exception as exc:
+            mine = (False, _payload(exc, self.rank))
+        gathered = self.comm.gather(mine, root=0)
+        replies: list[tuple[str, Any]] | None = None
+        if self.is_coordinator:
+            assert gathered is not None
+            failed = [v for ok, v in gathered if not ok]
+            if failed:
+                replies = [("local", failed)] * self.comm.size
+            else:
+                try:
+                    values = answer([v for _, v in gathered])  # type: ignore[misc]
+                    if len(values) != self.comm.size:
+                        raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
+                    replies = [("ok", v) for v in values]
+                except Exception as exc:
+                    replies = [("answer", [_payload(exc, self.rank)])] * self.comm.size
+        status, value = self.comm.scatter(replies, root=0)
+        if status == "local":
+            _raise(what, value, self.comm.size)
+        if status == "answer":
+            _raise(what, value, 1)
+        result: R = value
+        return result
+
     def check(self, what: str, fn: Callable[[], T]) -> T:
         """Collective over ``comm``: call on all ranks. Every rank runs ``fn``.
 

@@ -476,12 +476,17 @@ class CheckpointManager:
                 specs[path] = _block_spec(path, value)
             return leaves, specs
 
-        leaves, specs = self._coll.check("checking the restore's arguments", arguments)
-        local = (
-            self._restore_local(step, validate, leaves, specs) if self._local is not None else None
-        )
+        try:  # checked by every rank in the restore's first round (the same error everywhere)
+            leaves, specs = arguments()
+            refused = None
+        except Exception as exc:
+            leaves, specs, refused = None, {}, exc
+        local = None
+        if self._local is not None:  # the local copies are looked at first
+            self._coll.check("checking the restore's arguments", lambda: _reraise(refused))
+            local = self._restore_local(step, validate, leaves, specs)
         restored, state = local or self._restorer.restore(
-            step, validate=validate, into=leaves, blocks=specs
+            step, validate=validate, into=leaves, blocks=specs, refused=refused
         )
         if self._restorer.last_restored is not None:  # a restart's first save skips planning
             self._pipeline.reuse_skeleton(*self._restorer.last_restored)

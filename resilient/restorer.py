@@ -112,6 +112,14 @@ def _received(manifest: Manifest, current: LayoutInfo) -> Manifest:
     return manifest
 
 
+def _needs_elastic(chosen: _Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
+    """Whether ``rank``, with ``blocks`` as its new blocks, must read ``chosen`` elastically
+    (``chosen`` holds that rank's entries)."""
+    if needs_elastic(chosen.manifest.ranks[rank], blocks):
+        return True
+    return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
+
+
 @dataclass(frozen=True, slots=True)
 class _Elastic:
     """The elastic plans of a candidate (its state's and its static data's)."""
@@ -157,22 +165,33 @@ class Restorer:
         validate: StateValidator | None = None,
         into: Mapping[str, Any] | None = None,
         blocks: Mapping[str, BlockSpec] | None = None,
+        refused: Exception | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective over ``coll``: call on all ranks. See
         :meth:`resilient.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
-        arrays to read into, ``blocks`` leaf paths to this rank's new blocks."""
+        arrays to read into, ``blocks`` leaf paths to this rank's new blocks; ``refused``, what
+        was wrong with this rank's arguments (raised on every rank in the first round)."""
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
         whole: list[_Candidate] = []  # the coordinator's candidate, whole
+        mine = dict(blocks or {})
 
-        def choose() -> list[_Candidate]:
+        def ask() -> dict[str, BlockSpec]:
+            if refused is not None:
+                raise refused
+            return mine
+
+        def choose(asked: list[dict[str, BlockSpec]]) -> list[tuple[_Candidate, bool]]:
             whole[:] = [next(candidates)]
-            return _parts(whole[0], self.layout)
+            elastic = whole[0].elastic or any(
+                _needs_elastic(whole[0], r, b) for r, b in enumerate(asked)
+            )
+            return [(part, elastic) for part in _parts(whole[0], self.layout)]
 
-        while True:
-            chosen = self._receive(self.coll.scatter("choosing a checkpoint", choose))
-            plan, chosen = self._plan(chosen, blocks or {}, whole)
-            if into and plan is None:
-                self._check_template(chosen, into)
+        while True:  # one round: every rank's blocks up, its part of a candidate down
+            part, elastic = self.coll.exchange(
+                "checking the restore's arguments and choosing a checkpoint", ask, choose
+            )
+            plan, chosen = self._plan(self._receive(part), elastic, whole)
             state: dict[str, Any] = {}
             accepted = self.coll.all_reduce(
                 f"restore of {chosen.path.name}",
@@ -218,8 +237,6 @@ class Restorer:
         chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
-        if into:
-            self._check_template(chosen, into)
         state: dict[str, Any] = {}
         reasons = self.coll.all_reduce(
             f"restore of {path}",
@@ -243,26 +260,26 @@ class Restorer:
         rank whose new blocks differ from its saved ones)."""
         if chosen.elastic:
             return True
-
-        def mine() -> bool:
-            rank = self.coll.rank
-            if needs_elastic(chosen.manifest.ranks[rank], blocks):
-                return True
-            return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
-
-        return bool(self.coll.all_reduce("deciding on an elastic restore", mine, any))
+        rank = self.coll.rank
+        return bool(
+            self.coll.all_reduce(
+                "deciding on an elastic restore",
+                lambda: _needs_elastic(chosen, rank, blocks),
+                any,
+            )
+        )
 
     def _plan(
-        self, chosen: _Candidate, blocks: Mapping[str, BlockSpec], whole: list[_Candidate]
+        self, chosen: _Candidate, elastic: bool, whole: list[_Candidate]
     ) -> tuple[_Elastic | None, _Candidate]:
-        """Collective: the candidate's elastic plans, or ``None`` for a plain read; and the
-        candidate to read (for an elastic restore, which reads other ranks' entries, the whole
-        one, broadcast from ``whole`` on the coordinator).
+        """Collective: the candidate's elastic plans (if it is read ``elastic``-ally), or
+        ``None`` for a plain read; and the candidate to read (for an elastic restore, which
+        reads other ranks' entries, the whole one, broadcast from ``whole`` on the coordinator).
 
         Raises:
             LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
         """
-        if not self._needs_elastic(chosen, blocks):
+        if not elastic:
             return None, chosen
         chosen = self.coll.broadcast(
             f"sending the whole manifest of {chosen.path.name} for an elastic restore",
@@ -305,16 +322,13 @@ class Restorer:
         return load_manifest(path, kind="static")
 
     def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
-        """Collective: every rank checks that its template fits (not the checkpoint's fault: a
-        mismatch raises :class:`ConfigError` and quarantines nothing)."""
+        """This rank: check that its template fits, before reading (not the checkpoint's fault:
+        a mismatch raises :class:`ConfigError`, which :meth:`_try_read` lets through, so that
+        the read's round raises it on every rank and quarantines nothing)."""
         rank, what = self.coll.rank, f"restore into the given arrays ({chosen.path.name})"
-
-        def check() -> None:
-            check_template(chosen.manifest.ranks[rank], into, what=what)
-            if chosen.static is not None:
-                check_template(chosen.static.ranks[rank], into, what=what)
-
-        self.coll.check(what, check)
+        check_template(chosen.manifest.ranks[rank], into, what=what)
+        if chosen.static is not None:
+            check_template(chosen.static.ranks[rank], into, what=what)
 
     def _try_read(
         self,
@@ -332,6 +346,8 @@ class Restorer:
                 the checkpoint's fault: nothing is quarantined).
         """
         try:
+            if into and plan is None:
+                self._check_template(chosen, into)
             state.update(self._read(chosen, validate, into, plan, blocks))
         except ConfigError:
             raise

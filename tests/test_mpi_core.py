@@ -63,6 +63,15 @@ def test_kill_during_save_restores_last_committed(
     assert not [p for p in root.iterdir() if p.name.startswith(".step_")], "tmp dir not cleaned"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_restart_saves_again_and_restores(tmp_path: Path, n: int, kind: str) -> None:
+    """Restore, save twice (the restored skeleton reused, rotation writing over dropped files),
+    twice over, then restore the newest: no rank left behind in a round of its file's group."""
+    got = results(run_mpi(n, [SCENARIO, "resave", str(tmp_path / "ck"), kind], timeout=120))
+    assert [r["step"] for r in got] == [5] * n
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_reply_kept_by_the_coordinator_reaches_no_other_rank(tmp_path: Path, n: int) -> None:
     """finish_set's manifest stays on rank 0 (all_reduce(everywhere=False)); errors still

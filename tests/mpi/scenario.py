@@ -143,6 +143,27 @@ def scenario_restore(root: str, kind: str, expect: str) -> None:
     result(ok=True, step=step)
 
 
+def scenario_resave(root: str, kind: str) -> None:
+    """A restart: restore, then save again with the restored file's skeleton (a file shared by
+    several ranks: its leader holds the group's entries, the others only their own), with
+    rotation writing over dropped checkpoints' files; then the newest restores."""
+    comm = checkpoint_comm(kind)
+    with CheckpointManager(root, comm=world, checkpoint_comm=comm, keep=KeepLast(1)) as m:
+        m.save(1, make_state(1), static=make_static())
+    for restart in range(2):
+        with CheckpointManager(root, comm=world, checkpoint_comm=comm, keep=KeepLast(1)) as m:
+            step, state = m.restore()
+            assert step == 1 + 2 * restart, step
+            assert_same(state, {**make_state(step), **make_static()})
+            for nxt in (step + 1, step + 2):
+                m.save(nxt, make_state(nxt), static=make_static())
+    with CheckpointManager(root, comm=world, checkpoint_comm=comm) as m:
+        step, state = m.restore()
+        assert step == 5, step
+        assert_same(state, {**make_state(5), **make_static()})
+    result(ok=True, step=step)
+
+
 def scenario_kill(root: str, kind: str, where: str) -> None:
     """Save step 1 cleanly, then die (SIGKILL) at ``where`` during the save of step 2."""
     phase, _, victim = where.partition("@")
