@@ -27,6 +27,7 @@ rank raised it (e.g. a :class:`~resilient.errors.LayoutMismatchError` seen by al
 
 from __future__ import annotations
 
+import functools
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -180,33 +181,24 @@ class Collective:
             ResilientError: the same error on every rank if any ``local`` or ``answer`` raised
                 (or ``answer`` did not return one value per rank).
         """
-        mine: tuple[bool, T | _Payload]
-        try:
-            mine = (True, local())
-        except Exception as exc:
-            mine = (False, _payload(exc, self.rank))
-        gathered = self.comm.gather(mine, root=0)
+        gathered = self.comm.gather(self._outcome(local), root=0)
         replies: list[tuple[str, Any]] | None = None
         if self.is_coordinator:
             assert gathered is not None
-            failed = [v for ok, v in gathered if not ok]
-            if failed:
-                replies = [("local", failed)] * self.comm.size
-            else:
-                try:
-                    values = answer([v for _, v in gathered])  # type: ignore[misc]
-                    if len(values) != self.comm.size:
-                        raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
-                    replies = [("ok", v) for v in values]
-                except Exception as exc:
-                    replies = [("answer", [_payload(exc, self.rank)])] * self.comm.size
+            status, values = self._decide(gathered, functools.partial(self._per_rank, answer))
+            replies = (
+                [(status, v) for v in values]
+                if status == "ok"
+                else [(status, values)] * self.comm.size
+            )
         status, value = self.comm.scatter(replies, root=0)
-        if status == "local":
-            _raise(what, value, self.comm.size)
-        if status == "answer":
-            _raise(what, value, 1)
-        result: R = value
-        return result
+        return self._settle(what, status, value)  # type: ignore[no-any-return]
+
+    def _per_rank(self, answer: Callable[[list[T]], Sequence[R]], results: list[T]) -> Sequence[R]:
+        values = answer(results)
+        if len(values) != self.comm.size:
+            raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
+        return values
 
     def check(self, what: str, fn: Callable[[], T]) -> T:
         """Collective over ``comm``: call on all ranks. Every rank runs ``fn``.
@@ -268,30 +260,43 @@ class Collective:
         Raises:
             ResilientError: the same error on every rank if any ``local`` or ``combine`` raised.
         """
-        mine: tuple[bool, T | _Payload | None]
-        try:
-            mine = (True, local())
-        except Exception as exc:
-            mine = (False, _payload(exc, self.rank))
-        gathered = self.comm.gather(mine, root=0)
+        gathered = self.comm.gather(self._outcome(local), root=0)
         reply: tuple[str, Any] = ("ok", None)  # ("ok", result) or (who failed, payloads)
         if self.is_coordinator:
             assert gathered is not None
-            failed = [v for ok, v in gathered if not ok]
-            if failed:
-                reply = ("local", failed)
-            else:
-                try:
-                    reply = ("ok", combine([v for _, v in gathered]))  # type: ignore[misc]
-                except Exception as exc:
-                    reply = ("combine", [_payload(exc, self.rank)])
+            reply = self._decide(gathered, combine)
         kept = reply[1]
         if not everywhere and reply[0] == "ok":
             reply = ("ok", None)
         status, value = self.comm.bcast(reply, root=0)
+        value = self._settle(what, status, value)
+        result: R | None = kept if self.is_coordinator else value
+        return result
+
+    def _outcome(self, fn: Callable[[], T]) -> tuple[bool, T | _Payload]:
+        """``fn``'s result, or its failure as data, to send to the coordinator."""
+        try:
+            return True, fn()
+        except Exception as exc:
+            return False, _payload(exc, self.rank)
+
+    def _decide(
+        self, gathered: list[tuple[bool, Any]], combine: Callable[[list[Any]], Any]
+    ) -> tuple[str, Any]:
+        """Coordinator: ``("ok", combine(results))``, or who failed (``"local"``: ranks'
+        payloads; ``"combine"``: the coordinator's own)."""
+        failed = [v for ok, v in gathered if not ok]
+        if failed:
+            return "local", failed
+        try:
+            return "ok", combine([v for _, v in gathered])
+        except Exception as exc:
+            return "combine", [_payload(exc, self.rank)]
+
+    def _settle(self, what: str, status: str, value: Any) -> Any:
+        """``value``, or the error every rank raises for the failures it carries."""
         if status == "local":
             _raise(what, value, self.comm.size)
         if status == "combine":
             _raise(what, value, 1)
-        result: R | None = kept if self.is_coordinator else value
-        return result
+        return value
