@@ -398,10 +398,12 @@ def test_a_users_rule_outlasts_its_retries_with_walltime_stops_that_progress(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_users_rule_without_progress_stops_with_93_after_two_attempts(tmp_path: Path) -> None:
-    """A 0.3-s walltime, shorter than the program's start: no attempt can checkpoint. The
-    program is started twice, then exit 93; Snakemake's one retry finds the ledger and
-    `resilient run` refuses at once (exit 93) without starting the program a third time."""
-    proc = user_snakemake(tmp_path, 0.3, "results/stuck.h5")
+    """A 0.05-s walltime, far shorter than the program's start (Python and numpy alone take
+    longer): no attempt can checkpoint. The program is started twice, then exit 93; Snakemake's
+    one retry finds the ledger and `resilient run` refuses at once (exit 93) without starting
+    the program a third time. (0.3 s was not short enough: a program that started in 0.2 s
+    took its final checkpoint at the stop signal, made progress and was rightly requeued.)"""
+    proc = user_snakemake(tmp_path, 0.05, "results/stuck.h5")
     assert proc.returncode != 0, fail(proc)
     ledger = read_ledger(user_ckpt(tmp_path, "stuck"))
     assert [r["exit_code"] for r in ledger][-1] == 93, ledger
