@@ -1,7 +1,7 @@
 """Plain sbatch templates on a real Slurm (tests/slurm/up.sh): real time limits, real signals.
 
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
-allocation of ``--time=1`` (Slurm kills at 60-90 s), so the scenarios are started together
+allocation of ``--time=2`` (Slurm kills at 120-150 s), so the scenarios are started together
 (the partition is OverSubscribe=FORCE) and awaited one by one.
 """
 
@@ -25,7 +25,9 @@ from tests.slurmutil import require_slurm, squeue_names
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 HEAT = "--nx 64 --ny 64 --steps 200 --checkpoint-every 10"
-DELAY = "0.45"  # 90 s of compute: at least two allocations of --time=1
+# 110 s of compute: more than one allocation of --time=2, whose USR1@30 comes 30-90 s in (Slurm
+# may send it up to 60 s early: under --time=1 it once came 2 s in, before any checkpoint)
+DELAY = "0.55"
 
 
 def submit(script: str, *args: str, **env: str) -> str:
