@@ -23,6 +23,7 @@ becomes the same exception on every rank, never a hang.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from resilient import h5format, hdf5, storage
+from resilient import h5format, hdf5, layout, storage
 from resilient.arrays import (
     fill_leaf,
     leaf_meta,
@@ -55,13 +56,17 @@ from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import (
+    SHARDED_SCHEMA_VERSION,
     DatasetTable,
     FileEntry,
     Manifest,
     RankEntry,
     Segment,
+    ShardedRanks,
+    ShardEntry,
     Stripes,
     file_checksum_text,
+    shard_json,
 )
 from resilient.payload import LocalData
 from resilient.staging import allocate, fault_in
@@ -78,8 +83,10 @@ __all__ = [
     "FileWritten",
     "RankPlan",
     "RankWritten",
+    "ShardWritten",
     "SkeletonCache",
     "WriteJob",
+    "build_index",
     "build_manifest",
     "check_template",
     "finish_set",
@@ -463,6 +470,7 @@ def finish_set(
     prepare: Callable[[Manifest], None] | None = None,
     publish: Callable[[], None] | None = None,
     everywhere: bool = False,
+    directory: Path | None = None,
 ) -> Manifest | None:
     """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
     returns it or raises the job's error), build the manifest and ``commit`` it on the
@@ -473,6 +481,11 @@ def finish_set(
     the coordinator then calls ``prepare`` with the manifest meanwhile, and a second
     round, once every rank's data is durable, lets it ``publish``.
 
+    With ``topo.shard`` (a sharded manifest, schema 3), a first round over each shard has its
+    leader gather only its shard's outcomes and write its shard into ``directory`` (made
+    durable before ``publish``, with the data); the coordinator then gathers the shards'
+    summaries, not the ranks' entries, and commits the index (:func:`build_index`).
+
     Returns:
         The manifest on the coordinator; on every rank with ``everywhere`` (a node-local
         tier, whose every node commits its own copy). Otherwise the other ranks get ``None``:
@@ -480,11 +493,21 @@ def finish_set(
         would move ranks x that over the network.
     """
     coll = Collective(topo.comm)
+    what = f"save of {kind} step {step}"
+    gathered: Callable[[], Any] = outcome
+    if topo.shard is not None:
+        if directory is None or everywhere:
+            raise ValueError("a sharded manifest is written into the save's directory")
+        shard = _shard_round(topo, outcome, directory, kind=kind, step=step, what=what)
+        gathered = shard.result
+        if durable is not None and shard.path is not None:
+            durable = functools.partial(_durable_with, durable, shard.path)
 
-    def combine(written: list[RankWritten]) -> Manifest:
-        manifest = build_manifest(
-            topo, written, step=step, kind=kind, static=static, metrics=metrics or {},
-            library_version=library_version,
+    def combine(written: list[Any]) -> Manifest:
+        build = build_manifest if topo.shard is None else build_index
+        manifest = build(
+            topo, [w for w in written if w is not None], step=step, kind=kind, static=static,
+            metrics=metrics or {}, library_version=library_version,
         )  # fmt: skip
         if commit is not None:
             commit(manifest)
@@ -492,9 +515,8 @@ def finish_set(
             prepare(manifest)
         return manifest
 
-    what = f"save of {kind} step {step}"
     try:
-        manifest = coll.all_reduce(what, outcome, combine, everywhere=everywhere)
+        manifest = coll.all_reduce(what, gathered, combine, everywhere=everywhere)
     except Exception:
         if durable is not None:  # no writer thread may outlive the save
             with contextlib.suppress(Exception):
@@ -503,6 +525,68 @@ def finish_set(
     if durable is not None:
         coll.all_reduce(what, durable, lambda _: publish() if publish is not None else None)
     return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class ShardWritten:
+    """A manifest shard as its leader wrote it: its index entry and its files' entries."""
+
+    shard: ShardEntry
+    files: tuple[FileEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _ShardOutcome:
+    """This rank's outcome of the shard round: the shard (its leader), nothing (a member) or
+    the round's error (every rank of the shard)."""
+
+    written: ShardWritten | None
+    error: Exception | None
+    path: Path | None  # the shard file, on its leader
+
+    def result(self) -> ShardWritten | None:
+        if self.error is not None:
+            raise self.error
+        return self.written
+
+
+def _shard_round(
+    topo: Topology,
+    outcome: Callable[[], RankWritten],
+    directory: Path,
+    *,
+    kind: str,
+    step: int,
+    what: str,
+) -> _ShardOutcome:
+    """Collective over ``topo.shard``: its leader gathers the shard's outcomes and writes the
+    shard (not yet durable); a failure becomes every shard rank's outcome of the next round."""
+    assert topo.shard is not None
+    path = directory / layout.shard_name(topo.shard_index)
+
+    def write(written: list[RankWritten]) -> ShardWritten:
+        entries = dict(zip(topo.shard_members, (w.entry for w in written), strict=True))
+        files = _file_entries(entries, written)
+        text = shard_json(kind, step, entries).encode()
+        storage.retry_io(
+            lambda: storage.write_all([(path, text)]),
+            what=f"writing {path}",
+            cleanup=lambda: path.unlink(missing_ok=True),
+        )
+        entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
+        return ShardWritten(entry, files)
+
+    try:
+        written = Collective(topo.shard).all_reduce(what, outcome, write, everywhere=False)
+    except Exception as exc:
+        return _ShardOutcome(None, exc, None)
+    return _ShardOutcome(written, None, path if written is not None else None)
+
+
+def _durable_with(durable: Callable[[], None], shard: Path) -> None:
+    """``durable``, then the shard its leader wrote made durable too."""
+    durable()
+    storage.fsync_files([shard])
 
 
 def save_set(
@@ -532,7 +616,7 @@ def save_set(
         finish_set(
             topo, lambda: outcome().run(), step=step, kind=kind, static=static, metrics=metrics,
             library_version=library_version,
-            commit=lambda manifest: pending.commit(manifest, what=what),
+            commit=lambda manifest: pending.commit(manifest, what=what), directory=pending.path,
         )  # fmt: skip
     except Exception:
         if coll.is_coordinator:
@@ -551,35 +635,48 @@ def build_manifest(
     library_version: str,
 ) -> Manifest:
     """The manifest of a written set; each file's checksum over its segments' checksums."""
-    draft = Manifest(
-        step=step,
-        time=time.time(),
-        layout=topo.layout_info,
-        files=tuple(
-            FileEntry(w.file.name, w.file.size, "", w.file.ranks, tuple(w.file.meta_segments))
-            for w in written
-            if w.file is not None
-        ),
-        ranks=tuple(w.entry for w in written),
-        kind=kind,
-        static=static,
-        metrics=dict(metrics),
-        library_version=library_version,
-    )
-    files = tuple(
-        FileEntry(
-            f.name,
-            f.size,
-            digest_text(file_checksum_text(draft, f)),
-            f.ranks,
-            f.meta_segments,
-        )
-        for f in draft.files
-    )
+    ranks = tuple(w.entry for w in written)
     return Manifest(
-        step=draft.step, time=draft.time, layout=draft.layout, files=files, ranks=draft.ranks,
-        kind=kind, static=static, metrics=draft.metrics, library_version=library_version,
+        step=step, time=time.time(), layout=topo.layout_info,
+        files=_file_entries(dict(enumerate(ranks)), written), ranks=ranks, kind=kind,
+        static=static, metrics=dict(metrics), library_version=library_version,
     )  # fmt: skip
+
+
+def build_index(
+    topo: Topology,
+    shards: Sequence[ShardWritten],
+    *,
+    step: int,
+    kind: str,
+    static: str | None,
+    metrics: Mapping[str, Any],
+    library_version: str,
+) -> Manifest:
+    """The index of a sharded manifest (schema 3) from its shards, in order: every file's entry
+    and every shard's, no rank's (they are in the shards)."""
+    files = tuple(f for s in shards for f in s.files)
+    by_name = {f.name: f for f in files}
+    ranks = ShardedRanks(topo.comm.size, [s.shard for s in shards], by_name, None)
+    return Manifest(
+        step=step, time=time.time(), layout=topo.layout_info, files=files, ranks=ranks,
+        kind=kind, static=static, metrics=dict(metrics), library_version=library_version,
+        schema_version=SHARDED_SCHEMA_VERSION,
+    )  # fmt: skip
+
+
+def _file_entries(
+    entries: Mapping[int, RankEntry], written: Sequence[RankWritten]
+) -> tuple[FileEntry, ...]:
+    """The entries of the files whose leaders are in ``written``; each file's checksum over its
+    segments' checksums (``entries``: the entries of their ranks, by rank)."""
+    out = []
+    for w in written:
+        if w.file is None:
+            continue
+        f = FileEntry(w.file.name, w.file.size, "", w.file.ranks, tuple(w.file.meta_segments))
+        out.append(dataclasses.replace(f, checksum=digest_text(file_checksum_text(entries, f))))
+    return tuple(out)
 
 
 def read_rank(

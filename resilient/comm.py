@@ -76,6 +76,10 @@ class Comm(Protocol):
         """The ranks of this communicator that share a node (shared-memory domain)."""
         ...
 
+    def split(self, color: int) -> Comm:
+        """The ranks of this communicator that pass the same ``color``, in rank order."""
+        ...
+
     def channel(self) -> Channel:
         """A :class:`Channel` over these ranks for a background thread (collective)."""
         ...
@@ -112,6 +116,9 @@ class SerialComm:
         return flag
 
     def split_node(self) -> Comm:
+        return self
+
+    def split(self, color: int) -> Comm:
         return self
 
     def channel(self) -> Channel:

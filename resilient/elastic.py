@@ -31,7 +31,7 @@ from resilient.arrays import fill_leaf, restore_leaf, template_spec, writable_vi
 from resilient.blocks import BlockSpec, intersect, stripe_range
 from resilient.checksum import digest_array, digest_bytes
 from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
-from resilient.manifest import DatasetEntry, Manifest, RankEntry, block_of
+from resilient.manifest import DatasetEntry, Manifest, RankEntry, block_of, check_blocks
 from resilient.tree import elastic_kinds, leaf_paths, structure_of, unflatten
 
 if TYPE_CHECKING:
@@ -98,6 +98,8 @@ class ElasticPlan:
             LayoutMismatchError: per-rank data that is neither a Block nor Replicated, or saved
                 ranks whose structures differ; naming the leaf paths.
         """
+        if manifest.sharded is not None:  # a shard checks its own blocks only when read
+            check_blocks(manifest)
         saved = manifest.layout.describe()
         first = manifest.ranks[0]
         if first.tree is None:  # written before nested states: nothing is declared

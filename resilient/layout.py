@@ -47,13 +47,15 @@ __all__ = [
     "quarantine_dir_name",
     "static_dir_name",
     "static_tmp_dir_name",
+    "shard_name",
+    "is_shard_name",
     "step_dir_name",
     "tmp_dir_name",
     "trash_dir_name",
     "attempt_sidecar_name",
 ]
 
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # the whole manifest, or the index of a sharded one
 COMMITTED = "COMMITTED"
 ROOT_MARKER = ".resilient-root"
 LOCK_FILE = ".lock"
@@ -75,6 +77,7 @@ _QUARANTINED_RE = re.compile(r"^step_(\d{8,})\.quarantined-[0-9a-f]{8,32}\Z")
 _STATIC_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}\Z")
 _TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}\Z")
+_SHARD_RE = re.compile(r"^manifest-(\d{5,})\.json\Z")
 _DATA_FILE_RE = re.compile(r"^(?:(?:rank|node|group)_\d{5,}|world)\.h5\Z")
 
 _FILE_PREFIX = {"self": "rank", "node": "node", "custom": "group"}
@@ -164,6 +167,17 @@ def is_trash(name: str) -> bool:
 def is_data_file_name(name: str) -> bool:
     """Whether ``name`` is a legal name for a checkpoint data file (no paths, no tricks)."""
     return bool(_DATA_FILE_RE.match(name))
+
+
+def shard_name(index: int) -> str:
+    """Name of the ``index``-th shard of a sharded manifest (schema 3), beside its index
+    :data:`MANIFEST`."""
+    return f"manifest-{index:05d}.json"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` names a shard of a sharded manifest (see :func:`shard_name`)."""
+    return bool(_SHARD_RE.match(name))
 
 
 def rank_group_name(rank: int) -> str:

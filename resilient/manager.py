@@ -54,6 +54,10 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+DEFAULT_SHARD_RANKS = 128
+"""Ranks per manifest shard by default: a node or two of ranks; a shard of 128 ranks x 300
+arrays is ~4 MB of JSON, written by its leader in ~0.1 s (bench/bench_scale.py)."""
+
 PAUSE_GC_ENV = "RESILIENT_PAUSE_GC"
 """Set to ``1`` to pause Python's cyclic garbage collector during saves and restores."""
 
@@ -119,6 +123,11 @@ class CheckpointManager:
             the first save; a manager whose key differs from the recorded one raises
             :class:`ConfigError` on every rank at construction, naming the differing keys,
             before anything in ``root`` is touched (:mod:`resilient.runkey`).
+        manifest_shard_ranks: a checkpoint set of more ranks than this writes its manifest in
+            shards of about this many ranks (whole file groups) beside a small index (schema
+            3): no rank gathers, encodes or parses every rank's entries, and a restoring rank
+            reads its own shard only. ``None``: one manifest whatever the rank count. With
+            ``local_dir`` the manifest is one file (each node's copy needs every entry).
     """
 
     def __init__(
@@ -137,6 +146,7 @@ class CheckpointManager:
         local_keep: int = 2,
         redundancy: str | None = None,
         run_key: Mapping[str, Any] | None = None,
+        manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
     ) -> None:
         self.root = Path(root)
         self.run_key = normalize_run_key(run_key)
@@ -165,7 +175,19 @@ class CheckpointManager:
                 f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
                 "needs local_dir (node-local storage such as $SLURM_TMPDIR or /dev/shm)"
             )
-        self.topology = make_topology(self.comm, checkpoint_comm)
+        if manifest_shard_ranks is not None and (
+            not isinstance(manifest_shard_ranks, int)
+            or isinstance(manifest_shard_ranks, bool)
+            or manifest_shard_ranks < 1
+        ):
+            raise ConfigError(
+                f"manifest_shard_ranks must be a positive integer or None, got "
+                f"{manifest_shard_ranks!r}"
+            )
+        self.topology = make_topology(
+            self.comm, checkpoint_comm,
+            shard_ranks=manifest_shard_ranks if local_dir is None else None,
+        )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.topology.layout_info, memo=self._memo

@@ -89,6 +89,9 @@ class MPIComm:
 
         return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank))
 
+    def split(self, color: int) -> MPIComm:
+        return MPIComm(self.comm.Split(color, key=self._rank))
+
     def channel(self) -> MPIChannel:
         """Collective: a :class:`MPIChannel` on a duplicate of this communicator.
 

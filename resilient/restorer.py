@@ -39,7 +39,7 @@ from resilient.errors import (
     ConfigError,
     InvalidCheckpointError,
 )
-from resilient.manifest import LayoutInfo, Manifest
+from resilient.manifest import LayoutInfo, Manifest, ManifestError
 from resilient.tree import Memo
 from resilient.validate import iter_checkpoints, load_manifest
 
@@ -114,10 +114,18 @@ def _received(manifest: Manifest, current: LayoutInfo) -> Manifest:
 
 def _needs_elastic(chosen: _Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
     """Whether ``rank``, with ``blocks`` as its new blocks, must read ``chosen`` elastically
-    (``chosen`` holds that rank's entries)."""
-    if needs_elastic(chosen.manifest.ranks[rank], blocks):
-        return True
-    return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
+    (``chosen`` holds that rank's entries, or reads them: a shard of a sharded manifest).
+
+    A shard that cannot be read says no here: the rank's read then fails on it, and the
+    checkpoint is quarantined as for any other corruption."""
+    if not blocks:
+        return False
+    try:
+        if needs_elastic(chosen.manifest.ranks[rank], blocks):
+            return True
+        return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
+    except (InvalidCheckpointError, ManifestError):
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,9 +316,15 @@ class Restorer:
             static = self._static_manifest(record.manifest)
             elastic = saved.nranks != current.nranks or saved.kind != current.kind
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
-                ElasticPlan.of(record.manifest, current=current.describe())
-                if static is not None:
-                    ElasticPlan.of(static, current=current.describe())
+                try:
+                    ElasticPlan.of(record.manifest, current=current.describe())
+                    if static is not None:
+                        ElasticPlan.of(static, current=current.describe())
+                except (InvalidCheckpointError, ManifestError) as exc:  # a shard, when read
+                    why = exc.reason if isinstance(exc, InvalidCheckpointError) else str(exc)
+                    storage.quarantine(record.path, record.step, why)
+                    self.catalog.quarantined(record.step)
+                    continue
             yield _Candidate(record.path, record.manifest, static, elastic)
         where = f"of step {step} " if step is not None else ""
         raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
@@ -353,6 +367,8 @@ class Restorer:
             raise
         except InvalidCheckpointError as exc:
             return exc.reason
+        except ManifestError as exc:  # its shard of a sharded manifest
+            return f"bad manifest: {exc}"
         except _Rejected as exc:
             return str(exc)
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint

@@ -300,7 +300,7 @@ class SavePipeline:
                     self.topo, flight.task.result, step=request.step, static=flight.static,
                     metrics=request.metrics, library_version=__version__,
                     commit=None if local else lambda m: pending.commit(m, what=what),
-                    everywhere=local is not None,
+                    everywhere=local is not None, directory=pending.path,
                 )  # fmt: skip
             else:  # the manifest is prepared while the data is still being written
                 manifest = finish_set(
@@ -309,7 +309,7 @@ class SavePipeline:
                     durable=flight.written.result,
                     prepare=None if local else lambda m: pending.prepare(m, what=what),
                     publish=None if local else lambda: pending.publish(what=what),
-                    everywhere=local is not None,
+                    everywhere=local is not None, directory=pending.path,
                 )  # fmt: skip
         except Exception:
             if local is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +13,7 @@ from resilient.comm import Comm, SerialComm, as_comm
 from resilient.errors import ConfigError
 from resilient.manifest import LayoutInfo
 
-__all__ = ["Topology", "make_topology"]
+__all__ = ["Topology", "make_topology", "shard_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,10 @@ class Topology:
         kind: ``self``, ``node``, ``world`` or ``custom``.
         groups: the world ranks of every group, ordered by their lowest rank.
         group_index: index of this rank's group in ``groups``.
+        shard: the ranks whose manifest entries share this rank's manifest shard (whole
+            groups, consecutive in ``groups``); ``None``: the manifest is one file.
+        shard_index: the index of this rank's shard.
+        shard_members: the ranks (of ``comm``) of this rank's shard, in order.
     """
 
     comm: Comm
@@ -31,6 +37,9 @@ class Topology:
     kind: str
     groups: tuple[tuple[int, ...], ...]
     group_index: int
+    shard: Comm | None = None
+    shard_index: int = 0
+    shard_members: tuple[int, ...] = ()
 
     @property
     def layout_info(self) -> LayoutInfo:
@@ -60,8 +69,23 @@ def _resolve(comm: Comm, checkpoint_comm: Any) -> tuple[str, Comm]:
     )
 
 
-def make_topology(comm: Comm, checkpoint_comm: Any) -> Topology:
+def shard_groups(groups: Sequence[Sequence[int]], shard_ranks: int) -> list[int]:
+    """Pure: the manifest shard of each group: consecutive groups, a shard closed once it holds
+    ``shard_ranks`` ranks or more (a group is never split)."""
+    out, shard, held = [], 0, 0
+    for group in groups:
+        if held >= shard_ranks:
+            shard, held = shard + 1, 0
+        out.append(shard)
+        held += len(group)
+    return out
+
+
+def make_topology(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None) -> Topology:
     """Collective over ``comm``: call on all ranks. Resolve ``checkpoint_comm`` into groups.
+
+    With ``shard_ranks``, a set of more ranks than that writes a sharded manifest: each shard
+    (:func:`shard_groups`) gets a communicator of its own, made here.
 
     Raises:
         ConfigError: an unknown name, or groups that do not partition ``comm``.
@@ -81,6 +105,12 @@ def make_topology(comm: Comm, checkpoint_comm: Any) -> Topology:
             )
 
     coll.check("checkpoint_comm setup", check_partition)
-    return Topology(
-        comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=groups.index(members)
-    )
+    index = groups.index(members)
+    topo = Topology(comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=index)
+    shards = shard_groups(groups, shard_ranks) if shard_ranks and comm.size > shard_ranks else []
+    if len(set(shards)) < 2:
+        return topo
+    mine = shards[index]
+    shard = coll.check("manifest shard setup", lambda: comm.split(mine))
+    together = sorted(r for g, s in zip(groups, shards, strict=True) if s == mine for r in g)
+    return dataclasses.replace(topo, shard=shard, shard_index=mine, shard_members=tuple(together))

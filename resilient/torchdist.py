@@ -204,30 +204,35 @@ class TorchComm:
         Over a smaller group (whose other processes are not here) each rank creates only its
         own host's group, with ``use_local_synchronization`` (torch >= 2.1).
         """
-        if self._node is not None:
-            return self._node
-        hosts = self.allgather(_hostname())
-        by_host: dict[str, list[int]] = {}
-        for r, host in enumerate(hosts):
-            by_host.setdefault(host, []).append(r)
-        if len(by_host) == 1:
-            self._node = self
+        if self._node is None:
+            self._node = self._split_by(_hostname())
+        return self._node
+
+    def split(self, color: int) -> TorchComm:
+        """Collective: the ranks of this group passing the same ``color`` (a new group, made as
+        :meth:`split_node` makes its)."""
+        return self._split_by(color)
+
+    def _split_by(self, label: object) -> TorchComm:
+        labels = self.allgather(label)
+        by_label: dict[object, list[int]] = {}
+        for r, value in enumerate(labels):
+            by_label.setdefault(value, []).append(r)
+        if len(by_label) == 1:
             return self
         import torch.distributed as dist
 
-        mine = hosts[self._rank]
         backend = self._backend
         if self.group is None:
-            node: Any = None
-            for members in by_host.values():  # dict order: by lowest rank, the same everywhere
+            made: Any = None
+            for members in by_label.values():  # dict order: by lowest rank, the same everywhere
                 pg = dist.new_group(ranks=members, backend=backend)
-                if members == by_host[mine]:
-                    node = pg
+                if members == by_label[label]:
+                    made = pg
         else:
-            ranks = [self._global(r) for r in by_host[mine]]
-            node = dist.new_group(ranks=ranks, backend=backend, use_local_synchronization=True)
-        self._node = TorchComm(node)
-        return self._node
+            ranks = [self._global(r) for r in by_label[label]]
+            made = dist.new_group(ranks=ranks, backend=backend, use_local_synchronization=True)
+        return TorchComm(made)
 
     def channel(self) -> TorchChannel:
         """Collective: a :class:`TorchChannel` on a new gloo group of this group's ranks

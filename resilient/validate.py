@@ -18,8 +18,10 @@ from resilient import layout
 from resilient.checksum import digest_bytes, digest_file_range, digest_file_stripes, digest_text
 from resilient.errors import InvalidCheckpointError
 from resilient.manifest import (
+    FileEntry,
     Manifest,
     ManifestError,
+    ShardEntry,
     combine_checksums,
     file_segments,
     parse_manifest,
@@ -30,6 +32,7 @@ from resilient.tree import Memo
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
+    "ShardFiles",
     "iter_checkpoints",
     "latest_valid",
     "list_checkpoints",
@@ -118,7 +121,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
             where, "manifest.json does not match its checksum in COMMITTED"
         )
     try:
-        manifest = parse_manifest(text, memo=memo)
+        manifest = parse_manifest(text, memo=memo, read_shard=ShardFiles(path))
     except ManifestError as exc:
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
     if manifest.kind != kind:
@@ -130,7 +133,68 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
     return manifest
 
 
+@dataclass(frozen=True, slots=True)
+class ShardFiles:
+    """Reads the shards of a sharded manifest (schema 3) in ``directory`` for
+    :func:`~resilient.manifest.parse_manifest`: the bytes of one, checked against its index
+    entry (size and checksum).
+
+    Raises:
+        InvalidCheckpointError: the shard is missing, or not the one the index describes.
+    """
+
+    directory: Path
+
+    def __call__(self, shard: ShardEntry) -> bytes:
+        where = str(self.directory)
+        try:
+            text = _read_small(self.directory / shard.name, MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+        if len(text) != shard.size:
+            raise InvalidCheckpointError(
+                where,
+                f"manifest shard {shard.name} has {len(text)} bytes, its index says {shard.size}",
+            )
+        if digest_bytes(text) != shard.checksum:
+            raise InvalidCheckpointError(
+                where, f"manifest shard {shard.name} does not match its checksum in the index"
+            )
+        return text
+
+
+def _check_shards(path: Path, manifest: Manifest) -> None:
+    """Quick validation of a sharded manifest's shards: each a regular file of the size its
+    index says, and no shard the index does not name (their contents are checked when read)."""
+    sharded = manifest.sharded
+    if sharded is None:
+        return
+    where = str(path)
+    for shard in sharded.shards:
+        try:
+            st = os.lstat(path / shard.name)
+        except FileNotFoundError:
+            raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != shard.size:
+            raise InvalidCheckpointError(
+                where, f"manifest shard {shard.name} is not the file its index describes"
+            )
+    named = {s.name for s in sharded.shards}
+    extra = sorted(n for n in os.listdir(path) if layout.is_shard_name(n) and n not in named)
+    if extra:
+        raise InvalidCheckpointError(where, f"manifest shard {extra[0]} is not in the index")
+
+
 def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
+    where = str(path)
+    _check_shards(path, manifest)
+    try:
+        _check_data_files(path, manifest, full=full, node_local=node_local)
+    except ManifestError as exc:  # a shard read by a full validation
+        raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+
+
+def _check_data_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
     where = str(path)
     for entry in manifest.files:
         fpath = path / entry.name
@@ -148,7 +212,7 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool
             )
         if not full:
             continue
-        striped = _striped(manifest, entry.name)
+        striped = _striped(manifest, entry)
         fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             digests = []
@@ -182,11 +246,12 @@ def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool
             raise InvalidCheckpointError(where, f"file checksum mismatch for {entry.name}")
 
 
-def _striped(manifest: Manifest, file: str) -> dict[int, tuple[int, tuple[str, ...]]]:
+def _striped(manifest: Manifest, file: FileEntry) -> dict[int, tuple[int, tuple[str, ...]]]:
     """Datasets of ``file`` with stripe checksums: offset -> (bytes per stripe, digests)."""
     out = {}
-    for rank in manifest.ranks:
-        if rank.file != file:
+    for r in file.ranks:
+        rank = manifest.ranks[r]
+        if rank.file != file.name:
             continue
         for d in rank.datasets:
             if d.stripes is not None and d.offset is not None and d.nbytes:

@@ -140,3 +140,67 @@ def test_background_write_error_on_one_rank_raises_everywhere(tmp_path: Path, ki
     assert got[0]["error"] == "CollectiveError"
     assert "No space left on device" in got[0]["message"]
     assert "rank(s) [2]" in got[0]["message"]
+
+
+# --------------------------------------------------------------------------- sharded manifests
+# SCENARIO_SHARD_RANKS=1: every file group its own shard (self: a shard per rank; split: per
+# pair of ranks), so that 3-4 ranks write and read what 16,384 would (bench/bench_scale.py)
+
+
+@pytest.mark.parametrize("kind", ["self", "split"])
+@pytest.mark.parametrize("mode", ["blocking", "async"])
+def test_sharded_manifest_round_trip_is_bit_identical(tmp_path: Path, kind: str, mode: str) -> None:
+    """Saves with static data and rotation, then restores: each rank receives and reads only
+    its own shard (check_part), and every array comes back bit-identical."""
+    env = {"SCENARIO_SHARD_RANKS": "1", "SCENARIO_ASYNC": "1" if mode == "async" else "0"}
+    proc = run_mpi(4, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind], **env)
+    assert [r["ok"] for r in results(proc)] == [True] * 4
+
+
+@pytest.mark.parametrize("kind", ["self", "split"])
+def test_sharded_manifest_restart_saves_again(tmp_path: Path, kind: str) -> None:
+    """A restart reuses the restored skeletons, read from the leaders' shards."""
+    proc = run_mpi(4, [SCENARIO, "resave", str(tmp_path / "ck"), kind], SCENARIO_SHARD_RANKS="1")
+    assert [r["step"] for r in results(proc)] == [5] * 4
+
+
+@pytest.mark.parametrize("where", ["write@1", "manifest@0", "rename@0"])
+def test_kill_during_a_sharded_save_restores_last_committed(tmp_path: Path, where: str) -> None:
+    root = tmp_path / "ck"
+    killed = run_mpi(4, [SCENARIO, "kill", str(root), "self", where], check=False,
+                     SCENARIO_SHARD_RANKS="1")  # fmt: skip
+    assert killed.returncode != 0 and "survived" not in killed.stdout, killed.stdout
+    proc = run_mpi(4, [SCENARIO, "restore", str(root), "self", "1"], SCENARIO_SHARD_RANKS="1")
+    assert [r.get("step") for r in results(proc)] == [1] * 4
+
+
+@pytest.mark.parametrize("how", ["enospc", "badvalue"])
+def test_one_rank_failing_a_sharded_save_raises_everywhere(tmp_path: Path, how: str) -> None:
+    """An error in one shard's round is every rank's error, in every shard."""
+    proc = run_mpi(3, [SCENARIO, "fail", str(tmp_path / "ck"), "self", how],
+                   SCENARIO_SHARD_RANKS="1")  # fmt: skip
+    got = results(proc)
+    assert len(got) == 3 and len({(r["error"], r["message"]) for r in got}) == 1
+
+
+@pytest.mark.parametrize(
+    ("how", "quick", "full"),
+    [
+        ("missing", "manifest-00001.json is missing", "manifest-00001.json is missing"),
+        ("changed", "valid", "manifest-00001.json does not match its checksum in the index"),
+        ("extra", "manifest-00007.json is not in the index", "is not in the index"),
+        ("index", "does not match its checksum in COMMITTED", "in COMMITTED"),
+    ],
+)
+def test_a_missing_changed_or_extra_shard_is_rejected_and_restore_falls_back(
+    tmp_path: Path, how: str, quick: str, full: str
+) -> None:
+    got = results(
+        run_mpi(
+            3, [SCENARIO, "shards", str(tmp_path / "ck"), "self", how], SCENARIO_SHARD_RANKS="1"
+        )
+    )
+    assert [r["step"] for r in got] == [1] * 3
+    assert quick in got[0]["quick"] and full in got[0]["full"]
+    expect = full if how != "changed" else "rank 1: manifest shard " + full
+    assert expect in got[0]["quarantined"], got[0]

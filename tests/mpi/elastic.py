@@ -10,7 +10,9 @@ Each rank prints ``RESULT <json>``; any failure raises (mpiexec then exits non-z
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
 from typing import Any
 
@@ -18,10 +20,17 @@ import numpy as np
 from mpi4py import MPI
 
 import resilient
-from resilient import Block, CheckpointManager, Replicated, block_1d, cartesian_block
+from resilient import Block, Replicated, block_1d, cartesian_block
 
 world = MPI.COMM_WORLD
 rank = world.rank
+# SCENARIO_SHARD_RANKS=K: sharded manifests of shards of K ranks (whole file groups)
+SHARD_RANKS = int(os.environ.get("SCENARIO_SHARD_RANKS", "0"))
+CheckpointManager = (
+    functools.partial(resilient.CheckpointManager, manifest_shard_ranks=SHARD_RANKS)
+    if SHARD_RANKS
+    else resilient.CheckpointManager
+)
 
 U_SHAPE = (1200, 700)  # 2-D Cartesian blocks of ~1.7 MB on 4 ranks: 2 stripes each
 V_SHAPE = (1001,)  # 1-D, uneven
@@ -206,7 +215,11 @@ def corrupt_u(root: str, step: int, row: int) -> None:
     ckpt = f"{root}/step_{step:08d}"
     with open(f"{ckpt}/manifest.json") as fh:
         manifest = json.load(fh)
-    for entry in manifest["ranks"]:
+    entries = manifest.get("ranks", [])
+    for shard in manifest.get("shards", []):  # a sharded manifest: the entries are in shards
+        with open(f"{ckpt}/{shard['name']}") as fh:
+            entries.extend(json.load(fh)["entries"])
+    for entry in entries:
         meta = {n[1]: n[2] for _, _, n in entry["tree"][1] if n[0] == "a" and len(n) == 3}
         start = meta["u"]["block"]["start"]
         cols = entry["datasets"]

@@ -9,23 +9,33 @@ COMM is one of self, node, world, split (``COMM_WORLD.Split(rank // 2)``). Each 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 import resilient
-from resilient import CheckpointManager, KeepLast
+from resilient import KeepLast
 
 world = MPI.COMM_WORLD
 rank, size = world.rank, world.size
 # SCENARIO_ASYNC=1: the saves of roundtrip, kill and fail are asynchronous (blocking=False),
 # committed by the following wait() (or save, restore, close)
 BLOCKING = os.environ.get("SCENARIO_ASYNC") != "1"
+# SCENARIO_SHARD_RANKS=K: every manager writes a sharded manifest of shards of K ranks (whole
+# file groups), whenever the set has more than K ranks
+SHARD_RANKS = int(os.environ.get("SCENARIO_SHARD_RANKS", "0"))
+CheckpointManager = (
+    functools.partial(resilient.CheckpointManager, manifest_shard_ranks=SHARD_RANKS)
+    if SHARD_RANKS
+    else resilient.CheckpointManager
+)
 
 
 def checkpoint_comm(kind: str) -> Any:
@@ -113,8 +123,9 @@ def scenario_roundtrip(root: str, kind: str) -> None:
         ckpt = os.path.join(root, "step_00000005")
         with open(os.path.join(ckpt, "manifest.json")) as fh:
             manifest = json.load(fh)
+        entries = rank_entries(ckpt, manifest)
         for r in range(size):
-            fname = manifest["ranks"][r]["file"]
+            fname = entries[r]["file"]
             with h5py.File(os.path.join(ckpt, fname), "r") as f:
                 g = f[f"rank_{r:05d}"]
                 assert int(g.attrs["rank"]) == r and manifest["step"] == 5
@@ -122,6 +133,20 @@ def scenario_roundtrip(root: str, kind: str) -> None:
                 assert g["T"][()].tobytes() == want["T"].tobytes()
                 assert g["idx"][()].tobytes() == want["idx"].tobytes()
     result(ok=True)
+
+
+def rank_entries(ckpt: str, manifest: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Every rank's entry of a manifest as JSON: its own, or its shards' (schema 3)."""
+    if manifest["schema_version"] < 3:
+        return dict(enumerate(manifest["ranks"]))
+    assert "ranks" not in manifest and SHARD_RANKS and size > SHARD_RANKS
+    entries: dict[int, dict[str, Any]] = {}
+    for shard in manifest["shards"]:
+        with open(os.path.join(ckpt, shard["name"])) as fh:
+            doc = json.load(fh)
+        entries.update(zip(doc["ranks"], doc["entries"], strict=True))
+    assert sorted(entries) == list(range(size))
+    return entries
 
 
 def scenario_save(root: str, kind: str, steps: str) -> None:
@@ -262,10 +287,76 @@ def check_part(m: CheckpointManager) -> None:
     part = restored[1]
     assert part.is_part and len(part.ranks) == size
     group = next(g for g in part.layout.groups if rank in g)
-    held = part.ranks.held  # type: ignore[attr-defined]
-    assert held == (group if group[0] == rank else (rank,)), (held, group)
     assert {f.name for f in part.files} == {part.ranks[rank].file}
     assert part.layout == m.layout
+    sharded = part.sharded
+    if sharded is not None:  # its own shard only (a shard holds whole file groups)
+        assert SHARD_RANKS and len(sharded.shards) == 1, sharded
+        holds = {r for f in sharded.shards[0].files for r in m.layout.groups[_file_index(f)]}
+        assert set(group) <= holds and len(holds) < size, (holds, group)
+        return
+    held = part.ranks.held  # type: ignore[attr-defined]
+    assert held == (group if group[0] == rank else (rank,)), (held, group)
+
+
+def _file_index(name: str) -> int:
+    """The group index in a data file's name (``rank_00003.h5``, ``group_00001.h5``)."""
+    return int(name.split("_")[1].split(".")[0])
+
+
+def scenario_shards(root: str, kind: str, how: str) -> None:
+    """A sharded manifest whose shard is missing, changed or extra, or whose index was edited:
+    quick or full validation says so, and a restore falls back to the previous checkpoint,
+    quarantining the bad one (every rank alike)."""
+    from resilient import layout
+    from resilient.validate import iter_checkpoints, validate_checkpoint
+
+    assert SHARD_RANKS and size > SHARD_RANKS
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        for step in (1, 2):
+            m.save(step, make_state(step), static=make_static())
+    ckpt = os.path.join(root, layout.step_dir_name(2))
+    found: dict[str, str] = {}
+    if rank == 0:
+        shard = os.path.join(ckpt, layout.shard_name(1))
+        with open(shard, "rb") as fh:
+            text = fh.read()
+        if how == "missing":
+            os.unlink(shard)
+        elif how == "changed":  # one hex digit of a checksum: still a well-formed shard
+            at = text.index(b'"checksums":"') + len(b'"checksums":"')
+            digit = b"0" if text[at : at + 1] != b"0" else b"1"
+            with open(shard, "r+b") as fh:
+                fh.seek(at)
+                fh.write(digit)
+        elif how == "extra":
+            with open(os.path.join(ckpt, layout.shard_name(7)), "wb") as fh:
+                fh.write(text)
+        elif how == "index":  # a shard's size edited in the index
+            index = os.path.join(ckpt, layout.MANIFEST)
+            with open(index) as fh:
+                doc = json.load(fh)
+            doc["shards"][1]["size"] += 1
+            with open(index, "w") as fh:
+                json.dump(doc, fh, separators=(",", ":"))
+        else:
+            raise ValueError(how)
+        for full in (False, True):
+            try:
+                validate_checkpoint(Path(ckpt), full=full)
+                found["full" if full else "quick"] = "valid"
+            except resilient.InvalidCheckpointError as exc:
+                found["full" if full else "quick"] = exc.reason
+    world.barrier()
+    with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
+        step, state = m.restore()
+        assert step == 1, step
+        assert_same(state, {**make_state(1), **make_static()})
+    if rank == 0:
+        records = list(iter_checkpoints(Path(root), quarantined=True))
+        found["quarantined"] = next(r.reason for r in records if r.status == "quarantined")
+        assert [r.step for r in records if r.status == "valid"] == [1]
+    result(ok=True, step=step, **found)
 
 
 def scenario_scatter(root: str, kind: str) -> None:
