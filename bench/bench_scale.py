@@ -63,16 +63,17 @@ from benchutil import library_revision, write_json
 
 from resilient import layout, validate
 from resilient._version import __version__
-from resilient.checkpointer import FileWritten, RankPlan, RankWritten, finish_set
+from resilient.checkpointer import FileWritten, RankPlan, RankWritten, _shard_round, finish_set
 from resilient.collective import Collective
 from resilient.comm import SerialComm
 from resilient.commit import PendingDir
 from resilient.elastic import needs_elastic
 from resilient.hdf5 import build_skeleton
+from resilient.manager import DEFAULT_SHARD_RANKS
 from resilient.manifest import LayoutInfo, Manifest, Segment
 from resilient.payload import split_state
 from resilient.restorer import _Candidate, _parts, _received
-from resilient.topology import Topology
+from resilient.topology import Topology, shard_groups
 from resilient.tree import leaf_paths
 from resilient.validate import load_manifest
 
@@ -159,8 +160,8 @@ def messages(ranks: int, datasets: int, per_file: int) -> list[bytes]:
 class RootComm:
     """Rank 0 of ``size`` ranks, as mpi4py's lowercase ``gather`` and ``bcast`` treat it.
 
-    The first ``gather`` returns ``inbox`` (every rank's pickled message, rank 0's included),
-    received into one buffer and unpickled; a later one, every rank sending what rank 0 sends.
+    The first ``gather`` returns ``inbox`` (every other rank's pickled message, and rank 0's
+    own object), received into one buffer and unpickled; a later one, every rank sending what rank 0 sends.
     ``bcast`` pickles what rank 0 sends (what every other rank receives) into ``sent``;
     ``scatter`` pickles each rank's object (see :meth:`scatter`).
     ``seconds`` adds up the time of each (keys ``gather``, ``bcast``)."""
@@ -180,6 +181,8 @@ class RootComm:
         inbox, self.inbox = self.inbox, None
         if inbox is None:
             inbox = [pickle.dumps(obj, PROTOCOL)] * self.size
+        else:  # rank 0's own, as it is now
+            inbox = [pickle.dumps(obj, PROTOCOL), *inbox[1:]]
         buffer = b"".join(inbox)  # the receive buffer of a gatherv
         view, pos, out = memoryview(buffer), 0, []
         for msg in inbox:
@@ -227,16 +230,72 @@ def timed(fn: Callable[..., None], seconds: dict[str, float], what: str) -> Call
 # --------------------------------------------------------------------------- the two sides
 
 
-def commit(inbox: list[bytes], per_file: int, root: Path) -> tuple[Manifest, RootComm, float]:
+@dataclass
+class Sharding:
+    """A save's shards (``shard_ranks`` > 0): each shard's ranks and what its leader sends rank
+    0 (:func:`leaders`); ``leader_s``: each other leader's own work, done in parallel on its
+    node (not in rank 0's commit)."""
+
+    shard_ranks: int
+    members: list[tuple[int, ...]]
+    world_inbox: list[bytes]
+    leader_s: list[float]
+    written: dict[str, bytes]  # the other leaders' shards, by name
+
+
+def topology(comm: Any, ranks: int, per_file: int, shard: Any = None,
+             members: tuple[int, ...] = (), index: int = 0) -> Topology:  # fmt: skip
+    """Rank 0's topology (or shard ``index``'s leader's), files of ``per_file`` ranks."""
+    groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
+    return Topology(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,
+                    group_index=0, shard=shard, shard_index=index, shard_members=members)  # fmt: skip
+
+
+def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> Sharding:
+    """Every shard's leader but rank 0 runs its round (the real one: gather its shard's
+    messages, write its shard) into a scratch directory; what each rank then sends rank 0 is
+    ``(True, ShardWritten)`` from a leader, ``(True, None)`` from the others."""
+    ranks = len(inbox)
+    groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
+    of_group = shard_groups(groups, shard_ranks)
+    members = [tuple(r for g, k in zip(groups, of_group, strict=True) if k == s for r in g)
+               for s in range(of_group[-1] + 1)]  # fmt: skip
+    world = [pickle.dumps((True, None), PROTOCOL)] * ranks
+    scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
+    took = []
+    for index, held in enumerate(members[1:], start=1):
+        comm = RootComm(len(held), [inbox[r] for r in held])
+        topo = topology(None, ranks, per_file, comm, held, index)
+        own = pickle.loads(inbox[held[0]])[1]
+        t0 = time.perf_counter()
+        got = _shard_round(topo, lambda o=own: o, scratch, kind="checkpoint", step=STEP, what="")
+        took.append(time.perf_counter() - t0)
+        world[held[0]] = pickle.dumps((True, got.result()), PROTOCOL)
+    written = {p.name: p.read_bytes() for p in scratch.iterdir()}
+    shutil.rmtree(scratch, ignore_errors=True)
+    return Sharding(shard_ranks, members, world, took, written)
+
+
+def commit(
+    inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None
+) -> tuple[Manifest, RootComm, float]:
     """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
     ``SavePipeline._finish_save`` runs it (the real ``finish_set``, ``prepare``/``publish`` of a
-    real :class:`PendingDir`). Returns the manifest, the comm (bytes, times) and the wall time."""
+    real :class:`PendingDir`). With ``sharding``, rank 0 leads shard 0 (gathers its shard's
+    messages and writes its shard), then gathers the shards' summaries (the other leaders' work
+    is done before, by :func:`leaders`). Returns the manifest, the world comm (bytes, times)
+    and the wall time."""
     ranks = len(inbox)
-    comm = RootComm(ranks, list(inbox))
-    groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
-    topo = Topology(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,  # type: ignore[arg-type]
-                    group_index=0)  # fmt: skip
+    if sharding is None:
+        comm = RootComm(ranks, list(inbox))
+        topo = topology(comm, ranks, per_file)
+    else:
+        held = sharding.members[0]
+        comm = RootComm(ranks, list(sharding.world_inbox))
+        topo = topology(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
     pending = PendingDir.for_step(root, STEP).create()
+    for name, text in sharding.written.items() if sharding is not None else ():
+        (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
     what = f"save of checkpoint step {STEP}"
     own = pickle.loads(inbox[0])[1]  # rank 0's outcome (the gather takes it from the inbox)
     # the library refuses to commit a manifest that no restore would read (over
@@ -249,6 +308,7 @@ def commit(inbox: list[bytes], per_file: int, root: Path) -> tuple[Manifest, Roo
         durable=lambda: None,
         prepare=timed(lambda m: pending.prepare(m, what=what), comm.seconds, "prepare"),
         publish=timed(lambda: pending.publish(what=what), comm.seconds, "publish"),
+        directory=pending.path,
     )  # fmt: skip
     took = time.perf_counter() - t0
     validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
@@ -287,15 +347,18 @@ def coordinator_restore(
     return comm.kept, comm, out
 
 
-def rank_restore(received: bytes, rank: int, current: LayoutInfo) -> float:
+def rank_restore(received: bytes, rank: int, current: LayoutInfo) -> tuple[float, int]:
     """One rank's part of a restore before it reads its data: unpickle its part of the
-    candidate, put its layout back, decide on an elastic restore from its own entry. Returns
-    the time."""
+    candidate, put its layout back, look at its own entry (of a sharded manifest: read, check
+    and parse its shard). Returns the time and the bytes of the shard it read (0: none)."""
     t0 = time.perf_counter()
     ok, candidate = pickle.loads(received)
     assert ok
-    needs_elastic(_received(candidate.manifest, current).ranks[rank], {})
-    return time.perf_counter() - t0
+    manifest = _received(candidate.manifest, current)
+    needs_elastic(manifest.ranks[rank], {})
+    sharded = manifest.sharded
+    read = 0 if sharded is None else sharded.shard_of(rank).size
+    return time.perf_counter() - t0, read
 
 
 # --------------------------------------------------------------------------- the run
@@ -325,7 +388,9 @@ def seconds_of(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) -> dict[str, Any]:
+def measure_once(
+    inbox: list[bytes], per_file: int, base: Path, sharding: Sharding | None, *, trace: bool
+) -> dict[str, Any]:
     """One commit, then one restore, of the checkpoint of ``inbox`` in a new directory under
     ``base``: times (``trace=False``) or tracemalloc peaks (``trace=True``), and sizes. At most
     one copy of the manifest's objects is alive at a time (besides the commit's inputs)."""
@@ -334,11 +399,16 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
     try:
         rss0 = reset_peak_rss()
         with traced(trace) as mem:
-            manifest, comm, commit_s = commit(inbox, per_file, root)
+            manifest, comm, commit_s = commit(inbox, per_file, root, sharding)
         out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
         final = root / layout.step_dir_name(STEP)
         reply = comm.sent[0]  # ("ok", None): what every rank receives at every save
-        out.update(manifest_bytes=(final / layout.MANIFEST).stat().st_size, reply_bytes=len(reply))
+        shards = sorted(p.stat().st_size for p in final.iterdir() if layout.is_shard_name(p.name))
+        out.update(
+            manifest_bytes=(final / layout.MANIFEST).stat().st_size, reply_bytes=len(reply),
+            shards=len(shards), shard_bytes_max=max(shards, default=0),
+            shard_bytes_total=sum(shards),
+        )  # fmt: skip
         if trace:
             out["commit_peak_bytes"] = mem["peak"]
         else:
@@ -362,9 +432,10 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
         del reply, written
         gc.collect()
         with traced(trace) as mem2:
-            rank_s = rank_restore(kept[last], last, current)
+            rank_s, shard_read = rank_restore(kept[last], last, current)
         out.update(
-            rank_restore_bytes=len(kept[last]), leader_restore_bytes=len(kept[leader]),
+            rank_restore_bytes=len(kept[last]) + shard_read, rank_received_bytes=len(kept[last]),
+            rank_shard_read_bytes=shard_read, leader_restore_bytes=len(kept[leader]),
             restore_scatter_bytes_total=sum(scomm.scattered),
             restore_scatter_bytes_max=max(scomm.scattered),
             restore_error=restore.pop("restore_error", None),
@@ -382,16 +453,31 @@ def measure_once(inbox: list[bytes], per_file: int, base: Path, *, trace: bool) 
 
 
 def run(
-    ranks: int, datasets: int, per_file: int, repeats: int, base: Path, *, trace: bool = True
+    ranks: int,
+    datasets: int,
+    per_file: int,
+    repeats: int,
+    base: Path,
+    *,
+    shard_ranks: int = 0,
+    trace: bool = True,
 ) -> dict[str, Any]:
     """Measure one size: ``repeats`` timed commits and restores (medians), then one traced
-    (with ``trace``; else the peaks are ``None``)."""
+    (with ``trace``; else the peaks are ``None``). ``shard_ranks``: the manifest in shards of
+    that many ranks when there are more (the library's ``manifest_shard_ranks``; 0: one)."""
     t0 = time.perf_counter()
     inbox = messages(ranks, datasets, per_file)
+    sharding = None
+    if shard_ranks and ranks > shard_ranks:
+        sharding = leaders(inbox, per_file, shard_ranks, base)
+        if len(sharding.members) < 2:
+            sharding = None
     setup_s = time.perf_counter() - t0
-    samples = [measure_once(inbox, per_file, base, trace=False) for _ in range(repeats)]
-    peaks = measure_once(inbox, per_file, base, trace=True) if trace else {}
-    first, gathered = samples[0], sum(map(len, inbox))
+    samples = [measure_once(inbox, per_file, base, sharding, trace=False) for _ in range(repeats)]
+    peaks = measure_once(inbox, per_file, base, sharding, trace=True) if trace else {}
+    first = samples[0]
+    gathered = sum(map(len, inbox if sharding is None else sharding.world_inbox))
+    shard_gathered = 0 if sharding is None else sum(len(inbox[r]) for r in sharding.members[0])
     times = {
         k: round(statistics.median(s[k] for s in samples), 4) for k in first if k.endswith("_s")
     }
@@ -401,12 +487,23 @@ def run(
         "per_file": per_file,
         "files": -(-ranks // per_file),
         "repeats": repeats,
+        "shard_ranks": shard_ranks if sharding is not None else 0,
+        "shards": first["shards"],
         "manifest_bytes": first["manifest_bytes"],
+        "shard_bytes_max": first["shard_bytes_max"],
+        "shard_bytes_total": first["shard_bytes_total"],
+        "shard_leader_s_median": None
+        if sharding is None
+        else round(statistics.median(sharding.leader_s), 4),
+        "shard_leader_s_max": None if sharding is None else round(max(sharding.leader_s), 4),
+        "shard_gathered_bytes": shard_gathered,
         **times,
         "commit_s_max": round(max(s["commit_s"] for s in samples), 4),
         "commit_peak_bytes": peaks.get("commit_peak_bytes"),
         "commit_rss_delta_bytes": max(s["commit_rss_delta_bytes"] or 0 for s in samples) or None,
         "rank_restore_bytes": first["rank_restore_bytes"],
+        "rank_received_bytes": first["rank_received_bytes"],
+        "rank_shard_read_bytes": first["rank_shard_read_bytes"],
         "leader_restore_bytes": first["leader_restore_bytes"],
         "restore_scatter_bytes_total": first["restore_scatter_bytes_total"],
         "restore_scatter_bytes_max": first["restore_scatter_bytes_max"],
@@ -504,6 +601,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--datasets", type=int, default=300, help="arrays per rank")
     ap.add_argument("--per-file", type=int, default=1, help="ranks per file (1: self)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per size")
+    ap.add_argument("--shard-ranks", type=int, default=DEFAULT_SHARD_RANKS,
+                    help="ranks per manifest shard (0: one manifest)")  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--dir", help="where the checkpoints are written (default: the temp dir)")
     ap.add_argument("--no-trace", action="store_true", help="skip the tracemalloc run")
@@ -514,7 +613,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = []
     for n in (int(x) for x in args.ranks.split(",")):
         results.append(
-            run(n, args.datasets, args.per_file, args.repeats, base, trace=not args.no_trace)
+            run(
+                n,
+                args.datasets,
+                args.per_file,
+                args.repeats,
+                base,
+                shard_ranks=args.shard_ranks,
+                trace=not args.no_trace,
+            )
         )
         print(table(results[-1:]).splitlines()[2], flush=True)
     print(table(results))

@@ -52,7 +52,10 @@ __all__ = [
     "block_of",
     "dtype_itemsize",
     "parse_manifest",
+    "ShardDoc",
+    "open_shard",
     "parse_shard",
+    "shard_entries",
     "segment_label",
     "shard_json",
 ]
@@ -322,21 +325,34 @@ class ShardEntry:
     files: tuple[str, ...]
 
 
-ShardLoader = Callable[[ShardEntry, Mapping[str, "FileEntry"]], Mapping[int, RankEntry]]
-"""Reads, checks and parses one shard, given its index entry and the file entries it covers
-(:func:`parse_shard` of its bytes); raises if the shard is missing, changed or malformed."""
+class ShardDoc(NamedTuple):
+    """A shard as read: its JSON, its header checked (see :func:`open_shard`); the ranks'
+    entries are parsed only when asked for (:func:`shard_entries`)."""
+
+    position: Mapping[int, int]  # rank -> index in entries
+    entries: Sequence[Section]
+
+
+ShardLoader = Callable[[ShardEntry], ShardDoc]
+"""Reads one shard, checked against its index entry (size, checksum), and opens it
+(:func:`open_shard`); raises if the shard is missing, changed or malformed."""
 
 
 class ShardedRanks(Sequence[RankEntry]):
-    """The ranks' entries of a sharded manifest (schema 3), each shard read, checked against
-    its index entry and parsed when one of its ranks is first looked at: a restoring rank reads
+    """The ranks' entries of a sharded manifest (schema 3), read when first looked at: the
+    shard holding a rank is read (once; the last one read is kept) and the entries of that
+    rank's file group are parsed and checked (:func:`shard_entries`). A restoring rank reads
     its own shard only. Indexed by rank like the whole tuple.
 
-    A part (:meth:`Manifest.part`) holds only some shards: a rank of another shard raises
-    :class:`LookupError`. Pickles as its shards, the entries read so far and its loader.
+    A part (:meth:`Manifest.part`) holds some file groups only: a rank of another group raises
+    :class:`LookupError`. Pickles as its shards, its files, the entries read so far and its
+    loader.
     """
 
-    __slots__ = ("_entries", "_files", "_load", "_owner", "_size", "is_part", "shards")
+    __slots__ = (
+        "_entries", "_file_of", "_files", "_last", "_load", "_memo", "_owner", "_size",
+        "is_part", "shards",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -351,10 +367,16 @@ class ShardedRanks(Sequence[RankEntry]):
         self._size = size
         self.shards = tuple(shards)
         self._files = dict(files)
-        self._owner = {r: s for s in self.shards for f in s.files for r in self._files[f].ranks}
+        self._file_of = {r: f for f in self._files.values() for r in f.ranks}
+        self._owner = {
+            r: s for s in self.shards for name in s.files if name in self._files
+            for r in self._files[name].ranks
+        }  # fmt: skip
         self._load = load
         self._entries = dict(entries or {})
         self.is_part = is_part
+        self._last: tuple[str, ShardDoc] | None = None
+        self._memo = Memo()
 
     def shard_of(self, rank: int) -> ShardEntry:
         """The shard holding ``rank``'s entry."""
@@ -367,12 +389,12 @@ class ShardedRanks(Sequence[RankEntry]):
             ) from None
 
     def part(self, ranks: Sequence[int]) -> ShardedRanks:
-        """The shards holding ``ranks`` (with what was read of them), as a part."""
-        shards = {self.shard_of(r).name: self.shard_of(r) for r in ranks}
-        keep = [s for s in self.shards if s.name in shards]
-        files = {f: self._files[f] for s in keep for f in s.files}
+        """The file groups of ``ranks`` (with what was read of them), as a part."""
+        names = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
+        files = {self._file_of[r].name: self._file_of[r] for r in ranks}
         held = {r for f in files.values() for r in f.ranks}
         entries = {r: e for r, e in self._entries.items() if r in held}
+        keep = [s for s in self.shards if s.name in names]
         return ShardedRanks(self._size, keep, files, self._load, entries=entries, is_part=True)
 
     def __len__(self) -> int:
@@ -394,8 +416,14 @@ class ShardedRanks(Sequence[RankEntry]):
         shard = self.shard_of(r)
         if self._load is None:
             raise LookupError(f"rank {r}'s entry is in {shard.name}, which is not read here")
-        files = {f: self._files[f] for f in shard.files}
-        self._entries.update(self._load(shard, files))
+        if self._last is None or self._last[0] != shard.name:
+            self._last = None  # (one shard's JSON alive at a time)
+            self._last = (shard.name, self._load(shard))
+        file = self._file_of[r]
+        try:
+            self._entries.update(shard_entries(self._last[1], {file.name: file}, self._memo))
+        except ManifestError as exc:
+            raise ManifestError(f"{shard.name}: {exc}") from None
         return self._entries[r]
 
     def __iter__(self) -> Iterator[RankEntry]:
@@ -992,10 +1020,12 @@ def parse_manifest(
     lay = _parse_layout(top.section("layout"))
 
     files: list[FileEntry] = []
+    seen: set[str] = set()
     for f in top.sections("files"):
         entry = _parse_file(f, lay.nranks)
-        if entry.name in {g.name for g in files}:
+        if entry.name in seen:
             raise ManifestError(f"{f.path}: illegal or repeated file name {entry.name!r}")
+        seen.add(entry.name)
         files.append(entry)
     ranks: Sequence[RankEntry]
     if version == SHARDED_SCHEMA_VERSION:
@@ -1046,7 +1076,7 @@ def _parse_shards(
     placed: set[str] = set()
     for sec in top.sections("shards"):
         name = sec.require("name", str)
-        if not layout.is_shard_name(name) or name in {s.name for s in shards}:
+        if not layout.is_shard_name(name) or any(s.name == name for s in shards):
             raise ManifestError(f"{sec.path}: illegal or repeated shard name {name!r}")
         names = sec.require("files", list)
         if not names or not all(isinstance(n, str) and n in by_name for n in names):
@@ -1071,19 +1101,59 @@ def _parse_shards(
 
 
 def _load_shard(
-    read: Callable[[ShardEntry], bytes],
-    kind: str,
-    step: int,
-    shard: ShardEntry,
-    files: Mapping[str, FileEntry],
-) -> dict[int, RankEntry]:
+    read: Callable[[ShardEntry], bytes], kind: str, step: int, shard: ShardEntry
+) -> ShardDoc:
     """A :data:`ShardLoader`: ``read`` gives the shard's bytes, checked against its index entry
     (size and checksum: it raises what the caller's I/O layer raises)."""
-    text = read(shard)
     try:
-        return parse_shard(text, files, kind=kind, step=step)
+        return open_shard(read(shard), kind=kind, step=step)
     except ManifestError as exc:
         raise ManifestError(f"{shard.name}: {exc}") from None
+
+
+def open_shard(text: str | bytes, *, kind: str, step: int) -> ShardDoc:
+    """Parse one shard of a sharded manifest (see :func:`shard_json`) and check its header:
+    format, version, kind and step, and one entry per listed rank.
+
+    Raises:
+        ManifestError: a malformed shard, or one of another checkpoint.
+    """
+    doc = _json_object(text)
+    top = _section(doc, "")
+    if top.require("schema_version", int) != SHARDED_SCHEMA_VERSION:
+        raise ManifestError("a shard of another schema version than its index")
+    if top.require("kind", str) != f"{kind} shard" or top.require("step", int) != step:
+        raise ManifestError(f"not a shard of this {kind} of step {step}")
+    ranks = top.require("ranks", list)
+    if not all(_is_index(r, _MAX_RANKS) for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ManifestError("bad or repeated rank in its rank list")
+    sections = top.sections("entries")
+    if len(sections) != len(ranks):
+        raise ManifestError(f"{len(sections)} entries for {len(ranks)} ranks")
+    return ShardDoc({r: i for i, r in enumerate(ranks)}, sections)
+
+
+def shard_entries(
+    doc: ShardDoc, files: Mapping[str, FileEntry], memo: Memo | None = None
+) -> dict[int, RankEntry]:
+    """The entries of the ranks of ``files`` in an opened shard, parsed and checked: each names
+    its file, and together they tile their files (their blocks agree with each other).
+
+    Raises:
+        ManifestError: a rank missing from the shard, or a malformed or misplaced entry.
+    """
+    wanted = sorted(r for f in files.values() for r in f.ranks)
+    missing = [r for r in wanted if r not in doc.position]
+    if missing:
+        raise ManifestError(f"holds no entry for ranks {missing[:4]}")
+    memo = Memo() if memo is None else memo
+    names = set(files)
+    entries = {
+        r: _parse_rank(doc.entries[doc.position[r]], names, SCHEMA_VERSION, memo) for r in wanted
+    }
+    _check_tiling(list(files.values()), entries)
+    _check_blocks(entries.values(), whole=False)
+    return entries
 
 
 def parse_shard(
@@ -1094,34 +1164,12 @@ def parse_shard(
     step: int,
     memo: Memo | None = None,
 ) -> dict[int, RankEntry]:
-    """Parse and check one shard of a sharded manifest (see :func:`shard_json`): the entries of
-    exactly the ranks of ``files`` (its index entry's), which tile those files.
+    """:func:`open_shard`, then :func:`shard_entries` of ``files``.
 
     Raises:
-        ManifestError: a malformed shard, or one of another checkpoint or set of ranks.
+        ManifestError: see both.
     """
-    doc = _json_object(text)
-    top = _section(doc, "")
-    if top.require("schema_version", int) != SHARDED_SCHEMA_VERSION:
-        raise ManifestError("a shard of another schema version than its index")
-    if top.require("kind", str) != f"{kind} shard" or top.require("step", int) != step:
-        raise ManifestError(f"not a shard of this {kind} of step {step}")
-    ranks = top.require("ranks", list)
-    expected = sorted(r for f in files.values() for r in f.ranks)
-    if ranks != expected:
-        raise ManifestError(f"lists ranks {ranks[:4]}..., its files hold {expected[:4]}...")
-    sections = top.sections("entries")
-    if len(sections) != len(ranks):
-        raise ManifestError(f"{len(sections)} entries for {len(ranks)} ranks")
-    memo = Memo() if memo is None else memo
-    names = set(files)
-    entries = {
-        r: _parse_rank(sec, names, SCHEMA_VERSION, memo)
-        for r, sec in zip(ranks, sections, strict=True)
-    }
-    _check_tiling(list(files.values()), entries)
-    _check_blocks(entries.values(), whole=False)
-    return entries
+    return shard_entries(open_shard(text, kind=kind, step=step), files, memo)
 
 
 def check_blocks(manifest: Manifest) -> None:

@@ -141,7 +141,9 @@ def test_a_hostile_shard_is_rejected() -> None:
     cases = [
         ({"step": 7}, "not a shard of this checkpoint of step 1200"),
         ({"kind": "checkpoint"}, "not a shard of this checkpoint"),
-        ({"ranks": [0]}, "lists ranks"),
+        ({"ranks": [0]}, "2 entries for 1 ranks"),
+        ({"ranks": [0, 0]}, "repeated rank"),
+        ({"ranks": [0, 5]}, r"holds no entry for ranks \[1\]"),
         ({"entries": good["entries"][:1]}, "1 entries for 2 ranks"),
         ({"schema_version": 2}, "another schema version"),
     ]
