@@ -573,21 +573,24 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         return "-" if x is None else f"{x:.3f}"
 
     rows = [
-        "| ranks x datasets | manifest MB | gathered MB | commit s (unpickle / build / prepare / "
-        "publish / bcast pickle) | commit peak MB (RSS delta) | reply MB per rank, rank unpickle s | "
-        "restore: rank KB, s, peak KB | load_manifest s |",
-        "|" + "---|" * 8,
+        "| ranks x datasets | shards | manifest MB (largest shard) | gathered MB: by rank 0 (by a "
+        "shard leader) | commit s: rank 0 (unpickle / build / prepare / publish) | a shard "
+        "leader s: median, max | commit peak MB (RSS delta) | restore, a rank: receives KB, reads "
+        "KB, s, peak KB | rank 0: load_manifest s, scatter s |",
+        "|" + "---|" * 9,
     ]
     for r in results:
         rows.append(
-            f"| {r['ranks']:,} x {r['datasets']} | {mb(r['manifest_bytes'])} "
-            f"| {mb(r['gathered_bytes'])} | {s(r['commit_s'])} ({s(r['gather_unpickle_s'])} / "
-            f"{s(r['build_manifest_s'])} / {s(r['prepare_s'])} / {s(r['publish_s'])} / "
-            f"{s(r['bcast_pickle_s'])}) | {mb(r['commit_peak_bytes'])} "
-            f"({mb(r['commit_rss_delta_bytes'])} RSS) "
-            f"| {mb(r['save_bcast_bytes_per_rank'])}, {s(r['rank_save_receive_s'])} "
-            f"| {kb(r['rank_restore_bytes'])}, {s(r['rank_restore_s'])}, "
-            f"{kb(r['rank_restore_peak_bytes'])} | {s(r.get('load_manifest_s'))} |"
+            f"| {r['ranks']:,} x {r['datasets']} | {r['shards'] or 1} | "
+            f"{mb(r['manifest_bytes'])} ({mb(r['shard_bytes_max'] or None)}) "
+            f"| {mb(r['gathered_bytes'])} ({mb(r['shard_gathered_bytes'] or None)}) "
+            f"| {s(r['commit_s'])} ({s(r['gather_unpickle_s'])} / "
+            f"{s(r['build_manifest_s'])} / {s(r['prepare_s'])} / {s(r['publish_s'])}) "
+            f"| {s(r['shard_leader_s_median'])}, {s(r['shard_leader_s_max'])} "
+            f"| {mb(r['commit_peak_bytes'])} ({mb(r['commit_rss_delta_bytes'])}) "
+            f"| {kb(r['rank_received_bytes'])}, {kb(r['rank_shard_read_bytes'] or None)}, "
+            f"{s(r['rank_restore_s'])}, {kb(r['rank_restore_peak_bytes'])} "
+            f"| {s(r.get('load_manifest_s'))}, {s(r.get('restore_scatter_s'))} |"
         )
     rows += [f"{r['ranks']:,} ranks: restore failed: {r['restore_error']}"
              for r in results if r["restore_error"]]  # fmt: skip

@@ -545,12 +545,16 @@ class Manifest:
         sharded = self.sharded
         if sharded is not None:  # the files by rank from the index: no shard is read
             file_of = {r: f.name for f in self.files for r in f.ranks}
+            made: dict[tuple[str, ...], ShardedRanks] = {}  # one part per set of file groups
         out = []
         for ranks in rank_sets:
             part: Sequence[RankEntry]
             if sharded is not None:
-                part = sharded.part(ranks)
                 names = sorted({file_of[r] for r in ranks}, key=position.__getitem__)
+                key = tuple(names)
+                if key not in made:
+                    made[key] = sharded.part(ranks)
+                part = made[key]
             else:
                 entries = {r: self.ranks[r] for r in ranks}
                 part = PartialRanks(len(self.ranks), entries)
