@@ -114,7 +114,7 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
     return out
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # bounded cache of a pure function of immutable arguments
 def numpy_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype of a dtype string (cached: a restore looks up thousands)."""
     import numpy as np
@@ -122,7 +122,7 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
     return np.dtype(dtype)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # bounded cache of a pure function of immutable arguments
 def storable_dtype(dtype: str) -> bool:
     """Whether arrays of numpy dtype string ``dtype`` can be stored (numeric and bool)."""
     try:

@@ -398,7 +398,7 @@ _WRITEBACK_BYTES = 2 << 20  # 1-4 MiB measured alike here; 2 MiB keeps 64 KiB pi
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, no wait
 
 
-@functools.cache
+@functools.cache  # the C library's function, looked up once
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     """libc's ``sync_file_range`` (Linux; ``os`` does not wrap it), or ``None``."""
     if not sys.platform.startswith("linux"):

@@ -88,7 +88,7 @@ def split_state(
     return LocalData(arrays, flat.tree, frozenset(striped))
 
 
-@functools.cache
+@functools.cache  # a constant, built once (numpy is imported lazily)
 def _plain_types() -> frozenset[type]:
     """Array leaves written as they are, without metadata: numpy arrays."""
     import numpy as np

@@ -1,7 +1,8 @@
 """No process-wide side effects (issue 23, point 5): the cyclic garbage collector is
 process-wide, so a save or restore leaves it alone unless the user asks
-(``RESILIENT_PAUSE_GC=1``), as the program's other threads see it too; and the buffers that
-``O_DIRECT`` writes go through belong to a manager and are unmapped by its ``close()``."""
+(``RESILIENT_PAUSE_GC=1``), as the program's other threads see it too; the buffers that
+``O_DIRECT`` writes go through belong to a manager and are unmapped by its ``close()``; and
+no thread of the library outlives the save, restore or manager that started it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, hdf5
+from resilient import CheckpointManager, KeepLast, hdf5
+from resilient.checksum import Digests
 from resilient.manager import PAUSE_GC_ENV
 
 
@@ -214,3 +216,41 @@ def test_a_bounce_lent_while_closed_is_unmapped_when_returned(maps: list[mmap.mm
         bounce.close()
         assert maps[1].closed and not maps[0].closed  # the lent one: still in use
     assert maps[0].closed
+
+
+def library_threads(before: set[threading.Thread]) -> list[str]:
+    """Names of the live ``resilient-*`` threads not in ``before``."""
+    now = set(threading.enumerate()) - before
+    return sorted(t.name for t in now if t.name.startswith("resilient-"))
+
+
+def test_no_thread_of_the_library_outlives_its_manager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checksums are taken on a helper thread (arrays of 1 MiB or more in a save, reads of
+    4 MiB or more in a restore) and asynchronous saves run on a writer thread: all of them
+    belong to the save, the restore or the manager, and are gone after ``close()``."""
+    before = set(threading.enumerate())
+    seen: list[list[str]] = []  # the library's threads when each Digests was about to finish
+    real = Digests.result
+
+    def watched(self: Digests) -> list[str]:
+        seen.append(library_threads(before))
+        return real(self)
+
+    monkeypatch.setattr(Digests, "result", watched)
+    big = np.random.default_rng(2).random(1 << 20)  # 8 MiB
+    mgr = CheckpointManager(tmp_path / "ck", keep=KeepLast(1))
+    try:
+        mgr.save(1, {"big": big, "step": 1})
+        mgr.save(2, {"big": big, "step": 2}, blocking=False)
+        mgr.wait()
+        step, got = mgr.restore()
+        into = np.zeros_like(big)
+        mgr.restore(into={"big": into})
+    finally:
+        mgr.close()
+    assert step == 2 and np.array_equal(got["big"], big) and np.array_equal(into, big)
+    used = {name.rsplit("_", 1)[0] for names in seen for name in names}  # (pools add "_0")
+    assert {"resilient-digest", "resilient-writer"} <= used, used
+    assert library_threads(before) == []
