@@ -31,6 +31,7 @@ import operator
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -263,6 +264,7 @@ class WriteJob:
     skeleton: Skeleton | None  # the group's leader writes HDF5's own bytes
     members: tuple[int, ...] = ()  # the group's ranks, on its leader
     bounce: hdf5.Bounce | None = None  # the writer's O_DIRECT buffer (None: one per write)
+    digester: Executor | None = None  # the owner's checksum thread (None: one per save)
 
     def run(self) -> RankWritten:
         """:meth:`write`, then :meth:`describe`."""
@@ -293,7 +295,7 @@ class WriteJob:
         release the GIL), the others in ``parts`` tasks for :meth:`write` to run between its
         runs of data. Run the tasks :meth:`write` left, then take the digests (plan order)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
-        digests = Digests(len(arrays))
+        digests = Digests(len(arrays), helper=self.digester)
         index: Sequence[int] = range(len(arrays))
         if arrays and max(self.plan.nbytes) >= h5format.DIRECT_MIN:
             big = [i for i, n in enumerate(self.plan.nbytes) if n >= h5format.DIRECT_MIN]
@@ -342,11 +344,13 @@ def plan_write(
     step: int,
     cache: SkeletonCache,
     bounce: hdf5.Bounce | None = None,
+    digester: Executor | None = None,
     recycled: Path | None = None,
 ) -> WriteJob:
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
-    part of a save into ``directory`` (its write goes through ``bounce``, the caller's, if
-    given: see :class:`resilient.hdf5.Bounce`). With ``recycled``, a checkpoint directory that
+    part of a save into ``directory`` (its write goes through ``bounce`` and its checksums
+    through ``digester``, the caller's, if given: see :class:`resilient.hdf5.Bounce` and
+    :class:`resilient.checksum.Digests`). With ``recycled``, a checkpoint directory that
     rotation dropped, the leader takes the file of the same name from it to write over
     (:func:`resilient.hdf5.claim_file`) instead of creating one.
 
@@ -387,7 +391,9 @@ def plan_write(
     skeleton = cache.skeleton if leader else None
     assert skeleton is not None or not leader
     members = topo.members if leader else ()
-    return WriteJob(path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce)
+    return WriteJob(
+        path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce, digester
+    )
 
 
 def _offered(offer: _Offer, failed: Exception | None) -> _Offer:
@@ -686,6 +692,7 @@ def read_rank(
     *,
     into: Mapping[str, Any] | None = None,
     memo: Memo | None = None,
+    digester: Executor | None = None,
 ) -> dict[str, Any]:
     """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
     structure (torch tensors where tensors were saved).
@@ -694,13 +701,15 @@ def read_rank(
         into: existing arrays or tensors by leaf path (see :func:`check_template`) that array
             leaves are read into instead of new ones; they appear in the result as themselves.
         memo: the caller's :class:`~resilient.tree.Memo` for rebuilding the structure.
+        digester: the caller's checksum thread (see :class:`~resilient.checksum.Digests`;
+            ``None``: one for this read).
 
     Raises:
         InvalidCheckpointError: a checksum mismatch or a truncated file.
         OSError: the file cannot be read (transient errors are retried first).
     """
     return storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank, into or {}, memo),
+        lambda: _read_rank(directory, manifest, rank, into or {}, memo, digester),
         what=f"reading {directory} for rank {rank}",
     )
 
@@ -781,7 +790,12 @@ def _is_writable(target: Any) -> bool:
 
 
 def _read_rank(
-    directory: Path, manifest: Manifest, rank: int, into: Mapping[str, Any], memo: Memo | None
+    directory: Path,
+    manifest: Manifest,
+    rank: int,
+    into: Mapping[str, Any],
+    memo: Memo | None,
+    digester: Executor | None,
 ) -> dict[str, Any]:
     entry = manifest.ranks[rank]
     table = entry.datasets
@@ -816,7 +830,7 @@ def _read_rank(
     # from a few MiB on, checksums are taken on a helper thread while the next bytes are read;
     # not for arrays of a few KiB, whose hashing costs less than the threads' handovers
     pipelined = nbytes >= _PIPELINE_MIN and nbytes >= _PIPELINE_MEAN * count
-    digests = Digests(count) if pipelined else None
+    digests = Digests(count, helper=digester) if pipelined else None
     fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         new = hdf5.read_new(

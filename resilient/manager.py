@@ -189,9 +189,6 @@ class CheckpointManager:
             shard_ranks=manifest_shard_ranks if local_dir is None else None,
         )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
-        self._restorer = Restorer(
-            self.root, self._coll, self._catalog, layout=self.topology.layout_info, memo=self._memo
-        )
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
         self._local: LocalTier | None = None
         if local_dir is not None:
@@ -209,6 +206,10 @@ class CheckpointManager:
         self._pipeline = SavePipeline(
             self.root, self.topology, catalog=self._catalog, deleter=self._deleter, keep=keep,
             local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
+        )  # fmt: skip
+        self._restorer = Restorer(
+            self.root, self._coll, self._catalog, layout=self.topology.layout_info,
+            memo=self._memo, digester=self._pipeline.digester,
         )  # fmt: skip
 
     def _open_root(self) -> None:

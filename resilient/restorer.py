@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,7 @@ class Restorer:
         layout: the layout of this run (another one on disk is a :class:`LayoutMismatchError`).
         memo: the owner's :class:`~resilient.tree.Memo` for parsing manifests and rebuilding
             states (``None``: this restorer's own).
+        digester: the owner's checksum thread for the reads (``None``: one per read).
     """
 
     def __init__(
@@ -156,9 +158,11 @@ class Restorer:
         *,
         layout: LayoutInfo,
         memo: Memo | None = None,
+        digester: Executor | None = None,
     ) -> None:
         self.root = root
         self.memo = Memo() if memo is None else memo
+        self.digester = digester
         self.coll = coll
         self.catalog = catalog
         self.layout = layout
@@ -402,9 +406,12 @@ class Restorer:
                     read_elastic(static_dir, plan.static, blocks=blocks, into=into, stats=stats)
                 )
         else:
-            state = read_rank(chosen.path, chosen.manifest, rank, into=into, memo=self.memo)
+            read = functools.partial(
+                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester
+            )
+            state = read(chosen.path, chosen.manifest)
             if chosen.static is not None:
-                state.update(read_rank(static_dir, chosen.static, rank, into=into, memo=self.memo))
+                state.update(read(static_dir, chosen.static))
         if validate is None:
             return state
         try:

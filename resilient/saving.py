@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from resilient import layout, storage
@@ -150,6 +150,8 @@ class SavePipeline:
         self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
         self._bounce = Bounce()  # O_DIRECT's aligned buffer: reused by every save, then closed
+        # the checksum thread of every save (and, lent, restore): started at the first use
+        self.digester = ThreadPoolExecutor(1, thread_name_prefix="resilient-digest")
         self._in_flight: _SaveFlight | _ProtectFlight | _FlushFlight | None = None
         self._unprotected_said = False
         self._unflushed: LocalCheckpoint | None = None
@@ -211,6 +213,7 @@ class SavePipeline:
                 step=step,
                 cache=self._skeletons,
                 bounce=self._bounce,
+                digester=self.digester,
                 recycled=self._recycled if self.local is None else None,
             )
         )
@@ -273,10 +276,11 @@ class SavePipeline:
             self.wait()
 
     def shutdown(self) -> None:
-        """Local: stop the writer thread and free the staging and bounce buffers (nothing in
-        flight)."""
+        """Local: stop the writer and checksum threads and free the staging and bounce buffers
+        (nothing in flight)."""
         self._in_flight = None
         self._writer.shutdown()
+        self.digester.shutdown(wait=True, cancel_futures=True)
         self._staging.release()
         self._bounce.close()
         if self._recycled is not None and self._coll.is_coordinator:
