@@ -89,13 +89,13 @@ def allocate(
     nbytes = count * dtype.itemsize
     if nbytes < _POPULATE_MIN:
         return np.empty(shape, dtype=dtype)
-    advice = _HUGEPAGE if nbytes >= _HUGE_MIN else None
+    huge = nbytes >= _HUGE_MIN and _HUGEPAGE is not None
     lazy = not populate and _can_fault_in()
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    region = mmap.mmap(-1, nbytes, flags=flags | (0 if lazy or advice else _POPULATE))
-    if advice is not None:  # before the first touch: pages are then faulted in 2 MiB at a time
+    region = mmap.mmap(-1, nbytes, flags=flags | (0 if lazy or huge else _POPULATE))
+    if huge:  # before the first touch: the pages are then faulted in 2 MiB at a time
         with contextlib.suppress(OSError):  # (transparent huge pages off: 4-KiB pages)
-            region.madvise(advice)
+            region.madvise(_HUGEPAGE)
         if not lazy:
             _populate(region, nbytes)
     return np.frombuffer(region, dtype=dtype, count=count).reshape(shape)
