@@ -86,40 +86,15 @@ def allocate(
     import numpy as np
 
     count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    if nbytes < _POPULATE_MIN:
+    if count * dtype.itemsize < _POPULATE_MIN:
         return np.empty(shape, dtype=dtype)
-    huge = nbytes >= _HUGE_MIN and _HUGEPAGE is not None
     lazy = not populate and _can_fault_in()
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    region = mmap.mmap(-1, nbytes, flags=flags | (0 if lazy or huge else _POPULATE))
-    if huge:  # before the first touch: the pages are then faulted in 2 MiB at a time
-        with contextlib.suppress(OSError):  # (transparent huge pages off: 4-KiB pages)
-            region.madvise(_HUGEPAGE)
-        if not lazy:
-            _populate(region, nbytes)
+    region = mmap.mmap(
+        -1,
+        count * dtype.itemsize,
+        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (0 if lazy else _POPULATE),
+    )
     return np.frombuffer(region, dtype=dtype, count=count).reshape(shape)
-
-
-# Transparent huge pages for arrays of 2 MiB or more (where the kernel allows them: "always" or
-# "madvise" in /sys/kernel/mm/transparent_hugepage/enabled): faulting in 128 MiB took 39-56 ms
-# in 4-KiB pages and 5.5-7.5 ms in 2-MiB ones here (Linux 6.18, 2026-11-26), a sixth of the
-# read of the same bytes from disk, which is what a restore into new arrays paid on top of it.
-_HUGE_MIN = 2 << 20
-_HUGEPAGE: int | None = getattr(mmap, "MADV_HUGEPAGE", None)
-
-
-def _populate(region: mmap.mmap, nbytes: int) -> None:
-    """Fault in every page of ``region`` (``MAP_POPULATE`` after the fact, so that the
-    ``madvise`` made before it applies)."""
-    import numpy as np
-
-    view = np.frombuffer(region, np.uint8, count=nbytes)
-    if _can_fault_in():
-        _madvise(int(view.ctypes.data), nbytes, _MADV_POPULATE_WRITE)
-    else:
-        view[:: mmap.PAGESIZE] = 0
-    del view
 
 
 _MADV_POPULATE_WRITE = 23  # linux/mman.h (5.14): fault a range in, writable, in one call
