@@ -55,14 +55,13 @@ def test_undeclared_keys_block_an_elastic_restore_on_every_rank(tmp_path: Path) 
 def test_a_sharded_manifest_restores_on_other_rank_counts(tmp_path: Path, kind: str) -> None:
     """Saved with a shard per file group on 2-4 ranks, restored on 1-5: the coordinator reads
     every shard for the elastic plan, and a corrupt stripe still falls back."""
-    env = {"SCENARIO_SHARD_RANKS": "1"}
-    got = results(run_mpi(5, [SCRIPT, "matrix", str(tmp_path / "ck"), kind, "2,4"], **env))
+    args = [SCRIPT, "matrix", str(tmp_path / "ck"), kind, "2,4"]
+    got = results(run_mpi(5, args, SCENARIO_SHARD_RANKS="1"))
     assert all(r["ok"] for r in got)
     assert {(e["n"], e["m"]) for e in got[0]["report"]} == {
         (n, m) for n in (2, 4) for m in range(1, 6)
     }
     root = tmp_path / "bad"
-    assert all(
-        r["ok"] for r in results(run_mpi(4, [SCRIPT, "corrupt", str(root), kind, "700"], **env))
-    )
+    args = [SCRIPT, "corrupt", str(root), kind, "700"]
+    assert all(r["ok"] for r in results(run_mpi(4, args, SCENARIO_SHARD_RANKS="1")))
     assert [p.name for p in root.iterdir() if ".quarantined-" in p.name]

@@ -152,8 +152,10 @@ def test_background_write_error_on_one_rank_raises_everywhere(tmp_path: Path, ki
 def test_sharded_manifest_round_trip_is_bit_identical(tmp_path: Path, kind: str, mode: str) -> None:
     """Saves with static data and rotation, then restores: each rank receives and reads only
     its own shard (check_part), and every array comes back bit-identical."""
-    env = {"SCENARIO_SHARD_RANKS": "1", "SCENARIO_ASYNC": "1" if mode == "async" else "0"}
-    proc = run_mpi(4, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind], **env)
+    proc = run_mpi(
+        4, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind], SCENARIO_SHARD_RANKS="1",
+        SCENARIO_ASYNC="1" if mode == "async" else "0",
+    )  # fmt: skip
     assert [r["ok"] for r in results(proc)] == [True] * 4
 
 

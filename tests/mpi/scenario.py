@@ -279,7 +279,7 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
     result(ok=True, error=errors[0][0], message=errors[0][1])
 
 
-def check_part(m: CheckpointManager) -> None:
+def check_part(m: resilient.CheckpointManager) -> None:
     """A restore gave this rank its part of the manifest: its own entry, and its file group's
     for the group's leader; only the files they name; this run's layout put back."""
     restored = m._restorer.last_restored

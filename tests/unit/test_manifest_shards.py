@@ -8,6 +8,7 @@ import dataclasses
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,7 +139,7 @@ def test_a_hostile_shard_is_rejected() -> None:
         0: whole.ranks[0],
         1: whole.ranks[1],
     }
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"step": 7}, "not a shard of this checkpoint of step 1200"),
         ({"kind": "checkpoint"}, "not a shard of this checkpoint"),
         ({"ranks": [0]}, "2 entries for 1 ranks"),
