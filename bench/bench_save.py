@@ -150,14 +150,14 @@ PHASES: dict[str, str] = {
     "save": "CheckpointManager.save, whole call",
     "restore": "CheckpointManager.restore, whole call",
     "try_read": "Restorer._try_read: this rank's piece read, verified, judged",
-    "read_rank": "checkpointer.read_rank: allocate, read, verify",
-    "h5.preadv": "os.preadv in hdf5.read_new/read_many (page faults of new arrays included)",
+    "read_rank": "reading.read_rank: allocate, read, verify",
+    "h5.preadv": "os.preadv in fileio.read_new/read_many (page faults of new arrays included)",
     "save_set": "SavePipeline.start (plan, write, fsync, gather, commit, for a blocking save)",
     "digest": "xxh3 of the rank's arrays (checkpointer.digest_arrays)",
-    "skeleton": "hdf5.build_skeleton: HDF5 metadata made by h5format (leader, during its write)",
-    "h5.pwrite": "os.pwrite in hdf5 (O_DIRECT writes of large arrays)",
-    "h5.pwritev": "os.pwritev in hdf5.write_file (small arrays: copy into the page cache)",
-    "h5.fsync": "os.fsync in the hdf5 module (skeleton + data to disk)",
+    "skeleton": "fileio.build_skeleton: HDF5 metadata made by h5format (leader, during its write)",
+    "h5.pwrite": "os.pwrite in fileio (O_DIRECT writes of large arrays)",
+    "h5.pwritev": "os.pwritev in fileio.write_file (small arrays: copy into the page cache)",
+    "h5.fsync": "os.fsync in the fileio module (skeleton + data to disk)",
     "commit": "PendingDir.prepare: manifest + COMMITTED written (rank 0)",
     "publish": "PendingDir.publish: their fsync, rename, fsync of the parent (rank 0)",
     "rotate": "SavePipeline._after_commit: save log + rotation (rank 0)",
@@ -172,7 +172,7 @@ PHASES: dict[str, str] = {
 def install_profiler(timer: PhaseTimer) -> None:
     """Replace library functions by timing wrappers (module attributes only, code unchanged)."""
     import resilient.checkpointer as ckpt
-    import resilient.hdf5 as h5mod
+    import resilient.fileio as h5mod
     import resilient.manager as man
     import resilient.mpi as rmpi
     import resilient.storage as storage

@@ -12,7 +12,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   RankWritten)``: its :class:`~resilient.manifest.RankEntry` (a
   :class:`~resilient.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
   file's leader, a :class:`~resilient.checkpointer.FileWritten` with the segments of the real
-  HDF5 skeleton (:func:`resilient.hdf5.build_skeleton`), pickled as mpi4py's lowercase
+  HDF5 skeleton (:func:`resilient.fileio.build_skeleton`), pickled as mpi4py's lowercase
   collectives pickle it (protocol 5, one message per rank);
 * **commit**: rank 0 runs the real ``finish_set`` as :class:`resilient.saving.SavePipeline`
   calls it (``prepare`` while the data syncs, ``publish`` in a second round) over
@@ -68,7 +68,7 @@ from resilient.collective import Collective
 from resilient.comm import SerialComm
 from resilient.commit import PendingDir
 from resilient.elastic import needs_elastic
-from resilient.hdf5 import build_skeleton
+from resilient.fileio import build_skeleton
 from resilient.manager import DEFAULT_SHARD_RANKS
 from resilient.manifest import LayoutInfo, Manifest, Segment
 from resilient.payload import split_state

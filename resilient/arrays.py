@@ -1,6 +1,6 @@
 """Array leaves of a state: numpy arrays, torch tensors and other array-likes, as numpy and back.
 
-Which values are arrays, how they become C-contiguous numpy arrays that :mod:`resilient.hdf5`
+Which values are arrays, how they become C-contiguous numpy arrays that :mod:`resilient.fileio`
 writes (without a copy where possible), and what they become again on restore:
 
 * numpy arrays and scalars: as they are (a non-contiguous array is copied);

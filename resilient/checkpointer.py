@@ -1,4 +1,5 @@
-"""One save or one read of a set of per-rank arrays: plan -> write -> finish. Collective.
+"""One save of a set of per-rank arrays: plan -> write -> finish. Collective. (One rank's read
+of a checkpoint is :mod:`resilient.reading`.)
 
 Used by :class:`resilient.manager.CheckpointManager` for checkpoints (synchronous and
 asynchronous) and by :class:`resilient.statics.StaticStore` for static data. Call order (DCP's
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import operator
 import os
@@ -34,17 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from resilient import h5format, hdf5, layout, storage
-from resilient.arrays import (
-    fill_leaf,
-    leaf_meta,
-    numpy_dtype,
-    restore_leaf,
-    template_spec,
-    writable_view,
-)
+from resilient import fileio, h5format, layout, storage
 from resilient.blocks import stripe_rows
 from resilient.checksum import (
     Digests,
@@ -55,7 +47,6 @@ from resilient.checksum import (
 )
 from resilient.collective import Collective
 from resilient.commit import PendingDir
-from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.manifest import (
     SHARDED_SCHEMA_VERSION,
     DatasetTable,
@@ -70,9 +61,7 @@ from resilient.manifest import (
     shard_json,
 )
 from resilient.payload import LocalData
-from resilient.staging import allocate, fault_in
 from resilient.topology import Topology
-from resilient.tree import Memo, leaf_metas, unflatten
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +78,9 @@ __all__ = [
     "WriteJob",
     "build_index",
     "build_manifest",
-    "check_template",
     "finish_set",
     "plan_write",
     "planned",
-    "read_rank",
     "save_set",
     "seed_cache",
 ]
@@ -106,7 +93,7 @@ class RankPlan:
     The tree is :func:`~resilient.payload.split_state`'s private one (JSON values copied)."""
 
     rank: int
-    specs: tuple[hdf5.Spec, ...]
+    specs: tuple[fileio.Spec, ...]
     tree: Any
     striped: frozenset[str] = frozenset()
     names: tuple[str, ...] = ()
@@ -189,10 +176,10 @@ class SkeletonCache:
 
     generation: int = 0
     seed: tuple[Path, Manifest] | None = None  # a restored checkpoint, for seed_cache
-    specs: tuple[hdf5.Spec, ...] | None = None
+    specs: tuple[fileio.Spec, ...] | None = None
     offsets: tuple[int | None, ...] = ()
     plan: RankPlan | None = None
-    group_specs: Mapping[int, tuple[hdf5.Spec, ...]] = field(default_factory=dict)
+    group_specs: Mapping[int, tuple[fileio.Spec, ...]] = field(default_factory=dict)
     skeleton: Skeleton | None = None
 
 
@@ -202,7 +189,7 @@ class _Offer:
 
     rank: int
     generation: int
-    specs: tuple[hdf5.Spec, ...] | None
+    specs: tuple[fileio.Spec, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,18 +205,18 @@ class Skeleton:
     by the leader's write, between two runs of data, while the disk is busy), then kept for
     the later saves of the same structure. A build that failed fails again when asked."""
 
-    def __init__(self, build: Callable[[], hdf5.FileSkeleton]) -> None:
-        self._build: Callable[[], hdf5.FileSkeleton] | None = build
-        self._built: hdf5.FileSkeleton | None = None
+    def __init__(self, build: Callable[[], fileio.FileSkeleton]) -> None:
+        self._build: Callable[[], fileio.FileSkeleton] | None = build
+        self._built: fileio.FileSkeleton | None = None
 
     @classmethod
-    def of(cls, skeleton: hdf5.FileSkeleton) -> Skeleton:
+    def of(cls, skeleton: fileio.FileSkeleton) -> Skeleton:
         """An already built skeleton."""
         done = cls(lambda: skeleton)
         done.get()
         return done
 
-    def get(self) -> hdf5.FileSkeleton:
+    def get(self) -> fileio.FileSkeleton:
         """The skeleton (built now, if it is not yet).
 
         Raises:
@@ -263,7 +250,7 @@ class WriteJob:
     arrays: Mapping[str, npt.NDArray[np.generic]]
     skeleton: Skeleton | None  # the group's leader writes HDF5's own bytes
     members: tuple[int, ...] = ()  # the group's ranks, on its leader
-    bounce: hdf5.Bounce | None = None  # the writer's O_DIRECT buffer (None: one per write)
+    bounce: fileio.Bounce | None = None  # the writer's O_DIRECT buffer (None: one per write)
     digester: Executor | None = None  # the owner's checksum thread (None: one per save)
 
     def run(self) -> RankWritten:
@@ -315,11 +302,11 @@ class WriteJob:
     ) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
-        disk writes, popped as it is done (see :func:`hdf5.write_file`)."""
+        disk writes, popped as it is done (see :func:`fileio.write_file`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
         storage.retry_io(
-            lambda: hdf5.write_file(
+            lambda: fileio.write_file(
                 self.path,
                 self.offsets,
                 arrays,
@@ -333,7 +320,7 @@ class WriteJob:
 
     def sync(self) -> None:
         """fsync what :meth:`write` wrote with ``sync=False``."""
-        storage.retry_io(lambda: hdf5.fsync_file(self.path), what=f"writing {self.path}")
+        storage.retry_io(lambda: fileio.fsync_file(self.path), what=f"writing {self.path}")
 
 
 def plan_write(
@@ -343,19 +330,19 @@ def plan_write(
     *,
     step: int,
     cache: SkeletonCache,
-    bounce: hdf5.Bounce | None = None,
+    bounce: fileio.Bounce | None = None,
     digester: Executor | None = None,
     recycled: Path | None = None,
 ) -> WriteJob:
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
     part of a save into ``directory`` (its write goes through ``bounce`` and its checksums
-    through ``digester``, the caller's, if given: see :class:`resilient.hdf5.Bounce` and
+    through ``digester``, the caller's, if given: see :class:`resilient.fileio.Bounce` and
     :class:`resilient.checksum.Digests`). With ``recycled``, a checkpoint directory that
     rotation dropped, the leader takes the file of the same name from it to write over
-    (:func:`resilient.hdf5.claim_file`) instead of creating one.
+    (:func:`resilient.fileio.claim_file`) instead of creating one.
 
     The leader creates the file and lays out the data (:func:`resilient.h5format.place_data`);
-    its write builds HDF5's metadata (:func:`resilient.hdf5.build_skeleton`), unless
+    its write builds HDF5's metadata (:func:`resilient.fileio.build_skeleton`), unless
     every rank's structure (names, shapes, dtypes) is the one of the previous save: then the
     cached skeleton is reused and nothing touches the disk here. ``data`` must stay unchanged until the job has run.
     """
@@ -404,9 +391,9 @@ def _offered(offer: _Offer, failed: Exception | None) -> _Offer:
 
 
 def _claimed(source: Path, path: Path) -> bool:
-    """Leader: :func:`resilient.hdf5.claim_file`; a failure only costs the speed-up."""
+    """Leader: :func:`resilient.fileio.claim_file`; a failure only costs the speed-up."""
     try:
-        return hdf5.claim_file(source, path)
+        return fileio.claim_file(source, path)
     except OSError as exc:
         log.debug("not reusing %s: %s", source, exc)
         return False
@@ -434,13 +421,13 @@ def _plan_file(
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
     if not claimed:
         storage.retry_io(
-            lambda: hdf5.create_file(path),
+            lambda: fileio.create_file(path),
             what=f"creating {path}",
             cleanup=lambda: path.unlink(missing_ok=True),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
-    cache.skeleton = Skeleton(lambda: hdf5.build_skeleton(kind, members))
+    cache.skeleton = Skeleton(lambda: fileio.build_skeleton(kind, members))
     return _Skeleton(cache.generation, offsets)
 
 
@@ -685,246 +672,6 @@ def _file_entries(
     return tuple(out)
 
 
-def read_rank(
-    directory: Path,
-    manifest: Manifest,
-    rank: int,
-    *,
-    into: Mapping[str, Any] | None = None,
-    memo: Memo | None = None,
-    digester: Executor | None = None,
-) -> dict[str, Any]:
-    """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
-    structure (torch tensors where tensors were saved).
-
-    Args:
-        into: existing arrays or tensors by leaf path (see :func:`check_template`) that array
-            leaves are read into instead of new ones; they appear in the result as themselves.
-        memo: the caller's :class:`~resilient.tree.Memo` for rebuilding the structure.
-        digester: the caller's checksum thread (see :class:`~resilient.checksum.Digests`;
-            ``None``: one for this read).
-
-    Raises:
-        InvalidCheckpointError: a checksum mismatch or a truncated file.
-        OSError: the file cannot be read (transient errors are retried first).
-    """
-    return storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank, into or {}, memo, digester),
-        what=f"reading {directory} for rank {rank}",
-    )
-
-
-def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> None:
-    """Check that the arrays of ``into`` that the checkpoint holds have its shapes and dtypes.
-
-    Raises:
-        ConfigError: naming the first leaf that does not fit, or that is read-only.
-    """
-    metas = leaf_metas(entry.tree) if entry.tree is not None else {}
-    if _fits_plainly(entry.datasets, into, metas):
-        return
-    for d in entry.datasets:
-        target = into.get(d.name)
-        if target is None:
-            continue
-        saved = metas.get(d.name, {}).get("torch")
-        here = leaf_meta(target) or {}
-        shape, dtype = template_spec(target)
-        if shape != d.shape or dtype != d.dtype or saved != here.get("torch"):
-            kind = f"torch.{saved}" if saved else d.dtype
-            have = f"torch.{here['torch']}" if "torch" in here else dtype
-            raise ConfigError(
-                f"{what}: {d.name!r} is {have} {shape} here but {kind} {d.shape} in the checkpoint"
-            )
-        if not _is_writable(target):
-            raise ConfigError(f"{what}: {d.name!r} is read-only and cannot be restored in place")
-
-
-def _fits_plainly(table: DatasetTable, into: Mapping[str, Any], metas: Mapping[str, Any]) -> bool:
-    """Whether every template leaf is a writable numpy array of its dataset's shape and dtype,
-    saved from numpy (a state dict of numpy arrays: checked without Python per leaf)."""
-    import numpy as np
-
-    targets = list(map(into.get, table.names))
-    if not all(map(operator.is_not, targets, itertools.repeat(None))):  # (`in` compares arrays)
-        kept = [i for i, t in enumerate(targets) if t is not None]
-        if not kept:
-            return True
-        targets = [targets[i] for i in kept]
-        shapes, dtypes = [table.shapes[i] for i in kept], [table.dtypes[i] for i in kept]
-    else:
-        shapes, dtypes = list(table.shapes), list(table.dtypes)
-    # dtypes compared as numpy dtypes (equal exactly when their strings are): a dtype's `.str`
-    # builds a new string each time, ~17x slower for thousands of arrays
-    kinds = {d: numpy_dtype(d) for d in set(dtypes)}
-    return (
-        set(map(type, targets)) == {np.ndarray}
-        and list(map(_shape, targets)) == shapes
-        and list(map(_dtype, targets)) == list(map(kinds.__getitem__, dtypes))
-        and all(map(_writeable, targets))
-        and not any(map(_TORCH, metas.values()))  # (a state dict saved from torch: not plain)
-    )
-
-
-_dtype = operator.attrgetter("dtype")
-_TORCH = operator.methodcaller("get", "torch")
-_c_contiguous = operator.attrgetter("flags.c_contiguous")
-_writeable = operator.attrgetter("flags.writeable")
-
-
-def _plain_targets(into: Mapping[str, Any]) -> bool:
-    """Whether every target is a writable C-contiguous numpy array (its own writable view)."""
-    import numpy as np
-
-    targets = into.values()
-    return (
-        set(map(type, targets)) <= {np.ndarray}
-        and all(map(_writeable, targets))
-        and all(map(_c_contiguous, targets))
-    )
-
-
-def _is_writable(target: Any) -> bool:
-    flags = getattr(target, "flags", None)
-    return flags is None or bool(flags.writeable)
-
-
-def _read_rank(
-    directory: Path,
-    manifest: Manifest,
-    rank: int,
-    into: Mapping[str, Any],
-    memo: Memo | None,
-    digester: Executor | None,
-) -> dict[str, Any]:
-    entry = manifest.ranks[rank]
-    table = entry.datasets
-    names, count = table.names, len(table)
-    # the caller's arrays to read into directly (a template leaf without one, e.g. a CUDA
-    # tensor, gets a new array, copied into it once verified)
-    if _plain_targets(into):  # numpy arrays to read into as they are
-        views: Mapping[str, Any] = into
-    else:
-        views = {name: writable_view(target) for name, target in into.items()}
-    direct = list(map(views.get, names)) if into else [None] * count
-    fresh_at: Sequence[int]
-    if not into:
-        fresh_at = range(count)
-    elif all(map(operator.is_not, direct, itertools.repeat(None))):  # (`in` compares arrays)
-        fresh_at = ()
-    else:
-        fresh_at = [i for i, view in enumerate(direct) if view is None]
-    offsets: Sequence[int | None] = table.offsets
-    shapes: Sequence[tuple[int, ...]] = table.shapes
-    dtypes: Sequence[str] = table.dtypes
-    sizes: Sequence[int] = table.nbytes
-    if len(fresh_at) != count:
-        offsets, shapes, dtypes, sizes = (
-            [offsets[i] for i in fresh_at],
-            [shapes[i] for i in fresh_at],
-            [dtypes[i] for i in fresh_at],
-            [sizes[i] for i in fresh_at],
-        )
-    numpy_dtypes = {d: numpy_dtype(d) for d in set(dtypes)}
-    nbytes = sum(table.nbytes)
-    # from a few MiB on, checksums are taken on a helper thread while the next bytes are read;
-    # not for arrays of a few KiB, whose hashing costs less than the threads' handovers
-    pipelined = nbytes >= _PIPELINE_MIN and nbytes >= _PIPELINE_MEAN * count
-    digests = Digests(count, helper=digester) if pipelined else None
-    fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        new = hdf5.read_new(
-            fd,
-            offsets,
-            shapes,
-            list(map(numpy_dtypes.__getitem__, dtypes)),
-            allocate=allocate,
-            arrived=None if digests is None else _Told(digests, fresh_at),
-            nbytes=sizes,
-        )
-        if len(new) == count:
-            arrays = new
-        else:
-            at: Sequence[int]
-            if not fresh_at and None not in table.offsets:  # all read into the caller's
-                at, items = range(count), list(zip(table.offsets, direct, strict=True))
-            else:
-                at = [
-                    i
-                    for i, view in enumerate(direct)
-                    if view is not None and table.offsets[i] is not None
-                ]
-                items = [(table.offsets[i], direct[i]) for i in at]
-            hdf5.read_many(
-                fd,
-                items,  # type: ignore[arg-type]
-                arrived=None if digests is None else _Told(digests, at),
-            )
-            if fresh_at:
-                made = iter(new)
-                arrays = [next(made) if v is None else v for v in direct]
-            else:
-                arrays = cast("list[Any]", direct)  # (no None among them)
-    except EOFError as exc:
-        raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
-    finally:
-        os.close(fd)
-        got = None if digests is None else digests.result()  # no thread reads them after this
-    if got is None:
-        got = digest_arrays(arrays)
-    else:  # empty arrays are never read: their checksums are taken here
-        for i in (i for i, d in enumerate(got) if not d):
-            got[i] = digest_arrays([arrays[i]])[0]
-    if "".join(got) != table.digests:
-        bad = next(n for n, g, w in zip(names, got, table.checksums, strict=True) if g != w)
-        raise InvalidCheckpointError(
-            str(directory), f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
-        )
-    by_name = dict(zip(names, arrays, strict=True))
-    if views is not into:  # (plain numpy targets were read into as they are: nothing to do)
-        for name, template in into.items():
-            if name not in by_name:
-                continue
-            if views[name] is None:  # a template leaf that could not be read into directly
-                fill_leaf(template, by_name[name])
-            by_name[name] = template
-    if entry.tree is None:  # written before nested states: flat names, values beside them
-        return {**entry.values, **by_name}
-    built = unflatten(
-        entry.tree,
-        lambda path, meta: by_name[path] if path in into else restore_leaf(by_name[path], meta),
-        lambda paths: map(by_name.__getitem__, paths),  # numpy leaves: as read
-        memo=memo,
-    )
-    assert isinstance(built, dict)
-    return built
-
-
-_PIPELINE_MIN = 4 << 20
-_PIPELINE_MEAN = 16 << 10  # measured: 4,000 x 4 KiB lost 0.6 ms, 1,000 x 64 KiB won 1.8 ms
-
-
-@dataclass(frozen=True, slots=True)
-class _Told:
-    """Hands what a read completed (positions in its request) to ``digests`` by dataset, and
-    faults new memory in on their helper thread."""
-
-    digests: Digests
-    positions: Sequence[int]
-
-    def arrays(self, got: Sequence[int], arrays: Sequence[Any]) -> None:
-        self.digests.add([self.positions[k] for k in got], arrays)
-
-    def piece(self, position: int, data: memoryview, last: bool) -> None:
-        self.digests.add_piece(self.positions[position], data, last)
-
-    def fault(self, data: memoryview) -> Callable[[], object]:
-        return self.digests.alongside(functools.partial(fault_in, data)).result
-
-
-_shape = operator.attrgetter("shape")
-
-
 def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
     """Local: after a restore, remember the restored file's skeleton, so that the first save of
     the same structure (the usual first save after a restart) skips planning altogether.
@@ -965,5 +712,5 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
     if all(
         digest_bytes(b) == s.checksum for (_, b), s in zip(image, entry.meta_segments, strict=True)
     ):
-        built = hdf5.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
+        built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
         cache.skeleton = Skeleton.of(built)

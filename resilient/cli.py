@@ -275,13 +275,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from resilient.run import launch, options_from_args
+    from resilient.run import options_from_args, run_command_line
 
     try:
         opts = options_from_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    return launch(opts)
+    return run_command_line(opts)
 
 
 def build_parser() -> argparse.ArgumentParser:

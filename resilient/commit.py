@@ -2,7 +2,7 @@
 
 The only code that names, creates, fills with the manifest and the marker, fsyncs, renames and
 removes a save's directory (orbax's ``TemporaryPath``; DCP's ``finish``). The data files inside
-are written and fsynced by :mod:`resilient.hdf5`; the names come from :mod:`resilient.layout`.
+are written and fsynced by :mod:`resilient.fileio`; the names come from :mod:`resilient.layout`.
 
 Call order (rank 0 of the save's communicator, the coordinator)::
 

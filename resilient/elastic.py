@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilient import hdf5, storage
+from resilient import fileio, storage
 from resilient.arrays import fill_leaf, restore_leaf, template_spec, writable_view
 from resilient.blocks import BlockSpec, intersect, stripe_range
 from resilient.checksum import digest_array, digest_bytes
@@ -218,7 +218,7 @@ def read_elastic(
         for path, d in plan.replicated.items():
             out = targets[path][0]
             if d.offset is not None and d.nbytes:
-                hdf5.read_many(fd_of(plan.rank0_file), [(d.offset, out)])
+                fileio.read_many(fd_of(plan.rank0_file), [(d.offset, out)])
                 stats.bytes_read += d.nbytes
                 stats.reads += 1
             if digest_array(out) != d.checksum:
@@ -292,7 +292,7 @@ def _copy_overlap(
     first_stripe, stop_stripe = stripe_range(first, first + common.shape[0], rows_per)
     row0, row1 = first_stripe * rows_per, min(stop_stripe * rows_per, d.shape[0])
     buf = np.empty((row1 - row0, *d.shape[1:]), dtype=np.dtype(d.dtype))
-    hdf5.read_many(fd, [(d.offset + row0 * row_bytes, buf)])
+    fileio.read_many(fd, [(d.offset + row0 * row_bytes, buf)])
     stats.bytes_read += buf.nbytes
     stats.reads += 1
     raw = memoryview(buf.reshape(-1).view("u1"))  # type: ignore[arg-type]

@@ -18,15 +18,17 @@ each global dataset's ``global_shape``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilient import hdf5, layout
+from resilient import fileio, layout
 from resilient.checksum import digest_array
 from resilient.elastic import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError
+from resilient.layout import rank_group_name
 from resilient.manifest import Manifest, block_of
 from resilient.tree import elastic_kinds, leaf_paths
 from resilient.validate import latest_valid, load_manifest, validate_checkpoint
@@ -57,6 +59,82 @@ class ExportResult:
     stats: ReadStats = field(default_factory=ReadStats)
 
 
+@dataclass(frozen=True, slots=True)
+class VirtualSource:
+    """One stored block as a source of a virtual dataset: its file, the dataset in it, its shape
+    and where it starts in the global array."""
+
+    file: Path
+    dataset: str
+    shape: tuple[int, ...]
+    start: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalDataset:
+    """One dataset of an exported file (:mod:`resilient.export`).
+
+    Attributes:
+        name: its path in the file (groups are created as needed).
+        shape: its shape.
+        dtype: its dtype string.
+        sources: for a virtual dataset, the stored blocks it maps (no data is copied).
+        pieces: otherwise, yields ``(start, array)`` pieces that together fill it.
+        attrs: its attributes.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    sources: tuple[VirtualSource, ...] | None = None
+    pieces: Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]] | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def write_global_file(
+    path: Path, datasets: Sequence[GlobalDataset], *, attrs: Mapping[str, Any]
+) -> None:
+    """Write ``path`` (through a temporary file and a rename) holding ``datasets``: virtual
+    datasets over the checkpoint's files, or real data written piece by piece."""
+    import h5py
+    import numpy as np
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w", libver=("v110", "latest")) as f:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            for d in datasets:
+                dtype = np.dtype(d.dtype)
+                size: int = math.prod(d.shape)
+                if d.sources is not None and size:
+                    layout = h5py.VirtualLayout(shape=d.shape, dtype=dtype)
+                    for s in d.sources:
+                        if math.prod(s.shape):
+                            index = tuple(
+                                slice(a, a + n) for a, n in zip(s.start, s.shape, strict=True)
+                            )
+                            layout[index] = h5py.VirtualSource(
+                                os.fspath(s.file), s.dataset, shape=s.shape, dtype=dtype
+                            )
+                    dset = f.create_virtual_dataset(d.name, layout)
+                else:
+                    dset = f.create_dataset(d.name, shape=d.shape, dtype=dtype)
+                    for start, arr in d.pieces() if d.pieces is not None else ():
+                        if arr.size:
+                            dset[
+                                tuple(
+                                    slice(a, a + n) for a, n in zip(start, arr.shape, strict=True)
+                                )
+                            ] = arr
+                for key, value in d.attrs.items():
+                    dset.attrs[key] = value
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False) -> ExportResult:
     """Write the Block leaves of a checkpoint of ``root`` as global arrays to ``out``.
 
@@ -85,11 +163,11 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
         static_dir = root / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
         sets.append((static_dir, load_manifest(static_dir, kind="static")))
     stats = ReadStats()
-    datasets: list[hdf5.GlobalDataset] = []
+    datasets: list[GlobalDataset] = []
     skipped: list[str] = []
     for directory, m in sets:
         datasets += _datasets(directory.resolve(), m, copy=copy, stats=stats, skipped=skipped)
-    hdf5.write_global_file(
+    write_global_file(
         out, datasets, attrs={"step": manifest.step, "checkpoint": str(path.resolve())}
     )
     return ExportResult(manifest.step, out, tuple(d.name for d in datasets), tuple(skipped), stats)
@@ -97,7 +175,7 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
 
 def _datasets(
     directory: Path, manifest: Manifest, *, copy: bool, stats: ReadStats, skipped: list[str]
-) -> list[hdf5.GlobalDataset]:
+) -> list[GlobalDataset]:
     first = manifest.ranks[0]
     if first.tree is None:
         skipped.append(f"{directory.name}: written before nested states (no declared blocks)")
@@ -105,7 +183,7 @@ def _datasets(
     kinds = [elastic_kinds(r.tree) if r.tree is not None else None for r in manifest.ranks]
     mine = kinds[0]
     assert mine is not None
-    out: list[hdf5.GlobalDataset] = []
+    out: list[GlobalDataset] = []
     for path in mine.blocks:
         if not all(k is not None and path in k.blocks for k in kinds):
             skipped.append(f"{path}: a Block on some ranks only")
@@ -118,24 +196,24 @@ def _datasets(
         dtype = stored[0].dataset.dtype
         attrs = {"global_shape": list(spec.global_shape)}
         if copy:
-            out.append(hdf5.GlobalDataset(path, spec.global_shape, dtype, attrs=attrs,
+            out.append(GlobalDataset(path, spec.global_shape, dtype, attrs=attrs,
                                           pieces=_pieces(directory, stored, stats)))  # fmt: skip
         else:
             sources = tuple(
-                hdf5.VirtualSource(
+                VirtualSource(
                     directory / sb.file,
-                    f"/{hdf5.rank_group_name(sb.rank)}/{path}",
+                    f"/{rank_group_name(sb.rank)}/{path}",
                     sb.spec.shape,
                     sb.spec.start,
                 )
                 for sb in stored
             )
-            out.append(hdf5.GlobalDataset(path, spec.global_shape, dtype, sources=sources,
+            out.append(GlobalDataset(path, spec.global_shape, dtype, sources=sources,
                                           attrs=attrs))  # fmt: skip
     by_name = {d.name: d for d in first.datasets}
     for path in sorted(mine.replicated):
         d = by_name[path]
-        out.append(hdf5.GlobalDataset(path, d.shape, d.dtype, attrs={"replicated": True},
+        out.append(GlobalDataset(path, d.shape, d.dtype, attrs={"replicated": True},
                                       pieces=_replicated(directory, first.file, d, stats)))  # fmt: skip
     skipped += [f"{p}: per-rank data (neither a Block nor Replicated)" for p in mine.blocking
                 if p in by_name]  # fmt: skip
@@ -165,7 +243,7 @@ def _replicated(
         if d.offset is not None and d.nbytes:
             fd = os.open(directory / file, os.O_RDONLY | os.O_NOFOLLOW)
             try:
-                hdf5.read_many(fd, [(d.offset, arr)])
+                fileio.read_many(fd, [(d.offset, arr)])
             except EOFError as exc:
                 raise InvalidCheckpointError(str(directory), f"{file} truncated: {exc}") from None
             finally:

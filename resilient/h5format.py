@@ -1,11 +1,11 @@
 """HDF5 metadata of a checkpoint file, computed without HDF5. Pure: no I/O, no h5py.
 
 :func:`plan_file` lays out a file for a group of ranks: its bytes of HDF5 metadata, where each
-dataset's data goes, and the file's size. :mod:`resilient.hdf5` writes those bytes; each rank
+dataset's data goes, and the file's size. :mod:`resilient.fileio` writes those bytes; each rank
 then writes its arrays' bytes at their offsets. h5py built the same structure at ~26 us per
 dataset; here it takes ~0.6-0.8 us, because equal records (object headers of datasets of one
 dtype and rank, symbol table entries, B-tree keys, heap names) are built as numpy arrays, not
-one by one. ``hdf5.create_skeleton`` (now ``build_skeleton``), median of 7 warm runs on the 2-core VM (1-D float64
+one by one. ``fileio.create_skeleton`` (now ``build_skeleton``), median of 7 warm runs on the 2-core VM (1-D float64
 datasets in one group; h5py as of b762f85; the spread is the VM's, run to run)::
 
     datasets         1        100        4,000       100,000

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from resilient import hdf5, layout, storage
+from resilient import fileio, layout, storage
 from resilient.collective import Collective
 from resilient.comm import Channel
 from resilient.commit import PendingDir
@@ -401,7 +401,7 @@ def receive_files(
             if not errors and target is not None:
                 try:
                     fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    fds = (fd, hdf5.open_direct(target / name) if nbytes >= CHUNK else None)
+                    fds = (fd, fileio.open_direct(target / name) if nbytes >= CHUNK else None)
                 except OSError as exc:
                     errors.append(f"creating {target / name}: {exc.strerror or exc}")
             for pos in range(0, nbytes, CHUNK):

@@ -32,7 +32,6 @@ from typing import Any
 from resilient import layout, storage
 from resilient.blocks import BlockSpec
 from resilient.catalog import Catalog
-from resilient.checkpointer import check_template, read_rank
 from resilient.collective import Collective, describe_error
 from resilient.elastic import ElasticPlan, ReadStats, needs_elastic, read_elastic
 from resilient.errors import (
@@ -41,6 +40,7 @@ from resilient.errors import (
     InvalidCheckpointError,
 )
 from resilient.manifest import LayoutInfo, Manifest, ManifestError
+from resilient.reading import check_template, read_rank
 from resilient.tree import Memo
 from resilient.validate import iter_checkpoints, load_manifest
 

@@ -83,10 +83,10 @@ __all__ = [
     "EXIT_PERMANENT",
     "AttemptRecord",
     "RunOptions",
-    "launch",
     "main",
     "parse_duration",
     "run",
+    "run_command_line",
     "sidecar_path",
 ]
 
@@ -696,7 +696,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def launch(opts: RunOptions) -> int:
+def run_command_line(opts: RunOptions) -> int:
     """Log to stderr (``resilient run: ...``) and :func:`run`: what the command line does."""
     logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
     return run(opts)
@@ -710,4 +710,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         opts = options_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    return launch(opts)
+    return run_command_line(opts)

@@ -50,7 +50,7 @@ from resilient.checkpointer import (
 from resilient.collective import Collective
 from resilient.commit import PendingDir
 from resilient.errors import ResilientError
-from resilient.hdf5 import Bounce
+from resilient.fileio import Bounce
 from resilient.manifest import Manifest
 from resilient.payload import SaveRequest
 from resilient.policies import KeepPolicyLike
@@ -157,7 +157,7 @@ class SavePipeline:
         self._unflushed: LocalCheckpoint | None = None
         self._local_commits = 0
         # a checkpoint that rotation dropped, whose data files the next save writes over
-        # (:func:`resilient.hdf5.claim_file`); the same on every rank
+        # (:func:`resilient.fileio.claim_file`); the same on every rank
         self._recycled: Path | None = None
 
     @property

@@ -2,7 +2,7 @@
 deleting and quarantining directories, leftovers, small logs, and retries of transient errors.
 
 Elsewhere: :mod:`resilient.commit` names, fills, fsyncs and renames a save's temporary
-directory; :mod:`resilient.hdf5` writes and fsyncs the data files; ``resilient run`` fsyncs its
+directory; :mod:`resilient.fileio` writes and fsyncs the data files; ``resilient run`` fsyncs its
 attempt ledger. Nothing here follows a symlink out of the checkpoint root: directories are
 renamed (never their targets), trees are deleted only after being renamed to a ``.trash-*``
 name inside the root, and ``shutil.rmtree`` never follows symlinks.

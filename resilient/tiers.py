@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient import hdf5, layout, storage
+from resilient import fileio, layout, storage
 from resilient.checksum import hash128
 from resilient.collective import Collective
 from resilient.comm import Comm
@@ -220,7 +220,7 @@ class LocalTier:
     # ------------------------------------------------------------------ flushing
 
     def flush_job(
-        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: hdf5.Bounce | None = None
+        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: fileio.Bounce | None = None
     ) -> Callable[[], None]:
         """This rank's part of copying ``checkpoint`` into the shared directory ``shared``
         (through ``bounce``, the caller's buffer, if given).
@@ -246,7 +246,7 @@ class LocalTier:
         def copy() -> None:
             try:
                 storage.retry_io(
-                    lambda: hdf5.copy_ranges(
+                    lambda: fileio.copy_ranges(
                         src, dst, ranges, size=file.size if leader else None, bounce=bounce
                     ),
                     what=f"copying {src} to {dst}",

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 import resilient.checkpointer
-import resilient.hdf5
+import resilient.fileio
 import resilient.manager
 import resilient.restorer
 import resilient.storage
@@ -112,8 +112,8 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "static-lookup": (lambda: _patch(StaticStore, "lookup"), _save),
     "static-tmpdir": (lambda: _patch(PendingDir, "create"), _save_new_static),
     "tmpdir": (lambda: _patch(PendingDir, "create"), _save),
-    "create-file": (lambda: _patch(resilient.hdf5, "create_file"), _save),
-    "build-skeleton": (lambda: _patch(resilient.hdf5, "build_skeleton"), _save),
+    "create-file": (lambda: _patch(resilient.fileio, "create_file"), _save),
+    "build-skeleton": (lambda: _patch(resilient.fileio, "build_skeleton"), _save),
     "manifest": (lambda: _patch(resilient.checkpointer, "build_manifest"), _save),
     "commit-prepare": (lambda: _patch(PendingDir, "prepare"), _save),
     "commit-publish": (lambda: _patch(PendingDir, "publish"), _save),

@@ -70,19 +70,19 @@ elif kind == "killsave":
 
         PendingDir.prepare = prepare  # type: ignore[method-assign]
         if rank != 0:  # non-coordinators die while the coordinator commits
-            from resilient import hdf5
+            from resilient import fileio
 
-            real_write = hdf5.write_file
+            real_write = fileio.write_file
 
             def write(path: Any, *args: Any, **kwargs: Any) -> None:
                 real_write(path, *args, **kwargs)
                 if f"step_{int(step_s):08d}" in str(path):
                     os.kill(os.getpid(), signal.SIGKILL)
 
-            hdf5.write_file = write
+            fileio.write_file = write
 elif kind == "enospc":
     if rank == MPI.COMM_WORLD.size - 1:
-        from resilient import hdf5
+        from resilient import fileio
 
         real_pwrite, real_pwritev = os.pwrite, os.pwritev
 
@@ -98,8 +98,8 @@ elif kind == "enospc":
             full_for_step(fd)
             return real_pwritev(fd, buffers, offset)
 
-        hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
-        hdf5.os.pwritev = pwritev  # type: ignore[attr-defined]
+        fileio.os.pwrite = pwrite  # type: ignore[attr-defined]
+        fileio.os.pwritev = pwritev  # type: ignore[attr-defined]
 elif kind == "usr1":
     step_s, _, who = spec.partition(":")
     if rank == int(who):

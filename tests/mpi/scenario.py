@@ -207,7 +207,7 @@ def _die(*_: Any, **__: Any) -> None:
 
 
 def _arm_kill(phase: str) -> None:
-    from resilient import hdf5
+    from resilient import fileio
     from resilient.commit import PendingDir
 
     if phase == "write":  # half-way through writing this rank's bytes
@@ -221,8 +221,8 @@ def _arm_kill(phase: str) -> None:
         def pwritev(fd: int, buffers: Any, offset: int) -> int:
             return pwrite(fd, buffers[0], offset)
 
-        hdf5.os.pwrite = pwrite  # type: ignore[attr-defined]
-        hdf5.os.pwritev = pwritev  # type: ignore[attr-defined]
+        fileio.os.pwrite = pwrite  # type: ignore[attr-defined]
+        fileio.os.pwritev = pwritev  # type: ignore[attr-defined]
     elif phase == "manifest":  # coordinator dies before writing the manifest
         PendingDir.prepare = _die  # type: ignore[method-assign]
     elif phase == "rename":  # manifest and marker written, not yet renamed
@@ -247,13 +247,13 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
         state = make_state(2)
         if rank == victim:
             if how == "enospc":
-                from resilient import hdf5
+                from resilient import fileio
 
                 def full(*_: Any) -> int:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-                hdf5.os.pwrite = full  # type: ignore[attr-defined]
-                hdf5.os.pwritev = full  # type: ignore[attr-defined]
+                fileio.os.pwrite = full  # type: ignore[attr-defined]
+                fileio.os.pwritev = full  # type: ignore[attr-defined]
             elif how == "badvalue":
                 state["bad"] = object()
             elif how == "badstep":

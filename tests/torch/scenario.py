@@ -120,12 +120,12 @@ def scenario_fail(root: str, kind: str) -> None:
     with CheckpointManager(root, comm=dist.group.WORLD, checkpoint_comm=checkpoint_comm(kind)) as m:
         m.save(1, make_state(1))
         if rank == victim:
-            from resilient import hdf5
+            from resilient import fileio
 
             def full(*_: Any) -> int:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-            hdf5.os.pwrite = full  # type: ignore[attr-defined]
+            fileio.os.pwrite = full  # type: ignore[attr-defined]
         try:
             m.save(2, make_state(2), blocking=BLOCKING)
             m.wait()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import hdf5
+from resilient import fileio
 from resilient.errors import CollectiveError
 from resilient.exitcodes import EXIT_RESUME
 from resilient.manager import CheckpointManager
@@ -38,19 +38,19 @@ def data_files(directory: Path) -> dict[str, bytes]:
 
 
 class HeldWrites:
-    """Makes ``hdf5.write_file`` wait for :meth:`release` (a background write held in flight)."""
+    """Makes ``fileio.write_file`` wait for :meth:`release` (a background write held in flight)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.started = threading.Event()
         self.go = threading.Event()
-        real = hdf5.write_file
+        real = fileio.write_file
 
         def write(path: Path, *args: Any, **kwargs: Any) -> None:
             self.started.set()
             assert self.go.wait(30), "test never released the write"
             real(path, *args, **kwargs)
 
-        monkeypatch.setattr(hdf5, "write_file", write)
+        monkeypatch.setattr(fileio, "write_file", write)
 
     def release(self) -> None:
         self.go.set()
@@ -163,8 +163,8 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
         def full(path: Path, *args: Any, **kwargs: Any) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        real = hdf5.write_file
-        monkeypatch.setattr(hdf5, "write_file", full)
+        real = fileio.write_file
+        monkeypatch.setattr(fileio, "write_file", full)
         m.save(2, state_of(2), blocking=False)  # returns: the error is in the background
         with pytest.raises(CollectiveError, match="No space left") as info:
             m.wait()
@@ -172,7 +172,7 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
         assert not list(tmp_path.glob(".tmp*")) and not list(tmp_path.glob("*tmp*step*"))
         record = latest_valid(tmp_path)
         assert record is not None and record.step == 1
-        monkeypatch.setattr(hdf5, "write_file", real)
+        monkeypatch.setattr(fileio, "write_file", real)
         m.save(3, state_of(3), blocking=False)  # the manager still works
         m.wait()
         step, got = m.restore()
@@ -184,13 +184,13 @@ def test_background_error_surfaces_at_the_next_call_and_loses_nothing(
 def count_skeleton_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """A list that gets one item per HDF5 skeleton built from now on."""
     created: list[str] = []
-    real = hdf5.build_skeleton
+    real = fileio.build_skeleton
 
-    def counting(kind: str, ranks: Any) -> hdf5.FileSkeleton:
+    def counting(kind: str, ranks: Any) -> fileio.FileSkeleton:
         created.append(kind)
         return real(kind, ranks)
 
-    monkeypatch.setattr(hdf5, "build_skeleton", counting)
+    monkeypatch.setattr(fileio, "build_skeleton", counting)
     return created
 
 

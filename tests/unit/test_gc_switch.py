@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, KeepLast, hdf5
+from resilient import CheckpointManager, KeepLast, fileio
 from resilient.checksum import Digests
 from resilient.manager import PAUSE_GC_ENV
 
@@ -146,18 +146,18 @@ def maps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[mmap.mmap]:
     """Every bounce buffer the library maps from now on (O_DIRECT must work in tmp_path)."""
     probe = tmp_path / "probe"
     probe.touch()
-    fd = hdf5.open_direct(probe)
+    fd = fileio.open_direct(probe)
     if fd is None:
         pytest.skip("no O_DIRECT here: no bounce buffer is used")
     os.close(fd)
     made: list[mmap.mmap] = []
-    real = hdf5._map
+    real = fileio._map
 
     def recorded(nbytes: int) -> mmap.mmap:
         made.append(real(nbytes))
         return made[-1]
 
-    monkeypatch.setattr(hdf5, "_map", recorded)
+    monkeypatch.setattr(fileio, "_map", recorded)
     return made
 
 
@@ -196,18 +196,18 @@ def test_the_bounce_buffer_is_reused_then_unmapped_at_close(
 def test_a_write_without_an_owner_unmaps_its_buffer(tmp_path: Path, maps: list[mmap.mmap]) -> None:
     big = misaligned(2 << 20)
     path = tmp_path / "f"
-    hdf5.write_file(path, [0], [big])
+    fileio.write_file(path, [0], [big])
     assert len(maps) == 1 and maps[0].closed
     assert path.read_bytes() == big.tobytes()
     # from another thread too: nothing stays behind when it ends
-    worker = threading.Thread(target=hdf5.write_file, args=(tmp_path / "g", [0], [big]))
+    worker = threading.Thread(target=fileio.write_file, args=(tmp_path / "g", [0], [big]))
     worker.start()
     worker.join()
     assert len(maps) == 2 and maps[1].closed
 
 
 def test_a_bounce_lent_while_closed_is_unmapped_when_returned(maps: list[mmap.mmap]) -> None:
-    bounce = hdf5.Bounce(1 << 20)
+    bounce = fileio.Bounce(1 << 20)
     with bounce.lend() as view:
         view[:3] = b"abc"
         with bounce.lend() as second:  # lent already: a buffer of its own for this one

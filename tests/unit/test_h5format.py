@@ -1,7 +1,7 @@
 """HDF5 metadata written by :mod:`resilient.h5format`, read back by real readers.
 
-Every structure is created with :func:`resilient.hdf5.build_skeleton`, filled with known data
-by :func:`resilient.hdf5.write_file`, then read with h5py (names, shapes, dtypes, values,
+Every structure is created with :func:`resilient.fileio.build_skeleton`, filled with known data
+by :func:`resilient.fileio.write_file`, then read with h5py (names, shapes, dtypes, values,
 attributes, and exactly the expected objects) and, where installed, with ``h5dump`` and
 ``h5ls``. Datatypes are also compared byte for byte with what HDF5 itself writes in the same
 (oldest) format, and dtypes with what h5py's own writer gives.
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient import h5format, hdf5
+from resilient import fileio, h5format
 from resilient.h5format import ArraySpec, place_data, plan_file
 from tests.unit.ckutil import sample
 
@@ -51,17 +51,17 @@ def specs_of(arrays: dict[str, npt.NDArray[Any]]) -> list[ArraySpec]:
 
 def create_skeleton(
     path: Path, *, layout_kind: str, ranks: Sequence[tuple[int, Sequence[Any]]]
-) -> hdf5.FileSkeleton:
+) -> fileio.FileSkeleton:
     """The skeleton, and its file created empty at its size (as a save's leader does)."""
-    skeleton = hdf5.build_skeleton(layout_kind, ranks)
-    hdf5.create_file(path)
+    skeleton = fileio.build_skeleton(layout_kind, ranks)
+    fileio.create_file(path)
     os.truncate(path, skeleton.size)
     return skeleton
 
 
 def write(
     path: Path, data: dict[int, dict[str, npt.NDArray[Any]]], *, kind: str = "self"
-) -> hdf5.FileSkeleton:
+) -> fileio.FileSkeleton:
     """Create the skeleton of ``data`` (per rank, its arrays) and write every array."""
     skeleton = create_skeleton(
         path, layout_kind=kind, ranks=[(r, specs_of(a)) for r, a in data.items()]
@@ -71,7 +71,7 @@ def write(
         for offset, arr in zip(skeleton.offsets[r], arrays.values(), strict=True):
             if offset is not None:
                 items.append((offset, arr))
-    hdf5.write_file(path, [o for o, _ in items], [a for _, a in items], skeleton=lambda: skeleton)
+    fileio.write_file(path, [o for o, _ in items], [a for _, a in items], skeleton=lambda: skeleton)
     return skeleton
 
 
@@ -79,7 +79,7 @@ def expected_objects(data: dict[int, dict[str, npt.NDArray[Any]]]) -> set[str]:
     """Every path ``h5py.File.visit`` must list: rank groups, nested groups, datasets."""
     out = set()
     for r, arrays in data.items():
-        base = hdf5.rank_group_name(r)
+        base = fileio.rank_group_name(r)
         out.add(base)
         for name in arrays:
             parts = name.split("/")
@@ -98,7 +98,7 @@ def check_h5py(path: Path, data: dict[int, dict[str, npt.NDArray[Any]]], kind: s
         np.testing.assert_array_equal(f.attrs["resilient_ranks"], list(data))
         assert f.attrs["resilient_ranks"].dtype == np.int64
         for r, arrays in data.items():
-            group = f[hdf5.rank_group_name(r)]
+            group = f[fileio.rank_group_name(r)]
             assert int(group.attrs["rank"]) == r
             assert list(group.attrs) == ["rank"]
             for name, arr in arrays.items():
@@ -125,7 +125,9 @@ def roundtrip(
     return path
 
 
-def check_tiling(skeleton: hdf5.FileSkeleton, data: dict[int, dict[str, npt.NDArray[Any]]]) -> None:
+def check_tiling(
+    skeleton: fileio.FileSkeleton, data: dict[int, dict[str, npt.NDArray[Any]]]
+) -> None:
     """Metadata pieces and non-empty datasets cover the file exactly once; alignment."""
     pieces = [(o, len(b)) for o, b in skeleton.image]
     assert [(s.offset, s.length) for s in skeleton.meta_segments] == pieces
@@ -134,7 +136,7 @@ def check_tiling(skeleton: hdf5.FileSkeleton, data: dict[int, dict[str, npt.NDAr
             assert (offset is None) == (arr.nbytes == 0)
             if offset is not None:
                 pieces.append((offset, arr.nbytes))
-                assert offset % (4096 if arr.nbytes >= hdf5._DIRECT_MIN else 64) == 0
+                assert offset % (4096 if arr.nbytes >= fileio._DIRECT_MIN else 64) == 0
     pos = 0
     for offset, length in sorted(pieces):
         assert offset == pos
@@ -437,9 +439,9 @@ def test_ranks_beyond_an_attribute_are_a_dataset(tmp_path: Path, n: int) -> None
             assert "resilient_ranks" not in f.attrs
             stored = f["resilient_ranks"][()]
         assert stored.dtype == np.int64 and stored.tolist() == ranks
-        assert int(f[hdf5.rank_group_name(ranks[-1])].attrs["rank"]) == ranks[-1]
+        assert int(f[fileio.rank_group_name(ranks[-1])].attrs["rank"]) == ranks[-1]
         np.testing.assert_array_equal(
-            f[hdf5.rank_group_name(ranks[0])]["x"][()], data[ranks[0]]["x"]
+            f[fileio.rank_group_name(ranks[0])]["x"][()], data[ranks[0]]["x"]
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, hdf5
+from resilient import CheckpointManager, fileio
 from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
 from resilient.validate import list_checkpoints, validate_checkpoint
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
@@ -66,8 +66,8 @@ def test_enospc_during_data_write(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device") as info:
         m.save(3, state_of(3), static=static_of(1))
     monkeypatch.undo()
@@ -95,7 +95,7 @@ def test_eio_from_the_data_files_fsync(
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         real(fd)
 
-    monkeypatch.setattr("resilient.hdf5.os.fsync", fsync)
+    monkeypatch.setattr("resilient.fileio.os.fsync", fsync)
     with pytest.raises(CollectiveError, match="Input/output error") as info:
         m.save(3, state_of(3), blocking=blocking)
         m.wait()
@@ -119,7 +119,7 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
     root, m = two_steps
     before = entries(root)
     synced: list[str] = []
-    real_fsync = hdf5.fsync_file
+    real_fsync = fileio.fsync_file
 
     def slow_fsync(path: Path) -> None:
         time.sleep(0.2)
@@ -129,7 +129,7 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("checksum unit on fire")
 
-    monkeypatch.setattr("resilient.hdf5.fsync_file", slow_fsync)
+    monkeypatch.setattr("resilient.fileio.fsync_file", slow_fsync)
     monkeypatch.setattr("resilient.checkpointer.RankPlan.entry", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3), blocking=blocking)
@@ -145,8 +145,8 @@ def test_enospc_while_writing_new_static_data(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device"):
         m.save(3, state_of(3), static=static_of(2))  # new static content is written first
     monkeypatch.undo()
@@ -159,8 +159,8 @@ def test_manager_is_usable_after_a_failed_save(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, m = two_steps
-    monkeypatch.setattr("resilient.hdf5.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.hdf5.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError):
         m.save(3, state_of(3))
     monkeypatch.undo()
@@ -419,7 +419,7 @@ def test_a_failed_metadata_build_fails_the_save_and_the_next_one_plans_anew(
     # the save fails cleanly, and the next save of the structure builds it again
     root, m = two_steps
     before = entries(root)
-    real = hdf5.build_skeleton
+    real = fileio.build_skeleton
     calls: list[str] = []
 
     def broken(kind: str, ranks: Any) -> Any:
@@ -427,19 +427,19 @@ def test_a_failed_metadata_build_fails_the_save_and_the_next_one_plans_anew(
         raise ValueError("metadata unit on fire")
 
     new_structure = {**state_of(3), "extra": np.arange(5.0)}
-    monkeypatch.setattr(hdf5, "build_skeleton", broken)
+    monkeypatch.setattr(fileio, "build_skeleton", broken)
     with pytest.raises(CollectiveError, match="metadata unit on fire"):
         m.save(3, new_structure)
     assert calls and leftovers(root) == [] and entries(root) == before
-    monkeypatch.setattr(hdf5, "build_skeleton", real)
+    monkeypatch.setattr(fileio, "build_skeleton", real)
     created: list[Path] = []
-    real_create = hdf5.create_file
+    real_create = fileio.create_file
 
     def creating(path: Path) -> None:
         created.append(path)
         real_create(path)
 
-    monkeypatch.setattr(hdf5, "create_file", creating)
+    monkeypatch.setattr(fileio, "create_file", creating)
     m.save(3, new_structure)
     assert len(created) == 1  # planned anew: the failed skeleton was not offered again
     assert_state_equal(m.restore()[1], new_structure)

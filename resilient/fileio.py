@@ -1,12 +1,13 @@
-"""HDF5 files of a checkpoint: the sole h5py user.
+"""The data files of a checkpoint, byte by byte: raw ``pwrite``/``preadv`` (``O_DIRECT`` for large
+arrays), their fsync, reuse and copies. No HDF5 library call.
 
-A group of ranks shares one file. Its leader plans the file (:mod:`resilient.h5format`
-computes HDF5's metadata: one HDF5 group per rank, ``/rank_00003``, holding one contiguous,
-early-allocated dataset per state key, and attributes for the layout and the rank) and writes
-that metadata; every rank writes its arrays' bytes straight to their offsets (``pwrite``) and
-fsyncs. The result is an ordinary HDF5 file (``h5py``, ``h5ls``, ``h5dump`` read it) written at
-raw-disk speed, with no HDF5 library call and no gather of data to a leader. h5py is used only
-to export a global file (:func:`write_global_file`).
+A group of ranks shares one file. Its leader plans the file (:func:`build_skeleton`:
+:mod:`resilient.h5format` computes HDF5's metadata: one HDF5 group per rank, ``/rank_00003``,
+holding one contiguous, early-allocated dataset per state key, and attributes for the layout and
+the rank) and writes that metadata; every rank writes its arrays' bytes straight to their offsets
+(:func:`write_file`) and fsyncs. The result is an ordinary HDF5 file (``h5py``, ``h5ls``,
+``h5dump`` read it) written at raw-disk speed, with no gather of data to a leader. A restore
+reads the bytes back the same way (:func:`read_new`, :func:`read_many`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -47,8 +48,6 @@ __all__ = [
     "Spec",
     "FileSkeleton",
     "fsync_file",
-    "GlobalDataset",
-    "VirtualSource",
     "build_skeleton",
     "claim_file",
     "copy_ranges",
@@ -59,7 +58,6 @@ __all__ = [
     "read_many",
     "read_new",
     "write_file",
-    "write_global_file",
 ]
 
 _ALIGN = h5format.PAGE  # O_DIRECT's alignment: every dataset written through it starts on a page
@@ -811,79 +809,3 @@ def _preadv_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = None
 def _bytes_view(arr: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a C-contiguous array (no copy)."""
     return memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class VirtualSource:
-    """One stored block as a source of a virtual dataset: its file, the dataset in it, its shape
-    and where it starts in the global array."""
-
-    file: Path
-    dataset: str
-    shape: tuple[int, ...]
-    start: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GlobalDataset:
-    """One dataset of an exported file (:mod:`resilient.export`).
-
-    Attributes:
-        name: its path in the file (groups are created as needed).
-        shape: its shape.
-        dtype: its dtype string.
-        sources: for a virtual dataset, the stored blocks it maps (no data is copied).
-        pieces: otherwise, yields ``(start, array)`` pieces that together fill it.
-        attrs: its attributes.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    sources: tuple[VirtualSource, ...] | None = None
-    pieces: Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]] | None = None
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-
-
-def write_global_file(
-    path: Path, datasets: Sequence[GlobalDataset], *, attrs: Mapping[str, Any]
-) -> None:
-    """Write ``path`` (through a temporary file and a rename) holding ``datasets``: virtual
-    datasets over the checkpoint's files, or real data written piece by piece."""
-    import h5py
-    import numpy as np
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w", libver=("v110", "latest")) as f:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            for d in datasets:
-                dtype = np.dtype(d.dtype)
-                size: int = math.prod(d.shape)
-                if d.sources is not None and size:
-                    layout = h5py.VirtualLayout(shape=d.shape, dtype=dtype)
-                    for s in d.sources:
-                        if math.prod(s.shape):
-                            index = tuple(
-                                slice(a, a + n) for a, n in zip(s.start, s.shape, strict=True)
-                            )
-                            layout[index] = h5py.VirtualSource(
-                                os.fspath(s.file), s.dataset, shape=s.shape, dtype=dtype
-                            )
-                    dset = f.create_virtual_dataset(d.name, layout)
-                else:
-                    dset = f.create_dataset(d.name, shape=d.shape, dtype=dtype)
-                    for start, arr in d.pieces() if d.pieces is not None else ():
-                        if arr.size:
-                            dset[
-                                tuple(
-                                    slice(a, a + n) for a, n in zip(start, arr.shape, strict=True)
-                                )
-                            ] = arr
-                for key, value in d.attrs.items():
-                    dset.attrs[key] = value
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

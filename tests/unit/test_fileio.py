@@ -1,4 +1,4 @@
-"""Reading and writing arrays at file offsets (resilient.hdf5): arrays as their own iovecs, spans
+"""Reading and writing arrays at file offsets (resilient.fileio): arrays as their own iovecs, spans
 read into one buffer and returned as views, gaps, misaligned and large arrays, short transfers."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from resilient import hdf5
+from resilient import fileio
 from resilient.staging import allocate, fault_in
 
 
@@ -45,7 +45,7 @@ def sample(count: int = 300, seed: int = 0) -> list[np.ndarray]:
 
 
 def write(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> None:
-    hdf5.write_file(
+    fileio.write_file(
         path, [o if a.nbytes else None for o, a in zip(offsets, arrays, strict=True)], arrays
     )
 
@@ -53,7 +53,7 @@ def write(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> None:
 def read_back(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> list[Any]:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return hdf5.read_new(
+        return fileio.read_new(
             fd,
             [o if a.nbytes else None for o, a in zip(offsets, arrays, strict=True)],
             [a.shape for a in arrays],
@@ -98,7 +98,7 @@ def test_read_many_fills_existing_arrays_across_gaps_and_iov_max(tmp_path: Path)
     targets = [np.empty_like(a) for a in arrays]
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
-        hdf5.read_many(fd, list(zip(offsets, targets, strict=True))[::-1])
+        fileio.read_many(fd, list(zip(offsets, targets, strict=True))[::-1])
     finally:
         os.close(fd)
     assert all(t.tobytes() == a.tobytes() for t, a in zip(targets, arrays, strict=True))
@@ -114,7 +114,7 @@ def test_a_truncated_file_is_an_eof_error(tmp_path: Path) -> None:
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
         with pytest.raises(EOFError):
-            hdf5.read_many(
+            fileio.read_many(
                 fd, [(o, np.empty_like(a)) for o, a in zip(offsets, arrays, strict=True)]
             )
     finally:
@@ -135,7 +135,7 @@ def test_short_reads_and_writes_are_resumed(
 
         return call
 
-    monkeypatch.setattr(os, "preadv", short(real_preadv))  # the module hdf5 calls
+    monkeypatch.setattr(os, "preadv", short(real_preadv))  # the module fileio calls
     monkeypatch.setattr(os, "pwritev", short(real_pwritev))
     arrays = sample(60)
     offsets = layout(arrays, [5] * len(arrays))
@@ -145,7 +145,7 @@ def test_short_reads_and_writes_are_resumed(
     targets = [np.empty_like(a) for a in arrays]
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
-        hdf5.read_many(fd, list(zip(offsets, targets, strict=True)))
+        fileio.read_many(fd, list(zip(offsets, targets, strict=True)))
     finally:
         os.close(fd)
     assert all(t.tobytes() == w.tobytes() for t, w in zip(targets, arrays, strict=True))
@@ -158,23 +158,23 @@ def test_writeback_is_started_on_whole_pages_of_each_written_run(
     of at most 2 MiB as it is written: whole pages only, never a zero length (which would mean
     "to the end of the file"), each page at most once, and all but the last partial page."""
     kicks: list[tuple[int, int]] = []
-    real = hdf5._start_writeback
+    real = fileio._start_writeback
 
     def record(fd: int, offset: int, length: int) -> None:
         kicks.append((offset, length))
         real(fd, offset, length)
 
-    monkeypatch.setattr(hdf5, "_start_writeback", record)
+    monkeypatch.setattr(fileio, "_start_writeback", record)
     rng = np.random.default_rng(1)
     arrays = [rng.random(int(n)) for n in rng.integers(1, 9000, size=700)]  # ~25 MiB, odd sizes
     offsets = layout(arrays, [0] * 350 + [13] * 350)  # one contiguous stretch, then gaps
     write(tmp_path / "f", arrays, offsets)
     for got, want in zip(read_back(tmp_path / "f", arrays, offsets), arrays, strict=True):
         np.testing.assert_array_equal(got, want)
-    page = hdf5._PAGE
+    page = fileio._PAGE
     assert len(kicks) > 10
     assert all(off % page == 0 and n > 0 and n % page == 0 for off, n in kicks)
-    assert all(n <= hdf5._WRITEBACK_BYTES + 2 * page for _, n in kicks)
+    assert all(n <= fileio._WRITEBACK_BYTES + 2 * page for _, n in kicks)
     covered = sorted(kicks)
     assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(covered))  # no page twice
     end = offsets[-1] + arrays[-1].nbytes
@@ -185,13 +185,13 @@ def test_writeback_hint_is_available_on_linux(tmp_path: Path) -> None:
     """On Linux the hint is libc's sync_file_range; it accepts a written range of a real file."""
     if not sys.platform.startswith("linux"):
         pytest.skip("sync_file_range is Linux's")
-    func = hdf5._sync_file_range()
+    func = fileio._sync_file_range()
     assert func is not None
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
     try:
-        os.pwrite(fd, b"x" * 3 * hdf5._PAGE, 0)
-        assert func(fd, 0, 2 * hdf5._PAGE, hdf5._SYNC_FILE_RANGE_WRITE) == 0
-        assert func(-1, 0, hdf5._PAGE, hdf5._SYNC_FILE_RANGE_WRITE) == -1  # really called
+        os.pwrite(fd, b"x" * 3 * fileio._PAGE, 0)
+        assert func(fd, 0, 2 * fileio._PAGE, fileio._SYNC_FILE_RANGE_WRITE) == 0
+        assert func(-1, 0, fileio._PAGE, fileio._SYNC_FILE_RANGE_WRITE) == -1  # really called
     finally:
         os.close(fd)
 
@@ -239,7 +239,7 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
     fd = os.open(tmp_path / "f", os.O_RDONLY)
     try:
         if reader == "read_new":
-            hdf5.read_new(
+            fileio.read_new(
                 fd,
                 [o if a.nbytes else None for o, a in zip(req_offsets, req, strict=True)],
                 [a.shape for a in req],
@@ -249,7 +249,7 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
             )
         else:
             targets = [np.empty_like(a) for a in req]
-            hdf5.read_many(fd, list(zip(req_offsets, targets, strict=True)), arrived=watcher)
+            fileio.read_many(fd, list(zip(req_offsets, targets, strict=True)), arrived=watcher)
     finally:
         os.close(fd)
     positions = [p for p, _ in watcher.told]
@@ -272,12 +272,12 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
     image = b"\x89HDF-like header"
     end = offsets[-1] + arrays[-1].nbytes
 
-    def skeleton() -> hdf5.FileSkeleton:
+    def skeleton() -> fileio.FileSkeleton:
         done.append("skeleton")
         assert os.path.getsize(tmp_path / "f") >= 2 << 20  # the first run is written
-        return hdf5.FileSkeleton({}, (), end + 64, ((0, image), (end, bytes(64))))
+        return fileio.FileSkeleton({}, (), end + 64, ((0, image), (end, bytes(64))))
 
-    hdf5.write_file(tmp_path / "f", offsets, arrays, skeleton=skeleton, alongside=tasks)
+    fileio.write_file(tmp_path / "f", offsets, arrays, skeleton=skeleton, alongside=tasks)
     assert done == ["skeleton", "task0"] and len(tasks) == 4
     data = (tmp_path / "f").read_bytes()
     assert data.startswith(image) and len(data) == end + 64
@@ -315,7 +315,7 @@ def test_views_of_a_span_are_each_arrays_own(runs: list[tuple[Any, str, int, int
         [int(np.prod(s)) * d.itemsize for s, d in zip(shapes, dtypes, strict=True)], np.int64
     )
     index = list(range(len(shapes)))
-    views = hdf5._views(arena, np.array(starts, np.int64), sizes, index, shapes, dtypes)
+    views = fileio._views(arena, np.array(starts, np.int64), sizes, index, shapes, dtypes)
     for view, shape, dt, start, size in zip(views, shapes, dtypes, starts, sizes, strict=True):
         assert isinstance(view, np.ndarray)
         assert (view.shape, view.dtype) == (shape, dt)
@@ -328,7 +328,7 @@ def test_rows_of_a_block_write_through_to_the_buffer() -> None:
     buffer, not a copy."""
     arena = np.zeros(4000 * 32, np.uint8)
     starts = np.arange(4000, dtype=np.int64) * 32
-    views = hdf5._views(
+    views = fileio._views(
         arena, starts, np.full(4000, 32, np.int64), list(range(4000)), [(4,)] * 4000,
         [np.dtype("<f8")] * 4000,
     )  # fmt: skip
