@@ -216,15 +216,30 @@ class RootComm:
         self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - t0
 
 
-def timed(fn: Callable[..., None], seconds: dict[str, float], what: str) -> Callable[..., None]:
-    """``fn``, adding its time to ``seconds[what]``."""
+@dataclass
+class TimedPending:
+    """A :class:`PendingDir` whose two steps add their time to ``seconds`` (keys ``prepare``,
+    ``publish``): the :class:`~resilient.checkpointer.Publisher` ``finish_set`` commits into."""
 
-    def call(*args: Any) -> None:
+    pending: PendingDir
+    seconds: dict[str, float]
+
+    @property
+    def path(self) -> Path:
+        return self.pending.path
+
+    def prepare(self, manifest: Manifest, *, what: str) -> None:
         t0 = time.perf_counter()
-        fn(*args)
-        seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t0
+        self.pending.prepare(manifest, what=what)
+        self._add("prepare", t0)
 
-    return call
+    def publish(self, *, what: str) -> None:
+        t0 = time.perf_counter()
+        self.pending.publish(what=what)
+        self._add("publish", t0)
+
+    def _add(self, step: str, t0: float) -> None:
+        self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- the two sides
@@ -268,7 +283,9 @@ def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> 
         topo = topology(None, ranks, per_file, comm, held, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
-        got = _shard_round(topo, lambda o=own: o, scratch, kind="checkpoint", step=STEP, what="")
+        got = _shard_round(
+            topo, lambda o=own: o, scratch, kind="checkpoint", step=STEP, what="", sync=False
+        )
         took.append(time.perf_counter() - t0)
         world[held[0]] = pickle.dumps((True, got.result()), PROTOCOL)
     written = {p.name: p.read_bytes() for p in scratch.iterdir()}
@@ -280,10 +297,11 @@ def commit(
     inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None
 ) -> tuple[Manifest, RootComm, float]:
     """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
-    ``SavePipeline._finish_save`` runs it (the real ``finish_set``, ``prepare``/``publish`` of a
-    real :class:`PendingDir`). With ``sharding``, rank 0 leads shard 0 (gathers its shard's
-    messages and writes its shard), then gathers the shards' summaries (the other leaders' work
-    is done before, by :func:`leaders`). Returns the manifest, the world comm (bytes, times)
+    ``SavePipeline._finish_save`` runs it (the real ``finish_set``, ``prepare``/``publish``
+    of a real :class:`PendingDir`, timed: :class:`TimedPending`). With ``sharding``, rank 0
+    leads shard 0 (gathers its shard's messages and writes its shard), then gathers the
+    shards' summaries (the other leaders' work is done before, by :func:`leaders`). Returns
+    the manifest, the world comm (bytes, times)
     and the wall time."""
     ranks = len(inbox)
     if sharding is None:
@@ -296,7 +314,6 @@ def commit(
     pending = PendingDir.for_step(root, STEP).create()
     for name, text in sharding.written.items() if sharding is not None else ():
         (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
-    what = f"save of checkpoint step {STEP}"
     own = pickle.loads(inbox[0])[1]  # rank 0's outcome (the gather takes it from the inbox)
     # the library refuses to commit a manifest that no restore would read (over
     # validate.MAX_MANIFEST_BYTES, 16,384 x 300 here): lifted, to measure what the design costs
@@ -305,10 +322,7 @@ def commit(
     t0 = time.perf_counter()
     manifest = finish_set(
         topo, lambda: own, step=STEP, metrics={"loss": 1.0}, library_version=__version__,
-        durable=lambda: None,
-        prepare=timed(lambda m: pending.prepare(m, what=what), comm.seconds, "prepare"),
-        publish=timed(lambda: pending.publish(what=what), comm.seconds, "publish"),
-        directory=pending.path,
+        pending=TimedPending(pending, comm.seconds), durable=lambda: None,
     )  # fmt: skip
     took = time.perf_counter() - t0
     validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT

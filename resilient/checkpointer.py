@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient import fileio, h5format, layout, storage
 from resilient.blocks import stripe_rows
@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileWritten",
+    "Planned",
+    "Publisher",
     "RankPlan",
     "RankWritten",
     "ShardWritten",
@@ -80,7 +82,6 @@ __all__ = [
     "build_manifest",
     "finish_set",
     "plan_write",
-    "planned",
     "save_set",
     "seed_cache",
 ]
@@ -431,22 +432,35 @@ def _plan_file(
     return _Skeleton(cache.generation, offsets)
 
 
-def planned(plan: Callable[[], WriteJob]) -> Callable[[], WriteJob]:
-    """Run ``plan`` now; return a function giving its job or raising its error later.
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """This rank's planned write, or the error that kept it from planning.
 
     A rank whose planning failed must still take part in :func:`finish_set` (other groups
     planned fine and are waiting there): its error travels as that rank's outcome.
     """
-    try:
-        job = plan()
-    except Exception as exc:
-        error = exc
 
-        def fail() -> WriteJob:
-            raise error
+    job: WriteJob | None
+    error: Exception | None = None
 
-        return fail
-    return lambda: job
+    @classmethod
+    def of(cls, plan: Callable[[], WriteJob]) -> Planned:
+        """Run ``plan`` now, keeping its job or its error."""
+        try:
+            return cls(plan())
+        except Exception as exc:
+            return cls(None, exc)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def result(self) -> WriteJob:
+        """The job, or raise the planning's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.job is not None
+        return self.job
 
 
 def finish_set(
@@ -458,26 +472,26 @@ def finish_set(
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
-    commit: Callable[[Manifest], None] | None = None,
+    pending: Publisher | None = None,
     durable: Callable[[], None] | None = None,
-    prepare: Callable[[Manifest], None] | None = None,
-    publish: Callable[[], None] | None = None,
     everywhere: bool = False,
-    directory: Path | None = None,
 ) -> Manifest | None:
     """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
-    returns it or raises the job's error), build the manifest and ``commit`` it on the
-    coordinator.
+    returns it or raises the job's error), build the manifest and commit it into ``pending`` on
+    the coordinator: :meth:`Publisher.prepare`, then :meth:`Publisher.publish` once every
+    rank's data is durable (``pending=None``: the caller commits, e.g. each node of a
+    node-local tier its own copy).
 
     With ``durable`` (returns once this rank's :meth:`WriteJob.write` is done, or raises its
     error), the data may still be on its way to disk when ``outcome`` returns (only described):
-    the coordinator then calls ``prepare`` with the manifest meanwhile, and a second
-    round, once every rank's data is durable, lets it ``publish``.
+    the coordinator prepares the commit meanwhile, and a second round, once every rank's data
+    is durable, publishes it. Without it the data is durable already: prepared and published
+    in one round.
 
     With ``topo.shard`` (a sharded manifest, schema 3), a first round over each shard has its
-    leader gather only its shard's outcomes and write its shard into ``directory`` (made
-    durable before ``publish``, with the data); the coordinator then gathers the shards'
-    summaries, not the ranks' entries, and commits the index (:func:`build_index`).
+    leader gather only its shard's outcomes and write its shard into ``pending`` (durable
+    before the commit is published); the coordinator then gathers the shards' summaries, not
+    the ranks' entries, and commits the index (:func:`build_index`).
 
     Returns:
         The manifest on the coordinator; on every rank with ``everywhere`` (a node-local
@@ -489,9 +503,11 @@ def finish_set(
     what = f"save of {kind} step {step}"
     gathered: Callable[[], Any] = outcome
     if topo.shard is not None:
-        if directory is None or everywhere:
+        if pending is None or everywhere:
             raise ValueError("a sharded manifest is written into the save's directory")
-        shard = _shard_round(topo, outcome, directory, kind=kind, step=step, what=what)
+        shard = _shard_round(
+            topo, outcome, pending.path, kind=kind, step=step, what=what, sync=durable is None
+        )  # fmt: skip
         gathered = shard.result
         if durable is not None and shard.path is not None:
             durable = functools.partial(_durable_with, durable, shard.path)
@@ -502,10 +518,10 @@ def finish_set(
             topo, [w for w in written if w is not None], step=step, kind=kind, static=static,
             metrics=metrics or {}, library_version=library_version,
         )  # fmt: skip
-        if commit is not None:
-            commit(manifest)
-        if prepare is not None:
-            prepare(manifest)
+        if pending is not None:
+            pending.prepare(manifest, what=what)
+            if durable is None:
+                pending.publish(what=what)
         return manifest
 
     try:
@@ -516,8 +532,26 @@ def finish_set(
                 durable()
         raise
     if durable is not None:
-        coll.all_reduce(what, durable, lambda _: publish() if publish is not None else None)
+        coll.all_reduce(what, durable, lambda _: pending.publish(what=what) if pending else None)
     return manifest
+
+
+class Publisher(Protocol):
+    """Where the coordinator commits a save, in two named steps (a
+    :class:`~resilient.commit.PendingDir`)."""
+
+    @property
+    def path(self) -> Path:
+        """The directory being written (a sharded manifest's shards go there too)."""
+        ...
+
+    def prepare(self, manifest: Manifest, *, what: str) -> None:
+        """Write the manifest and the marker (not yet durable)."""
+        ...
+
+    def publish(self, *, what: str) -> None:
+        """Make them durable and publish the directory (every rank's data is durable)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,9 +585,11 @@ def _shard_round(
     kind: str,
     step: int,
     what: str,
+    sync: bool,
 ) -> _ShardOutcome:
     """Collective over ``topo.shard``: its leader gathers the shard's outcomes and writes the
-    shard (not yet durable); a failure becomes every shard rank's outcome of the next round."""
+    shard (durable with ``sync``, else later: :func:`_durable_with`); a failure becomes every
+    shard rank's outcome of the next round."""
     assert topo.shard is not None
     path = directory / layout.shard_name(topo.shard_index)
 
@@ -566,6 +602,8 @@ def _shard_round(
             what=f"writing {path}",
             cleanup=lambda: path.unlink(missing_ok=True),
         )
+        if sync:
+            storage.retry_io(lambda: storage.fsync_files([path]), what=f"writing {path}")
         entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
         return ShardWritten(entry, files)
 
@@ -600,16 +638,14 @@ def save_set(
     The coordinator has already created ``pending``. On any failure every rank raises the same
     error and ``pending`` is rolled back; everything else is untouched.
     """
-    what = f"save of {kind} step {step}"
     coll = Collective(topo.comm)
     try:
-        outcome = planned(
+        plan = Planned.of(
             lambda: plan_write(topo, pending.path, data, step=step, cache=cache or SkeletonCache())
         )
         finish_set(
-            topo, lambda: outcome().run(), step=step, kind=kind, static=static, metrics=metrics,
-            library_version=library_version,
-            commit=lambda manifest: pending.commit(manifest, what=what), directory=pending.path,
+            topo, lambda: plan.result().run(), step=step, kind=kind, static=static, metrics=metrics,
+            library_version=library_version, pending=pending,
         )  # fmt: skip
     except Exception:
         if coll.is_coordinator:

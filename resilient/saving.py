@@ -29,6 +29,7 @@ to the writer thread, checksumming what the write left meanwhile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -40,12 +41,12 @@ from resilient._version import __version__
 from resilient.background import BackgroundWriter
 from resilient.catalog import Catalog, save_record
 from resilient.checkpointer import (
+    Planned,
     RankWritten,
     SkeletonCache,
     WriteJob,
     finish_set,
     plan_write,
-    planned,
 )
 from resilient.collective import Collective
 from resilient.commit import PendingDir
@@ -205,7 +206,7 @@ class SavePipeline:
                 f"creating a temporary directory in {self.root}",
                 lambda: PendingDir.for_step(self.root, step).create(),
             )
-        outcome = planned(
+        plan = Planned.of(
             lambda: plan_write(
                 self.topo,
                 pending.path,
@@ -217,33 +218,37 @@ class SavePipeline:
                 recycled=self._recycled if self.local is None else None,
             )
         )
-        if not blocking and self.topo.comm.any_true(_failed(outcome)):
+        if not blocking and self.topo.comm.any_true(plan.failed):
             blocking = True  # a rank could not plan: finish now, so every rank raises its error
-        if not blocking and copy:  # the last step of the caller's wait: a local memcpy
-            job = outcome()
-            staged = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
-            outcome = lambda: staged  # noqa: E731
         if blocking:  # the bytes are written here, checksummed between the runs of the
             # write (while the disk works), then fsynced on the writer thread while the
             # manifest is made here
-            syncing: list[Future[None]] = []
-
-            def write_then_describe() -> RankWritten:
-                job = outcome()
-                return _write_described(
-                    job, lambda: syncing.append(self._writer.submit(job.sync, started=True))
-                )
-
-            task = self._writer.submit(write_then_describe, inline=True)
-            written = syncing[0] if syncing else None
+            task, written = self._write_here(plan)
             self._in_flight = _SaveFlight(request, static, pending, task, start, written)
             self.wait()
         else:  # the same on the writer thread, the fsync queued behind it there: whoever
             # waits for the save makes the manifest while the fsync runs
-            task = self._writer.submit(lambda: _write_described(outcome(), lambda: None))
-            written = self._writer.submit(lambda: outcome().sync())
+            job = plan.result()  # (every rank planned)
+            if copy:  # the last step of the caller's wait: a local memcpy
+                job = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
+            task = self._writer.submit(functools.partial(_write_described, job, _nothing))
+            written = self._writer.submit(job.sync)
             self._in_flight = _SaveFlight(request, static, pending, task, start, written)
         return pending.final
+
+    def _write_here(self, plan: Planned) -> tuple[Future[RankWritten], Future[None] | None]:
+        """Local: write this rank's part of a blocking save on this thread and hand its fsync
+        to the writer thread once the bytes are written; the outcome (or the plan's or the
+        write's error) and the fsync, if it was started."""
+        task: Future[RankWritten] = Future()
+        syncing: _Syncing | None = None
+        try:
+            job = plan.result()
+            syncing = _Syncing(self._writer, job.sync)
+            task.set_result(_write_described(job, syncing.start))
+        except Exception as exc:
+            task.set_exception(exc)
+        return task, None if syncing is None else syncing.future
 
     def create_dir(self, step: int) -> PendingDir | None:
         """Coordinator: the temporary directory of a save of ``step`` in the shared root, for
@@ -297,24 +302,14 @@ class SavePipeline:
 
     def _finish_save(self, flight: _SaveFlight) -> None:
         request, pending, local = flight.request, flight.pending, self.local
-        what = f"save of checkpoint step {request.step}"
         try:
-            if flight.written is None:
-                manifest = finish_set(
-                    self.topo, flight.task.result, step=request.step, static=flight.static,
-                    metrics=request.metrics, library_version=__version__,
-                    commit=None if local else lambda m: pending.commit(m, what=what),
-                    everywhere=local is not None, directory=pending.path,
-                )  # fmt: skip
-            else:  # the manifest is prepared while the data is still being written
-                manifest = finish_set(
-                    self.topo, flight.task.result, step=request.step, static=flight.static,
-                    metrics=request.metrics, library_version=__version__,
-                    durable=flight.written.result,
-                    prepare=None if local else lambda m: pending.prepare(m, what=what),
-                    publish=None if local else lambda: pending.publish(what=what),
-                    everywhere=local is not None, directory=pending.path,
-                )  # fmt: skip
+            manifest = finish_set(
+                self.topo, flight.task.result, step=request.step, static=flight.static,
+                metrics=request.metrics, library_version=__version__,
+                pending=None if local else pending,
+                durable=None if flight.written is None else flight.written.result,
+                everywhere=local is not None,
+            )  # fmt: skip
         except Exception:
             if local is not None:
                 local.rollback(pending)
@@ -446,8 +441,8 @@ class SavePipeline:
 
 def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
     """Write ``job`` without its fsync, checksumming its arrays between the runs of the write
-    (while the disk works); call ``written`` (which starts or queues the fsync), then take the
-    checksums the write left and describe the job."""
+    (while the disk works); call ``written`` (which starts the fsync, where it is not queued
+    already), then take the checksums the write left and describe the job."""
     hashing, digests = job.digests_alongside()
     try:
         job.write(sync=False, alongside=hashing)
@@ -459,15 +454,24 @@ def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
     return job.describe(digests.result())
 
 
+def _nothing() -> None:
+    """Nothing to start: the fsync is queued already."""
+
+
+class _Syncing:
+    """The fsync of a blocking save's data, started on the writer thread once its bytes are
+    written (:attr:`future`: ``None`` until then)."""
+
+    def __init__(self, writer: BackgroundWriter, sync: Callable[[], None]) -> None:
+        self._writer = writer
+        self._sync = sync
+        self.future: Future[None] | None = None
+
+    def start(self) -> None:
+        self.future = self._writer.submit(self._sync, started=True)
+
+
 def _made(manifest: Manifest | None) -> Manifest:
     """The manifest a commit returned where it returns one."""
     assert manifest is not None, "finish_set returns the manifest here"
     return manifest
-
-
-def _failed(outcome: Callable[[], WriteJob]) -> bool:
-    try:
-        outcome()
-    except Exception:
-        return True
-    return False
