@@ -144,8 +144,8 @@ class Bounce:
     page-aligned with ``O_DIRECT`` (which needs alignment), and :func:`copy_ranges` copies.
 
     Owned by its user (a manager's writer, :class:`resilient.saving.SavePipeline`): mapped at
-    its first use, kept and reused by every later one (on this kind of VM first touching new
-    pages costs ~2.3 s per GiB; a buffer touched before costs nothing), unmapped by
+    its first use, kept and reused by every later one (first touching new pages cost ~2.3 s per
+    GiB on the project's virtual machine; a buffer touched before costs nothing), unmapped by
     :meth:`close`. Nothing of it lives in the module or in a thread: a write given no bounce
     maps one for the call and unmaps it when it returns. Local, thread-safe: the buffer is lent
     to one write at a time; a write that finds it lent (another thread's) maps one of its own

@@ -5,8 +5,8 @@ dataset's data goes, and the file's size. :mod:`resilient.fileio` writes those b
 then writes its arrays' bytes at their offsets. h5py built the same structure at ~26 us per
 dataset; here it takes ~0.6-0.8 us, because equal records (object headers of datasets of one
 dtype and rank, symbol table entries, B-tree keys, heap names) are built as numpy arrays, not
-one by one. ``fileio.create_skeleton`` (now ``build_skeleton``), median of 7 warm runs on the 2-core VM (1-D float64
-datasets in one group; h5py as of b762f85; the spread is the VM's, run to run)::
+one by one. ``fileio.build_skeleton``, median of 7 warm runs on the project's 2-core machine
+(1-D float64 datasets in one group; h5py as of b762f85; the spread is the machine's)::
 
     datasets         1        100        4,000       100,000
     h5py          0.69 ms   2.74 ms     105 ms      2,750 ms

@@ -100,7 +100,7 @@ def _fits_plainly(table: DatasetTable, into: Mapping[str, Any], metas: Mapping[s
     import numpy as np
 
     targets = list(map(into.get, table.names))
-    if not all(map(operator.is_not, targets, itertools.repeat(None))):  # (`in` compares arrays)
+    if not _all_present(targets):
         kept = [i for i, t in enumerate(targets) if t is not None]
         if not kept:
             return True
@@ -124,6 +124,12 @@ _dtype = operator.attrgetter("dtype")
 _TORCH = operator.methodcaller("get", "torch")
 _c_contiguous = operator.attrgetter("flags.c_contiguous")
 _writeable = operator.attrgetter("flags.writeable")
+
+
+def _all_present(values: Sequence[Any]) -> bool:
+    """Whether no value is ``None``, at C speed (``None not in values`` would compare arrays
+    with ``==``, element by element)."""
+    return all(map(operator.is_not, values, itertools.repeat(None)))
 
 
 def _plain_targets(into: Mapping[str, Any]) -> bool:
@@ -164,7 +170,7 @@ def _read_rank(
     fresh_at: Sequence[int]
     if not into:
         fresh_at = range(count)
-    elif all(map(operator.is_not, direct, itertools.repeat(None))):  # (`in` compares arrays)
+    elif _all_present(direct):
         fresh_at = ()
     else:
         fresh_at = [i for i, view in enumerate(direct) if view is None]

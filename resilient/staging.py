@@ -2,10 +2,11 @@
 
 An asynchronous save copies every array into a buffer of its own and writes from there, so the
 program may change its arrays as soon as ``save()`` returns. The buffers are kept and reused by
-every later save of the same names, shapes and dtypes: on this kind of VM a copy into fresh
-memory runs at ~0.45 GB/s (first touch of pages the host took back) but at ~14 GB/s into a
-buffer already touched (../MACHINE.md, gotcha 11). They are anonymous memory maps, so they
-start on a page boundary and the writer can hand them to ``O_DIRECT`` without another copy.
+every later save of the same names, shapes and dtypes: on a virtual machine whose host takes
+freed pages back, a copy into fresh memory ran at ~0.45 GB/s (the first touch of every page)
+and at ~14 GB/s into a buffer touched before (the project's machine, bench/README.md). They are
+anonymous memory maps, so they start on a page boundary and the writer can hand them to
+``O_DIRECT`` without another copy.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def allocate(
 ) -> npt.NDArray[np.generic]:
     """A new array whose pages are already faulted in (an anonymous map, page-aligned).
 
-    On this kind of VM touching new memory page by page costs ~2.3 s per GiB (the host took the
-    pages back); ``MAP_POPULATE`` faults them in one go: reading 512 MiB from disk into a fresh
-    ``np.empty`` took 2.5 s, into a populated map 0.64 s, the same as into a reused buffer. Small
-    arrays come from ``np.empty``.
+    Where the host of a virtual machine takes freed pages back, touching new memory page by
+    page cost ~2.3 s per GiB (the project's machine); ``MAP_POPULATE`` faults them in one go:
+    reading 512 MiB from disk into a fresh ``np.empty`` took 2.5 s, into a populated map 0.64 s,
+    the same as into a reused buffer. Small arrays come from ``np.empty``.
 
     With ``populate=False`` the pages are left for :func:`fault_in` to fault in piece by piece
     (a reader faults the next piece in while it reads this one), where the kernel can do that
