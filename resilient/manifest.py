@@ -256,24 +256,13 @@ class RankEntry:
 _Entries = Sequence[RankEntry] | Mapping[int, RankEntry]  # the ranks' entries, by rank
 
 
-class PartialRanks(Sequence[RankEntry]):
-    """Some ranks' entries of a manifest of ``size`` ranks (:meth:`Manifest.part`): what one
-    rank of a restore receives instead of every rank's. Indexed by rank like the whole tuple;
-    an entry that is not in the part raises :class:`LookupError` (so does iterating over all).
-    Immutable; pickles as its entries only (nothing per absent rank)."""
+class _ByRank(Sequence[RankEntry]):
+    """Entries indexed by rank ``0 .. size - 1`` like the whole tuple (negative indices and
+    slices too): a subclass finds one rank's entry (:meth:`_entry`)."""
 
-    __slots__ = ("_entries", "_size")
+    __slots__ = ("_size",)
 
-    def __init__(self, size: int, entries: Mapping[int, RankEntry]) -> None:
-        if not all(0 <= r < size for r in entries):
-            raise ValueError(f"ranks {sorted(entries)[:4]}... outside 0..{size - 1}")
-        self._size = size
-        self._entries = dict(entries)
-
-    @property
-    def held(self) -> tuple[int, ...]:
-        """The ranks whose entries this part holds, in order."""
-        return tuple(sorted(self._entries))
+    _size: int
 
     def __len__(self) -> int:
         return self._size
@@ -286,11 +275,39 @@ class PartialRanks(Sequence[RankEntry]):
         if isinstance(i, slice):
             return tuple(self[r] for r in range(*i.indices(self._size)))
         r = i + self._size if i < 0 else i
+        if not 0 <= r < self._size:
+            raise IndexError(f"rank {i} of a manifest of {self._size} ranks")
+        return self._entry(r)
+
+    def _entry(self, rank: int) -> RankEntry:
+        raise NotImplementedError
+
+
+class PartialRanks(_ByRank):
+    """Some ranks' entries of a manifest of ``size`` ranks (:meth:`Manifest.part`): what one
+    rank of a restore receives instead of every rank's. Indexed by rank like the whole tuple;
+    an entry that is not in the part raises :class:`LookupError` (so does iterating over all).
+    Immutable; pickles as its entries only (nothing per absent rank)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, size: int, entries: Mapping[int, RankEntry]) -> None:
+        if not all(0 <= r < size for r in entries):
+            raise ValueError(f"ranks {sorted(entries)[:4]}... outside 0..{size - 1}")
+        self._size = size
+        self._entries = dict(entries)
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The ranks whose entries this part holds, in order."""
+        return tuple(sorted(self._entries))
+
+    def _entry(self, rank: int) -> RankEntry:
         try:
-            return self._entries[r]
+            return self._entries[rank]
         except KeyError:
             raise LookupError(
-                f"rank {i}'s entry is not in this part of the manifest (ranks {self.held[:8]})"
+                f"rank {rank}'s entry is not in this part of the manifest (ranks {self.held[:8]})"
             ) from None
 
     def __eq__(self, other: object) -> bool:
@@ -338,7 +355,7 @@ ShardLoader = Callable[[ShardEntry], ShardDoc]
 (:func:`open_shard`); raises if the shard is missing, changed or malformed."""
 
 
-class ShardedRanks(Sequence[RankEntry]):
+class ShardedRanks(_ByRank):
     """The ranks' entries of a sharded manifest (schema 3), read when first looked at: the
     shard holding a rank is read (once; the last one read is kept) and the entries of that
     rank's file group are parsed and checked (:func:`shard_entries`). A restoring rank reads
@@ -350,8 +367,8 @@ class ShardedRanks(Sequence[RankEntry]):
     """
 
     __slots__ = (
-        "_entries", "_file_of", "_files", "_last", "_load", "_memo", "_owner", "_size",
-        "is_part", "shards",
+        "_entries", "_file_of", "_files", "_last", "_load", "_memo", "_owner", "is_part",
+        "shards",
     )  # fmt: skip
 
     def __init__(
@@ -397,19 +414,7 @@ class ShardedRanks(Sequence[RankEntry]):
         keep = [s for s in self.shards if s.name in names]
         return ShardedRanks(self._size, keep, files, self._load, entries=entries, is_part=True)
 
-    def __len__(self) -> int:
-        return self._size
-
-    @overload
-    def __getitem__(self, i: int) -> RankEntry: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[RankEntry]: ...
-    def __getitem__(self, i: int | slice) -> RankEntry | Sequence[RankEntry]:
-        if isinstance(i, slice):
-            return tuple(self[r] for r in range(*i.indices(self._size)))
-        r = i + self._size if i < 0 else i
-        if not 0 <= r < self._size:
-            raise IndexError(f"rank {i} of a manifest of {self._size} ranks")
+    def _entry(self, r: int) -> RankEntry:
         entry = self._entries.get(r)
         if entry is not None:
             return entry
