@@ -22,7 +22,7 @@ from __future__ import annotations
 
 # Install the stop-signal handlers before the slow imports (numpy, MPI): under Slurm a warning
 # signal can arrive within the first second, and without a handler it would kill the rank.
-from resilient.slurm import StopSignals
+from resilient.job.slurm import StopSignals
 
 EARLY_SIGNALS = StopSignals().__enter__()
 
@@ -36,10 +36,10 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from resilient.blocks import Block, cartesian_block
 from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
-from resilient.policies import EverySteps, KeepLast, OnSignal
-from resilient.session import Session
+from resilient.job.session import Session
+from resilient.model.blocks import Block, cartesian_block
+from resilient.model.policies import EverySteps, KeepLast, OnSignal
 
 Array = npt.NDArray[np.float64]
 log = logging.getLogger("apps.heat")

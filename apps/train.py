@@ -1,4 +1,4 @@
-"""Data-parallel training of a small MLP under :class:`resilient.session.Session`.
+"""Data-parallel training of a small MLP under :class:`resilient.job.session.Session`.
 
 A deterministic example (and test subject) for checkpoint/restart: a 16 -> 32 -> 1 tanh MLP
 trained with Adam in pure numpy on a synthetic regression set that every rank generates from a
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 # Install the stop-signal handlers before the slow imports (numpy, MPI): under Slurm a warning
 # signal can arrive within the first second, and without a handler it would kill the rank.
-from resilient.slurm import StopSignals
+from resilient.job.slurm import StopSignals
 
 EARLY_SIGNALS = StopSignals().__enter__()
 
@@ -48,11 +48,11 @@ import numpy as np
 import numpy.typing as npt
 from mpi4py import MPI
 
-from resilient.blocks import Replicated
 from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.errors import ConfigError
-from resilient.policies import EverySteps, KeepBest, KeepLast
-from resilient.session import Session
+from resilient.job.session import Session
+from resilient.model.blocks import Replicated
+from resilient.model.policies import EverySteps, KeepBest, KeepLast
 
 __all__ = ["main"]
 

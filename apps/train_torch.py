@@ -44,7 +44,7 @@ from __future__ import annotations
 
 # Install the stop-signal handlers before the slow imports (torch takes seconds): under Slurm a
 # warning signal can arrive within the first second, and without a handler it would kill the rank.
-from resilient.slurm import StopSignals
+from resilient.job.slurm import StopSignals
 
 EARLY_SIGNALS = StopSignals().__enter__()
 
@@ -72,8 +72,8 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.errors import ConfigError
-from resilient.policies import EverySteps, KeepBest, KeepLast
-from resilient.session import Session
+from resilient.job.session import Session
+from resilient.model.policies import EverySteps, KeepBest, KeepLast
 
 __all__ = ["Launch", "find_launch", "main"]
 
@@ -183,7 +183,7 @@ def init_process_group(launch: Launch) -> None:
 
 
 def session_comm() -> Any:
-    """The Session's communicator: the torch process group (``resilient.torchdist``)."""
+    """The Session's communicator: the torch process group (``resilient.parallel.torchdist``)."""
     return dist.group.WORLD
 
 

@@ -86,8 +86,11 @@ class Recorder:
 
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
-    from resilient import checkpointer, checksum, mpi, saving, staging, storage
-    from resilient.commit import PendingDir
+    from resilient.checkpoint import checkpointer, saving
+    from resilient.io import staging, storage
+    from resilient.io.commit import PendingDir
+    from resilient.model import checksum
+    from resilient.parallel import mpi
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, rec.wrap(phase, getattr(owner, attr)))
@@ -109,7 +112,7 @@ def instrument(rec: Recorder) -> None:
 
 
 class _Rmtree:
-    """``shutil`` inside :mod:`resilient.storage`, its ``rmtree`` recorded as ``delete``."""
+    """``shutil`` inside :mod:`resilient.io.storage`, its ``rmtree`` recorded as ``delete``."""
 
     def __init__(self, rec: Recorder) -> None:
         self.rmtree = rec.wrap("delete", shutil.rmtree)

@@ -5,7 +5,7 @@ Usage::
     mpiexec -n 4 python bench/bench_heat_overlap.py --nx 4096 --ny 4096 --saves 6
 
 Runs the heat app's own decomposition and kernel (``apps.heat``: ``Domain``, ``advance``) with
-a :class:`~resilient.manager.CheckpointManager` and times every step on every rank (max over
+a :class:`~resilient.checkpoint.manager.CheckpointManager` and times every step on every rank (max over
 ranks, each step ends with the halo exchange, so the ranks run in lockstep). Every
 ``--every`` steps it saves ``{"u": u}`` with ``blocking=False`` and calls ``poll()`` after each
 step (what ``Session(async_save=True)`` does), so each step is either *quiet* (nothing in flight)

@@ -50,11 +50,11 @@ import numpy as np
 from benchutil import library_revision
 
 from resilient import CheckpointManager, KeepEvery
-from resilient import layout as names
-from resilient.catalog import save_record
-from resilient.checksum import digest_bytes
-from resilient.manifest import parse_manifest
-from resilient.validate import marker_text, validate_checkpoint
+from resilient.checkpoint.catalog import save_record
+from resilient.io.validate import marker_text, validate_checkpoint
+from resilient.model import filenames as names
+from resilient.model.checksum import digest_bytes
+from resilient.model.manifest import parse_manifest
 
 STATE = {"u": np.arange(64, dtype=np.float64), "it": 0}
 

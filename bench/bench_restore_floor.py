@@ -12,7 +12,7 @@ cheapest mechanism Python has for it, and adds them up:
 
 * ``read``: the bytes into a reused buffer, one ``preadv`` (the limit the issue names);
 * ``read_new``: the same into a newly allocated buffer (what a restore into new arrays pays);
-* ``hash``: xxh3-64 of every array (``resilient.checksum.digest_arrays``) of that buffer;
+* ``hash``: xxh3-64 of every array (``resilient.model.checksum.digest_arrays``) of that buffer;
 * ``read_hash``: read 2 MiB at a time while a helper thread hashes what was read (both release
   the GIL: the two cores' best at reading *and* verifying);
 * ``arrays``: the arrays as views of the buffer, built in C (rows of one 2-D view), and the
@@ -48,7 +48,7 @@ import numpy as np
 from benchutil import library_revision, write_json
 
 from resilient import CheckpointManager
-from resilient.checksum import digest_arrays
+from resilient.model.checksum import digest_arrays
 
 PIECE = 2 << 20
 CASES = {"many4k": (4000, 4), "many64k": (1000, 64)}

@@ -171,16 +171,16 @@ PHASES: dict[str, str] = {
 
 def install_profiler(timer: PhaseTimer) -> None:
     """Replace library functions by timing wrappers (module attributes only, code unchanged)."""
-    import resilient.checkpointer as ckpt
-    import resilient.fileio as h5mod
-    import resilient.manager as man
-    import resilient.mpi as rmpi
-    import resilient.storage as storage
-    from resilient import restorer
-    from resilient.catalog import Catalog
-    from resilient.commit import PendingDir
-    from resilient.restorer import Restorer
-    from resilient.saving import SavePipeline
+    import resilient.checkpoint.checkpointer as ckpt
+    import resilient.checkpoint.manager as man
+    import resilient.io.fileio as h5mod
+    import resilient.io.storage as storage
+    import resilient.parallel.mpi as rmpi
+    from resilient.checkpoint import restorer
+    from resilient.checkpoint.catalog import Catalog
+    from resilient.checkpoint.restorer import Restorer
+    from resilient.checkpoint.saving import SavePipeline
+    from resilient.io.commit import PendingDir
 
     def patch(owner: object, attr: str, phase: str) -> None:
         setattr(owner, attr, timer.wrap(phase, getattr(owner, attr)))

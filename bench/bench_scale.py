@@ -8,29 +8,29 @@ Run::
 What a save's commit and a restore do with every rank's description, driven through the
 library's own functions, fed with synthetic descriptions shaped like what the gather delivers:
 
-* every rank's message is what :func:`resilient.checkpointer.finish_set` gathers, ``(True,
-  RankWritten)``: its :class:`~resilient.manifest.RankEntry` (a
-  :class:`~resilient.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
-  file's leader, a :class:`~resilient.checkpointer.FileWritten` with the segments of the real
-  HDF5 skeleton (:func:`resilient.fileio.build_skeleton`), pickled as mpi4py's lowercase
+* every rank's message is what :func:`resilient.checkpoint.checkpointer.finish_set` gathers, ``(True,
+  RankWritten)``: its :class:`~resilient.model.manifest.RankEntry` (a
+  :class:`~resilient.model.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
+  file's leader, a :class:`~resilient.checkpoint.checkpointer.FileWritten` with the segments of the real
+  HDF5 skeleton (:func:`resilient.io.fileio.build_skeleton`), pickled as mpi4py's lowercase
   collectives pickle it (protocol 5, one message per rank);
-* **commit**: rank 0 runs the real ``finish_set`` as :class:`resilient.saving.SavePipeline`
+* **commit**: rank 0 runs the real ``finish_set`` as :class:`resilient.checkpoint.saving.SavePipeline`
   calls it (``prepare`` while the data syncs, ``publish`` in a second round) over
   :class:`RootComm`, a stand-in for rank 0 of an MPI communicator (``gather`` receives every
   rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). So the
   commit is: unpickle N descriptions, ``build_manifest``, ``PendingDir.prepare`` (JSON,
   checksum, manifest and marker written), ``PendingDir.publish`` (fsync, rename), and pickling
   the reply every rank receives (``("ok", None)``: the manifest stays on rank 0);
-* **restore** from the shared root (:class:`resilient.restorer.Restorer`): rank 0 loads the
-  manifest (:func:`resilient.validate.load_manifest`: read, checksum, ``parse_manifest``; the
+* **restore** from the shared root (:class:`resilient.checkpoint.restorer.Restorer`): rank 0 loads the
+  manifest (:func:`resilient.io.validate.load_manifest`: read, checksum, ``parse_manifest``; the
   ``lstat`` of every data file by ``validate_checkpoint`` is left out) and scatters each rank
   its part of the chosen candidate (``Collective.scatter`` of ``restorer._parts``: its own
   entry, a file group's leader its group's, their files, the header; the layout's groups stay
   home when they are the restoring run's); the last rank unpickles its part and looks at its
-  own entry (:func:`resilient.elastic.needs_elastic`). ``rank_restore_*`` is that rank's part
+  own entry (:func:`resilient.checkpoint.elastic.needs_elastic`). ``rank_restore_*`` is that rank's part
   before it reads its data: the bytes it receives, the time to unpickle them, the memory they
   take (``leader_restore_bytes``: its group's leader's message). With a node-local tier
-  (:meth:`resilient.tiers.LocalTier.newest`) every rank runs ``load_manifest`` on the whole
+  (:meth:`resilient.checkpoint.tiers.LocalTier.newest`) every rank runs ``load_manifest`` on the whole
   manifest itself: ``load_manifest_s`` is then every rank's cost.
 
 Times are wall-clock medians of ``--repeats`` untraced runs; ``*_peak_bytes`` come from one
@@ -61,21 +61,28 @@ from typing import Any, TypeVar
 import numpy as np
 from benchutil import library_revision, write_json
 
-from resilient import layout, validate
 from resilient._version import __version__
-from resilient.checkpointer import FileWritten, RankPlan, RankWritten, _shard_round, finish_set
-from resilient.collective import Collective
-from resilient.comm import SerialComm
-from resilient.commit import PendingDir
-from resilient.elastic import needs_elastic
-from resilient.fileio import build_skeleton
-from resilient.manager import DEFAULT_SHARD_RANKS
-from resilient.manifest import LayoutInfo, Manifest, Segment
-from resilient.payload import split_state
-from resilient.restorer import _Candidate, _parts, _received
-from resilient.topology import Topology, shard_groups
-from resilient.tree import leaf_paths
-from resilient.validate import load_manifest
+from resilient.checkpoint.checkpointer import (
+    FileWritten,
+    RankPlan,
+    RankWritten,
+    _shard_round,
+    finish_set,
+)
+from resilient.checkpoint.elastic import needs_elastic
+from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
+from resilient.checkpoint.restorer import _Candidate, _parts, _received
+from resilient.io import validate
+from resilient.io.commit import PendingDir
+from resilient.io.fileio import build_skeleton
+from resilient.io.validate import load_manifest
+from resilient.model import filenames
+from resilient.model.manifest import Layout, Manifest, Segment
+from resilient.model.payload import split_state
+from resilient.model.tree import leaf_paths
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import SerialComm
+from resilient.parallel.topology import Topology, shard_groups
 
 LIBRARY_LIMIT = validate.MAX_MANIFEST_BYTES  # the largest manifest the library commits
 
@@ -138,7 +145,7 @@ def messages(ranks: int, datasets: int, per_file: int) -> list[bytes]:
     out = []
     for plan in plans:
         group, slot = divmod(plan.rank, per_file)
-        name = layout.file_name(kind, group)
+        name = filenames.file_name(kind, group)
         hexes = rng.bytes(8 * datasets).hex()
         entry = plan.entry(
             name, skeleton.offsets[slot], [hexes[i : i + 16] for i in range(0, len(hexes), 16)]
@@ -219,7 +226,7 @@ class RootComm:
 @dataclass
 class TimedPending:
     """A :class:`PendingDir` whose two steps add their time to ``seconds`` (keys ``prepare``,
-    ``publish``): the :class:`~resilient.checkpointer.Publisher` ``finish_set`` commits into."""
+    ``publish``): the :class:`~resilient.checkpoint.checkpointer.Publisher` ``finish_set`` commits into."""
 
     pending: PendingDir
     seconds: dict[str, float]
@@ -330,17 +337,17 @@ def commit(
     return manifest, comm, took
 
 
-def current_layout(ranks: int, per_file: int) -> LayoutInfo:
+def current_layout(ranks: int, per_file: int) -> Layout:
     """The layout of the restoring run: the saved one (files of ``per_file`` consecutive ranks)."""
     groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
-    return LayoutInfo(layout_kind(per_file), ranks, groups)
+    return Layout(layout_kind(per_file), ranks, groups)
 
 
 def coordinator_restore(
-    path: Path, current: LayoutInfo, written: bytes, keep: Sequence[int]
+    path: Path, current: Layout, written: bytes, keep: Sequence[int]
 ) -> tuple[dict[int, bytes], RootComm, dict[str, Any]]:
     """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.scatter`` of each
-    rank's part of the candidate (:func:`resilient.restorer._parts`). Returns the messages of
+    rank's part of the candidate (:func:`resilient.checkpoint.restorer._parts`). Returns the messages of
     the ranks ``keep``, the comm (every message's size) and times. When ``load_manifest``
     refuses the checkpoint, its error is returned (``restore_error``) and the candidate holds
     the manifest the commit wrote instead (``written``, pickled: what parsing it would give)."""
@@ -361,7 +368,7 @@ def coordinator_restore(
     return comm.kept, comm, out
 
 
-def rank_restore(received: bytes, rank: int, current: LayoutInfo) -> tuple[float, int]:
+def rank_restore(received: bytes, rank: int, current: Layout) -> tuple[float, int]:
     """One rank's part of a restore before it reads its data: unpickle its part of the
     candidate, put its layout back, look at its own entry (of a sharded manifest: read, check
     and parse its shard). Returns the time and the bytes of the shard it read (0: none)."""
@@ -415,11 +422,13 @@ def measure_once(
         with traced(trace) as mem:
             manifest, comm, commit_s = commit(inbox, per_file, root, sharding)
         out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
-        final = root / layout.step_dir_name(STEP)
+        final = root / filenames.step_dir_name(STEP)
         reply = comm.sent[0]  # ("ok", None): what every rank receives at every save
-        shards = sorted(p.stat().st_size for p in final.iterdir() if layout.is_shard_name(p.name))
+        shards = sorted(
+            p.stat().st_size for p in final.iterdir() if filenames.is_shard_name(p.name)
+        )
         out.update(
-            manifest_bytes=(final / layout.MANIFEST).stat().st_size, reply_bytes=len(reply),
+            manifest_bytes=(final / filenames.MANIFEST).stat().st_size, reply_bytes=len(reply),
             shards=len(shards), shard_bytes_max=max(shards, default=0),
             shard_bytes_total=sum(shards),
         )  # fmt: skip

@@ -26,7 +26,7 @@ rank and reports microseconds per step and the ratio to one heat step:
 ``policy_local``, ``lib_barrier``, ``raw_bcast`` (diagnostics)
     what the save decision is made of: the policy evaluated on one rank (``save_context`` +
     ``BeforeWalltime | EverySteps``, no communication), and the two halves of the decision's
-    ``bcast``: the library's sleeping barrier (``resilient.mpi.MPIComm.barrier``, back-to-back
+    ``bcast``: the library's sleeping barrier (``resilient.parallel.mpi.MPIComm.barrier``, back-to-back
     calls) and a plain mpi4py ``bcast`` of a bool.
 
 Each loop starts after a sleeping barrier (``Ibarrier`` polled with ``time.sleep``: MACHINE.md
@@ -96,10 +96,10 @@ if str(ROOT) not in sys.path:  # `python bench/bench_walltime.py` puts bench/, n
 from benchutil import library_revision  # noqa: E402
 
 import resilient  # noqa: E402
-from resilient import layout  # noqa: E402
-from resilient.run import _descendants  # noqa: E402
-from resilient.storage import read_jsonl  # noqa: E402
-from resilient.validate import latest_valid  # noqa: E402
+from resilient.io.storage import read_jsonl  # noqa: E402
+from resilient.io.validate import latest_valid  # noqa: E402
+from resilient.job.run import _descendants  # noqa: E402
+from resilient.model import filenames  # noqa: E402
 
 OVERHEAD_MODES = (
     "heat", "should_stop", "save_never", "save_walltime", "loop",
@@ -112,7 +112,7 @@ WHAT = {
     "save_walltime": "maybe_save(), BeforeWalltime(60) \\| EverySteps(10**9), far deadline",
     "loop": "advance + should_stop + walltime maybe_save (the apps.heat loop)",
     "policy_local": "diagnostic: the walltime policy evaluated locally (no communication)",
-    "lib_barrier": "diagnostic: resilient.mpi.MPIComm.barrier() (Ibarrier + backoff sleeps)",
+    "lib_barrier": "diagnostic: resilient.parallel.mpi.MPIComm.barrier() (Ibarrier + backoff sleeps)",
     "raw_bcast": "diagnostic: mpi4py comm.bcast(False) alone (what follows that barrier)",
 }
 SUMMARY_KEYS = (
@@ -153,9 +153,9 @@ def run_overhead(args: argparse.Namespace) -> int:
 
     from mpi4py import MPI
 
-    from resilient.mpi import MPIComm
-    from resilient.policies import BeforeWalltime, EverySteps
-    from resilient.session import Session
+    from resilient.job.session import Session
+    from resilient.model.policies import BeforeWalltime, EverySteps
+    from resilient.parallel.mpi import MPIComm
 
     # Imported by name so that mypy checks this file, not apps/ (outside the typed package).
     heat_app: Any = importlib.import_module("apps.heat")
@@ -380,7 +380,7 @@ def run_overhead(args: argparse.Namespace) -> int:
 def step_records(root: Path) -> list[tuple[float, int]]:
     """``(time, step)`` from ``progress.jsonl`` (rank 0, <= 1/s) and ``saves.jsonl``, by time."""
     recs = []
-    for name in (layout.PROGRESS_LOG, layout.SAVE_LOG):
+    for name in (filenames.PROGRESS_LOG, filenames.SAVE_LOG):
         for r in read_jsonl(root / name):
             t, s = r.get("time"), r.get("step")
             if isinstance(t, (int, float)) and isinstance(s, int) and not isinstance(s, bool):
@@ -390,7 +390,7 @@ def step_records(root: Path) -> list[tuple[float, int]]:
 
 def save_time(root: Path, step: int) -> float | None:
     """Commit time (``saves.jsonl``) of the checkpoint of ``step``."""
-    times = [r["time"] for r in read_jsonl(root / layout.SAVE_LOG) if r.get("step") == step]
+    times = [r["time"] for r in read_jsonl(root / filenames.SAVE_LOG) if r.get("step") == step]
     return float(times[-1]) if times else None
 
 
@@ -498,10 +498,10 @@ class LostWork:
         latest = rec.step if rec else 0
         recs = step_records(ckdir)
         reached = max([latest] + [s for _, s in recs])
-        ledger = read_jsonl(ckdir / layout.ATTEMPT_LEDGER)
+        ledger = read_jsonl(ckdir / filenames.ATTEMPT_LEDGER)
         att = ledger[-1] if ledger else {}
         deadline = float(att.get("start", t_start)) + walltime
-        saves = read_jsonl(ckdir / layout.SAVE_LOG)
+        saves = read_jsonl(ckdir / filenames.SAVE_LOG)
         rate = step_rate(recs)
         committed = save_time(ckdir, latest) if rec else None
         return {
@@ -571,7 +571,7 @@ class LostWork:
             "since_commit_s": t_kill - committed if committed else None,
             "newest_record_age_s": t_kill - recs[-1][0] if recs else None,
             "killed_mid_save": any(ckdir.glob(".step_*.tmp-*")),
-            "checkpoints": len(read_jsonl(ckdir / layout.SAVE_LOG)),
+            "checkpoints": len(read_jsonl(ckdir / filenames.SAVE_LOG)),
             "processes_killed": len(pids) + 1,
             "log": str(logpath),
         }

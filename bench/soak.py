@@ -62,8 +62,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's resilient and apps/, not an installed copy
 
-from resilient import cli, layout, storage  # noqa: E402
-from resilient.launch import find_mpiexec  # noqa: E402
+from resilient import cli  # noqa: E402
+from resilient.io import storage  # noqa: E402
+from resilient.job.launch import find_mpiexec  # noqa: E402
+from resilient.model import filenames  # noqa: E402
 
 FAILURES = (
     "lost",
@@ -201,7 +203,7 @@ def pending_dirs(root: Path) -> set[str]:
         names = os.listdir(root)
     except FileNotFoundError:
         return set()
-    return {n for n in names if layout.parse_tmp_dir(n) is not None}
+    return {n for n in names if filenames.parse_tmp_dir(n) is not None}
 
 
 def newest_committed(root: Path) -> int | None:
@@ -210,9 +212,9 @@ def newest_committed(root: Path) -> int | None:
         names = os.listdir(root)
     except FileNotFoundError:
         return None
-    steps = [s for s in map(layout.parse_step_dir, names) if s is not None]
+    steps = [s for s in map(filenames.parse_step_dir, names) if s is not None]
     for step in sorted(steps, reverse=True):
-        if (root / layout.step_dir_name(step) / layout.COMMITTED).exists():
+        if (root / filenames.step_dir_name(step) / filenames.COMMITTED).exists():
             return step
     return None
 
@@ -434,7 +436,7 @@ class Soak:
         if campaign.promise is None:
             return
         records = [
-            r for r in storage.read_jsonl(campaign.root / layout.PROGRESS_LOG)
+            r for r in storage.read_jsonl(campaign.root / filenames.PROGRESS_LOG)
             if isinstance(r.get("time"), (int, float)) and r["time"] >= campaign.launched_at
         ]  # fmt: skip
         if not records:
@@ -468,7 +470,7 @@ class Soak:
         # (all of them before the first); a second node lost before anything new was
         # protected loses the copies of the first (beyond what the scheme promises)
         fresh = [
-            int(r["step"]) for r in storage.read_jsonl(campaign.root / layout.PROTECT_LOG)
+            int(r["step"]) for r in storage.read_jsonl(campaign.root / filenames.PROTECT_LOG)
             if isinstance(r.get("step"), int) and float(r.get("time", 0)) > campaign.lost_at
         ]  # fmt: skip
         if fresh:

@@ -1,6 +1,15 @@
 """resilient: checkpoint/restart for long MPI programs under walltime limits.
 
 Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup.
+
+The library in layers; each package imports only the ones below it (``lint-imports`` checks it):
+
+    the edges      cli, demo, report, export, config, workflow, integrations (Snakemake, Parsl)
+    job            the time loop (Session, @resumable), walltime and signals, ``resilient run``
+    checkpoint     saving, committing, restoring and rotating the checkpoints of a set of ranks
+    io | parallel  one process's file I/O | the communicator and the one way ranks agree
+    model          the on-disk format and the in-memory state, pure
+    errors         the exceptions every layer raises
 """
 
 from __future__ import annotations
@@ -22,10 +31,11 @@ from resilient.errors import (
 )
 
 if TYPE_CHECKING:
-    from resilient.blocks import Block, BlockSpec, Replicated, block_1d, cartesian_block
-    from resilient.comm import Comm, SerialComm
-    from resilient.manager import CheckpointManager
-    from resilient.policies import (
+    from resilient.checkpoint.manager import CheckpointManager
+    from resilient.job.resumable import Resume, resumable
+    from resilient.job.session import Session
+    from resilient.model.blocks import Block, BlockSpec, Replicated, block_1d, cartesian_block
+    from resilient.model.policies import (
         BeforeWalltime,
         CheckpointInfo,
         EverySeconds,
@@ -40,16 +50,17 @@ if TYPE_CHECKING:
         SavePolicy,
         YoungDaly,
     )
-    from resilient.resumable import Resume, resumable
-    from resilient.session import Session
+    from resilient.parallel.comm import Comm, SerialComm
 
-# The rest is imported when first used: ``from resilient.slurm import StopSignals``, which a
+# The rest is imported when first used: ``from resilient.job.slurm import StopSignals``, which a
 # program runs first thing to catch an early warning signal, must not wait for numpy and the
 # checkpoint machinery (~0.1 s, seconds for 4 ranks starting on a busy node).
 _LAZY = {
-    **dict.fromkeys(("Block", "BlockSpec", "Replicated", "block_1d", "cartesian_block"), "blocks"),
-    **dict.fromkeys(("Comm", "SerialComm"), "comm"),
-    "CheckpointManager": "manager",
+    **dict.fromkeys(
+        ("Block", "BlockSpec", "Replicated", "block_1d", "cartesian_block"), "model.blocks"
+    ),
+    **dict.fromkeys(("Comm", "SerialComm"), "parallel.comm"),
+    "CheckpointManager": "checkpoint.manager",
     **dict.fromkeys(
         (
             "BeforeWalltime",
@@ -66,10 +77,10 @@ _LAZY = {
             "SavePolicy",
             "YoungDaly",
         ),
-        "policies",
+        "model.policies",
     ),
-    **dict.fromkeys(("Resume", "resumable"), "resumable"),
-    "Session": "session",
+    **dict.fromkeys(("Resume", "resumable"), "job.resumable"),
+    "Session": "job.session",
 }
 
 
@@ -78,8 +89,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'resilient' has no attribute {name!r}")
     loaded = importlib.import_module(f"resilient.{module}")
-    # bind every name of that module now: importing resilient.resumable made the package's
-    # ``resumable`` the module, and the function must win, as with an eager import
+    # bind every name of that module now, as an eager import would
     for other, where in _LAZY.items():
         if where == module:
             globals()[other] = getattr(loaded, other)

@@ -17,20 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from resilient import layout, storage
 from resilient._version import __version__
-from resilient.catalog import Catalog
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.statics import StaticStore
+from resilient.checkpoint.tiers import known_local_roots
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
-from resilient.policies import KeepLast
-from resilient.run import build_parser as run_parser
-from resilient.statics import StaticStore
-from resilient.tiers import known_local_roots
-from resilient.validate import (
+from resilient.io import storage
+from resilient.io.validate import (
     CheckpointRecord,
     latest_valid,
     list_checkpoints,
     validate_checkpoint,
 )
+from resilient.job.run import build_parser as run_parser
+from resilient.model import filenames
+from resilient.model.policies import KeepLast
 
 __all__ = ["main"]
 
@@ -56,7 +57,7 @@ def _root(path: str) -> Path:
     if not root.is_dir():
         raise CliError(f"{root}: not a directory")
     if not storage.is_root(root):
-        raise CliError(f"{root}: not a resilient checkpoint root (no {layout.ROOT_MARKER})")
+        raise CliError(f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})")
     return root
 
 
@@ -75,7 +76,7 @@ def _protected_steps(root: Path) -> set[int]:
     root's record: the partner nodes' disks may not be visible from here)."""
     return {
         rec["step"]
-        for rec in storage.read_jsonl(root / layout.PROTECT_LOG)
+        for rec in storage.read_jsonl(root / filenames.PROTECT_LOG)
         if isinstance(rec.get("step"), int)
     }
 
@@ -180,7 +181,7 @@ def cmd_latest(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     root = _root(args.root)
     if args.step is not None:
-        path = root / layout.step_dir_name(args.step)
+        path = root / filenames.step_dir_name(args.step)
         try:
             validate_checkpoint(path, full=args.full)
         except InvalidCheckpointError as exc:
@@ -218,7 +219,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             deleter.delete(catalog.apply(plan).paths)
             deleter.wait()
         for step in sorted(plan.delete):
-            path = root / layout.step_dir_name(step)
+            path = root / filenames.step_dir_name(step)
             print(f"{'would delete' if args.dry_run else 'deleted'} step {step} ({path})")
         print(f"kept {len(plan.keep)} checkpoint(s)")
     finally:
@@ -275,7 +276,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from resilient.run import options_from_args, run_command_line
+    from resilient.job.run import options_from_args, run_command_line
 
     try:
         opts = options_from_args(args)

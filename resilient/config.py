@@ -20,9 +20,9 @@ Example::
     local_keep: 2                  # local checkpoints kept per node
     redundancy: partner            # a copy of each node's local checkpoint on the next node
 
-``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.session.Session`
+``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.job.session.Session`
 stops (and writes its final checkpoint) once less than this margin plus the measured save cost
-is left (the rule of :class:`~resilient.policies.BeforeWalltime`). Unknown keys and wrong types
+is left (the rule of :class:`~resilient.model.policies.BeforeWalltime`). Unknown keys and wrong types
 raise :class:`~resilient.errors.ConfigError` naming the file and the key.
 """
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resilient.checkpoint.partner import REDUNDANCY_SCHEMES
 from resilient.errors import ConfigError
-from resilient.nodes import expand_node_path
-from resilient.partner import REDUNDANCY_SCHEMES
-from resilient.policies import (
+from resilient.model.nodes import expand_node_path
+from resilient.model.policies import (
     EverySeconds,
     EverySteps,
     KeepBest,
@@ -47,7 +47,7 @@ from resilient.policies import (
     SavePolicy,
     YoungDaly,
 )
-from resilient.schema import Section
+from resilient.model.schema import Section
 
 __all__ = [
     "CheckpointConfig",
@@ -98,7 +98,7 @@ class CheckpointConfig:
             )
 
     def session_options(self) -> dict[str, Any]:
-        """These settings as keyword arguments of :class:`~resilient.session.Session`."""
+        """These settings as keyword arguments of :class:`~resilient.job.session.Session`."""
         return {
             "checkpoint_comm": self.checkpoint_comm, "save_when": self.save_when,
             "keep": self.keep, "margin_s": self.walltime_margin_s, "gc_every": self.gc_every,

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from resilient.launch import find_mpiexec
+from resilient.job.launch import find_mpiexec
 from resilient.report import find_roots, format_table, plot, task_report
 
 REPO = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ class ConfigError(ResilientError, ValueError):
 class ForeignRunError(ConfigError):
     """The checkpoint directory belongs to another run: another ``run_key``, or restored arrays
     of another shape or dtype than the run's initial state. Retrying cannot help; a
-    :class:`~resilient.session.Session` exits with ``EXIT_FOREIGN_RUN`` (78)."""
+    :class:`~resilient.job.session.Session` exits with ``EXIT_FOREIGN_RUN`` (78)."""
 
 
 class CheckpointNotFoundError(ResilientError, FileNotFoundError):

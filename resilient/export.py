@@ -1,6 +1,6 @@
 """``resilient export``: a checkpoint's Block leaves as global arrays in one HDF5 file.
 
-Every :class:`~resilient.blocks.Block` leaf of a checkpoint (and of its static data) becomes one
+Every :class:`~resilient.model.blocks.Block` leaf of a checkpoint (and of its static data) becomes one
 dataset of its global shape, at the leaf's path (``u``, ``model/layer1.weight``). By default it is
 an HDF5 *virtual dataset* over the stored blocks in the checkpoint's data files: nothing is
 copied, and the sources are named by absolute path, so the exported file may live anywhere but
@@ -8,7 +8,7 @@ reads only while the checkpoint exists (rotation deletes it). ``copy=True`` writ
 itself, block by block (one stored block in memory at a time), verifying every block's and
 stripe's checksum on the way: a self-contained file.
 
-Array leaves inside :class:`~resilient.blocks.Replicated` values are written once, from saved
+Array leaves inside :class:`~resilient.model.blocks.Replicated` values are written once, from saved
 rank 0, as plain datasets (verified). Undeclared per-rank arrays (neither a Block nor inside a
 Replicated value) have no global shape: they are skipped with a note; JSON values stay in the
 checkpoint's ``manifest.json``. Attributes: the file's ``step`` and ``checkpoint`` (its path);
@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilient import fileio, layout
-from resilient.checksum import digest_array
-from resilient.elastic import ReadStats, StoredBlock, read_stored_block
+from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError
-from resilient.layout import rank_group_name
-from resilient.manifest import Manifest, block_of
-from resilient.tree import elastic_kinds, leaf_paths
-from resilient.validate import latest_valid, load_manifest, validate_checkpoint
+from resilient.io import fileio
+from resilient.io.validate import latest_valid, load_manifest, validate_checkpoint
+from resilient.model import filenames
+from resilient.model.checksum import digest_array
+from resilient.model.filenames import rank_group_name
+from resilient.model.manifest import Manifest, block_of
+from resilient.model.tree import elastic_kinds, leaf_paths
 
 if TYPE_CHECKING:
     import numpy as np
@@ -154,13 +155,13 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
             raise CheckpointNotFoundError(f"no valid checkpoint in {root}")
         path, manifest = record.path, record.manifest
     else:
-        path = root / layout.step_dir_name(step)
+        path = root / filenames.step_dir_name(step)
         if not path.exists():
             raise CheckpointNotFoundError(f"no checkpoint of step {step} in {root}")
         manifest = validate_checkpoint(path)
     sets = [(path, manifest)]
     if manifest.static is not None:
-        static_dir = root / layout.STATIC_DIR / layout.static_dir_name(manifest.static)
+        static_dir = root / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
         sets.append((static_dir, load_manifest(static_dir, kind="static")))
     stats = ReadStats()
     datasets: list[GlobalDataset] = []

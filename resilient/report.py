@@ -2,7 +2,7 @@
 
 Reads, per checkpoint root: ``attempts.jsonl`` (one line per ``resilient run`` attempt),
 ``saves.jsonl`` (one line per committed checkpoint) and ``progress.jsonl`` ((time, step)
-samples from :class:`~resilient.session.Session`). No MPI, no h5py.
+samples from :class:`~resilient.job.session.Session`). No MPI, no h5py.
 
 Definitions:
 
@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient import layout, storage
+from resilient.io import storage
+from resilient.model import filenames
 
 __all__ = ["AttemptSummary", "TaskReport", "find_roots", "format_table", "plot", "task_report"]
 
@@ -80,11 +81,11 @@ def _num(rec: dict[str, Any], key: str) -> float | None:
 def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
     """The report of one checkpoint root (a task)."""
     r = Path(root)
-    attempts_raw = storage.read_jsonl(r / layout.ATTEMPT_LEDGER)
-    saves = [s for s in storage.read_jsonl(r / layout.SAVE_LOG) if _num(s, "time") is not None]
+    attempts_raw = storage.read_jsonl(r / filenames.ATTEMPT_LEDGER)
+    saves = [s for s in storage.read_jsonl(r / filenames.SAVE_LOG) if _num(s, "time") is not None]
     progress = sorted(
         (float(p["time"]), int(p["step"]))
-        for p in storage.read_jsonl(r / layout.PROGRESS_LOG)
+        for p in storage.read_jsonl(r / filenames.PROGRESS_LOG)
         if _num(p, "time") is not None and isinstance(p.get("step"), int)
     )
     attempts: list[AttemptSummary] = []

@@ -32,10 +32,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from resilient import layout, storage
-from resilient.checksum import digest_file_range, digest_text
 from resilient.errors import CheckpointLockedError
-from resilient.validate import latest_valid
+from resilient.io import storage
+from resilient.io.validate import latest_valid
+from resilient.model import filenames
+from resilient.model.checksum import digest_file_range, digest_text
 
 __all__ = [
     "HASH_HEX",
@@ -56,12 +57,12 @@ HASH_HEX = 12
 # Small files a checkpoint root keeps after cleanup, so that `resilient report` still works.
 KEPT_FILES = frozenset(
     {
-        layout.ROOT_MARKER,
-        layout.LOCK_FILE,
-        layout.ATTEMPT_LEDGER,
-        layout.SAVE_LOG,
-        layout.PROGRESS_LOG,
-        layout.STOP_LOG,
+        filenames.ROOT_MARKER,
+        filenames.LOCK_FILE,
+        filenames.ATTEMPT_LEDGER,
+        filenames.SAVE_LOG,
+        filenames.PROGRESS_LOG,
+        filenames.STOP_LOG,
     }
 )
 
@@ -174,7 +175,7 @@ def checkpoint_dir(
     parameters that change the computation belong in ``params``: the physics, the sizes, the
     seed; not the checkpoint cadence or a demo's slow-down. The rank count belongs there only for a
     program whose checkpoints restore on the same rank count alone; one that saves
-    :class:`~resilient.blocks.Block` and :class:`~resilient.blocks.Replicated` values resumes on
+    :class:`~resilient.model.blocks.Block` and :class:`~resilient.model.blocks.Replicated` values resumes on
     any rank count, so leave it out and a retry with other ranks resumes. ``inputs`` are files
     (or directories) whose content is hashed too; ``wildcards`` (a mapping, or Snakemake's
     ``wildcards``) name the directory; without them the task's name does
@@ -240,11 +241,11 @@ def latest_checkpoint(ckpt_dir: PathLike) -> str | None:
 
 def _is_checkpoint_data(name: str) -> bool:
     return (
-        name == layout.STATIC_DIR
-        or layout.parse_step_dir(name) is not None
-        or layout.parse_quarantined(name) is not None
-        or layout.parse_tmp_dir(name) is not None
-        or layout.is_trash(name)
+        name == filenames.STATIC_DIR
+        or filenames.parse_step_dir(name) is not None
+        or filenames.parse_quarantined(name) is not None
+        or filenames.parse_tmp_dir(name) is not None
+        or filenames.is_trash(name)
     )
 
 
@@ -274,7 +275,7 @@ def _clean_root(root: Path, *, keep_logs: bool) -> list[str]:
     # `resilient run`'s record beside the root: left behind, it would read as a root that an
     # engine deleted between attempts, and the task's next run would be refused
     absolute = Path(os.path.abspath(root))
-    sidecar = absolute.parent / layout.attempt_sidecar_name(absolute.name)
+    sidecar = absolute.parent / filenames.attempt_sidecar_name(absolute.name)
     if sidecar.exists():
         sidecar.unlink()
         removed.append(os.fspath(sidecar))

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resilient.launch import find_mpiexec
+from resilient.job.launch import find_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -29,9 +29,10 @@ import h5py
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, layout
+from resilient import CheckpointManager
 from resilient.errors import ConfigError
-from resilient.run import read_ledger
+from resilient.job.run import read_ledger
+from resilient.model import filenames
 from resilient.workflow import checkpoint_dir
 from tests.mpirun import REPO, clean_env, mpiexec
 
@@ -181,7 +182,7 @@ def record(*args: Any, task_id: int = 7, **kwargs: Any) -> Any:  # a TaskRecord 
 
 
 def ledger_line(root: Path, *, end: datetime.datetime, progress: bool) -> None:
-    with open(root / layout.ATTEMPT_LEDGER, "a") as fh:
+    with open(root / filenames.ATTEMPT_LEDGER, "a") as fh:
         fh.write(json.dumps({"attempt": 1, "start": end.timestamp() - 5, "end": end.timestamp(),
                              "progress": progress, "exit_code": 75}) + "\n")  # fmt: skip
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from resilient.layout import parse_step_dir
-from resilient.run import _descendants, read_ledger
-from resilient.validate import latest_valid, list_checkpoints
+from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.job.run import _descendants, read_ledger
+from resilient.model.filenames import parse_step_dir
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.unit.ckutil import flip_dataset_byte
 

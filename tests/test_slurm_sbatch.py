@@ -17,8 +17,8 @@ from pathlib import Path
 import h5py
 import pytest
 
+from resilient.job.run import read_ledger
 from resilient.report import task_report
-from resilient.run import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm, squeue_names
 

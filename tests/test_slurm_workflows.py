@@ -42,7 +42,7 @@ import h5py
 import pytest
 import yaml
 
-from resilient.run import read_ledger
+from resilient.job.run import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm
 

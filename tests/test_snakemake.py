@@ -26,15 +26,16 @@ import numpy as np
 import pytest
 import yaml
 
-from resilient import CheckpointManager, storage
+from resilient import CheckpointManager
 from resilient.integrations.snakemake import (
     SimulatedWalltime,
     cleanup_command,
     resilient_run,
     retries,
 )
-from resilient.run import read_ledger
-from resilient.validate import latest_valid, list_checkpoints
+from resilient.io import storage
+from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.job.run import read_ledger
 from resilient.workflow import (
     checkpoint_dir,
     cleanup,

@@ -219,8 +219,8 @@ def one_rank(tmp_path: Path) -> Any:
 
 
 def test_as_comm_wraps_the_group_the_module_and_world(one_rank: Any) -> None:
-    from resilient.comm import as_comm
-    from resilient.torchdist import TorchComm
+    from resilient.parallel.comm import as_comm
+    from resilient.parallel.torchdist import TorchComm
 
     dist = one_rank
     for obj in (dist, dist.group.WORLD, dist.new_group([0])):
@@ -250,8 +250,8 @@ def test_serial_round_trip_over_a_one_rank_group(one_rank: Any, tmp_path: Path) 
 def test_an_uninitialised_torch_distributed_is_a_config_error() -> None:
     import torch.distributed as dist
 
-    from resilient.comm import as_comm
     from resilient.errors import ConfigError
+    from resilient.parallel.comm import as_comm
 
     assert not dist.is_initialized()
     with pytest.raises(ConfigError, match="init_process_group"):

@@ -31,8 +31,8 @@ pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'resi
 
 from apps.train_torch import Launch, find_launch, first_host
 from resilient.errors import ConfigError
-from resilient.run import read_ledger
-from resilient.validate import list_checkpoints
+from resilient.io.validate import list_checkpoints
+from resilient.job.run import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.test_train_app import (
     HAVE_PROC,

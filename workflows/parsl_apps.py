@@ -25,7 +25,7 @@ from typing import Any
 from parsl import bash_app, python_app
 
 from resilient.integrations.parsl import resilient_command
-from resilient.launch import find_mpiexec
+from resilient.job.launch import find_mpiexec
 
 __all__ = ["analyse", "mpi_resources", "prepare", "simulate", "train"]
 

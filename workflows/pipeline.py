@@ -48,8 +48,8 @@ import yaml
 
 from resilient.config import load_yaml
 from resilient.errors import ConfigError
-from resilient.run import read_ledger
-from resilient.schema import Section
+from resilient.job.run import read_ledger
+from resilient.model.schema import Section
 from resilient.workflow import checkpoint_dir
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@
 * :func:`resilient_run` is the shell prefix ``<this python> -m resilient.cli run [walltime]
   --checkpoint-dir {params.ckpt:q} --task {rule} --outputs {output:q} --``. The
   program takes its checkpoint directory from ``$RESILIENT_CHECKPOINT_DIR`` (which ``resilient
-  run`` sets, and :class:`~resilient.session.Session` reads when given no directory) or from
+  run`` sets, and :class:`~resilient.job.session.Session` reads when given no directory) or from
   ``{params.ckpt}``.
 
 **A simulated walltime from the profile.** A local profile plays Slurm's end of a job by keeping
@@ -46,7 +46,7 @@ checkpoint path against every rule's output patterns (``rule.is_producer``), wou
 wildcards match ``/`` by default, so a broad pattern of an unrelated rule (``directory("{x}")``)
 matches every path and its ancestors, and it would rely on Snakemake internals besides. For a
 prefix written by hand, ``resilient run`` itself notices on the second attempt that the
-directory was deleted since an unfinished attempt (:mod:`resilient.run`) and exits 78 too.
+directory was deleted since an unfinished attempt (:mod:`resilient.job.run`) and exits 78 too.
 
 **Settings are names, not text.** The text of a rule's shell command is one of Snakemake's
 rerun triggers ("code"): a finished job whose command text changed runs again. So what belongs
@@ -69,7 +69,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from resilient.run import parse_duration, parse_signal_spec
+from resilient.job.run import parse_duration, parse_signal_spec
 from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale_siblings
 
 __all__ = [

@@ -107,7 +107,7 @@ def save(root: str, kind: str, n: int, steps: list[int], *, extra: bool = False)
 def bound(saved_n: int, want: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> int:
     """The most an elastic read of ``want`` may read: per overlapping stored block, the rows
     needed plus one stripe on each side, of the stored block's full width."""
-    from resilient.blocks import BlockSpec, intersect, stripe_rows
+    from resilient.model.blocks import BlockSpec, intersect, stripe_rows
 
     shapes = {"u": (U_SHAPE, 8), "v": (V_SHAPE, 4), "k": (K_SHAPE, 4)}
     total = 5 * 8  # the replicated array

@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-import resilient.checkpointer
-import resilient.fileio
-import resilient.manager
-import resilient.restorer
-import resilient.storage
+import resilient.checkpoint.checkpointer
+import resilient.checkpoint.manager
+import resilient.checkpoint.restorer
+import resilient.io.fileio
+import resilient.io.storage
 from resilient import CheckpointManager, EverySteps, KeepLast
-from resilient.catalog import Catalog
-from resilient.commit import PendingDir
-from resilient.restorer import Restorer
-from resilient.statics import StaticStore
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.restorer import Restorer
+from resilient.checkpoint.statics import StaticStore
+from resilient.io.commit import PendingDir
 
 world = MPI.COMM_WORLD
 rank = world.rank
@@ -103,23 +103,23 @@ def _restore(root: Path) -> None:
 
 
 STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
-    "ensure-root": (lambda: _patch(resilient.storage, "ensure_root"), _open),
-    "lock": (lambda: _patch(resilient.storage.RootLock, "acquire"), _open),
-    "leftovers": (lambda: _patch(resilient.storage, "cleanup_leftovers"), _open),
-    "latest": (lambda: _patch(resilient.manager, "latest_valid"), _latest),
+    "ensure-root": (lambda: _patch(resilient.io.storage, "ensure_root"), _open),
+    "lock": (lambda: _patch(resilient.io.storage.RootLock, "acquire"), _open),
+    "leftovers": (lambda: _patch(resilient.io.storage, "cleanup_leftovers"), _open),
+    "latest": (lambda: _patch(resilient.checkpoint.manager, "latest_valid"), _latest),
     "save-decision": (lambda: _patch(CheckpointManager, "save_context"), _should_save),
-    "step-agreement": (lambda: _patch(resilient.manager, "_same_step"), _save),
+    "step-agreement": (lambda: _patch(resilient.checkpoint.manager, "_same_step"), _save),
     "static-lookup": (lambda: _patch(StaticStore, "lookup"), _save),
     "static-tmpdir": (lambda: _patch(PendingDir, "create"), _save_new_static),
     "tmpdir": (lambda: _patch(PendingDir, "create"), _save),
-    "create-file": (lambda: _patch(resilient.fileio, "create_file"), _save),
-    "build-skeleton": (lambda: _patch(resilient.fileio, "build_skeleton"), _save),
-    "manifest": (lambda: _patch(resilient.checkpointer, "build_manifest"), _save),
+    "create-file": (lambda: _patch(resilient.io.fileio, "create_file"), _save),
+    "build-skeleton": (lambda: _patch(resilient.io.fileio, "build_skeleton"), _save),
+    "manifest": (lambda: _patch(resilient.checkpoint.checkpointer, "build_manifest"), _save),
     "commit-prepare": (lambda: _patch(PendingDir, "prepare"), _save),
     "commit-publish": (lambda: _patch(PendingDir, "publish"), _save),
-    "save-log": (lambda: _patch(resilient.storage, "append_log"), _save),
+    "save-log": (lambda: _patch(resilient.io.storage, "append_log"), _save),
     "rotation": (lambda: _patch(Catalog, "apply"), _save),
-    "choose": (lambda: _patch(resilient.restorer, "iter_checkpoints"), _restore),
+    "choose": (lambda: _patch(resilient.checkpoint.restorer, "iter_checkpoints"), _restore),
     "judge": (lambda: _patch(Restorer, "_judge"), _restore),
 }
 

@@ -59,7 +59,7 @@ elif kind == "randomcrash":
 elif kind == "killsave":
     step_s, _, which = spec.partition(":")
     if _in_attempts(which):
-        from resilient.commit import PendingDir
+        from resilient.io.commit import PendingDir
 
         real_prepare = PendingDir.prepare  # every commit starts here (blocking or not)
 
@@ -70,7 +70,7 @@ elif kind == "killsave":
 
         PendingDir.prepare = prepare  # type: ignore[method-assign]
         if rank != 0:  # non-coordinators die while the coordinator commits
-            from resilient import fileio
+            from resilient.io import fileio
 
             real_write = fileio.write_file
 
@@ -82,7 +82,7 @@ elif kind == "killsave":
             fileio.write_file = write
 elif kind == "enospc":
     if rank == MPI.COMM_WORLD.size - 1:
-        from resilient import fileio
+        from resilient.io import fileio
 
         real_pwrite, real_pwritev = os.pwrite, os.pwritev
 
@@ -107,7 +107,7 @@ elif kind == "usr1":
 elif kind == "slowrestore":
     import time
 
-    from resilient.session import Session
+    from resilient.job.session import Session
 
     real_restore_or = Session.restore_or
 
@@ -119,7 +119,7 @@ elif kind == "slowrestore":
     Session.restore_or = restore_or  # type: ignore[method-assign]
 
 if os.environ.get("STOPLOG"):
-    from resilient.session import Session
+    from resilient.job.session import Session
 
     real_should_stop = Session.should_stop
 

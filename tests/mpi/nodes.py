@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from resilient import CheckpointManager, KeepLast
 from resilient.errors import ResilientError
-from resilient.nodes import node_label
+from resilient.model.nodes import node_label
 
 world = MPI.COMM_WORLD
 rank = world.rank
@@ -69,7 +69,7 @@ def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> N
     import errno
     import os
 
-    from resilient import partner
+    from resilient.checkpoint import partner
 
     if node_label() == "nodeB":
 

@@ -207,8 +207,8 @@ def _die(*_: Any, **__: Any) -> None:
 
 
 def _arm_kill(phase: str) -> None:
-    from resilient import fileio
-    from resilient.commit import PendingDir
+    from resilient.io import fileio
+    from resilient.io.commit import PendingDir
 
     if phase == "write":  # half-way through writing this rank's bytes
         real = os.pwrite
@@ -247,7 +247,7 @@ def scenario_fail(root: str, kind: str, how: str) -> None:
         state = make_state(2)
         if rank == victim:
             if how == "enospc":
-                from resilient import fileio
+                from resilient.io import fileio
 
                 def full(*_: Any) -> int:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -308,17 +308,17 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
     """A sharded manifest whose shard is missing, changed or extra, or whose index was edited:
     quick or full validation says so, and a restore falls back to the previous checkpoint,
     quarantining the bad one (every rank alike)."""
-    from resilient import layout
-    from resilient.validate import iter_checkpoints, validate_checkpoint
+    from resilient.io.validate import iter_checkpoints, validate_checkpoint
+    from resilient.model import filenames
 
     assert SHARD_RANKS and size > SHARD_RANKS
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
         for step in (1, 2):
             m.save(step, make_state(step), static=make_static())
-    ckpt = os.path.join(root, layout.step_dir_name(2))
+    ckpt = os.path.join(root, filenames.step_dir_name(2))
     found: dict[str, str] = {}
     if rank == 0:
-        shard = os.path.join(ckpt, layout.shard_name(1))
+        shard = os.path.join(ckpt, filenames.shard_name(1))
         with open(shard, "rb") as fh:
             text = fh.read()
         if how == "missing":
@@ -330,10 +330,10 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
                 fh.seek(at)
                 fh.write(digit)
         elif how == "extra":
-            with open(os.path.join(ckpt, layout.shard_name(7)), "wb") as fh:
+            with open(os.path.join(ckpt, filenames.shard_name(7)), "wb") as fh:
                 fh.write(text)
         elif how == "index":  # a shard's size edited in the index
-            index = os.path.join(ckpt, layout.MANIFEST)
+            index = os.path.join(ckpt, filenames.MANIFEST)
             with open(index) as fh:
                 doc = json.load(fh)
             doc["shards"][1]["size"] += 1
@@ -362,8 +362,8 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
 def scenario_scatter(root: str, kind: str) -> None:
     """Collective.scatter: each rank gets its own value; a failing coordinator raises the same
     error on every rank."""
-    from resilient.collective import Collective
-    from resilient.comm import as_comm
+    from resilient.parallel.collective import Collective
+    from resilient.parallel.comm import as_comm
 
     coll = Collective(as_comm(world))
     got = coll.scatter("scattering", lambda: [f"for {r}" for r in range(size)])
@@ -383,8 +383,8 @@ def scenario_scatter(root: str, kind: str) -> None:
 def scenario_reply(root: str, kind: str) -> None:
     """Collective.all_reduce(everywhere=False): the result stays on the coordinator (the
     others get None); a failing combine still raises the same error on every rank."""
-    from resilient.collective import Collective
-    from resilient.comm import as_comm
+    from resilient.parallel.collective import Collective
+    from resilient.parallel.comm import as_comm
 
     coll = Collective(as_comm(world))
 

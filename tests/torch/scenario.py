@@ -37,7 +37,7 @@ rank, size = dist.get_rank(), dist.get_world_size()
 
 def checkpoint_comm(kind: str) -> Any:
     if kind == "node2":
-        from resilient import torchdist
+        from resilient.parallel import torchdist
 
         torchdist._hostname = lambda: f"host{rank // 2}"
         return "node"
@@ -120,7 +120,7 @@ def scenario_fail(root: str, kind: str) -> None:
     with CheckpointManager(root, comm=dist.group.WORLD, checkpoint_comm=checkpoint_comm(kind)) as m:
         m.save(1, make_state(1))
         if rank == victim:
-            from resilient import fileio
+            from resilient.io import fileio
 
             def full(*_: Any) -> int:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -149,7 +149,7 @@ def scenario_subgroup(root: str, kind: str) -> None:
     ``checkpoint_comm="node"`` then splits a group that is not the world: each rank creates only
     its own host's group (the other pair is not there to create theirs).
     """
-    from resilient import torchdist
+    from resilient.parallel import torchdist
 
     torchdist._hostname = lambda: f"host{rank % 2}"
     pair = checkpoint_comm("split")

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import fileio
+from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import CollectiveError
-from resilient.exitcodes import EXIT_RESUME
-from resilient.manager import CheckpointManager
-from resilient.manifest import parse_manifest
-from resilient.policies import EverySteps, KeepLast
-from resilient.session import Session
-from resilient.validate import latest_valid, list_checkpoints
+from resilient.io import fileio
+from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.job.exitcodes import EXIT_RESUME
+from resilient.job.session import Session
+from resilient.model.manifest import parse_manifest
+from resilient.model.policies import EverySteps, KeepLast
 from tests.unit.ckutil import assert_state_equal, state_of
 
 

@@ -24,7 +24,10 @@ from resilient import (
     block_1d,
     cartesian_block,
 )
-from resilient.blocks import (
+from resilient.errors import InvalidCheckpointError
+from resilient.export import export
+from resilient.io.validate import marker_text, validate_checkpoint
+from resilient.model.blocks import (
     STRIPE_BYTES,
     check_tiling,
     intersect,
@@ -33,11 +36,8 @@ from resilient.blocks import (
     stripe_rows,
     unwrap,
 )
-from resilient.checksum import digest_bytes
-from resilient.errors import InvalidCheckpointError
-from resilient.export import export
-from resilient.manifest import DatasetTable, ManifestError, check_blocks, parse_manifest
-from resilient.validate import marker_text, validate_checkpoint
+from resilient.model.checksum import digest_bytes
+from resilient.model.manifest import DatasetTable, ManifestError, check_blocks, parse_manifest
 from tests.mpirun import clean_env
 
 G = (600, 700)  # float64 rows of 5600 bytes: 187 rows per stripe, 4 stripes
@@ -112,7 +112,7 @@ def test_check_tiling_finds_gaps_overlaps_and_outsiders() -> None:
 
 
 def test_check_tiling_pairwise_when_the_grid_is_huge(monkeypatch: pytest.MonkeyPatch) -> None:
-    import resilient.blocks as blocks
+    import resilient.model.blocks as blocks
 
     monkeypatch.setattr(blocks, "_MAX_GRID_CELLS", 1)
     g = (10, 10)

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import resilient.catalog
-import resilient.validate
+import resilient.checkpoint.catalog
+import resilient.io.validate
 from resilient import CheckpointManager, KeepEvery, KeepLast
-from resilient.catalog import Catalog
-from resilient.manifest import Manifest
-from resilient.statics import StaticStore
-from resilient.validate import list_checkpoints
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.statics import StaticStore
+from resilient.io.validate import list_checkpoints
+from resilient.model.manifest import Manifest
 
 
 def _fill(root: Path, steps: range) -> None:
@@ -32,13 +32,13 @@ def test_saves_validate_the_history_at_most_once(
     if not with_log:  # e.g. written by an older library: each checkpoint is validated once
         (root / "saves.jsonl").unlink()
     calls: list[Path] = []
-    real = resilient.validate.validate_checkpoint
+    real = resilient.io.validate.validate_checkpoint
 
     def counting(path: Path, **kwargs: Any) -> Manifest:
         calls.append(path)
         return real(path, **kwargs)
 
-    monkeypatch.setattr("resilient.catalog.validate_checkpoint", counting)
+    monkeypatch.setattr("resilient.checkpoint.catalog.validate_checkpoint", counting)
     with CheckpointManager(root, keep=KeepEvery(steps=1)) as m:
         m.save(41, {"u": np.zeros(4)}, static={"mesh": np.arange(3.0)})
         first = len(calls)

@@ -1,4 +1,4 @@
-"""Checksums of arrays (resilient.checksum): the bytes in C order, whatever the memory layout;
+"""Checksums of arrays (resilient.model.checksum): the bytes in C order, whatever the memory layout;
 the helper thread's digests equal the caller's, and the thread ends with its Digests."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from resilient.checksum import Digests, digest_array, digest_arrays
+from resilient.model.checksum import Digests, digest_array, digest_arrays
 
 
 def c_order_digest(arr: np.ndarray) -> str:

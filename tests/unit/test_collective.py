@@ -1,4 +1,4 @@
-"""The contract of :class:`resilient.collective.Collective` on several ranks, without MPI: any
+"""The contract of :class:`resilient.parallel.collective.Collective` on several ranks, without MPI: any
 exception on any rank becomes the same error on every rank, and no rank is left waiting.
 
 The ranks are threads of this process over :class:`ThreadComm`, an in-memory communicator
@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from resilient.collective import Collective
-from resilient.comm import Channel, Comm
 from resilient.errors import CheckpointNotFoundError, CollectiveError, ConfigError
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Channel, Comm
 
 T = TypeVar("T")
 SIZES = (1, 2, 3, 5)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resilient.comm import SerialComm, _is_torch_group, as_comm
+from resilient.parallel.comm import SerialComm, _is_torch_group, as_comm
 
 
 def fake(module: str, name: str) -> Any:

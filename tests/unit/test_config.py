@@ -9,7 +9,7 @@ import pytest
 
 from resilient.config import CheckpointConfig, load_checkpoint_config
 from resilient.errors import ConfigError
-from resilient.policies import (
+from resilient.model.policies import (
     AnyOf,
     CheckpointInfo,
     EverySeconds,

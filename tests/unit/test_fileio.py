@@ -1,4 +1,4 @@
-"""Reading and writing arrays at file offsets (resilient.fileio): arrays as their own iovecs, spans
+"""Reading and writing arrays at file offsets (resilient.io.fileio): arrays as their own iovecs, spans
 read into one buffer and returned as views, gaps, misaligned and large arrays, short transfers."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from resilient import fileio
-from resilient.staging import allocate, fault_in
+from resilient.io import fileio
+from resilient.io.staging import allocate, fault_in
 
 
 def layout(arrays: list[np.ndarray], gaps: list[int]) -> list[int]:

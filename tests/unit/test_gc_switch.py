@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, KeepLast, fileio
-from resilient.checksum import Digests
-from resilient.manager import PAUSE_GC_ENV
+from resilient import CheckpointManager, KeepLast
+from resilient.checkpoint.manager import PAUSE_GC_ENV
+from resilient.io import fileio
+from resilient.model.checksum import Digests
 
 
 class Watched:

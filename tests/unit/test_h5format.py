@@ -1,7 +1,7 @@
-"""HDF5 metadata written by :mod:`resilient.h5format`, read back by real readers.
+"""HDF5 metadata written by :mod:`resilient.model.h5format`, read back by real readers.
 
-Every structure is created with :func:`resilient.fileio.build_skeleton`, filled with known data
-by :func:`resilient.fileio.write_file`, then read with h5py (names, shapes, dtypes, values,
+Every structure is created with :func:`resilient.io.fileio.build_skeleton`, filled with known data
+by :func:`resilient.io.fileio.write_file`, then read with h5py (names, shapes, dtypes, values,
 attributes, and exactly the expected objects) and, where installed, with ``h5dump`` and
 ``h5ls``. Datatypes are also compared byte for byte with what HDF5 itself writes in the same
 (oldest) format, and dtypes with what h5py's own writer gives.
@@ -26,8 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient import fileio, h5format
-from resilient.h5format import ArraySpec, place_data, plan_file
+from resilient.io import fileio
+from resilient.model import h5format
+from resilient.model.h5format import ArraySpec, place_data, plan_file
 from tests.unit.ckutil import sample
 
 H5DUMP = shutil.which("h5dump")
@@ -519,7 +520,7 @@ def test_equal_structures_give_equal_bytes(tmp_path: Path) -> None:
     code = (
         "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
         "from tests.unit.test_h5format import structure;"
-        "from resilient.h5format import plan_file;"
+        "from resilient.model.h5format import plan_file;"
         "l = plan_file('node', structure());"
         "print(hashlib.sha256(repr((l.pieces, l.offsets, l.size)).encode()).hexdigest())"
     )

@@ -91,8 +91,8 @@ def test_import_resilient_loads_neither_mpi4py_nor_h5py_nor_torch() -> None:
         import json, sys
         before = set(sys.modules)
         import resilient
-        import resilient.manager, resilient.validate, resilient.policies, resilient.session
-        import resilient.comm, resilient.topology
+        import resilient.checkpoint.manager, resilient.io.validate, resilient.model.policies, resilient.job.session
+        import resilient.parallel.comm, resilient.parallel.topology
         new = set(sys.modules) - before
         heavy = ("mpi4py", "h5py", "snakemake", "parsl", "torch")
         print(json.dumps({
@@ -122,7 +122,7 @@ def test_import_resilient_installs_no_signal_handlers_and_no_logging() -> None:
             ]
         before, log_before = handlers(), log_state()
         import resilient
-        import resilient.manager, resilient.storage, resilient.checkpointer
+        import resilient.checkpoint.manager, resilient.io.storage, resilient.checkpoint.checkpointer
         print(json.dumps({
             "before": before, "after": handlers(),
             "log_before": log_before, "log_after": log_state(),
@@ -160,10 +160,10 @@ def test_the_early_signal_handlers_import_no_checkpoint_machinery() -> None:
     # cores took seconds to import numpy and the manager; the package imports them when used
     out = run_python(
         "import json, sys\n"
-        "from resilient.slurm import StopSignals\n"
-        "early = sorted(m for m in ('numpy', 'resilient.manager') if m in sys.modules)\n"
+        "from resilient.job.slurm import StopSignals\n"
+        "early = sorted(m for m in ('numpy', 'resilient.checkpoint.manager') if m in sys.modules)\n"
         "from resilient import Resume, resumable, CheckpointManager, KeepLast\n"
         "print(json.dumps({'early': early, 'kind': type(resumable).__name__,\n"
-        "                  'manager': 'resilient.manager' in sys.modules}))\n"
+        "                  'manager': 'resilient.checkpoint.manager' in sys.modules}))\n"
     )
     assert out == {"early": [], "kind": "function", "manager": True}

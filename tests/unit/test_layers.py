@@ -1,4 +1,4 @@
-"""The import-linter layers contract in pyproject.toml names every module of the package."""
+"""The import-linter contracts in pyproject.toml name every package and every module."""
 
 from __future__ import annotations
 
@@ -21,31 +21,72 @@ def _contracts() -> list[dict[str, object]]:
     return contracts
 
 
-def _top_level_modules() -> set[str]:
+def _listed(contract: dict[str, object]) -> set[str]:
+    layers = contract["layers"]
+    assert isinstance(layers, list)
+    return {name.strip() for layer in layers for name in re.split(r"[|:]", layer)}
+
+
+def _top_level() -> set[str]:
     return {f"resilient.{m.name}" for m in pkgutil.iter_modules(resilient.__path__)}
 
 
-def test_every_module_has_a_layer() -> None:
-    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
-    assert isinstance(layers["layers"], list)
-    listed = {name for layer in layers["layers"] for name in re.split(r"[|:]", layer)}
-    assert {n.strip() for n in listed} == _top_level_modules()
+def _modules() -> set[str]:
+    """Every module of the library that is not a package (a package's own file is empty)."""
+    found = pkgutil.walk_packages(resilient.__path__, "resilient.")
+    return {m.name for m in found if not m.ispkg}
+
+
+def _packages_with_layers() -> set[str]:
+    found = pkgutil.walk_packages(resilient.__path__, "resilient.")
+    return {m.name for m in found if m.ispkg and not m.name.startswith("resilient.integrations")}
+
+
+def test_every_top_level_module_and_package_has_a_layer() -> None:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers" and "containers" not in c]
+    assert _listed(layers) == _top_level()
+
+
+def test_every_module_of_every_package_has_a_layer_inside_it() -> None:
+    inside: dict[str, set[str]] = {}
+    for c in _contracts():
+        containers = c.get("containers")
+        if c["type"] == "layers" and isinstance(containers, list):
+            (container,) = containers
+            inside[str(container)] = _listed(c)
+    assert set(inside) == _packages_with_layers()
+    for package, names in inside.items():
+        mine = {m.rsplit(".", 1)[1] for m in _modules() if m.rsplit(".", 1)[0] == package}
+        assert names == mine, package
+
+
+def _covers(sources: object, module: str) -> bool:
+    assert isinstance(sources, list)
+    return any(module == s or module.startswith(f"{s}.") for s in sources)
+
+
+def _rule(forbidden: list[str]) -> dict[str, object]:
+    (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == forbidden]
+    return rule
 
 
 def test_the_mpi4py_rule_covers_every_module_but_mpi() -> None:
-    (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == ["mpi4py"]]
-    assert isinstance(rule["source_modules"], list)
-    assert set(rule["source_modules"]) == _top_level_modules() - {"resilient.mpi"}
+    rule = _rule(["mpi4py"])
+    for module in _modules():
+        assert _covers(rule["source_modules"], module) == (module != "resilient.parallel.mpi"), (
+            module
+        )
 
 
 def test_the_engine_rule_covers_every_module_but_the_integrations() -> None:
-    (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == ["snakemake", "parsl"]]
-    assert isinstance(rule["source_modules"], list)
-    assert set(rule["source_modules"]) == _top_level_modules() - {"resilient.integrations"}
+    rule = _rule(["snakemake", "parsl"])
+    for module in _modules():
+        expected = not module.startswith("resilient.integrations.")
+        assert _covers(rule["source_modules"], module) == expected, module
 
 
 def test_the_torch_rule_covers_every_module_but_torchdist_and_arrays() -> None:
-    (rule,) = [c for c in _contracts() if c.get("forbidden_modules") == ["torch"]]
-    assert isinstance(rule["source_modules"], list)
-    allowed = {"resilient.torchdist", "resilient.arrays"}
-    assert set(rule["source_modules"]) == _top_level_modules() - allowed
+    rule = _rule(["torch"])
+    allowed = {"resilient.parallel.torchdist", "resilient.model.arrays"}
+    for module in _modules():
+        assert _covers(rule["source_modules"], module) == (module not in allowed), module

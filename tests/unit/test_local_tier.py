@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from resilient.checkpoint.manager import CheckpointManager
+from resilient.checkpoint.tiers import known_local_roots, local_root_of
 from resilient.errors import ResilientError
-from resilient.manager import CheckpointManager
-from resilient.policies import KeepLast
-from resilient.tiers import known_local_roots, local_root_of
-from resilient.validate import latest_valid, validate_checkpoint
+from resilient.io.validate import latest_valid, validate_checkpoint
+from resilient.model.policies import KeepLast
 from tests.unit.ckutil import assert_state_equal, flip_dataset_byte, state_of, static_of
 
 SHM = Path("/dev/shm")

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import strategies as st
 
 from resilient import CheckpointManager
-from resilient.manifest import (
+from resilient.model.manifest import (
     CHECKSUM_ALGORITHM,
     FORMAT,
     SCHEMA_VERSION,
     DatasetEntry,
     DatasetTable,
     FileEntry,
-    LayoutInfo,
+    Layout,
     Manifest,
     ManifestError,
     RankEntry,
@@ -32,7 +32,7 @@ from resilient.manifest import (
     file_segments,
     parse_manifest,
 )
-from resilient.tree import is_valid_path
+from resilient.model.tree import is_valid_path
 
 DATA = Path(__file__).parent / "data"
 H = "0123456789abcdef"  # a well-formed checksum
@@ -49,7 +49,7 @@ def sample_manifest() -> Manifest:
     return Manifest(
         step=1200,
         time=1700000000.25,
-        layout=LayoutInfo("node", 3, ((0, 1), (2,))),
+        layout=Layout("node", 3, ((0, 1), (2,))),
         files=(
             FileEntry(
                 name="node_00000.h5",
@@ -163,7 +163,7 @@ def test_a_real_manifest_round_trips(tmp_path: Path) -> None:
     parsed = parse_manifest(text)
     assert parsed.to_json() == text
     assert parsed.step == 5
-    assert parsed.layout == LayoutInfo("self", 1, ((0,),))
+    assert parsed.layout == Layout("self", 1, ((0,),))
     assert [f.name for f in parsed.files] == ["rank_00000.h5"]
     assert {d.name: d.dtype for d in parsed.ranks[0].datasets} == {"x": "<f8", "y": "<f8"}
     assert ["s", "v", ["j", {"a": 1}]] in parsed.ranks[0].tree[1]  # JSON values live in the tree
@@ -469,7 +469,7 @@ def test_dataset_sizes_from_the_columns_are_exact(rows: list[tuple[list[int], st
     import itertools
     import math
 
-    from resilient.manifest import _sizes
+    from resilient.model.manifest import _sizes
 
     shapes, dtypes = [r[0] for r in rows], [r[1] for r in rows]
     dims = list(itertools.chain.from_iterable(shapes))

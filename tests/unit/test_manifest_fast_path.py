@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient.manifest import ManifestError, _dataset_fast, _parse_dataset, _section
+from resilient.model.manifest import ManifestError, _dataset_fast, _parse_dataset, _section
 
 GOOD = {
     "name": "model/layer1.weight",

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from resilient import CheckpointManager
-from resilient.collective import Collective
-from resilient.comm import SerialComm
+from resilient.checkpoint.restorer import _Candidate, _needed, _parts, _received
 from resilient.errors import CollectiveError
-from resilient.manifest import LayoutInfo, Manifest, PartialRanks, RankEntry
-from resilient.restorer import _Candidate, _needed, _parts, _received
+from resilient.model.manifest import Layout, Manifest, PartialRanks, RankEntry
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import SerialComm
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
 from tests.unit.test_manifest import sample_manifest
 
@@ -50,11 +50,11 @@ def test_parts_equal_part_and_pickle_only_their_entries() -> None:
 
 
 def test_every_rank_gets_its_entry_and_a_leader_its_group() -> None:
-    lay = LayoutInfo("node", 5, ((0, 1, 2), (3, 4)))
+    lay = Layout("node", 5, ((0, 1, 2), (3, 4)))
     assert _needed(lay, lay) == [(0, 1, 2), (1,), (2,), (3, 4), (4,)]
-    other_groups = LayoutInfo("node", 5, ((0, 1), (2, 3, 4)))
+    other_groups = Layout("node", 5, ((0, 1), (2, 3, 4)))
     assert _needed(lay, other_groups) == [(0,), (1,), (2,), (3,), (4,)]
-    assert _needed(lay, LayoutInfo("node", 2, ((0, 1),))) == [(), ()]  # elastic
+    assert _needed(lay, Layout("node", 2, ((0, 1),))) == [(), ()]  # elastic
 
 
 def test_the_layout_travels_only_when_it_is_not_this_runs() -> None:
@@ -64,7 +64,7 @@ def test_the_layout_travels_only_when_it_is_not_this_runs() -> None:
     assert all(p.manifest.layout.groups == () for p in parts)  # every rank knows them
     assert [_received(p.manifest, m.layout) for p in parts] == m.parts([(0, 1), (1,), (2,)])
     assert [p.static.ranks.held for p in parts] == [(0,), (1,), (2,)]  # type: ignore[union-attr]
-    custom = LayoutInfo("node", 3, ((0,), (1, 2)))
+    custom = Layout("node", 3, ((0,), (1, 2)))
     moved = _parts(whole, custom)
     assert all(p.manifest.layout == m.layout for p in moved)
     assert [p.manifest.ranks.held for p in moved] == [(0,), (1,), (2,)]  # type: ignore[attr-defined]

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from resilient import layout
-from resilient.checksum import digest_bytes
 from resilient.errors import InvalidCheckpointError
-from resilient.manifest import (
+from resilient.io.validate import load_manifest, marker_text, validate_checkpoint
+from resilient.model import filenames
+from resilient.model.checksum import digest_bytes
+from resilient.model.manifest import (
     Manifest,
     ManifestError,
     ShardedRanks,
@@ -24,8 +25,7 @@ from resilient.manifest import (
     parse_shard,
     shard_json,
 )
-from resilient.topology import shard_groups
-from resilient.validate import load_manifest, marker_text, validate_checkpoint
+from resilient.parallel.topology import shard_groups
 from tests.unit.test_manifest import sample_manifest
 
 # sample_manifest: node_00000.h5 holds ranks 0 and 1, node_00001.h5 rank 2
@@ -38,22 +38,22 @@ def write_sharded(directory: Path, whole: Manifest) -> Manifest:
     shards = []
     for i, f in enumerate(whole.files):
         text = shard_json(whole.kind, whole.step, {r: whole.ranks[r] for r in f.ranks}).encode()
-        (directory / layout.shard_name(i)).write_bytes(text)
-        shards.append(ShardEntry(layout.shard_name(i), len(text), digest_bytes(text), (f.name,)))
+        (directory / filenames.shard_name(i)).write_bytes(text)
+        shards.append(ShardEntry(filenames.shard_name(i), len(text), digest_bytes(text), (f.name,)))
         with open(directory / f.name, "wb") as fh:
             fh.truncate(f.size)
     ranks = ShardedRanks(len(whole.ranks), shards, {f.name: f for f in whole.files}, None)
     index = dataclasses.replace(whole, ranks=ranks, schema_version=3, static=None)
     text = index.to_json().encode()
-    (directory / layout.MANIFEST).write_bytes(text)
-    (directory / layout.COMMITTED).write_text(marker_text(whole.step, digest_bytes(text)))
+    (directory / filenames.MANIFEST).write_bytes(text)
+    (directory / filenames.COMMITTED).write_text(marker_text(whole.step, digest_bytes(text)))
     return index
 
 
 def test_a_sharded_manifest_reads_each_shard_when_first_needed(tmp_path: Path) -> None:
     whole = sample_manifest()
     write_sharded(tmp_path / "ck", whole)
-    doc = json.loads((tmp_path / "ck" / layout.MANIFEST).read_text())
+    doc = json.loads((tmp_path / "ck" / filenames.MANIFEST).read_text())
     assert doc["schema_version"] == 3 and "ranks" not in doc
     assert [s["files"] for s in doc["shards"]] == [["node_00000.h5"], ["node_00001.h5"]]
     loaded = load_manifest(tmp_path / "ck")
@@ -82,7 +82,7 @@ def test_a_part_holds_its_shard_only_and_pickles_small(tmp_path: Path) -> None:
 def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     write_sharded(ck, sample_manifest())
-    shard = ck / layout.shard_name(1)
+    shard = ck / filenames.shard_name(1)
     text = shard.read_bytes()
     validate_checkpoint(ck, full=False)
     shard.write_bytes(text.replace(b'"step":1200', b'"step":1201'))  # same size, other bytes
@@ -96,7 +96,7 @@ def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
     with pytest.raises(InvalidCheckpointError, match="manifest-00001\\.json is missing"):
         validate_checkpoint(ck)
     shard.write_bytes(text)
-    (ck / layout.shard_name(2)).write_bytes(text)
+    (ck / filenames.shard_name(2)).write_bytes(text)
     with pytest.raises(InvalidCheckpointError, match="manifest-00002\\.json is not in the index"):
         validate_checkpoint(ck)
 
@@ -104,7 +104,8 @@ def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
 def _index(**change: object) -> str:
     whole = sample_manifest()
     shards = [
-        ShardEntry(layout.shard_name(i), 10, "0" * 16, (f.name,)) for i, f in enumerate(whole.files)
+        ShardEntry(filenames.shard_name(i), 10, "0" * 16, (f.name,))
+        for i, f in enumerate(whole.files)
     ]
     ranks = ShardedRanks(3, shards, {f.name: f for f in whole.files}, None)
     doc = json.loads(dataclasses.replace(whole, ranks=ranks).to_json())

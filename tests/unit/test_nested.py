@@ -12,9 +12,9 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
+from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import ConfigError
-from resilient.manager import CheckpointManager
-from resilient.validate import list_checkpoints
+from resilient.io.validate import list_checkpoints
 
 
 def nested_state(step: int) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def test_a_mapping_of_arrays_is_one_compact_tree_node(tmp_path: Path) -> None:
 def test_a_forged_compact_node_is_a_manifest_error(
     tmp_path: Path, node: list[Any], reason: str
 ) -> None:
-    from resilient.manifest import ManifestError, parse_manifest
+    from resilient.model.manifest import ManifestError, parse_manifest
 
     with CheckpointManager(tmp_path) as m:
         m.save(1, {"model": {"w": np.zeros(2), "b": np.ones(2)}})
@@ -219,7 +219,7 @@ def test_a_forged_compact_node_is_a_manifest_error(
 )
 def test_the_paths_of_a_compact_node_are_its_escaped_keys(keys: list[str], path: str) -> None:
     # the one-regex shortcut for keys that need no escape gives what escaping each key gives
-    from resilient.tree import _child_paths, encode_key
+    from resilient.model.tree import _child_paths, encode_key
 
     expected = [f"{path}/{encode_key(k)}" if path else encode_key(k) for k in keys]
     assert _child_paths(path, keys) == expected
@@ -230,7 +230,7 @@ def test_the_paths_of_a_compact_node_are_its_escaped_keys(keys: list[str], path:
 def test_keys_need_no_escape_exactly_when_each_encodes_to_itself(keys: list[str]) -> None:
     """The one-pass check over all keys of a mapping (the fast path of a state dict's flatten)
     agrees with escaping each key."""
-    from resilient.tree import _all_safe, encode_key
+    from resilient.model.tree import _all_safe, encode_key
 
     assert _all_safe(tuple(keys)) == all(encode_key(k) == k for k in keys)
 
@@ -252,7 +252,7 @@ def test_keys_need_no_escape_exactly_when_each_encodes_to_itself(keys: list[str]
 @hypothesis.example(["a/b", "a//b"])
 def test_paths_are_valid_together_exactly_when_each_is(paths: list[str]) -> None:
     """The one-pass check over a manifest's dataset names agrees with checking each name."""
-    from resilient.tree import Memo, all_valid_paths, is_valid_path
+    from resilient.model.tree import Memo, all_valid_paths, is_valid_path
 
     expected = all(map(is_valid_path, paths))
     assert all_valid_paths(paths) == expected
@@ -265,10 +265,10 @@ def test_paths_are_valid_together_exactly_when_each_is(paths: list[str]) -> None
 def test_the_leaves_with_metadata_are_those_of_the_full_walk() -> None:
     """`leaf_metas` (what a restore into a template consults) finds exactly the leaves with
     metadata of `leaf_paths`, with theirs, in every kind of node."""
-    from resilient.arrays import leaf_meta
-    from resilient.blocks import Block, Replicated
-    from resilient.payload import _plain_types
-    from resilient.tree import flatten, leaf_metas, leaf_paths
+    from resilient.model.arrays import leaf_meta
+    from resilient.model.blocks import Block, Replicated
+    from resilient.model.payload import _plain_types
+    from resilient.model.tree import flatten, leaf_metas, leaf_paths
 
     a = np.zeros(3)
     state = {
@@ -295,8 +295,8 @@ def test_the_tree_module_keeps_no_state_of_its_own() -> None:
 
     import numpy as np
 
-    from resilient import tree
-    from resilient.arrays import leaf_meta
+    from resilient.model import tree
+    from resilient.model.arrays import leaf_meta
 
     mutable = (dict, list, set, bytearray)
     for name, value in vars(tree).items():

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from resilient import CheckpointManager
+from resilient.checkpoint.partner import Ring, check_redundancy
 from resilient.config import CheckpointConfig
 from resilient.errors import ConfigError
-from resilient.partner import Ring, check_redundancy
 
 
 def test_the_ring_follows_the_first_rank_of_each_node() -> None:

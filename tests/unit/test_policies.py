@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from resilient import CheckpointManager
 from resilient.errors import ConfigError
-from resilient.policies import (
+from resilient.model.policies import (
     AllOf,
     AnyOf,
     CheckpointInfo,
@@ -28,7 +28,7 @@ from resilient.policies import (
     KeepPolicyLike,
     SaveContext,
 )
-from resilient.rotation import RotationPlan, plan_rotation
+from resilient.model.rotation import RotationPlan, plan_rotation
 
 
 def ctx(step: int, **kw: object) -> SaveContext:

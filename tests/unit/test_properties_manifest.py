@@ -29,17 +29,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient import CheckpointManager, cli, layout, storage
-from resilient.checksum import digest_bytes
+from resilient import CheckpointManager, cli
 from resilient.errors import InvalidCheckpointError
-from resilient.manifest import Manifest, ManifestError, parse_manifest
-from resilient.validate import (
+from resilient.io import storage
+from resilient.io.validate import (
     latest_valid,
     list_checkpoints,
     load_manifest,
     marker_text,
     validate_checkpoint,
 )
+from resilient.model import filenames
+from resilient.model.checksum import digest_bytes
+from resilient.model.manifest import Manifest, ManifestError, parse_manifest
 from tests.unit.test_manifest import sample_doc
 
 SETTINGS = settings(
@@ -128,8 +130,8 @@ def mutated_manifests(draw: st.DrawFn, base: dict[str, Any] | None = None) -> st
 
 def _check_accepted(m: Manifest) -> None:
     """What a manifest the parser accepted may contain."""
-    assert all(layout.is_data_file_name(f.name) for f in m.files)
-    assert m.static is None or layout.is_static_dir(m.static)
+    assert all(filenames.is_data_file_name(f.name) for f in m.files)
+    assert m.static is None or filenames.is_static_dir(m.static)
     assert 0 <= m.step <= 2**62 and math.isfinite(m.time)
     assert parse_manifest(m.to_json()).step == m.step  # what it writes back, it reads
 
@@ -192,15 +194,15 @@ def test_found_by_hypothesis_deep_nesting_and_unusable_times_are_manifest_errors
 
 def test_a_deeply_nested_commit_marker_is_garbled_not_a_crash(tmp_path: Path) -> None:
     """The same RecursionError, in the other JSON file of a checkpoint (found next to it)."""
-    step = tmp_path / layout.step_dir_name(1)
+    step = tmp_path / filenames.step_dir_name(1)
     step.mkdir()
-    (step / layout.COMMITTED).write_text("[" * 60_000)
+    (step / filenames.COMMITTED).write_text("[" * 60_000)
     with pytest.raises(InvalidCheckpointError, match="garbled"):
         load_manifest(step)
 
 
 def test_a_deeply_nested_log_line_is_skipped_like_a_torn_one(tmp_path: Path) -> None:
-    log = tmp_path / layout.SAVE_LOG
+    log = tmp_path / filenames.SAVE_LOG
     log.write_text("[" * 100_000 + "\n" + '{"step": 1}\n')
     assert storage.read_jsonl(log) == [{"step": 1}]
 
@@ -244,9 +246,9 @@ def real_root() -> Iterator[tuple[Path, Path, str]]:
         (outside / name).write_bytes(b"outside")
     with CheckpointManager(root) as m:
         m.save(7, {"x": np.arange(600.0), "v": {"a": 1}}, static={"g": np.ones(300)})
-    step = root / layout.step_dir_name(7)
+    step = root / filenames.step_dir_name(7)
     try:
-        yield root, step, (step / layout.MANIFEST).read_text()
+        yield root, step, (step / filenames.MANIFEST).read_text()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -289,14 +291,14 @@ def test_a_hostile_manifest_on_disk_never_reaches_outside_the_root(
     root, step, original = real_root
     text = data.draw(mutated_manifests(json.loads(original)))
     raw = text.encode("utf-8", "surrogatepass")
-    (step / layout.MANIFEST).write_bytes(raw)
-    (step / layout.COMMITTED).write_text(marker_text(7, digest_bytes(raw)))
+    (step / filenames.MANIFEST).write_bytes(raw)
+    (step / filenames.COMMITTED).write_text(marker_text(7, digest_bytes(raw)))
     try:
         with _recording() as events:
             _read_everything(root, step)
     finally:
-        (step / layout.MANIFEST).write_text(original)
-        (step / layout.COMMITTED).write_text(marker_text(7, digest_bytes(original.encode())))
+        (step / filenames.MANIFEST).write_text(original)
+        (step / filenames.COMMITTED).write_text(marker_text(7, digest_bytes(original.encode())))
     outside = [(e, p) for e, p in events if not _inside(root, p)]
     assert not outside, outside
     changes = [(e, p) for e, p in events if e in _CHANGES]

@@ -4,9 +4,9 @@ For any sequence of saves (steps in any order, re-saves, static data changing or
 that are missing or NaN), damage done between runs (a commit marker removed, a data file
 truncated or flipped, a manifest garbled, a checkpoint quarantined or its static data broken)
 and rotations with any composition of the keep policies, through the real code paths on a real
-root: ``resilient prune`` (a fresh :class:`~resilient.catalog.Catalog` from the save log and
-the directory listing) and a :class:`~resilient.manager.CheckpointManager` whose save rotates.
-After every rotation the checkpoint that :func:`~resilient.validate.latest_valid` found
+root: ``resilient prune`` (a fresh :class:`~resilient.checkpoint.catalog.Catalog` from the save log and
+the directory listing) and a :class:`~resilient.checkpoint.manager.CheckpointManager` whose save rotates.
+After every rotation the checkpoint that :func:`~resilient.io.validate.latest_valid` found
 before it (or the one just saved, if newer) is still there and valid.
 """
 
@@ -25,9 +25,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilient import CheckpointManager, cli, layout, storage
-from resilient.manifest import ManifestError, parse_manifest
-from resilient.policies import (
+from resilient import CheckpointManager, cli
+from resilient.io import storage
+from resilient.io.validate import latest_valid, validate_checkpoint
+from resilient.model import filenames
+from resilient.model.manifest import ManifestError, parse_manifest
+from resilient.model.policies import (
     CheckpointInfo,
     KeepAll,
     KeepAny,
@@ -37,7 +40,6 @@ from resilient.policies import (
     KeepPolicy,
     KeepPolicyLike,
 )
-from resilient.validate import latest_valid, validate_checkpoint
 
 STEPS = st.integers(min_value=0, max_value=12)
 METRICS = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32))
@@ -111,7 +113,7 @@ def _save(root: Path, step: int, loss: float | None, static: int, keep: Any) -> 
 
 
 def _damage(root: Path, index: int, how: str) -> None:
-    steps = sorted(s for s in map(layout.parse_step_dir, os.listdir(root)) if s is not None)
+    steps = sorted(s for s in map(filenames.parse_step_dir, os.listdir(root)) if s is not None)
     if not steps:
         return
     step = steps[index % len(steps)]
@@ -120,10 +122,10 @@ def _damage(root: Path, index: int, how: str) -> None:
 
 
 def _damage_one(root: Path, step: int, how: str) -> None:
-    path = root / layout.step_dir_name(step)
+    path = root / filenames.step_dir_name(step)
     data = path / "rank_00000.h5"
     if how == "marker":
-        (path / layout.COMMITTED).unlink()
+        (path / filenames.COMMITTED).unlink()
     elif how == "truncate":
         os.truncate(data, data.stat().st_size - 1)
     elif how == "flip":  # passes the quick check (sizes), fails the full one
@@ -131,15 +133,15 @@ def _damage_one(root: Path, step: int, how: str) -> None:
         raw[-1] ^= 0xFF
         data.write_bytes(bytes(raw))
     elif how == "manifest":
-        (path / layout.MANIFEST).write_text("{}")
+        (path / filenames.MANIFEST).write_text("{}")
     elif how == "quarantine":
         storage.quarantine(path, step, "damaged by the test")
     elif how == "remove":
         shutil.rmtree(path)
     else:  # its static data loses its marker: every checkpoint using it becomes invalid
-        static = parse_manifest((path / layout.MANIFEST).read_bytes()).static
+        static = parse_manifest((path / filenames.MANIFEST).read_bytes()).static
         if static is not None:
-            (root / layout.STATIC_DIR / static / layout.COMMITTED).unlink(missing_ok=True)
+            (root / filenames.STATIC_DIR / static / filenames.COMMITTED).unlink(missing_ok=True)
 
 
 def _prune_cli(root: Path, n: int) -> None:
@@ -150,8 +152,8 @@ def _prune_cli(root: Path, n: int) -> None:
 
 def _prune(root: Path, keep: KeepPolicyLike) -> None:
     """What ``resilient prune`` does, with any keep policy."""
-    from resilient.catalog import Catalog
-    from resilient.statics import StaticStore
+    from resilient.checkpoint.catalog import Catalog
+    from resilient.checkpoint.statics import StaticStore
 
     catalog = Catalog(root, StaticStore(root))
     deleter = storage.BackgroundDeleter()
@@ -195,7 +197,7 @@ def test_rotation_never_deletes_the_newest_valid_checkpoint(ops: list[tuple[Any,
             newest = _newest(root)
             assert expected is None or (newest is not None and newest >= expected), (op, newest)
             if expected is not None:
-                validate_checkpoint(root / layout.step_dir_name(expected))
+                validate_checkpoint(root / filenames.step_dir_name(expected))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -208,7 +210,7 @@ def test_found_by_hypothesis_prune_keeps_the_newest_valid_below_a_damaged_logged
     root = tmp_path / "ck"
     _save(root, 0, None, 0, None)
     _save(root, 1, None, 0, None)
-    (root / layout.step_dir_name(1) / layout.COMMITTED).unlink()
+    (root / filenames.step_dir_name(1) / filenames.COMMITTED).unlink()
     _prune_cli(root, 1)
     assert _newest(root) == 0
 
@@ -224,4 +226,4 @@ def test_a_new_managers_first_rotation_keeps_what_it_just_saved_below_a_damaged_
     _damage_one(root, 5, "static")
     _save(root, 3, None, 2, KeepLast(1))
     assert _newest(root) == 3
-    assert (root / layout.step_dir_name(5)).is_dir()  # invalid, not rotation's to delete
+    assert (root / filenames.step_dir_name(5)).is_dir()  # invalid, not rotation's to delete

@@ -11,8 +11,9 @@ import h5py
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, KeepLast, layout
-from resilient.validate import validate_checkpoint
+from resilient import CheckpointManager, KeepLast
+from resilient.io.validate import validate_checkpoint
+from resilient.model import filenames
 
 DATA = "rank_00000.h5"
 
@@ -23,7 +24,7 @@ def state(step: int, n: int = 300_000) -> dict[str, np.ndarray]:
 
 
 def data_file(root: Path, step: int) -> Path:
-    return root / layout.step_dir_name(step) / DATA
+    return root / filenames.step_dir_name(step) / DATA
 
 
 def test_the_next_save_writes_over_the_dropped_checkpoints_file(tmp_path: Path) -> None:
@@ -32,7 +33,7 @@ def test_the_next_save_writes_over_the_dropped_checkpoints_file(tmp_path: Path) 
         mgr.save(1, state(1))
         first = data_file(root, 1).stat().st_ino
         mgr.save(2, state(2))  # rotation drops step 1: its file is kept for the next save
-        (kept,) = [p for p in root.iterdir() if layout.is_trash(p.name)]
+        (kept,) = [p for p in root.iterdir() if filenames.is_trash(p.name)]
         assert (kept / DATA).stat().st_ino == first
         mgr.save(3, state(3))  # ... which writes over it: taken from the trash
         assert data_file(root, 3).stat().st_ino == first and not (kept / DATA).exists()
@@ -40,14 +41,14 @@ def test_the_next_save_writes_over_the_dropped_checkpoints_file(tmp_path: Path) 
         mgr.wait()
         step, got = mgr.restore()
     assert step == 4 and sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
-        layout.step_dir_name(4)
+        filenames.step_dir_name(4)
     ]
     for name, want in state(4).items():
         assert got[name].tobytes() == want.tobytes(), name
-    validate_checkpoint(root / layout.step_dir_name(4), full=True)
+    validate_checkpoint(root / filenames.step_dir_name(4), full=True)
     with h5py.File(data_file(root, 4)) as f:  # still an ordinary HDF5 file
         assert f["rank_00000/u"][...].tobytes() == state(4)["u"].tobytes()
-    assert not [p for p in root.iterdir() if layout.is_trash(p.name)], "trash left after close"
+    assert not [p for p in root.iterdir() if filenames.is_trash(p.name)], "trash left after close"
 
 
 @pytest.mark.parametrize("sizes", [(300_000, 50_000), (50_000, 300_000)])
@@ -66,7 +67,7 @@ def test_another_structure_writes_over_a_longer_or_shorter_file(
     assert step == 3
     for name, want in state(3, large).items():
         assert got[name].tobytes() == want.tobytes(), name
-    validate_checkpoint(root / layout.step_dir_name(3), full=True)
+    validate_checkpoint(root / filenames.step_dir_name(3), full=True)
 
 
 def test_a_file_with_another_name_is_never_written_over(tmp_path: Path) -> None:
@@ -91,4 +92,4 @@ def test_without_rotation_nothing_is_kept_or_taken(tmp_path: Path) -> None:
             mgr.save(step, state(step))
         inodes = {data_file(root, s).stat().st_ino for s in (1, 2, 3)}
     assert len(inodes) == 3
-    assert not [p for p in root.iterdir() if layout.is_trash(p.name)]
+    assert not [p for p in root.iterdir() if filenames.is_trash(p.name)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient import storage
+from resilient.io import storage
 from resilient.report import find_roots, format_table, task_report
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient import storage
-from resilient.exitcodes import EXIT_FOREIGN_RUN
-from resilient.run import RunOptions, read_ledger, run, sidecar_path
+from resilient.io import storage
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN
+from resilient.job.run import RunOptions, read_ledger, run, sidecar_path
 from resilient.workflow import cleanup
 from tests.mpirun import clean_env
 
@@ -32,7 +32,7 @@ def test_a_checkpoint_dir_in_the_outputs_is_refused_before_the_first_attempt(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     ck = Path("ckpt/hot")
-    with caplog.at_level(logging.ERROR, logger="resilient.run"):
+    with caplog.at_level(logging.ERROR, logger="resilient.job.run"):
         code = run(opts(ck, OK, task="heat", outputs=(Path("results/x.h5"), Path(output))))
     assert code == EXIT_FOREIGN_RUN
     assert not ck.exists()  # the program never ran, nothing was created
@@ -60,7 +60,7 @@ def test_a_directory_deleted_between_attempts_is_refused(
     assert len(read_ledger(ck)) == 2
 
     shutil.rmtree(ck)  # what Snakemake does to an output before a retry
-    with caplog.at_level(logging.ERROR, logger="resilient.run"):
+    with caplog.at_level(logging.ERROR, logger="resilient.job.run"):
         assert run(opts(ck, OK, task="heat")) == EXIT_FOREIGN_RUN
     assert "was deleted after attempt 2 (exit 93)" in caplog.text
     assert "task 'heat'" in caplog.text and str(side) in caplog.text

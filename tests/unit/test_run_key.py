@@ -12,7 +12,7 @@ import pytest
 
 from resilient import CheckpointManager, Session
 from resilient.errors import ConfigError, ForeignRunError
-from resilient.exitcodes import EXIT_FOREIGN_RUN
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN
 from tests.mpirun import REPO, clean_env, mpiexec, results
 
 KEY = {"nx": 64, "alpha": 0.2, "case": "hot"}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from resilient import layout, storage
 from resilient.errors import CollectiveError, CommitError, RankFailure
-from resilient.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
-from resilient.run import (
+from resilient.io import storage
+from resilient.job.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.run import (
     RunOptions,
     _classify,
     parse_duration,
@@ -25,7 +25,8 @@ from resilient.run import (
     read_ledger,
     run,
 )
-from resilient.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
+from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
+from resilient.model import filenames
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,7 +210,7 @@ def test_program_stop_takes_this_attempts_record(tmp_path: Path) -> None:
         stop_record(time=16.0, attempt=7, reason="another attempt numbering"),
         stop_record(time=25.0, attempt=1, reason="after the attempt"),
     ):
-        storage.append_log(tmp_path / layout.STOP_LOG, rec)
+        storage.append_log(tmp_path / filenames.STOP_LOG, rec)
     got = program_stop(tmp_path, attempt=1, start=10.0, end=20.0)
     assert got is not None and got["reason"] == "this one"
     assert program_stop(tmp_path, attempt=2, start=10.0, end=14.0) is None
@@ -276,8 +277,8 @@ def test_run_program_that_checkpoints_and_exits_75(tmp_path: Path) -> None:
 SESSION_LOOP = py(
     """
     import numpy as np
-    from resilient.policies import EverySteps
-    from resilient.session import Session
+    from resilient.model.policies import EverySteps
+    from resilient.job.session import Session
     with Session(margin_s=10, save_when=EverySteps(1000)) as s:  # the root comes from run
         step, state = s.restore_or({"x": np.zeros(4)})
         while step < 10**9 and not s.should_stop():
@@ -313,7 +314,7 @@ def test_run_does_not_relaunch_a_program_that_stopped_on_request(tmp_path: Path)
         """
         import os, signal
         import numpy as np
-        from resilient.session import Session
+        from resilient.job.session import Session
         with Session(margin_s=10) as s:
             step, state = s.restore_or({"x": np.zeros(4)})
             os.kill(os.getpid(), signal.SIGUSR1)  # as if sent by scancel --signal=USR1

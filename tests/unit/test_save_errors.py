@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, fileio
+from resilient import CheckpointManager
 from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
-from resilient.validate import list_checkpoints, validate_checkpoint
+from resilient.io import fileio
+from resilient.io.validate import list_checkpoints, validate_checkpoint
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
@@ -66,8 +67,8 @@ def test_enospc_during_data_write(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device") as info:
         m.save(3, state_of(3), static=static_of(1))
     monkeypatch.undo()
@@ -95,7 +96,7 @@ def test_eio_from_the_data_files_fsync(
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         real(fd)
 
-    monkeypatch.setattr("resilient.fileio.os.fsync", fsync)
+    monkeypatch.setattr("resilient.io.fileio.os.fsync", fsync)
     with pytest.raises(CollectiveError, match="Input/output error") as info:
         m.save(3, state_of(3), blocking=blocking)
         m.wait()
@@ -129,8 +130,8 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("checksum unit on fire")
 
-    monkeypatch.setattr("resilient.fileio.fsync_file", slow_fsync)
-    monkeypatch.setattr("resilient.checkpointer.RankPlan.entry", broken)
+    monkeypatch.setattr("resilient.io.fileio.fsync_file", slow_fsync)
+    monkeypatch.setattr("resilient.checkpoint.checkpointer.RankPlan.entry", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3), blocking=blocking)
         m.wait()
@@ -145,8 +146,8 @@ def test_enospc_while_writing_new_static_data(
 ) -> None:
     root, m = two_steps
     before = entries(root)
-    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError, match="No space left on device"):
         m.save(3, state_of(3), static=static_of(2))  # new static content is written first
     monkeypatch.undo()
@@ -159,8 +160,8 @@ def test_manager_is_usable_after_a_failed_save(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, m = two_steps
-    monkeypatch.setattr("resilient.fileio.os.pwrite", enospc)
-    monkeypatch.setattr("resilient.fileio.os.pwritev", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwrite", enospc)
+    monkeypatch.setattr("resilient.io.fileio.os.pwritev", enospc)
     with pytest.raises(ResilientError):
         m.save(3, state_of(3))
     monkeypatch.undo()
@@ -183,7 +184,7 @@ def _failing_replace(monkeypatch: pytest.MonkeyPatch, code: int, times: int = 10
                 raise OSError(code, f"injected rename failure ({errno.errorcode[code]})")
         real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr("resilient.storage.os.replace", replace)
+    monkeypatch.setattr("resilient.io.storage.os.replace", replace)
     return calls
 
 
@@ -404,7 +405,7 @@ def test_a_checksum_failure_while_writing_loses_nothing(
     def broken(arrays: Any) -> list[str]:
         raise RuntimeError("checksum unit on fire")
 
-    monkeypatch.setattr("resilient.checkpointer.digest_arrays", broken)
+    monkeypatch.setattr("resilient.checkpoint.checkpointer.digest_arrays", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3))
     monkeypatch.undo()
@@ -451,7 +452,7 @@ def test_a_manifest_no_restore_would_read_is_not_committed(
     """Over the manifest size a restore reads (here made small: 16,384 ranks x 300 arrays
     reach the real 256 MiB), a save is refused with the sizes and a way out, on every rank;
     the checkpoint before it still restores and no temporary directory is left."""
-    from resilient import validate
+    from resilient.io import validate
 
     root = tmp_path / "ck"
     with CheckpointManager(root) as mgr:

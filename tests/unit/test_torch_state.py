@@ -11,8 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
+from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import ConfigError
-from resilient.manager import CheckpointManager
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed (pip install 'resilient[torch]')"

@@ -13,18 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from resilient import CheckpointManager, Session, layout, storage
+from resilient import CheckpointManager, Session
 from resilient.errors import ConfigError
-from resilient.exitcodes import EXIT_RESUME
-from resilient.policies import (
-    SHORT_RUN_MARGIN_SHARE,
-    BeforeWalltime,
-    EverySteps,
-    OnSignal,
-    SaveContext,
-    YoungDaly,
-)
-from resilient.slurm import (
+from resilient.io import storage
+from resilient.io.validate import list_checkpoints
+from resilient.job.exitcodes import EXIT_RESUME
+from resilient.job.slurm import (
     ENV_ATTEMPT,
     ENV_DEADLINE,
     StopSignals,
@@ -32,7 +26,15 @@ from resilient.slurm import (
     parse_signal,
     parse_squeue_time_left,
 )
-from resilient.validate import list_checkpoints
+from resilient.model import filenames
+from resilient.model.policies import (
+    SHORT_RUN_MARGIN_SHARE,
+    BeforeWalltime,
+    EverySteps,
+    OnSignal,
+    SaveContext,
+    YoungDaly,
+)
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
@@ -444,7 +446,7 @@ def test_session_clamps_a_margin_longer_than_the_time_left_and_warns_once(
     env = {ENV_DEADLINE: "3", ENV_ATTEMPT: "2"}
     root = tmp_path / "ck"
     with (
-        caplog.at_level(logging.WARNING, logger="resilient.session"),
+        caplog.at_level(logging.WARNING, logger="resilient.job.session"),
         pytest.raises(SystemExit) as exc_info,
         Session(root, environ=env, margin_s=10, save_when=EverySteps(100), clock=clock) as s,
     ):
@@ -462,7 +464,7 @@ def test_session_clamps_a_margin_longer_than_the_time_left_and_warns_once(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert all(x in warnings[0] for x in ("10.0 s", "3.0 s", "1.5 s")), warnings
-    (stop,) = storage.read_jsonl(root / layout.STOP_LOG)
+    (stop,) = storage.read_jsonl(root / filenames.STOP_LOG)
     assert stop["saved"] is True and stop["step"] == 3 and stop["attempt"] == 2
     assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 1.5, 3)
     assert stop["deadline_source"] == ENV_DEADLINE
@@ -473,7 +475,7 @@ def test_session_with_a_margin_that_fits_does_not_warn(
 ) -> None:
     env = {ENV_DEADLINE: "1000"}
     with (
-        caplog.at_level(logging.WARNING, logger="resilient.session"),
+        caplog.at_level(logging.WARNING, logger="resilient.job.session"),
         Session(tmp_path / "ck", environ=env, margin_s=10, clock=Clock(0.0)) as s,
     ):
         assert s._stop_before_deadline == BeforeWalltime(margin_s=10.0)
@@ -493,7 +495,7 @@ def test_session_stopped_before_any_progress_records_why(tmp_path: Path) -> None
         s.restore_or(_state(0))
         assert s.should_stop() is True
     assert exc_info.value.code == 1
-    (stop,) = storage.read_jsonl(root / layout.STOP_LOG)
+    (stop,) = storage.read_jsonl(root / filenames.STOP_LOG)
     assert stop["saved"] is False and stop["step"] is None and stop["attempt"] is None
     assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 0, -1)
     assert "deadline" in stop["reason"]
@@ -505,7 +507,7 @@ def test_session_that_finishes_writes_no_stop_record(tmp_path: Path) -> None:
         s.restore_or(_state(0))
         assert s.should_stop() is False
         s.maybe_save(1, _state(1))
-    assert not (root / layout.STOP_LOG).exists()
+    assert not (root / filenames.STOP_LOG).exists()
 
 
 def test_session_far_deadline_does_not_stop(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ import parsl
 
 from resilient.config import load_yaml
 from resilient.integrations.parsl.retry import resume_retry_handler
-from resilient.schema import MISSING, Section
+from resilient.model.schema import MISSING, Section
 
 __all__ = ["build_config", "load_config"]
 

@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.integrations.parsl.commands import ResumableCommandError
-from resilient.run import read_ledger
-from resilient.storage import is_root
-from resilient.validate import latest_valid
+from resilient.io.storage import is_root
+from resilient.io.validate import latest_valid
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.run import read_ledger
 
 if TYPE_CHECKING:
     from parsl.dataflow.taskrecord import TaskRecord
@@ -82,7 +82,7 @@ def _paths(value: Any) -> Iterator[Path]:
 
 
 def find_roots(args: Any, kwargs: Any) -> list[Path]:
-    """The checkpoint roots (:func:`resilient.storage.is_root`) among a task's arguments."""
+    """The checkpoint roots (:func:`resilient.io.storage.is_root`) among a task's arguments."""
     found: dict[Path, None] = {}
     for path in _paths([args or (), kwargs or {}]):
         if path not in found and is_root(path):

@@ -1,0 +1,586 @@
+"""CheckpointManager: steps, policies and rotation; the public API of the core.
+
+The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
+policy. Saves in flight, their commits and the flush of a node-local tier are
+:mod:`resilient.checkpoint.saving` (the tier itself is :mod:`resilient.checkpoint.tiers`); how a set of ranks writes
+and commits one checkpoint is :mod:`resilient.checkpoint.checkpointer`; static data is
+:mod:`resilient.checkpoint.statics`; restoring with fallback is :mod:`resilient.checkpoint.restorer`;
+what is on disk is :mod:`resilient.io.validate` (read) and :mod:`resilient.checkpoint.catalog` (kept in
+memory for rotation).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.partner import check_redundancy
+from resilient.checkpoint.restorer import Restorer, StateValidator
+from resilient.checkpoint.saving import SavePipeline
+from resilient.checkpoint.statics import StaticStore
+from resilient.checkpoint.tiers import LocalTier, record_local_tiers
+from resilient.errors import (
+    ConfigError,
+    ResilientError,
+)
+from resilient.io import storage
+from resilient.io.commit import PendingDir
+from resilient.io.runkey import check_run_key, normalize_run_key, record_run_key
+from resilient.io.validate import latest_valid
+from resilient.model.blocks import BlockSpec
+from resilient.model.manifest import Layout
+from resilient.model.payload import SaveRequest, split_template
+from resilient.model.policies import KeepPolicyLike, SaveContext, SavePolicyLike
+from resilient.model.tree import Memo
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Comm, as_comm
+from resilient.parallel.topology import make_topology
+
+__all__ = ["CheckpointManager"]
+
+log = logging.getLogger(__name__)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+DEFAULT_SHARD_RANKS = 128
+"""Ranks per manifest shard by default: a node or two of ranks; a shard of 128 ranks x 300
+arrays is ~4 MB of JSON, written by its leader in ~0.1 s (bench/bench_scale.py)."""
+
+PAUSE_GC_ENV = "RESILIENT_PAUSE_GC"
+"""Set to ``1`` to pause Python's cyclic garbage collector during saves and restores."""
+
+
+def _gc_paused(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` with Python's cyclic garbage collector paused, only where the user asked
+    for it (``RESILIENT_PAUSE_GC=1``, read at each call): the collector is process-wide state,
+    so pausing it pauses it for the program's other threads too. What it buys: a save or
+    restore of thousands of small arrays allocates tens of thousands of small objects, which
+    trigger collections; pausing saved 4-8% of a save or restore of 4,000 arrays of 4 KiB
+    (``bench/bench_state_dict.py --cases many4k``, 3 alternating runs) and nothing measurable
+    on a model's state dict. A process with many live objects gains more (a full collection
+    scans them all)."""
+
+    @functools.wraps(method)
+    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if os.environ.get(PAUSE_GC_ENV) != "1" or not gc.isenabled():
+            return method(*args, **kwargs)
+        gc.disable()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
+
+
+class CheckpointManager:
+    """Save and restore per-rank state as checkpoints under ``root``.
+
+    Construction, :meth:`save`, :meth:`restore`, :meth:`latest_step`, :meth:`should_save` and
+    :meth:`close` are collective over ``comm``: call them on all ranks, in the same order.
+
+    Args:
+        root: the checkpoint root directory (created if needed; shared by all ranks).
+        comm: the ranks of this checkpoint set: an mpi4py communicator, a torch.distributed
+            process group (or ``torch.distributed`` itself: its default group), a
+            :class:`resilient.parallel.comm.Comm`, or ``None`` for one process. Rank 0 coordinates.
+        checkpoint_comm: which ranks share a file: ``"self"`` (one file per rank), ``"node"``
+            (one per node), ``"world"`` (one for all), or any sub-communicator of ``comm``
+            (one file per group of it).
+        keep: keep policy applied after every commit (``None`` keeps everything).
+        save_when: save policy behind :meth:`should_save` (``None``: never by policy).
+        gc_every: run ``gc.collect()`` after every ``gc_every`` saves (long runs grow otherwise).
+        clock: monotonic clock, injectable for tests.
+        lock_owner: extra facts recorded in the root's lock file for the error message a second
+            job gets (e.g. ``{"slurm_job_id": "123"}``).
+        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``): checkpoints are
+            written there (:mod:`resilient.checkpoint.tiers`) and copied to ``root`` in the background every
+            ``flush_every`` checkpoints, and always the newest one at :meth:`close`.
+            :meth:`restore` prefers a local copy that is intact on every node and at least as
+            new as the newest checkpoint in ``root``.
+        flush_every: with ``local_dir``: copy every this many checkpoints to ``root``.
+        local_keep: with ``local_dir``: local checkpoints kept per node (``keep`` applies to
+            ``root``).
+        redundancy: with ``local_dir``: ``"partner"`` copies each node's local checkpoint to
+            the next node's local tier in the background (:mod:`resilient.checkpoint.partner`), so a
+            restore on a job that lost a node rebuilds its files from that copy before it
+            looks at ``root``. ``None``: no copies.
+        run_key: the parameters that define this run's result (JSON values, e.g.
+            ``{"nx": 512, "alpha": 0.2}``; not what may change between its jobs, such as the
+            number of steps or, for an elastic state, the rank count). Recorded in ``root`` at
+            the first save; a manager whose key differs from the recorded one raises
+            :class:`ConfigError` on every rank at construction, naming the differing keys,
+            before anything in ``root`` is touched (:mod:`resilient.io.runkey`).
+        manifest_shard_ranks: a checkpoint set of more ranks than this writes its manifest in
+            shards of about this many ranks (whole file groups) beside a small index (schema
+            3): no rank gathers, encodes or parses every rank's entries, and a restoring rank
+            reads its own shard only. ``None``: one manifest whatever the rank count. With
+            ``local_dir`` the manifest is one file (each node's copy needs every entry).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        comm: Any = None,
+        checkpoint_comm: Any = "self",
+        keep: KeepPolicyLike | None = None,
+        save_when: SavePolicyLike | None = None,
+        gc_every: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        lock_owner: Mapping[str, str] | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
+        redundancy: str | None = None,
+        run_key: Mapping[str, Any] | None = None,
+        manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
+    ) -> None:
+        self.root = Path(root)
+        self.run_key = normalize_run_key(run_key)
+        self.comm: Comm = as_comm(comm)
+        self.keep = keep
+        self.save_when = save_when
+        self.gc_every = gc_every
+        self._clock = clock
+        self._coll = Collective(self.comm)
+        self._lock = storage.RootLock(self.root, owner=lock_owner)
+        self._deleter = storage.BackgroundDeleter()
+        self._statics = StaticStore(self.root)
+        self._catalog = Catalog(self.root, self._statics)
+        self._closed = False
+        self._saves = 0
+        self._saves_started = 0
+        self._last_saved_step: int | None = None
+        self._last_saved_time: float | None = clock()
+        self.save_cost_s: float | None = None
+        if gc_every is not None and (not isinstance(gc_every, int) or gc_every < 1):
+            raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
+        if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
+            raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        if check_redundancy(redundancy) is not None and local_dir is None:
+            raise ConfigError(
+                f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
+                "needs local_dir (node-local storage such as $SLURM_TMPDIR or /dev/shm)"
+            )
+        if manifest_shard_ranks is not None and (
+            not isinstance(manifest_shard_ranks, int)
+            or isinstance(manifest_shard_ranks, bool)
+            or manifest_shard_ranks < 1
+        ):
+            raise ConfigError(
+                f"manifest_shard_ranks must be a positive integer or None, got "
+                f"{manifest_shard_ranks!r}"
+            )
+        self.topology = make_topology(
+            self.comm, checkpoint_comm,
+            shard_ranks=manifest_shard_ranks if local_dir is None else None,
+        )  # fmt: skip
+        self._memo = Memo()  # what the saves and restores of this manager's states share
+        self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
+        self._local: LocalTier | None = None
+        if local_dir is not None:
+            try:
+                self._local = LocalTier(
+                    local_dir, self.root, self.topology, keep=local_keep, redundancy=redundancy
+                )
+                tiers = self._local.listing()
+                self._coll.broadcast(
+                    "recording the local tier", lambda: record_local_tiers(self.root, tiers)
+                )
+            except BaseException:
+                self._lock.release()
+                raise
+        self._pipeline = SavePipeline(
+            self.root, self.topology, catalog=self._catalog, deleter=self._deleter, keep=keep,
+            local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
+        )  # fmt: skip
+        self._restorer = Restorer(
+            self.root, self._coll, self._catalog, layout=self.topology.layout,
+            memo=self._memo, digester=self._pipeline.digester,
+        )  # fmt: skip
+
+    def _open_root(self) -> None:
+        try:
+            storage.ensure_root(self.root)
+            self._lock.acquire()
+            check_run_key(self.root, self.run_key)
+            storage.cleanup_leftovers(self.root)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Collective: release the root's lock. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()  # the newest checkpoint always reaches the shared root
+        finally:
+            self._closed = True
+            self._pipeline.shutdown()
+        self._deleter.wait()
+        self.comm.barrier()
+        self._lock.release()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:  # other ranks may be elsewhere: no collective on the error path
+            self._closed = True
+            self._pipeline.shutdown()  # what was in flight is removed by the next run
+            self._deleter.wait()
+            self._lock.release()
+
+    @property
+    def layout(self) -> Layout:
+        """The layout this manager writes."""
+        return self.topology.layout
+
+    # ------------------------------------------------------------------ queries
+
+    def latest_step(self) -> int | None:
+        """Collective: the step of the newest checkpoint that passes quick validation."""
+
+        def newest() -> int | None:
+            record = latest_valid(self.root)
+            return None if record is None else record.step
+
+        return self._coll.broadcast("finding the latest checkpoint", newest)
+
+    def should_save(
+        self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
+    ) -> bool:
+        """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides).
+
+        Cheap enough to call every step: one small allreduce (ranks arrive together here, so
+        no sleeping barrier), not a broadcast behind a barrier. Only when rank 0 votes yes (a
+        save, or a policy that raised) does a broadcast follow, so that a failing policy raises
+        the same error on every rank.
+        """
+        decision = False
+        error: Exception | None = None
+        if self.comm.rank == 0 and self.save_when is not None:
+            try:
+                ctx = self.save_context(
+                    step, time_left_s=time_left_s, stop_requested=stop_requested
+                )
+                decision = bool(self.save_when(ctx))
+            except Exception as exc:
+                error = exc
+        if not self.comm.any_true(decision or error is not None):  # only rank 0 votes
+            return False
+        self._coll.broadcast(f"save decision at step {step}", functools.partial(_reraise, error))
+        return True
+
+    def save_context(
+        self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
+    ) -> SaveContext:
+        """The :class:`SaveContext` a save policy sees at ``step`` (local, no communication)."""
+        return SaveContext(
+            step=step,
+            now=self._clock(),
+            last_saved_step=self._last_saved_step,
+            last_saved_time=self._last_saved_time,
+            time_left_s=time_left_s,
+            stop_requested=stop_requested,
+            save_cost_s=self.save_cost_s,
+        )
+
+    # ------------------------------------------------------------------ save
+
+    @_gc_paused
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        static: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        *,
+        blocking: bool = True,
+        copy: bool = True,
+    ) -> Path:
+        """Collective over ``comm``: write and commit a checkpoint of ``step``.
+
+        A save still in flight is finished first (at most one is in flight).
+
+        Args:
+            step: a non-negative integer, the same on every rank.
+            state: this rank's piece: names -> numpy arrays or small JSON values.
+            static: data that does not change between steps; stored once by content hash and
+                shared by later checkpoints (rewritten only when it changes). Always written
+                before this call returns.
+            metrics: JSON values describing the checkpoint (rank 0's are kept), e.g. a loss
+                for :class:`~resilient.model.policies.KeepBest`.
+            blocking: ``False`` returns once the state is planned and copied into staging
+                buffers (reused between saves); the write, its checksums and its fsync run on a
+                background thread, and the commit (manifest, marker, rename, the save log, rotation)
+                happens collectively at the next :meth:`save`, :meth:`wait`, :meth:`poll`,
+                :meth:`restore` or :meth:`close`.
+            copy: with ``blocking=False``, ``False`` takes no copy at all: the caller promises
+                not to modify the arrays of ``state`` until :meth:`wait` (or another call
+                above) has finished the save, e.g. immutable or double-buffered arrays.
+
+        Returns:
+            The checkpoint directory (committed, or to be committed by the next such call).
+
+        Raises:
+            CollectiveError: this save, or the one still in flight, failed on some rank; raised
+                on every rank, earlier checkpoints intact.
+        """
+        self._check_open()
+        self.wait()
+        start = self._clock()
+        built: list[SaveRequest] = []
+
+        def check_arguments() -> tuple[int, object | None]:
+            built.append(SaveRequest.build(step, state, static, metrics, memo=self._memo))
+            return built[0].step, StaticStore.describe(built[0].static)
+
+        # one round for every question before the write: the arguments, the run key (at the
+        # first save), the static data, and the checkpoint's temporary directory (each round
+        # costs a sleeping barrier's wake-ups on every rank: bench_async_timeline.py)
+        first = self._saves_started == 0
+        ahead = self._coll.all_reduce(
+            f"save of step {step}",
+            check_arguments,
+            lambda asked: self._before_writing(step, asked, record_key=first),
+        )
+        self._saves_started += 1
+        request = built[0]
+        if ahead.static is not None and not ahead.static_stored:
+            self._statics.write(self.topology, request.step, request.static, ahead.static)
+        self._last_saved_step = request.step
+        self._last_saved_time = self._clock()
+        return self._pipeline.start(
+            request, ahead.static, blocking=blocking, copy=copy, start=start,
+            pending=ahead.pending,
+        )  # fmt: skip
+
+    def _before_writing(
+        self, step: int, asked: list[tuple[int, object | None]], *, record_key: bool
+    ) -> _Ahead:
+        """Coordinator: the answers of a save's first round (see :meth:`save`)."""
+        _same_step([s for s, _ in asked])
+        if record_key and self.run_key is not None:
+            record_run_key(self.root, self.run_key)
+        kind = self.topology.layout.kind
+        content, stored = self._statics.lookup(kind, [d for _, d in asked])
+        # the checkpoint's directory now, unless static data must be written first (a save
+        # that fails there must leave no directory behind)
+        pending = self._pipeline.create_dir(step) if stored else None
+        return _Ahead(content, stored, pending)
+
+    def wait(self) -> None:
+        """Collective: finish what is in flight, if anything: wait for every rank's background
+        write, then commit it (and, with ``local_dir``, the flush to ``root`` it may start).
+        Returns at once when nothing is in flight.
+
+        Raises:
+            CollectiveError: the save or flush failed on some rank (on every rank; its temporary
+                directory is removed, earlier checkpoints are intact).
+        """
+        self._pipeline.wait()
+
+    def poll(self) -> bool:
+        """Collective: commit what is in flight if every rank's background work is done.
+
+        Costs one small allreduce while something is in flight, nothing otherwise.
+
+        Returns:
+            ``True`` when nothing is in flight any more.
+
+        Raises:
+            CollectiveError: as :meth:`wait`.
+        """
+        return self._pipeline.poll()
+
+    def flush(self) -> None:
+        """Collective: with ``local_dir``, copy the newest local checkpoint to ``root`` now (if
+        it is not there yet) and wait until it is committed. Without ``local_dir``: :meth:`wait`.
+        """
+        self._pipeline.flush()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a save or flush is in flight on this rank (local, no communication)."""
+        return self._pipeline.in_flight
+
+    def _committed(self, cost: float) -> None:
+        """Called on every rank after each commit of a save (not of a flush)."""
+        self._saves += 1
+        self.save_cost_s = cost if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost)
+        if self.gc_every and self._saves % self.gc_every == 0:
+            gc.collect()
+
+    # ------------------------------------------------------------------ restore
+
+    @_gc_paused
+    def restore(
+        self,
+        step: int | None = None,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, Any] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """Collective over ``comm``: call on all ranks. Load the newest valid checkpoint (or
+        ``step``'s).
+
+        Each rank reads its own piece (and its static data, merged into the state) and checks
+        every array's checksum. A checkpoint that fails on any rank, or whose state
+        ``validate`` rejects on any rank, is quarantined and the next older one is tried.
+
+        A checkpoint saved on another number of ranks (or with another ``checkpoint_comm``) is
+        restored *elastically* when all its per-rank data is declared:
+        :class:`~resilient.model.blocks.Block` leaves (each rank gets its new block, given by
+        ``blocks`` or by a ``Block`` in ``into``; it reads only the stripes of rows of the
+        stored blocks that overlap it, from whatever files hold them, and verifies each stripe
+        it reads) and :class:`~resilient.model.blocks.Replicated` subtrees (saved rank 0's copy).
+        The same happens on the same rank count when some rank's new block differs from the one
+        it saved.
+
+        Args:
+            step: restore this step instead of the newest.
+            validate: ``callable(state) -> bool``; a rejected checkpoint is quarantined.
+            into: a state of the same structure (e.g. ``{"model": model.state_dict()}``) whose
+                arrays and CPU tensors are filled in place instead of allocating new ones
+                (shapes and dtypes are checked first: a mismatch raises :class:`ConfigError`
+                naming the leaf and quarantines nothing). The result holds those very objects,
+                so ``model.load_state_dict(state["model"])`` copies nothing twice. If a
+                checkpoint fails its checksums half-way, its older fallback overwrites them.
+                A ``Block(np.empty(shape), global_shape, start)`` leaf is this rank's new block
+                of that leaf, read in place.
+            blocks: this rank's new block of each Block leaf, by leaf path (``"u"``,
+                ``"model/layer1.weight"``): ``(global_shape, start, shape)`` or a
+                :class:`~resilient.model.blocks.BlockSpec` (see :func:`~resilient.model.blocks.cartesian_block`).
+
+        Returns:
+            ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
+            arrays, and torch tensors where tensors were saved.
+
+        Raises:
+            CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
+            LayoutMismatchError: the newest checkpoint has another layout or rank count and
+                per-rank data that is neither a Block nor Replicated (its ``keys`` name them).
+            ConfigError: ``into`` does not fit the checkpoint, or an elastic restore lacks the
+                new block of a Block leaf (naming it).
+        """
+        self._check_open()
+        self.wait()
+
+        def arguments() -> tuple[dict[str, Any] | None, dict[str, BlockSpec]]:
+            leaves, specs = (
+                split_template(into, memo=self._memo) if into is not None else (None, {})
+            )
+            for path, value in (blocks or {}).items():
+                specs[path] = _block_spec(path, value)
+            return leaves, specs
+
+        try:  # checked by every rank in the restore's first round (the same error everywhere)
+            leaves, specs = arguments()
+            refused = None
+        except Exception as exc:
+            leaves, specs, refused = None, {}, exc
+        local = None
+        if self._local is not None:  # the local copies are looked at first
+            self._coll.check("checking the restore's arguments", lambda: _reraise(refused))
+            local = self._restore_local(step, validate, leaves, specs)
+        restored, state = local or self._restorer.restore(
+            step, validate=validate, into=leaves, blocks=specs, refused=refused
+        )
+        if self._restorer.last_restored is not None:  # a restart's first save skips planning
+            self._pipeline.reuse_skeleton(*self._restorer.last_restored)
+        self._last_saved_step = restored
+        return restored, state
+
+    def _restore_local(
+        self,
+        step: int | None,
+        validate: StateValidator | None,
+        into: Mapping[str, Any] | None,
+        blocks: Mapping[str, BlockSpec],
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Collective: the newest local checkpoint if every rank has it intact and it is at
+        least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
+        assert self._local is not None
+        shared = self.latest_step() if step is None else None
+        found = self._local.newest(self.layout, step=step, at_least=shared)
+        if found is None:
+            return None
+        state, reasons = self._restorer.read(
+            found.path, found.manifest, validate=validate, into=into, blocks=blocks
+        )
+        if state is None and not reasons:  # an elastic restore: from the shared root
+            return None
+        if state is None:
+            why = "; ".join(reasons[:4])
+            log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
+            self._local.discard(found, why)
+            return None
+        if step is None and (shared is None or shared < found.manifest.step):
+            self._pipeline.adopt_unflushed(found)  # not in the shared root: close() flushes it
+        self._pipeline.protect(found)  # partner copies again, for the nodes of this job
+        return found.manifest.step, state
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ResilientError("this CheckpointManager is closed")
+
+
+def _block_spec(path: str, value: Any) -> BlockSpec:
+    """``blocks[path]`` as a checked spec."""
+    if isinstance(value, BlockSpec):
+        return BlockSpec.of(value.global_shape, value.start, value.shape, what=f"blocks[{path!r}]")
+    try:
+        global_shape, start, shape = value
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"blocks[{path!r}] must be (global_shape, start, shape), got {value!r}"
+        ) from None
+    return BlockSpec.of(global_shape, start, shape, what=f"blocks[{path!r}]")
+
+
+def _reraise(error: Exception | None) -> None:
+    if error is not None:
+        raise error
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """What the coordinator answers every rank before a save writes: the static data's
+    content hash (``None``: none) and whether it is stored, and the checkpoint's temporary
+    directory if it made it already (``None`` when static data is written first, or with a
+    node-local tier)."""
+
+    static: str | None
+    static_stored: bool
+    pending: PendingDir | None
+
+
+def _same_step(steps: list[int]) -> None:
+    """Coordinator: every rank must save the same step."""
+    if len(set(steps)) > 1:
+        raise ConfigError(f"ranks disagree on the step: {sorted(set(steps))}")

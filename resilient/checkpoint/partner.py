@@ -1,0 +1,930 @@
+"""Partner copies of the node-local tier: a node's files of each checkpoint, kept on another node.
+
+SCR's PARTNER scheme (redset's ``redset_apply_partner``), written for this library: the failure
+group is the node (what :meth:`~resilient.parallel.comm.Comm.split_node` says), the nodes form a ring in
+the order of their first rank, and each node keeps a copy of the files of the node before it.
+Two nodes are each other's partner; three or more (odd or even) form the ring. One node has no
+partner: the tier says so once at start, and its checkpoints are protected only by the flush to
+the shared root. On the receiving node the copy lives beside its own checkpoints::
+
+    <local root>/partner/<node of origin>/step_00000040/   the origin node's data files,
+                                                            manifest.json, COMMITTED,
+                                                            PARTNER.json (size and digest
+                                                            of each file)
+
+*Protect* (:meth:`PartnerCopies.protect_job`): after every local commit, on the writer thread of
+each node's first rank, with no collective: send this node's files to the next node and receive
+the previous node's into a temporary directory, hashed as they are read and as they arrive,
+fsynced and committed by the same protocol as every checkpoint (:class:`~resilient.io.commit.
+PendingDir`): a copy cut short is never used. Copies are rotated in step with the originals
+(the newest ``keep``); copies from a node that is no longer this node's left neighbour go.
+
+*Rebuild* (:meth:`PartnerCopies.inventory`, :func:`plan_rebuild`,
+:meth:`PartnerCopies.rebuild`; collective in :class:`~resilient.checkpoint.tiers.LocalTier`): every node
+lists the files of each step it holds, its own or as a partner; the newest step that every node
+can complete is chosen; a node that lacks files of its ranks (its directory wiped, or a new node
+in the place of a lost one) gets them from a node that holds them and commits them as its own
+copy of the step. A partner copy whose bytes do not match its digest is quarantined and the next
+option is tried. Two adjacent nodes lost: the first one's files exist nowhere, so an older step
+or the shared root is used, and the plan says why.
+
+The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`. A second scheme (XOR)
+would provide the same three operations beside this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
+from resilient.io import fileio, storage
+from resilient.io.commit import PendingDir
+from resilient.io.validate import load_manifest
+from resilient.model import filenames
+from resilient.model.manifest import Layout, Manifest, ManifestError, parse_manifest
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Channel
+
+__all__ = [
+    "REDUNDANCY_SCHEMES",
+    "Held",
+    "PartnerCopies",
+    "Rebuild",
+    "Redundancy",
+    "Ring",
+    "check_redundancy",
+    "make_redundancy",
+    "plan_rebuild",
+]
+
+log = logging.getLogger(__name__)
+
+REDUNDANCY_SCHEMES = ("partner",)
+
+CHUNK = 8 << 20  # bytes per message of a file's body
+_MAX_DOC = 256 << 20  # the largest header or trailer accepted (a manifest of many ranks)
+_MAX_FILE = 1 << 50
+
+
+def check_redundancy(name: str | None) -> str | None:
+    """``name`` if it names a redundancy scheme (or is ``None``: none).
+
+    Raises:
+        ConfigError: an unknown scheme.
+    """
+    if name is None or name in REDUNDANCY_SCHEMES:
+        return name
+    raise ConfigError(
+        f"redundancy must be one of {', '.join(REDUNDANCY_SCHEMES)} (or none), got {name!r}"
+    )
+
+
+class Redundancy(Protocol):
+    """A redundancy scheme of the node-local tier: :class:`PartnerCopies` (XOR, which keeps
+    less, would be a second one). Made collectively by :func:`make_redundancy`."""
+
+    @property
+    def protecting(self) -> bool:
+        """Whether the scheme protects anything here (``partner``: two nodes or more)."""
+        ...
+
+    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of protecting a committed local checkpoint (no collective: it runs
+        on the writer thread); the job returns why it is not protected (``None``: it is)."""
+        ...
+
+    def recover(
+        self,
+        own_steps: Callable[[], list[int]],
+        current: Layout,
+        *,
+        step: int | None,
+        at_least: int | None,
+    ) -> None:
+        """Collective: complete every node's copy of the newest step (or ``step``, not older
+        than ``at_least``) that the nodes can rebuild between them."""
+        ...
+
+
+def make_redundancy(
+    name: str,
+    root: Path,
+    nodes: Sequence[tuple[int, str]],
+    coll: Collective,
+    *,
+    keep: int,
+    shared_root: Path,
+) -> Redundancy:
+    """Collective: the scheme ``name`` for the local tier ``root``, given ``(first rank of its
+    node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
+
+    Raises:
+        ConfigError: an unknown scheme, or no channel between the ranks.
+    """
+    check_redundancy(name)
+    channel = coll.check("opening a channel for partner copies", coll.comm.channel)
+    ring = Ring.of(nodes)
+    copies = PartnerCopies(root, ring, coll, channel, keep=keep)
+    coll.check("cleaning up partner copies", copies.open)
+    if len(ring) == 1 and coll.is_coordinator:
+        log.warning(
+            "redundancy='partner' on one node (%s): there is no other node to keep a copy, so "
+            "local checkpoints are protected only by their flush to %s",
+            ring.labels[0], shared_root,
+        )  # fmt: skip
+    return copies
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """The nodes in the order of their first rank; each node's partner is the next one.
+
+    Attributes:
+        leaders: the first rank of each node (the rank that acts for it).
+        labels: each node's name.
+        ranks: the ranks of each node.
+    """
+
+    leaders: tuple[int, ...]
+    labels: tuple[str, ...]
+    ranks: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, node_of_rank: Sequence[tuple[int, str]]) -> Ring:
+        """The ring of nodes given ``(first rank of its node, node name)`` for every rank."""
+        members: dict[int, list[int]] = {}
+        labels: dict[int, str] = {}
+        for rank, (leader, label) in enumerate(node_of_rank):
+            members.setdefault(leader, []).append(rank)
+            labels[leader] = label
+        leaders = tuple(sorted(members))
+        return cls(
+            leaders, tuple(labels[n] for n in leaders), tuple(tuple(members[n]) for n in leaders)
+        )
+
+    def __len__(self) -> int:
+        return len(self.leaders)
+
+    def right(self, leader: int) -> int:
+        """The node that keeps ``leader``'s node's copies."""
+        return self.leaders[(self.leaders.index(leader) + 1) % len(self)]
+
+    def left(self, leader: int) -> int:
+        """The node whose copies ``leader``'s node keeps."""
+        return self.leaders[(self.leaders.index(leader) - 1) % len(self)]
+
+    def label(self, leader: int) -> str:
+        """The name of ``leader``'s node."""
+        return self.labels[self.leaders.index(leader)]
+
+    def ranks_of(self, leader: int) -> tuple[int, ...]:
+        """The ranks of ``leader``'s node."""
+        return self.ranks[self.leaders.index(leader)]
+
+
+# ---------------------------------------------------------------------- moving files
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A file to send: its name at the destination, where it is here, its size, and the digest
+    recorded when it was received as a partner copy (``None`` for a node's own file)."""
+
+    name: str
+    path: Path
+    size: int
+    digest: str | None
+
+
+def _send_doc(channel: Channel, dest: int, doc: Any) -> None:
+    body = json.dumps(doc).encode()
+    channel.send(dest, len(body).to_bytes(8, "little"))
+    channel.send(dest, body)
+
+
+def _recv_doc(channel: Channel, source: int) -> Any:
+    head = bytearray(8)
+    channel.recv(source, head)
+    size = int.from_bytes(head, "little")
+    if size > _MAX_DOC:
+        raise ValueError(f"rank {source} announced a message of {size} bytes")
+    body = bytearray(size)
+    channel.recv(source, body)
+    return json.loads(body)
+
+
+def _hasher() -> Any:
+    import xxhash
+
+    return xxhash.xxh3_128()
+
+
+def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+
+
+_ALIGN = 4096  # O_DIRECT's alignment of offsets, lengths and memory
+
+
+def _aligned(size: int) -> memoryview:
+    """A page-aligned buffer of ``size`` bytes (an anonymous map)."""
+    import mmap
+
+    return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
+
+
+def _read_exact(fd: int, view: memoryview, pos: int) -> None:
+    while view:
+        got = os.preadv(fd, [view], pos)
+        if got == 0:
+            raise EOFError(f"the file ends at byte {pos}")
+        view, pos = view[got:], pos + got
+
+
+class _Reader:
+    """Reads one file chunk by chunk, hashing it; after a problem, hands out zeros."""
+
+    def __init__(self, f: _Outgoing) -> None:
+        self.path = f.path
+        self.hash = _hasher()
+        self.problem: str | None = None
+        self.fd = -1
+        try:
+            self.fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            self.problem = f"{f.path}: {exc.strerror or exc}"
+
+    def read(self, view: memoryview, pos: int) -> memoryview:
+        if self.problem is None:
+            try:
+                _read_exact(self.fd, view, pos)
+                self.hash.update(view)
+            except (OSError, EOFError) as exc:
+                self.problem = f"{self.path}: {exc}"
+        if self.problem is not None:
+            view[:] = bytes(len(view))
+        return view
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def send_files(
+    channel: Channel, dest: int, header: Mapping[str, Any], files: Sequence[_Outgoing]
+) -> list[str]:
+    """Send ``header`` (with the files' names and sizes), each file's bytes, then a trailer with
+    their digests; returns the problems found (a file unreadable, short, or not matching its
+    recorded digest: its bytes are sent as zeros, and the trailer tells the receiver not to keep
+    them). The stream is always complete, so the receiver never waits for bytes that do not
+    come. The next chunk is read (and hashed) on a helper thread while one is being sent."""
+    _send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
+    size = min(CHUNK, max((f.size for f in files), default=0))
+    bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
+    problems: list[str] = []
+    digests: list[str] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-read") as pool:
+        for f in files:
+            reader = _Reader(f)
+            try:
+                chunks = [(pos, min(CHUNK, f.size - pos)) for pos in range(0, f.size, CHUNK)]
+                ahead = pool.submit(reader.read, bufs[0][: chunks[0][1]], 0) if chunks else None
+                for i in range(len(chunks)):
+                    assert ahead is not None
+                    view = ahead.result()
+                    if i + 1 < len(chunks):
+                        pos, n = chunks[i + 1]
+                        ahead = pool.submit(reader.read, bufs[(i + 1) % 2][:n], pos)
+                    channel.send(dest, view)
+            finally:
+                reader.close()
+            digest, problem = reader.hash.hexdigest(), reader.problem
+            if problem is None and f.digest is not None and digest != f.digest:
+                problem = f"{f.path}: its bytes do not match the digest recorded when copied"
+            if problem is not None:
+                problems.append(problem)
+            digests.append(digest)
+    _send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    header: dict[str, Any]
+    sizes: dict[str, int]
+    digests: dict[str, str]
+    error: str | None
+
+
+def _check_header(header: Any, source: int) -> list[tuple[str, int]]:
+    """The ``(name, size)`` list of a header from ``source`` (which is this library's code;
+    still, nothing but a data file's name may become a path)."""
+    files = header.get("files") if isinstance(header, dict) else None
+    if not isinstance(files, list):
+        raise ValueError(f"rank {source} sent a malformed header")
+    out: list[tuple[str, int]] = []
+    for item in files:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not filenames.is_data_file_name(item[0])
+            or not isinstance(item[1], int)
+            or not 0 <= item[1] < _MAX_FILE
+        ):
+            raise ValueError(f"rank {source} sent a malformed file entry {item!r}")
+        out.append((item[0], item[1]))
+    return out
+
+
+def receive_files(
+    channel: Channel, source: int, directory: Callable[[dict[str, Any]], Path]
+) -> _Received:
+    """Receive what :func:`send_files` sends into ``directory(header)`` (created by it), each
+    file fsynced. Chunks are written (and files fsynced) on a helper thread while the next
+    chunk arrives. A failure to write (a full disk) does not stop the reception: the rest of
+    the stream is read and dropped, and the result names the error."""
+    header = _recv_doc(channel, source)
+    files = _check_header(header, source)
+    errors: list[str] = []
+    target: Path | None = None
+    try:
+        target = directory(header)
+    except OSError as exc:
+        errors.append(f"creating a directory for the copy: {exc}")
+    size = min(CHUNK, max((n for _, n in files), default=0))
+    bufs = (_aligned(size), _aligned(size))  # page-aligned: O_DIRECT writes them as they are
+    digests: dict[str, str] = {}
+
+    def write(fds: tuple[int, int | None], view: memoryview, pos: int, name: str) -> None:
+        fd, direct = fds
+        if fd >= 0 and not errors:
+            try:  # O_DIRECT where it can: no page cache to fill (and evict) on this node
+                aligned = direct is not None and pos % _ALIGN == 0 and len(view) % _ALIGN == 0
+                _pwrite_all(direct if aligned and direct is not None else fd, view, pos)
+            except OSError as exc:
+                errors.append(f"writing {name}: {exc.strerror or exc}")
+
+    def close(fds: tuple[int, int | None], name: str) -> None:
+        fd, direct = fds
+        if direct is not None:
+            os.close(direct)
+        if fd < 0:
+            return
+        try:
+            if not errors:
+                os.fsync(fd)
+        except OSError as exc:
+            errors.append(f"syncing {name}: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+
+    pending: list[Future[None]] = [Future(), Future()]
+    for f in pending:
+        f.set_result(None)
+    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-write") as writer:
+        i = 0
+        for name, nbytes in files:
+            h, fds = _hasher(), (-1, None)  # type: Any, tuple[int, int | None]
+            if not errors and target is not None:
+                try:
+                    fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    fds = (fd, fileio.open_direct(target / name) if nbytes >= CHUNK else None)
+                except OSError as exc:
+                    errors.append(f"creating {target / name}: {exc.strerror or exc}")
+            for pos in range(0, nbytes, CHUNK):
+                pending[i % 2].result()  # the buffer's previous write is done
+                view = bufs[i % 2][: min(CHUNK, nbytes - pos)]
+                channel.recv(source, view)
+                h.update(view)
+                where = str(target / name) if target else name
+                pending[i % 2] = writer.submit(write, fds, view, pos, where)
+                i += 1
+            writer.submit(close, fds, name)  # after this file's writes, in order
+            digests[name] = h.hexdigest()
+    error = errors[0] if errors else None
+    trailer = _recv_doc(channel, source)
+    theirs = trailer.get("digests") if isinstance(trailer, dict) else None
+    if isinstance(trailer, dict) and trailer.get("error"):
+        error = error or f"the sender could not read it: {trailer['error']}"
+    elif theirs != [digests[n] for n, _ in files]:
+        error = error or "the bytes received differ from the bytes sent"
+    return _Received(header, dict(files), digests, error)
+
+
+# ---------------------------------------------------------------------- what a node holds
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The files of one step a node holds: the manifest, and each file's path, size and
+    recorded digest (``None``: the node's own copy)."""
+
+    manifest: str
+    files: dict[str, tuple[Path, int, str | None]]
+    partner_dir: Path | None = None  # the partner copy some of them come from
+
+    def summary(self) -> tuple[str, dict[str, str]]:
+        """What the coordinator needs: the manifest and, per file, ``own`` or ``partner``."""
+        return self.manifest, {
+            n: ("own" if d is None else "partner") for n, (_, _, d) in self.files.items()
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    """A plan: the step to restore, its manifest, and the transfers that complete every node's
+    copy (``(from node, to node, file names)``, in the order both sides run them)."""
+
+    step: int
+    manifest: str
+    transfers: tuple[tuple[int, int, tuple[str, ...]], ...]
+
+
+def plan_rebuild(
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
+    ring: Ring,
+    current: Layout,
+    *,
+    only: int | None = None,
+    at_least: int | None = None,
+    excluded: frozenset[int] = frozenset(),
+) -> tuple[Rebuild | None, str | None]:
+    """Pure: the newest step every node can complete from what the nodes hold, and why newer
+    ones cannot be (``None`` when the newest one can).
+
+    Args:
+        inventories: per node (first rank), per step, ``(manifest, {file: 'own'|'partner'})``.
+        ring: the nodes of this job.
+        current: the job's layout (a step of another layout is not a candidate here).
+        only: consider this step alone.
+        at_least: ignore steps older than this (the shared root has it).
+        excluded: steps a rebuild already failed for.
+    """
+    steps = sorted({s for inv in inventories.values() for s in inv}, reverse=True)
+    why: str | None = None
+    for step in steps:
+        if (only is not None and step != only) or step in excluded:
+            continue
+        if at_least is not None and step < at_least:
+            break
+        text = next(inv[step][0] for inv in inventories.values() if step in inv)
+        try:
+            manifest = parse_manifest(text)
+        except ManifestError:
+            continue
+        if manifest.layout != current or len(manifest.ranks) != sum(map(len, ring.ranks)):
+            continue
+        transfers, lost = _transfers_for(manifest, step, inventories, ring)
+        if lost:
+            why = why or (
+                f"local checkpoint step {step} cannot be rebuilt: "
+                + "; ".join(f"{', '.join(files)} of node {ring.label(n)}" for n, files in lost)
+                + " exist on no node of this job (the node and its partner were both lost)"
+            )
+            continue
+        return Rebuild(step, text, transfers), why
+    return None, why
+
+
+def _transfers_for(
+    manifest: Manifest,
+    step: int,
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
+    ring: Ring,
+) -> tuple[tuple[tuple[int, int, tuple[str, ...]], ...], list[tuple[int, list[str]]]]:
+    """The transfers that give every node its ranks' files of ``step``, and what is lost."""
+    held: dict[str, list[tuple[int, str]]] = {}  # file -> [(node, own|partner)]
+    for node, inv in inventories.items():
+        for name, kind in inv.get(step, ("", {}))[1].items():
+            held.setdefault(name, []).append((node, kind))
+    moves: dict[tuple[int, int], list[str]] = {}
+    lost: list[tuple[int, list[str]]] = []
+    for node in ring.leaders:
+        mine = inventories.get(node, {}).get(step, ("", {}))[1]
+        needed = sorted({manifest.ranks[r].file for r in ring.ranks_of(node)})
+        missing = []
+        for name in needed:
+            if mine.get(name) == "own":
+                continue
+            holders = held.get(name, [])
+            if not holders:
+                missing.append(name)
+                continue
+            # this node's partner copy first (no transfer), then a node's own copy
+            src = min(holders, key=lambda h: (h[0] != node, h[1] != "own", h[0]))[0]
+            moves.setdefault((src, node), []).append(name)
+        if missing:
+            lost.append((node, missing))
+    transfers = tuple((s, d, tuple(names)) for (s, d), names in sorted(moves.items()))
+    return transfers, lost
+
+
+# ---------------------------------------------------------------------- one node's copies
+
+
+def _safe_label(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", label) or "_"
+
+
+class PartnerCopies:
+    """The partner copies of one node-local tier, as seen by one rank.
+
+    Args:
+        root: this node's local tier root.
+        ring: the nodes of the job.
+        coll: the tier's ranks (collective steps of :meth:`recover`).
+        channel: point-to-point transfers between the tier's ranks.
+        keep: partner copies kept per node of origin (the tier's ``local_keep``).
+    """
+
+    def __init__(
+        self, root: Path, ring: Ring, coll: Collective, channel: Channel, *, keep: int
+    ) -> None:
+        self.root = root
+        self.ring = ring
+        self.coll = coll
+        self.rank = coll.rank
+        self.channel = channel
+        self.keep = keep
+        self.node = next(
+            n for n, ranks in zip(ring.leaders, ring.ranks, strict=True) if self.rank in ranks
+        )
+
+    @property
+    def acts(self) -> bool:
+        """Whether this rank acts for its node (its first rank)."""
+        return self.rank == self.node
+
+    @property
+    def protecting(self) -> bool:
+        """Whether there is a partner at all (two nodes or more)."""
+        return len(self.ring) > 1
+
+    def partner_root(self, label: str) -> Path:
+        """Where this node keeps the copies of node ``label``."""
+        return self.root / filenames.PARTNER_DIR / _safe_label(label)
+
+    def open(self) -> None:
+        """Local, on a node's first rank: remove copies cut short by a crash."""
+        if not self.acts:
+            return
+        base = self.root / filenames.PARTNER_DIR
+        if base.is_dir() and not base.is_symlink():
+            for sub in base.iterdir():
+                if sub.is_dir() and not sub.is_symlink():
+                    storage.cleanup_leftovers(sub)
+
+    # ------------------------------------------------------------------ protect
+
+    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of protecting the committed local checkpoint ``step_dir``: on a
+        node's first rank, send the node's files to the next node and receive the previous
+        node's; elsewhere nothing. No collective (it runs on the writer thread). The returned
+        function returns what went wrong with the copy this node received (``None``: it is
+        committed) and raises only if the transfer itself broke."""
+        if not self.acts or not self.protecting:
+            return lambda: None
+        names = sorted({manifest.ranks[r].file for r in self.ring.ranks_of(self.node)})
+        sizes = {f.name: f.size for f in manifest.files}
+        outgoing = [_Outgoing(n, step_dir / n, sizes[n], None) for n in names]
+        header = {"step": manifest.step, "source": self.ring.label(self.node),
+                  "manifest": manifest.to_json()}  # fmt: skip
+
+        def run() -> str | None:
+            sent = _run_beside(
+                lambda: send_files(self.channel, self.ring.right(self.node), header, outgoing)
+            )
+            try:
+                received = self._receive_copy(self.ring.left(self.node))
+            finally:
+                problems = sent()
+            if problems:
+                return f"sending node {self.ring.label(self.node)}'s copy: {problems[0]}"
+            return received
+
+        return run
+
+    def _receive_copy(self, left: int) -> str | None:
+        """Receive ``left``'s node's files and commit them as its partner copy here."""
+        label = self.ring.label(left)
+        base = self.partner_root(label)
+        pending: list[PendingDir] = []
+
+        def directory(header: dict[str, Any]) -> Path:
+            step = header.get("step")
+            if not isinstance(step, int) or step < 0:
+                raise OSError(f"a header without a step: {step!r}")
+            base.mkdir(parents=True, exist_ok=True)
+            pending.append(PendingDir.for_step(base, step).create())
+            return pending[0].path
+
+        got = receive_files(self.channel, left, directory)
+        step = got.header.get("step")
+        what = f"partner copy of node {label}'s step {step} on node {self.ring.label(self.node)}"
+        error = got.error
+        if error is None and pending:
+            try:
+                manifest = parse_manifest(str(got.header.get("manifest", "")))
+                record = {"source": label,
+                          "files": {n: [got.sizes[n], got.digests[n]] for n in got.sizes}}  # fmt: skip
+                storage.write_durable(
+                    pending[0].path / filenames.PARTNER_RECORD, json.dumps(record).encode()
+                )
+                pending[0].commit(manifest, what=what)
+            except (OSError, ManifestError, ResilientError) as exc:
+                error = str(exc)
+        if error is not None:
+            if pending:
+                pending[0].rollback()
+            return f"{what}: {error}"
+        self._rotate(label)
+        return None
+
+    def _rotate(self, label: str) -> None:
+        """Keep the newest ``keep`` copies of ``label``'s node; drop other nodes' copies."""
+        base = self.root / filenames.PARTNER_DIR
+        mine = _safe_label(label)
+        try:
+            for sub in base.iterdir():
+                if sub.name != mine and sub.is_dir() and not sub.is_symlink():
+                    storage.remove_tree(sub)
+            steps = sorted(_committed_steps(base / mine), reverse=True)
+            for step in steps[self.keep :]:
+                storage.remove_tree(base / mine / filenames.step_dir_name(step))
+        except OSError as exc:
+            log.warning("could not rotate the partner copies in %s: %s", base, exc)
+
+    # ------------------------------------------------------------------ rebuild
+
+    def inventory(self, own_steps: Sequence[int], current: Layout) -> dict[int, Held]:
+        """Local, on a node's first rank: what this node holds per step, its own copies
+        (``own_steps``, in ``root``) and its partner copies, whose sizes check out."""
+        held: dict[int, Held] = {}
+        for step in own_steps:
+            found = _held_in(self.root / filenames.step_dir_name(step), current, None)
+            if found is not None:
+                held[step] = found
+        base = self.root / filenames.PARTNER_DIR
+        subs = sorted(base.iterdir()) if base.is_dir() and not base.is_symlink() else []
+        for sub in subs:
+            for step in _committed_steps(sub):
+                path = sub / filenames.step_dir_name(step)
+                record = _partner_record(path)
+                found = _held_in(path, current, record) if record is not None else None
+                if found is None:
+                    continue
+                if step in held:  # add what the node's own copy lacks
+                    files = {**found.files, **held[step].files}
+                    held[step] = Held(held[step].manifest, files, path)
+                else:
+                    held[step] = found
+        return held
+
+    def rebuild(self, plan: Rebuild, held: Mapping[int, Held]) -> str | None:
+        """Collective over the nodes named in ``plan`` (their first ranks; other ranks return at
+        once): run the plan's transfers and commit each receiving node's copy of the step.
+        Returns what went wrong here (``None``: fine). A partner copy found corrupt while
+        being sent is quarantined."""
+        if not self.acts:
+            return None
+        sends = [t for t in plan.transfers if t[0] == self.node and t[1] != self.node]
+        receives = [t for t in plan.transfers if t[1] == self.node]
+        mine = held.get(plan.step)
+        sent = _run_beside(lambda: self._send_all(plan, sends, mine))
+        try:
+            received = self._receive_all(plan, receives, mine) if receives else None
+        finally:
+            problems = sent()
+        return received or (problems[0] if problems else None)
+
+    def _send_all(
+        self, plan: Rebuild, sends: list[tuple[int, int, tuple[str, ...]]], mine: Held | None
+    ) -> list[str]:
+        problems: list[str] = []
+        for _, dest, names in sends:
+            files = [_Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
+            found = send_files(self.channel, dest, {"step": plan.step}, files)
+            if found and mine is not None and mine.partner_dir is not None:
+                self._quarantine(mine.partner_dir, plan.step, found[0])
+            problems += found
+        return problems
+
+    def _receive_all(
+        self, plan: Rebuild, receives: list[tuple[int, int, tuple[str, ...]]], mine: Held | None
+    ) -> str | None:
+        """Build this node's copy of the step in a temporary directory: link the files it has,
+        copy those it holds as a partner, receive the rest; commit it if all went well."""
+        pending = PendingDir.for_step(self.root, plan.step).create()
+        error: str | None = None
+        try:
+            needed = {n for t in receives for n in t[2]}
+            if mine is not None:
+                for name, (path, _, digest) in mine.files.items():
+                    if digest is None and name not in needed and path.parent != pending.path:
+                        _link_or_copy(path, pending.path / name)
+            for src, _, names in receives:
+                if src == self.node:  # held here as a partner copy: verify while copying
+                    assert mine is not None
+                    error = error or _copy_verified(mine, names, pending.path)
+                    if error and mine.partner_dir is not None:
+                        self._quarantine(mine.partner_dir, plan.step, error)
+                    continue
+                got = receive_files(self.channel, src, lambda _h: pending.path)
+                error = error or got.error
+            if error is None:
+                pending.commit(parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}")
+        except (OSError, ManifestError, ResilientError) as exc:
+            error = error or str(exc)
+        if error is not None:
+            pending.rollback()
+            return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
+        return None
+
+    def recover(
+        self,
+        own_steps: Callable[[], list[int]],
+        current: Layout,
+        *,
+        step: int | None,
+        at_least: int | None,
+    ) -> None:
+        """Collective: give every node its ranks' files of the newest step that the nodes can
+        complete between them (own copies and partner copies), if any is missing somewhere."""
+        partner, coll = self, self.coll
+        excluded: set[int] = set()
+        for _ in range(3):  # a corrupt partner copy is quarantined and the choice made again
+            held: dict[int, Held] = {}
+
+            def local() -> tuple[int, dict[int, tuple[str, dict[str, str]]]]:
+                nonlocal held
+                if partner.acts:
+                    try:
+                        held = partner.inventory(own_steps(), current)
+                    except OSError as exc:
+                        log.warning("could not list the local tier %s: %s", self.root, exc)
+                return self.rank, {s: h.summary() for s, h in held.items()}
+
+            def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
+                inventories = {r: inv for r, inv in found if r in partner.ring.leaders}
+                return plan_rebuild(
+                    inventories, partner.ring, current, only=step, at_least=at_least,
+                    excluded=frozenset(excluded),
+                )  # fmt: skip
+
+            plan, why = coll.all_reduce("listing local and partner copies", local, decide)
+            if why is not None and coll.is_coordinator:
+                log.warning(
+                    "%s; using %s", why,
+                    f"local step {plan.step}" if plan is not None else "the shared root",
+                )  # fmt: skip
+            if plan is None or not plan.transfers:
+                return
+            problems: list[str] = coll.all_reduce(
+                f"rebuilding step {plan.step} from partner copies",
+                functools.partial(partner.rebuild, plan, held),
+                lambda found: [p for p in found if p],
+            )
+            if not problems:
+                if coll.is_coordinator:
+                    nodes = sorted({partner.ring.label(d) for _, d, _ in plan.transfers})
+                    log.warning(
+                        "rebuilt local step %d on node(s) %s from partner copies",
+                        plan.step, ", ".join(nodes),
+                    )  # fmt: skip
+                return
+            if coll.is_coordinator:
+                log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
+            excluded.add(plan.step)
+
+    def _quarantine(self, path: Path, step: int, reason: str) -> None:
+        log.warning("partner copy %s is corrupt, quarantined: %s", path, reason)
+        try:
+            storage.quarantine(path, step, reason)
+        except OSError as exc:
+            log.warning("could not quarantine %s: %s", path, exc)
+
+
+def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    """Run ``fn`` on a thread of its own; the returned function joins it and returns its result
+    (an exception becomes a problem: the other side then sees a broken stream)."""
+    out: list[list[str]] = []
+
+    def body() -> None:
+        try:
+            out.append(fn())
+        except Exception as exc:  # reported to the caller
+            out.append([f"{type(exc).__name__}: {exc}"])
+
+    thread = threading.Thread(target=body, name="resilient-partner-send", daemon=True)
+    thread.start()
+
+    def join() -> list[str]:
+        thread.join()
+        return out[0] if out else ["the sending thread died"]
+
+    return join
+
+
+def _missing(name: str) -> _Outgoing:
+    return _Outgoing(name, Path("/nonexistent") / name, 0, None)
+
+
+def _committed_steps(directory: Path) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [s for s in map(filenames.parse_step_dir, names) if s is not None]
+
+
+def _partner_record(path: Path) -> dict[str, tuple[int, str]] | None:
+    """``{file: (size, digest)}`` of a partner copy's record (``None`` if unreadable)."""
+    try:
+        doc = json.loads((path / filenames.PARTNER_RECORD).read_bytes())
+    except (OSError, ValueError):
+        return None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return None
+    out: dict[str, tuple[int, str]] = {}
+    for name, value in files.items():
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and isinstance(value[0], int)
+            and isinstance(value[1], str)
+            and filenames.is_data_file_name(name)
+        ):
+            out[name] = (value[0], value[1])
+    return out
+
+
+def _held_in(path: Path, current: Layout, record: dict[str, tuple[int, str]] | None) -> Held | None:
+    """The files of a committed step directory whose size matches its manifest."""
+    try:
+        manifest = load_manifest(path)
+    except InvalidCheckpointError as exc:
+        log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
+        return None
+    if manifest.layout != current:
+        return None
+    files: dict[str, tuple[Path, int, str | None]] = {}
+    for f in manifest.files:
+        digest = None
+        if record is not None:
+            if f.name not in record or record[f.name][0] != f.size:
+                continue
+            digest = record[f.name][1]
+        try:
+            if os.lstat(path / f.name).st_size == f.size:
+                files[f.name] = (path / f.name, f.size, digest)
+        except FileNotFoundError:
+            continue
+    if not files:
+        return None
+    return Held(
+        (path / filenames.MANIFEST).read_text(), files, path if record is not None else None
+    )
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, dst)
+        storage.fsync_files([dst])
+
+
+def _copy_verified(held: Held, names: Sequence[str], directory: Path) -> str | None:
+    """Copy files this node holds as a partner into ``directory``, checking their digests."""
+    for name in names:
+        path, _, digest = held.files[name]
+        h = _hasher()
+        try:
+            with open(path, "rb") as src, open(directory / name, "xb") as dst:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except OSError as exc:
+            return f"copying {path}: {exc.strerror or exc}"
+        if digest is not None and h.hexdigest() != digest:
+            return f"{path}: its bytes do not match the digest recorded when it was copied"
+    return None

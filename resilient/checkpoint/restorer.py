@@ -1,0 +1,435 @@
+"""Restoring the newest valid checkpoint, falling back past bad ones. Collective.
+
+Call order of :meth:`Restorer.restore` (every step through
+:class:`~resilient.parallel.collective.Collective`)::
+
+    coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
+                  checkpoints that fail quick validation; layout checked: another rank count
+                  or layout needs a checkpoint that can be restored elastically)
+    scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
+                  own entry, its group's for a file group's leader, their files, the header;
+                  the layout's groups only when they differ from this run's): what a rank
+                  receives grows with its own datasets, not with the rank count
+    every rank    elastic or not: another layout, or a rank whose new blocks differ from its
+                  saved ones (one small allreduce)
+    broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
+    every rank    read its piece and its static data (or, elastically, its new blocks and the
+                  replicated values: resilient.checkpoint.elastic), verify checksums, run the validate hook
+    coordinator   accept, or quarantine it with every rank's reason and try the next older one
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.elastic import ElasticPlan, ReadStats, needs_elastic, read_elastic
+from resilient.checkpoint.reading import check_template, read_rank
+from resilient.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    InvalidCheckpointError,
+)
+from resilient.io import storage
+from resilient.io.validate import iter_checkpoints, load_manifest
+from resilient.model import filenames
+from resilient.model.blocks import BlockSpec
+from resilient.model.manifest import Layout, Manifest, ManifestError
+from resilient.model.tree import Memo
+from resilient.parallel.collective import Collective, describe_error
+
+__all__ = ["Restorer", "StateValidator"]
+
+log = logging.getLogger(__name__)
+
+StateValidator = Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A checkpoint the coordinator chose to try restoring; each rank receives its part
+    (:func:`_parts`), the whole one only for an elastic restore."""
+
+    path: Path
+    manifest: Manifest
+    static: Manifest | None
+    elastic: bool = False  # another layout: only an elastic restore can read it
+
+
+def _needed(saved: Layout, current: Layout) -> list[tuple[int, ...]]:
+    """The ranks whose entries each rank of ``current`` needs for a plain restore: its own, and
+    a file group's leader its group's too (to reuse the file's skeleton at its next save, see
+    :func:`~resilient.checkpoint.checkpointer.seed_cache`); nothing for another layout (elastic: the whole
+    manifest follows)."""
+    if saved.nranks != current.nranks or saved.kind != current.kind:
+        return [()] * current.nranks
+    needed: list[tuple[int, ...]] = [(r,) for r in range(current.nranks)]
+    if saved.groups == current.groups:
+        for group in saved.groups:
+            needed[group[0]] = group
+    return needed
+
+
+def _stripped(saved: Layout, current: Layout) -> Layout | None:
+    """``saved`` without its groups when it is ``current`` (every rank knows those): a part
+    then carries nothing that grows with the rank count. ``None``: send it as it is."""
+    return Layout(saved.kind, saved.nranks, ()) if saved == current else None
+
+
+def _static_parts(static: Manifest | None, current: Layout) -> list[Manifest | None]:
+    """The part of a static data set's manifest each rank of ``current`` receives: its own
+    entry (where the set has one)."""
+    if static is None:
+        return [None] * current.nranks
+    n = len(static.ranks)
+    needed = [(r,) if r < n else () for r in range(current.nranks)]
+    return list(static.parts(needed, layout=_stripped(static.layout, current)))
+
+
+def _parts(whole: _Candidate, current: Layout) -> list[_Candidate]:
+    """Coordinator: the part of ``whole`` each rank of ``current`` receives (see :func:`_needed`)."""
+    m = whole.manifest
+    manifests = m.parts(_needed(m.layout, current), layout=_stripped(m.layout, current))
+    statics = _static_parts(whole.static, current)
+    return [
+        _Candidate(whole.path, part, static, whole.elastic)
+        for part, static in zip(manifests, statics, strict=True)
+    ]
+
+
+def _received(manifest: Manifest, current: Layout) -> Manifest:
+    """A part as received, its layout's groups put back (see :func:`_stripped`)."""
+    lay = manifest.layout
+    if manifest.is_part and not lay.groups:
+        if (lay.kind, lay.nranks) != (current.kind, current.nranks):
+            raise ValueError(f"a part of a manifest of another layout ({lay.kind}, {lay.nranks})")
+        return dataclasses.replace(manifest, layout=current)
+    return manifest
+
+
+def _needs_elastic(chosen: _Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
+    """Whether ``rank``, with ``blocks`` as its new blocks, must read ``chosen`` elastically
+    (``chosen`` holds that rank's entries, or reads them: a shard of a sharded manifest).
+
+    A shard that cannot be read says no here: the rank's read then fails on it, and the
+    checkpoint is quarantined as for any other corruption."""
+    if not blocks:
+        return False
+    try:
+        if needs_elastic(chosen.manifest.ranks[rank], blocks):
+            return True
+        return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
+    except (InvalidCheckpointError, ManifestError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Elastic:
+    """The elastic plans of a candidate (its state's and its static data's)."""
+
+    state: ElasticPlan
+    static: ElasticPlan | None
+
+
+class Restorer:
+    """Restores checkpoints of ``root`` for the ranks of ``coll``.
+
+    Args:
+        root: the checkpoint root.
+        coll: the ranks; the coordinator chooses and quarantines.
+        catalog: told about quarantined checkpoints (so that rotation forgets them).
+        layout: the layout of this run (another one on disk is a :class:`LayoutMismatchError`).
+        memo: the owner's :class:`~resilient.model.tree.Memo` for parsing manifests and rebuilding
+            states (``None``: this restorer's own).
+        digester: the owner's checksum thread for the reads (``None``: one per read).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        coll: Collective,
+        catalog: Catalog,
+        *,
+        layout: Layout,
+        memo: Memo | None = None,
+        digester: Executor | None = None,
+    ) -> None:
+        self.root = root
+        self.memo = Memo() if memo is None else memo
+        self.digester = digester
+        self.coll = coll
+        self.catalog = catalog
+        self.layout = layout
+        self.last_read: ReadStats | None = None  # of this rank's last elastic read
+        # the checkpoint the last restore or read returned: (its directory, its manifest)
+        self.last_restored: tuple[Path, Manifest] | None = None
+
+    def restore(
+        self,
+        step: int | None = None,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, BlockSpec] | None = None,
+        refused: Exception | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """Collective over ``coll``: call on all ranks. See
+        :meth:`resilient.checkpoint.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
+        arrays to read into, ``blocks`` leaf paths to this rank's new blocks; ``refused``, what
+        was wrong with this rank's arguments (raised on every rank in the first round)."""
+        candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
+        whole: list[_Candidate] = []  # the coordinator's candidate, whole
+        mine = dict(blocks or {})
+
+        def ask() -> dict[str, BlockSpec]:
+            if refused is not None:
+                raise refused
+            return mine
+
+        def choose(asked: list[dict[str, BlockSpec]]) -> list[tuple[_Candidate, bool]]:
+            whole[:] = [next(candidates)]
+            elastic = whole[0].elastic or any(
+                _needs_elastic(whole[0], r, b) for r, b in enumerate(asked)
+            )
+            return [(part, elastic) for part in _parts(whole[0], self.layout)]
+
+        while True:  # one round: every rank's blocks up, its part of a candidate down
+            part, elastic = self.coll.exchange(
+                "checking the restore's arguments and choosing a checkpoint", ask, choose
+            )
+            plan, chosen = self._plan(self._receive(part), elastic, whole)
+            state: dict[str, Any] = {}
+            accepted = self.coll.all_reduce(
+                f"restore of {chosen.path.name}",
+                functools.partial(
+                    self._try_read, chosen, validate, state, into or {}, plan, blocks or {}
+                ),
+                functools.partial(self._judge, chosen),
+            )
+            if accepted:
+                self.last_restored = (chosen.path, chosen.manifest)
+                return chosen.manifest.step, state
+            if step is not None:
+                raise CheckpointNotFoundError(
+                    f"checkpoint of step {step} in {self.root} failed validation"
+                )
+
+    def read(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, BlockSpec] | None = None,
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """Collective over ``coll``: every rank reads its piece of the checkpoint at ``path``
+        (e.g. a node-local copy; its static data comes from :attr:`root`), saved with this
+        run's layout.
+
+        Nothing is quarantined here.
+
+        Returns:
+            ``(state, [])`` for this rank, ``(None, reasons)`` when a rank's piece failed, or
+            ``(None, [])`` when some rank's ``blocks`` differ from its saved ones (an elastic
+            restore, which reads other ranks' files: use the shared root).
+        """
+        static = self.coll.scatter(
+            f"loading the static data of {path}",
+            lambda: _static_parts(self._static_manifest(manifest), self.layout),
+        )
+        if static is not None:
+            static = _received(static, self.layout)
+        chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
+        if self._needs_elastic(chosen, blocks or {}):
+            return None, []
+        state: dict[str, Any] = {}
+        reasons = self.coll.all_reduce(
+            f"restore of {path}",
+            functools.partial(self._try_read, chosen, validate, state, into or {}, None, {}),
+            lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
+        )
+        if reasons:
+            return None, reasons
+        self.last_restored = (path, manifest)
+        return state, []
+
+    def _receive(self, part: _Candidate) -> _Candidate:
+        """This rank's part of a candidate, its layout put back."""
+        static = None if part.static is None else _received(part.static, self.layout)
+        return dataclasses.replace(
+            part, manifest=_received(part.manifest, self.layout), static=static
+        )
+
+    def _needs_elastic(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> bool:
+        """Collective: whether the candidate must be read elastically (another layout, or a
+        rank whose new blocks differ from its saved ones)."""
+        if chosen.elastic:
+            return True
+        rank = self.coll.rank
+        return bool(
+            self.coll.all_reduce(
+                "deciding on an elastic restore",
+                lambda: _needs_elastic(chosen, rank, blocks),
+                any,
+            )
+        )
+
+    def _plan(
+        self, chosen: _Candidate, elastic: bool, whole: list[_Candidate]
+    ) -> tuple[_Elastic | None, _Candidate]:
+        """Collective: the candidate's elastic plans (if it is read ``elastic``-ally), or
+        ``None`` for a plain read; and the candidate to read (for an elastic restore, which
+        reads other ranks' entries, the whole one, broadcast from ``whole`` on the coordinator).
+
+        Raises:
+            LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
+        """
+        if not elastic:
+            return None, chosen
+        chosen = self.coll.broadcast(
+            f"sending the whole manifest of {chosen.path.name} for an elastic restore",
+            lambda: whole[0],
+        )
+        current = self.layout.describe()
+
+        def plan() -> _Elastic:
+            static = chosen.static
+            return _Elastic(
+                ElasticPlan.of(chosen.manifest, current=current),
+                None if static is None else ElasticPlan.of(static, current=current),
+            )
+
+        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan), chosen
+
+    def _candidates(self, step: int | None) -> Iterator[_Candidate]:
+        """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
+        current = self.layout
+        for record in iter_checkpoints(self.root, step=step, memo=self.memo):
+            if record.manifest is None:
+                storage.quarantine(record.path, record.step, record.reason)
+                self.catalog.quarantined(record.step)
+                continue
+            saved = record.manifest.layout
+            static = self._static_manifest(record.manifest)
+            elastic = saved.nranks != current.nranks or saved.kind != current.kind
+            if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
+                try:
+                    ElasticPlan.of(record.manifest, current=current.describe())
+                    if static is not None:
+                        ElasticPlan.of(static, current=current.describe())
+                except (InvalidCheckpointError, ManifestError) as exc:  # a shard, when read
+                    why = exc.reason if isinstance(exc, InvalidCheckpointError) else str(exc)
+                    storage.quarantine(record.path, record.step, why)
+                    self.catalog.quarantined(record.step)
+                    continue
+            yield _Candidate(record.path, record.manifest, static, elastic)
+        where = f"of step {step} " if step is not None else ""
+        raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
+
+    def _static_manifest(self, manifest: Manifest) -> Manifest | None:
+        if manifest.static is None:
+            return None
+        path = self.root / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
+        return load_manifest(path, kind="static")
+
+    def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
+        """This rank: check that its template fits, before reading (not the checkpoint's fault:
+        a mismatch raises :class:`ConfigError`, which :meth:`_try_read` lets through, so that
+        the read's round raises it on every rank and quarantines nothing)."""
+        rank, what = self.coll.rank, f"restore into the given arrays ({chosen.path.name})"
+        check_template(chosen.manifest.ranks[rank], into, what=what)
+        if chosen.static is not None:
+            check_template(chosen.static.ranks[rank], into, what=what)
+
+    def _try_read(
+        self,
+        chosen: _Candidate,
+        validate: StateValidator | None,
+        state: dict[str, Any],
+        into: Mapping[str, Any],
+        plan: _Elastic | None,
+        blocks: Mapping[str, BlockSpec],
+    ) -> str | None:
+        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``.
+
+        Raises:
+            ConfigError: the caller's ``blocks`` or ``into`` do not fit an elastic restore (not
+                the checkpoint's fault: nothing is quarantined).
+        """
+        try:
+            if into and plan is None:
+                self._check_template(chosen, into)
+            state.update(self._read(chosen, validate, into, plan, blocks))
+        except ConfigError:
+            raise
+        except InvalidCheckpointError as exc:
+            return exc.reason
+        except ManifestError as exc:  # its shard of a sharded manifest
+            return f"bad manifest: {exc}"
+        except _Rejected as exc:
+            return str(exc)
+        except Exception as exc:  # anything wrong with this piece rejects the checkpoint
+            return describe_error(exc)
+        return None
+
+    def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
+        """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""
+        bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
+        if bad:
+            self._quarantine(chosen, "; ".join(bad[:4]))
+        return not bad
+
+    def _read(
+        self,
+        chosen: _Candidate,
+        validate: StateValidator | None,
+        into: Mapping[str, Any],
+        plan: _Elastic | None,
+        blocks: Mapping[str, BlockSpec],
+    ) -> dict[str, Any]:
+        """Every rank: read and check this rank's piece; raise on anything wrong with it."""
+        rank = self.coll.rank
+        static_dir = self.root / filenames.STATIC_DIR / str(chosen.manifest.static)
+        if plan is not None:
+            stats = ReadStats()
+            self.last_read = stats
+            state = read_elastic(chosen.path, plan.state, blocks=blocks, into=into, stats=stats)
+            if plan.static is not None:
+                state.update(
+                    read_elastic(static_dir, plan.static, blocks=blocks, into=into, stats=stats)
+                )
+        else:
+            read = functools.partial(
+                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester
+            )
+            state = read(chosen.path, chosen.manifest)
+            if chosen.static is not None:
+                state.update(read(static_dir, chosen.static))
+        if validate is None:
+            return state
+        try:
+            accepted = validate(state)
+        except Exception as exc:
+            raise _Rejected(f"validate hook raised {describe_error(exc)}") from None
+        if not accepted:
+            raise _Rejected(f"state rejected by the application's validate hook on rank {rank}")
+        return state
+
+    def _quarantine(self, chosen: _Candidate, why: str) -> None:
+        try:
+            storage.quarantine(chosen.path, chosen.manifest.step, why)
+        except OSError as exc:
+            log.warning("could not quarantine %s: %s", chosen.path, exc)
+        self.catalog.quarantined(chosen.manifest.step)
+
+
+class _Rejected(Exception):
+    """The application's validate hook rejected a restored state."""

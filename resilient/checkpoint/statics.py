@@ -1,0 +1,121 @@
+"""Static data (mesh, coefficients): content-addressed, written once, reference-counted, collected.
+
+``ROOT/static/<hash>/`` holds one committed set per content; checkpoints refer to it by hash in
+their manifest. A save of unchanged static data writes nothing; a directory is deleted once no
+checkpoint (valid, invalid or quarantined) refers to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from resilient._version import __version__
+from resilient.checkpoint.checkpointer import save_set
+from resilient.errors import InvalidCheckpointError
+from resilient.io import storage
+from resilient.io.commit import PendingDir
+from resilient.io.validate import validate_checkpoint
+from resilient.model import filenames
+from resilient.model.checksum import hash128
+from resilient.model.payload import LocalData
+from resilient.parallel.collective import Collective
+from resilient.parallel.topology import Topology
+
+__all__ = ["StaticStore"]
+
+log = logging.getLogger(__name__)
+
+
+class StaticStore:
+    """The static data of one checkpoint root.
+
+    :meth:`write` is collective, :meth:`lookup` the coordinator's (a save asks it in the same
+    round as its other questions); the reference counts and :meth:`collect` are the coordinator's
+    (filled by :class:`resilient.checkpoint.catalog.Catalog` from what it finds on disk).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dir = root / filenames.STATIC_DIR
+        self._refs: Counter[str] = Counter()
+        self._pinned = False  # a reference could not be read: collect nothing
+        self._known_good: set[str] = set()
+
+    @staticmethod
+    def describe(data: LocalData | None) -> object | None:
+        """Local: what :meth:`lookup` needs of this rank's static data (``None``: none)."""
+        return None if data is None else data.describe()
+
+    def lookup(self, kind: str, descs: Sequence[object | None]) -> tuple[str | None, bool]:
+        """Coordinator: the content hash of every rank's static data (``descs``, by rank, from
+        :meth:`describe`) and whether a valid copy of it exists; ``(None, True)`` if no rank
+        gave any."""
+        if all(d is None for d in descs):
+            return None, True
+        content = hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
+        return content, self.is_stored(content)
+
+    def write(self, topo: Topology, step: int, data: LocalData | None, content: str) -> None:
+        """Collective over ``topo.comm``: write every rank's static data as ``content`` (what
+        :meth:`lookup` found missing)."""
+        coll = Collective(topo.comm)
+        pending = coll.broadcast(
+            "creating a temporary directory for static data",
+            lambda: PendingDir.for_static(self.root, content).create(),
+        )
+        save_set(
+            topo, pending, step=step, data=data or LocalData({}, {}), kind="static",
+            library_version=__version__,
+        )  # fmt: skip
+        self._known_good.add(content)
+
+    def is_stored(self, content: str) -> bool:
+        """Whether a valid copy of ``content`` exists (checked once per process)."""
+        if content in self._known_good:
+            return True
+        try:
+            validate_checkpoint(self.dir / filenames.static_dir_name(content), kind="static")
+        except InvalidCheckpointError:
+            return False
+        self._known_good.add(content)
+        return True
+
+    # ------------------------------------------------------------------ reference counting
+
+    def ref(self, content: str | None) -> None:
+        """Count one more checkpoint referring to ``content``."""
+        if content is not None:
+            self._refs[content] += 1
+
+    def unref(self, content: str | None) -> None:
+        """Count one checkpoint fewer referring to ``content``."""
+        if content is not None and self._refs[content] > 0:
+            self._refs[content] -= 1
+
+    def pin(self) -> None:
+        """Some reference is unknown (an unreadable quarantined manifest): never collect."""
+        self._pinned = True
+
+    def collect(self) -> list[Path]:
+        """Trash every static directory no checkpoint refers to; return the trash to delete."""
+        if self._pinned or not self.dir.is_dir() or self.dir.is_symlink():
+            return []
+        trash = []
+        for name in _names(self.dir):
+            if filenames.is_static_dir(name) and self._refs[name] <= 0:
+                trash.append(storage.move_to_trash(self.dir / name, durable=False))
+                self._known_good.discard(name)
+                log.info("deleted unreferenced static data %s", name)
+        return trash
+
+
+def _names(directory: Path) -> Iterable[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,357 @@
+"""The node-local tier: checkpoints written on each node's fast storage, flushed to the shared root.
+
+On every node, ``<local_dir>/<name of the shared root>-<hash of its path>/`` is a checkpoint
+root of its own holding, per step, the data files of that node's ranks plus the manifest and
+the ``COMMITTED`` marker (the same manifest the shared copy gets). Every file group must lie on
+one node (``checkpoint_comm`` ``self`` or ``node``; ``world`` only on one node).
+
+A node is what the communicator says it is (:meth:`~resilient.parallel.comm.Comm.split_node`), not a
+host name: several nodes may share a host. ``local_dir`` is expanded on each node by its own
+ranks (``/scratch/$SLURMD_NODENAME``, ``$SLURM_TMPDIR``), so each node may have its own path;
+every rank of a node must expand it to the same directory.
+
+* A save goes to a pending directory on every node; each node's leader commits its copy with
+  the usual protocol (:class:`~resilient.io.commit.PendingDir`).
+* A flush copies a committed local checkpoint to the shared root: every rank copies its own
+  datasets' bytes (the file's leader also HDF5's own bytes), hashing them as they are read, so a
+  corrupt local copy is never flushed; then the coordinator commits the shared copy with the
+  same manifest. A flush cut short is never visible.
+* A step is restorable from the local tier only when every rank finds its file there (marker,
+  manifest and file sizes check out, same layout): a job on other nodes finds nothing and uses
+  the shared root.
+* With ``redundancy="partner"`` (:mod:`resilient.checkpoint.partner`) every local commit is followed, in
+  the background, by a copy of each node's files to the next node; a restore first rebuilds
+  what lost or replaced nodes lack from those copies.
+
+SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient.checkpoint.partner import Redundancy, make_redundancy
+from resilient.errors import ConfigError, InvalidCheckpointError
+from resilient.io import fileio, storage
+from resilient.io.commit import PendingDir
+from resilient.io.validate import load_manifest
+from resilient.model import filenames
+from resilient.model.checksum import hash128
+from resilient.model.manifest import Layout, Manifest
+from resilient.model.nodes import expand_node_path, node_label
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Comm
+from resilient.parallel.topology import Topology
+
+__all__ = [
+    "LocalCheckpoint",
+    "LocalTier",
+    "known_local_roots",
+    "local_root_of",
+    "record_local_tiers",
+]
+
+log = logging.getLogger(__name__)
+
+
+def local_root_of(local_dir: str | os.PathLike[str], shared_root: Path) -> Path:
+    """The local tier's root under ``local_dir`` for the shared root ``shared_root`` (pure)."""
+    absolute = os.path.abspath(shared_root)
+    return Path(local_dir) / f"{Path(absolute).name}-{hash128(absolute)[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What one rank knows of its node: the node's first rank (of the checkpoint set: the
+    node's identity), its name, its host, and the local directory as this rank expands it
+    and as the node's first rank does."""
+
+    leader: int
+    label: str
+    host: str
+    own_dir: str
+    node_dir: str
+
+
+class LocalCheckpoint:
+    """A local checkpoint every rank has: its node's directory of the step, and the manifest."""
+
+    __slots__ = ("manifest", "path")
+
+    def __init__(self, path: Path, manifest: Manifest) -> None:
+        self.path = path
+        self.manifest = manifest
+
+
+class LocalTier:
+    """The local tier of one manager. Construction is collective over ``topo.comm``.
+
+    Args:
+        local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``), expanded on
+            each node (``/scratch/$SLURMD_NODENAME``).
+        shared_root: the shared checkpoint root this tier caches.
+        topo: who writes which file.
+        keep: local checkpoints kept per node (the newest ones).
+        redundancy: ``"partner"``: keep a copy of each node's files on the next node.
+
+    Raises:
+        ConfigError: a file group spans nodes, the ranks of one node expand ``local_dir`` to
+            different directories, ``keep`` < 1, or an unknown ``redundancy``.
+    """
+
+    def __init__(
+        self,
+        local_dir: str | os.PathLike[str],
+        shared_root: Path,
+        topo: Topology,
+        *,
+        keep: int,
+        redundancy: str | None = None,
+    ) -> None:
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ConfigError(f"local_keep must be a positive integer, got {keep!r}")
+        self.topo = topo
+        self.keep = keep
+        self._coll = Collective(topo.comm)
+        self.node: Comm = self._coll.check("grouping ranks by node", topo.comm.split_node)
+        own_dir = expand_node_path(local_dir)
+        leader, label, node_dir = self.node.bcast((topo.comm.rank, node_label(), own_dir))
+        self.views: list[NodeView] = topo.comm.allgather(
+            NodeView(leader, label, socket.gethostname(), own_dir, node_dir)
+        )
+        self._coll.check("checking the local tier's layout", self._check_nodes)
+        self.root = local_root_of(node_dir, shared_root)
+        self._coll.check(f"opening the local tier {self.root}", self._open)
+        self.redundancy: Redundancy | None = None
+        if redundancy is not None:
+            self.redundancy = make_redundancy(
+                redundancy, self.root, [(v.leader, v.label) for v in self.views],
+                self._coll, keep=keep, shared_root=shared_root,
+            )  # fmt: skip
+
+    @property
+    def is_node_leader(self) -> bool:
+        """Whether this rank acts for its node (creates, commits and rotates its copies)."""
+        return self.node.rank == 0
+
+    def _check_nodes(self) -> None:
+        for group in self.topo.groups:
+            nodes = {self.views[r].leader: self.views[r].label for r in group}
+            if len(nodes) > 1:
+                raise ConfigError(
+                    f"local_dir needs every checkpoint file on one node, but checkpoint_comm="
+                    f"{self.topo.kind!r} puts ranks of nodes {sorted(nodes.values())[:3]} in "
+                    "one file: use 'self' or 'node'"
+                )
+        for rank, view in enumerate(self.views):
+            if view.own_dir != view.node_dir:
+                raise ConfigError(
+                    f"local_dir must name one directory per node, but rank {rank} expands it "
+                    f"to {view.own_dir!r} and the first rank of its node ({view.label}) to "
+                    f"{view.node_dir!r}"
+                )
+
+    def _open(self) -> None:
+        if self.is_node_leader:
+            storage.ensure_root(self.root)
+            storage.cleanup_leftovers(self.root)
+
+    # ------------------------------------------------------------------ saving
+
+    def create_pending(self, step: int) -> PendingDir:
+        """Collective: name a temporary directory for ``step``; every node's leader creates it."""
+        token = self._coll.broadcast("naming a local temporary directory", storage.new_token)
+        pending = PendingDir.for_step(self.root, step, token=token)  # this node's directory
+
+        def create() -> None:
+            if self.is_node_leader:
+                pending.create()
+
+        self._coll.check(f"creating {pending.path} on every node", create)
+        return pending
+
+    def commit(self, pending: PendingDir, manifest: Manifest) -> None:
+        """Collective: every node's leader commits its copy, then keeps the newest ``keep``."""
+
+        def commit_here() -> None:
+            if self.is_node_leader:
+                pending.commit(manifest, what=f"local copy of step {manifest.step}")
+                self._rotate()
+
+        try:
+            self._coll.check(f"committing the local copies of step {manifest.step}", commit_here)
+        except Exception:
+            self.rollback(pending)
+            raise
+
+    def rollback(self, pending: PendingDir) -> None:
+        """Local: this node's leader removes its temporary directory (no communication)."""
+        if self.is_node_leader:
+            pending.rollback()
+
+    def _rotate(self) -> None:
+        steps = sorted(self._committed_steps(), reverse=True)
+        for step in steps[self.keep :]:
+            try:
+                storage.remove_tree(self.root / filenames.step_dir_name(step))
+            except OSError as exc:
+                log.warning("could not remove local checkpoint %d in %s: %s", step, self.root, exc)
+
+    def _committed_steps(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return [s for s in map(filenames.parse_step_dir, names) if s is not None]
+
+    def protect_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
+        """This rank's part of protecting a committed local checkpoint (see
+        :meth:`~resilient.checkpoint.partner.Redundancy.protect_job`; no collective), or ``None`` without
+        redundancy (or without another node)."""
+        if self.redundancy is None or not self.redundancy.protecting:
+            return None
+        return self.redundancy.protect_job(checkpoint.path, checkpoint.manifest)
+
+    # ------------------------------------------------------------------ flushing
+
+    def flush_job(
+        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: fileio.Bounce | None = None
+    ) -> Callable[[], None]:
+        """This rank's part of copying ``checkpoint`` into the shared directory ``shared``
+        (through ``bounce``, the caller's buffer, if given).
+
+        The returned function does no communication (it may run on a background thread); it
+        raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
+        """
+        manifest, rank = checkpoint.manifest, self.topo.comm.rank
+        entry = manifest.ranks[rank]
+        file = next(f for f in manifest.files if f.name == entry.file)
+        ranges: list[tuple[int, int, str, str]] = [
+            (d.offset, d.nbytes, d.checksum, f"rank {rank} dataset {d.name!r}")
+            for d in entry.datasets
+            if d.offset is not None and d.nbytes
+        ]
+        leader = self.topo.group.rank == 0
+        if leader:
+            ranges += [
+                (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
+            ]
+        src, dst = checkpoint.path / file.name, shared / file.name
+
+        def copy() -> None:
+            try:
+                storage.retry_io(
+                    lambda: fileio.copy_ranges(
+                        src, dst, ranges, size=file.size if leader else None, bounce=bounce
+                    ),
+                    what=f"copying {src} to {dst}",
+                )
+            except (ValueError, EOFError) as exc:
+                raise InvalidCheckpointError(str(checkpoint.path), str(exc)) from None
+
+        return copy
+
+    # ------------------------------------------------------------------ restoring
+
+    def newest(
+        self, current: Layout, *, step: int | None = None, at_least: int | None = None
+    ) -> LocalCheckpoint | None:
+        """Collective: the newest step (or ``step``; not older than ``at_least``) every rank
+        finds intact in its node's copy, after rebuilding from partner copies what some nodes
+        lack.
+
+        Quick checks only (marker, manifest, this rank's file size, same layout); the restore
+        verifies every checksum it reads.
+        """
+        if self.redundancy is not None and self.redundancy.protecting:
+            self.redundancy.recover(self._committed_steps, current, step=step, at_least=at_least)
+        mine = [s for s in self._intact_steps(current, step) if at_least is None or s >= at_least]
+
+        def pick(found: Sequence[Sequence[int]]) -> tuple[int, Manifest] | None:
+            common = set(found[0]).intersection(*map(set, found[1:]))
+            if not common:
+                return None
+            newest = max(common)  # the same manifest on every node: the coordinator's copy
+            return newest, load_manifest(self.root / filenames.step_dir_name(newest))
+
+        picked = self._coll.all_reduce("finding local checkpoints", lambda: mine, pick)
+        if picked is None:
+            return None
+        newest, manifest = picked
+        return LocalCheckpoint(self.root / filenames.step_dir_name(newest), manifest)
+
+    def _intact_steps(self, current: Layout, step: int | None) -> list[int]:
+        """Steps whose local copy holds this rank's file intact (local: a few stats)."""
+        rank, found = self.topo.comm.rank, []
+        for s in sorted(self._committed_steps(), reverse=True):
+            if step is not None and s != step:
+                continue
+            path = self.root / filenames.step_dir_name(s)
+            try:
+                manifest = load_manifest(path)
+            except InvalidCheckpointError as exc:
+                log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
+                continue
+            if manifest.layout != current or rank >= len(manifest.ranks):
+                continue
+            name = manifest.ranks[rank].file
+            size = next((f.size for f in manifest.files if f.name == name), -1)
+            try:
+                if os.lstat(path / name).st_size == size:
+                    found.append(s)
+            except FileNotFoundError:
+                continue
+        return found
+
+    def discard(self, checkpoint: LocalCheckpoint, reason: str) -> None:
+        """Local: this node's leader quarantines its copy of a checkpoint that failed a restore."""
+        if not self.is_node_leader:
+            return
+        try:
+            storage.quarantine(checkpoint.path, checkpoint.manifest.step, reason)
+        except OSError as exc:
+            log.warning("could not quarantine %s: %s", checkpoint.path, exc)
+
+    def listing(self) -> list[tuple[str, str, Path]]:
+        """``(node, host, local root)`` of every node (the shared root's record of its tiers)."""
+        shared = self.root.name
+        return sorted({(v.label, v.host, Path(v.node_dir) / shared) for v in self.views})
+
+
+def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, str, Path]]) -> None:
+    """Add ``(node, host, local root)`` entries to the shared root's record (``resilient ls``)."""
+    known = set(_read_tiers(shared_root))
+    new = known | {(n, h, str(p)) for n, h, p in tiers}
+    if new != known:
+        doc = [{"node": n, "host": h, "path": p} for n, h, p in sorted(new)]
+        tmp = shared_root / f".{filenames.LOCAL_TIERS}.{storage.new_token()}"
+        storage.write_durable(tmp, json.dumps(doc, indent=1).encode())
+        os.replace(tmp, shared_root / filenames.LOCAL_TIERS)
+
+
+def known_local_roots(shared_root: Path, *, node: str | None = None) -> list[Path]:
+    """The local roots recorded for ``shared_root`` on ``node``: by default this process's
+    node (:func:`~resilient.model.nodes.node_label`) or host."""
+    here = {node} if node is not None else {node_label(), socket.gethostname()}
+    return [Path(p) for n, h, p in _read_tiers(shared_root) if n in here or h in here]
+
+
+def _read_tiers(shared_root: Path) -> list[tuple[str, str, str]]:
+    """``(node, host, path)`` entries (records written before nodes had names: node = host)."""
+    try:
+        doc = json.loads((shared_root / filenames.LOCAL_TIERS).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, list):
+        return []
+    return [
+        (d["node"] if isinstance(d.get("node"), str) else d["host"], d["host"], d["path"])
+        for d in doc
+        if isinstance(d, dict) and isinstance(d.get("host"), str) and isinstance(d.get("path"), str)
+    ]

@@ -1,0 +1,14 @@
+"""File I/O of one process: a checkpoint's files written, read, fsynced, committed and checked.
+
+Owns:
+    :mod:`.fileio` (data files byte by byte: ``pwrite``/``preadv``, ``O_DIRECT``, fsync, reuse),
+    :mod:`.commit` (a save's temporary directory, from creation to the atomic rename),
+    :mod:`.storage` (the root, its lock, durable small files, quarantine, transient retries),
+    :mod:`.validate` (finding and validating checkpoints on disk: the CLI's and the
+    coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
+    :mod:`.background` (one piece of local work on a thread, its outcome kept),
+    :mod:`.runkey` (a run's identity, recorded in its root).
+
+May import: :mod:`resilient.model` and :mod:`resilient.errors`. Never a communicator: what
+happens here happens on one rank; agreeing on it is :mod:`resilient.parallel`'s, above.
+"""

@@ -1,0 +1,360 @@
+"""Filesystem effects on a checkpoint root: the root itself, its lock, durable small files,
+deleting and quarantining directories, leftovers, small logs, and retries of transient errors.
+
+Elsewhere: :mod:`resilient.io.commit` names, fills, fsyncs and renames a save's temporary
+directory; :mod:`resilient.io.fileio` writes and fsyncs the data files; ``resilient run`` fsyncs its
+attempt ledger. Nothing here follows a symlink out of the checkpoint root: directories are
+renamed (never their targets), trees are deleted only after being renamed to a ``.trash-*``
+name inside the root, and ``shutil.rmtree`` never follows symlinks.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from resilient.errors import CheckpointLockedError, CollectiveError, CommitError, ConfigError
+from resilient.model import filenames
+
+__all__ = [
+    "BackgroundDeleter",
+    "RootLock",
+    "move_to_trash",
+    "append_log",
+    "read_jsonl",
+    "cleanup_leftovers",
+    "ensure_root",
+    "fsync_dir",
+    "is_permanent_storage_error",
+    "is_root",
+    "is_transient",
+    "retry_io",
+    "new_token",
+    "quarantine",
+    "remove_tree",
+    "fsync_files",
+    "write_all",
+    "write_durable",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ROOT_FORMAT = {"format": "resilient-root", "version": 1}
+
+
+def new_token() -> str:
+    """A random hex token for temporary names."""
+    return uuid.uuid4().hex[:16]
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames and creations inside it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Create ``path`` (which must not exist) with ``data`` and fsync it."""
+    write_all([(path, data)])
+    fsync_files([path])
+
+
+def write_all(files: list[tuple[Path, bytes]]) -> None:
+    """Create each file (none may exist) with its data (not durable yet: see
+    :func:`fsync_files`)."""
+    for path, data in files:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
+
+
+def fsync_files(paths: list[Path]) -> None:
+    """fsync each file."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def is_root(root: Path) -> bool:
+    """Whether ``root`` is a checkpoint root made by this library."""
+    try:
+        doc = json.loads((root / filenames.ROOT_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == ROOT_FORMAT["format"]
+
+
+def ensure_root(root: Path) -> None:
+    """Create the checkpoint root (and its marker) if needed; refuse a foreign directory.
+
+    Raises:
+        ConfigError: ``root`` exists, is not empty and is not a checkpoint root.
+    """
+    if root.is_symlink() and not root.is_dir():
+        raise ConfigError(f"{root}: dangling symlink, not a checkpoint root")
+    root.mkdir(parents=True, exist_ok=True)
+    if is_root(root):
+        return
+    if any(root.iterdir()):
+        raise ConfigError(
+            f"{root} is not empty and is not a resilient checkpoint root "
+            f"(no {filenames.ROOT_MARKER}); refusing to write into it"
+        )
+    tmp = root / f".{filenames.ROOT_MARKER}.{new_token()}"
+    write_durable(tmp, json.dumps(ROOT_FORMAT).encode())
+    os.replace(tmp, root / filenames.ROOT_MARKER)
+    fsync_dir(root)
+
+
+class RootLock:
+    """An exclusive lock on a checkpoint root, held while a job writes there.
+
+    Uses ``flock``: the kernel drops it when the holding process dies, so a crashed job never
+    leaves the root locked. The lock file records who holds it (host, pid, and whatever
+    ``owner`` adds, e.g. a Slurm job id), for the error message.
+    """
+
+    def __init__(self, root: Path, *, owner: Mapping[str, str] | None = None) -> None:
+        self.path = root / filenames.LOCK_FILE
+        self.owner = dict(owner or {})
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`CheckpointLockedError` at once (never waits)."""
+        import fcntl
+
+        fh = open(self.path, "a+")  # noqa: SIM115 - held for the manager's lifetime
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise CheckpointLockedError(
+                    f"{self.path.parent} is in use by another job ({holder}); two jobs must not "
+                    "write one checkpoint root"
+                ) from None
+            raise
+        fh.seek(0)
+        fh.truncate()
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **self.owner}
+        fh.write(json.dumps(info))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a small append-only log; malformed (e.g. torn) lines are skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):  # torn, or nested deeper than json's decoder goes
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def append_log(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to a small log (best effort: a log must never fail a save)."""
+    try:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record, allow_nan=True) + "\n")
+    except OSError as exc:
+        log.warning("could not append to %s: %s", path, exc)
+
+
+def move_to_trash(path: Path, *, durable: bool = True) -> Path:
+    """Rename a directory inside a root to ``.trash-*`` (atomic; it no longer counts).
+
+    ``durable=False`` skips the fsync of the parent: for a rotation, which a crash may undo
+    (the checkpoint comes back, valid, and the next rotation deletes it again)."""
+    trash = path.parent / filenames.trash_dir_name(new_token())
+    os.rename(path, trash)
+    if durable:
+        fsync_dir(path.parent)
+    return trash
+
+
+class BackgroundDeleter:
+    """Deletes trashed directories on one background thread.
+
+    Unlinking a checkpoint costs ~0.2 s per GiB on filesystems mounted with ``discard``: that
+    must not stall the ranks. :meth:`wait` joins the thread (call it before the next deletion
+    and at close); a crash leaves ``.trash-*`` directories that the next start removes.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def delete(self, paths: list[Path]) -> None:
+        """Start deleting ``paths`` (already renamed to trash names) in the background."""
+        self.wait()
+        if paths:
+
+            def run() -> None:
+                for p in paths:
+                    shutil.rmtree(p, ignore_errors=True)
+
+            self._thread = threading.Thread(target=run, name="resilient-delete", daemon=True)
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the previous deletion finished."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory inside a root: :func:`move_to_trash`, then remove it.
+
+    A crash in the middle leaves a ``.trash-*`` directory (cleaned up later), never a
+    half-deleted checkpoint under its real name.
+    """
+    shutil.rmtree(move_to_trash(path), ignore_errors=True)
+
+
+def quarantine(path: Path, step: int, reason: str) -> Path:
+    """Rename a failed checkpoint out of the way (never delete it) and record why."""
+    target = path.parent / filenames.quarantine_dir_name(step, new_token())
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    try:
+        if target.is_dir() and not target.is_symlink():
+            (target / filenames.QUARANTINE_INFO).write_text(
+                json.dumps({"step": step, "reason": reason})
+            )
+    except OSError:  # the reason is also logged; a read-only dir must not hide the rename
+        pass
+    log.warning("quarantined checkpoint of step %d as %s: %s", step, target.name, reason)
+    return target
+
+
+def cleanup_leftovers(root: Path) -> list[str]:
+    """Remove temporary and trash directories left by killed saves. Call only under the lock."""
+    removed = []
+    candidates = list(root.iterdir())
+    static = root / filenames.STATIC_DIR
+    if static.is_dir() and not static.is_symlink():
+        candidates += list(static.iterdir())
+    for entry in candidates:
+        name = entry.name
+        if (
+            filenames.parse_tmp_dir(name) is not None
+            or filenames.is_trash(name)
+            or (entry.parent == static and filenames.is_static_tmp(name))
+        ):
+            if entry.is_symlink():
+                entry.unlink()
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+            removed.append(name)
+    if removed:
+        log.info("removed %d leftover temporary directories in %s", len(removed), root)
+    return removed
+
+
+# --------------------------------------------------------------------------- transient errors
+
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
+PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def is_permanent_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a rank's error inside a collective one) is a permanent storage error.
+
+    Reads errnos as data: an ``OSError``'s, a :class:`CommitError`'s, and each rank's
+    :class:`~resilient.errors.RankFailure` of a :class:`CollectiveError`; then the cause chain.
+    """
+    if isinstance(exc, (OSError, CommitError)) and exc.errno in PERMANENT_ERRNOS:
+        return True
+    if isinstance(exc, CollectiveError):
+        return any(f.errno in PERMANENT_ERRNOS for f in exc.details.values())
+    cause = exc.__cause__
+    return cause is not None and cause is not exc and is_permanent_storage_error(cause)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a filesystem error worth retrying (shared storage hiccups)."""
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def retry_io(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 5,
+    cleanup: Callable[[], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> T:
+    """Run ``fn``; retry transient errors (EIO, ESTALE, EAGAIN, EINTR) with exponential backoff.
+
+    Permanent errors (ENOSPC, EDQUOT, EACCES, EPERM, EROFS) fail at once with a message that
+    says what was being done and that it was not retried. ``cleanup`` runs before each retry
+    (e.g. to remove a half-created file).
+    """
+    import time as _time
+
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    def before_sleep(state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "transient error while %s (attempt %d): %s; retrying", what, state.attempt_number, exc
+        )
+        if cleanup is not None:
+            cleanup()
+
+    try:
+        for attempt in Retrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            retry=retry_if_exception(is_transient),
+            before_sleep=before_sleep,
+            sleep=sleep or _time.sleep,
+            reraise=True,
+        ):
+            with attempt:
+                return fn()
+    except OSError as exc:
+        if exc.errno in PERMANENT_ERRNOS:
+            raise OSError(
+                exc.errno, f"{exc.strerror} while {what} (permanent: not retried)"
+            ) from exc
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover

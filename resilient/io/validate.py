@@ -1,0 +1,384 @@
+"""Finding and validating checkpoints on disk. No MPI: the CLI and the coordinator use it.
+
+*Quick* validation checks the commit marker, the manifest (strictly parsed, its checksum
+matching the marker) and that every data file is a regular file of the recorded size.
+*Full* validation also re-reads every byte and compares checksums.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient.errors import InvalidCheckpointError
+from resilient.model import filenames
+from resilient.model.checksum import (
+    digest_bytes,
+    digest_file_range,
+    digest_file_stripes,
+    digest_text,
+)
+from resilient.model.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    ShardEntry,
+    combine_checksums,
+    file_segments,
+    parse_manifest,
+    segment_label,
+)
+from resilient.model.tree import Memo
+
+__all__ = [
+    "MAX_MANIFEST_BYTES",
+    "CheckpointRecord",
+    "ShardFiles",
+    "iter_checkpoints",
+    "latest_valid",
+    "list_checkpoints",
+    "load_manifest",
+    "validate_checkpoint",
+]
+
+MAX_MANIFEST_BYTES = 256 << 20
+"""The largest manifest a reader parses (a larger one is refused as implausible, so a save
+never commits one: :meth:`resilient.io.commit.PendingDir.prepare`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A checkpoint directory as found on disk.
+
+    Attributes:
+        step: its step.
+        path: its directory.
+        status: ``valid``, ``invalid`` or ``quarantined``.
+        reason: why it is not valid (empty when valid).
+        manifest: its manifest, when it could be read.
+    """
+
+    step: int
+    path: Path
+    status: str
+    reason: str = ""
+    manifest: Manifest | None = None
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidCheckpointError(str(path.parent), f"{path.name} is not a regular file")
+    if st.st_size > limit:
+        raise InvalidCheckpointError(str(path.parent), f"{path.name} is implausibly large")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        # ask for the size the file has, not for `limit` (a read(limit + 1) allocates that
+        # much, 256 MiB for a manifest, however small the file); one byte more sees growth
+        size = min(os.fstat(fh.fileno()).st_size, limit)
+        data = fh.read(size + 1)
+        if len(data) > size:  # it grew since: read on, up to the limit as before
+            data += fh.read(limit - size)
+        return data
+
+
+def marker_text(step: int, manifest_checksum: str) -> str:
+    """Content of the ``COMMITTED`` marker."""
+    return json.dumps({"step": step, "manifest_checksum": manifest_checksum})
+
+
+def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = None) -> Manifest:
+    """Read and check the marker and manifest of a committed directory (``memo``: the caller's
+    :class:`~resilient.model.tree.Memo`, see :func:`~resilient.model.manifest.parse_manifest`).
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    where = str(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InvalidCheckpointError(where, "is a symlink (not followed)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise InvalidCheckpointError(where, "is not a directory")
+    try:
+        marker_raw = _read_small(path / filenames.COMMITTED, 1 << 16)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)") from None
+    try:
+        marker = json.loads(marker_raw)
+        expected = marker["manifest_checksum"]
+        marked_step = marker["step"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
+    try:
+        text = _read_small(path / filenames.MANIFEST, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, "manifest.json is missing") from None
+    if digest_bytes(text) != expected:
+        raise InvalidCheckpointError(
+            where, "manifest.json does not match its checksum in COMMITTED"
+        )
+    try:
+        manifest = parse_manifest(text, memo=memo, read_shard=ShardFiles(path))
+    except ManifestError as exc:
+        raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+    if manifest.kind != kind:
+        raise InvalidCheckpointError(
+            where, f"manifest is of kind {manifest.kind!r}, expected {kind!r}"
+        )
+    if manifest.step != marked_step:
+        raise InvalidCheckpointError(where, "manifest step differs from the marker's")
+    return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFiles:
+    """Reads the shards of a sharded manifest (schema 3) in ``directory`` for
+    :func:`~resilient.model.manifest.parse_manifest`: the bytes of one, checked against its index
+    entry (size and checksum).
+
+    Raises:
+        InvalidCheckpointError: the shard is missing, or not the one the index describes.
+    """
+
+    directory: Path
+
+    def __call__(self, shard: ShardEntry) -> bytes:
+        where = str(self.directory)
+        try:
+            text = _read_small(self.directory / shard.name, MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+        if len(text) != shard.size:
+            raise InvalidCheckpointError(
+                where,
+                f"manifest shard {shard.name} has {len(text)} bytes, its index says {shard.size}",
+            )
+        if digest_bytes(text) != shard.checksum:
+            raise InvalidCheckpointError(
+                where, f"manifest shard {shard.name} does not match its checksum in the index"
+            )
+        return text
+
+
+def _check_shards(path: Path, manifest: Manifest) -> None:
+    """Quick validation of a sharded manifest's shards: each a regular file of the size its
+    index says, and no shard the index does not name (their contents are checked when read)."""
+    sharded = manifest.sharded
+    if sharded is None:
+        return
+    where = str(path)
+    for shard in sharded.shards:
+        try:
+            st = os.lstat(path / shard.name)
+        except FileNotFoundError:
+            raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != shard.size:
+            raise InvalidCheckpointError(
+                where, f"manifest shard {shard.name} is not the file its index describes"
+            )
+    named = {s.name for s in sharded.shards}
+    extra = sorted(n for n in os.listdir(path) if filenames.is_shard_name(n) and n not in named)
+    if extra:
+        raise InvalidCheckpointError(where, f"manifest shard {extra[0]} is not in the index")
+
+
+def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
+    where = str(path)
+    _check_shards(path, manifest)
+    try:
+        _check_data_files(path, manifest, full=full, node_local=node_local)
+    except ManifestError as exc:  # a shard read by a full validation
+        raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+
+
+def _check_data_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
+    where = str(path)
+    for entry in manifest.files:
+        fpath = path / entry.name
+        try:
+            st = os.lstat(fpath)
+        except FileNotFoundError:
+            if node_local:
+                continue  # a node-local copy holds only its node's files
+            raise InvalidCheckpointError(where, f"data file {entry.name} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidCheckpointError(where, f"data file {entry.name} is not a regular file")
+        if st.st_size != entry.size:
+            raise InvalidCheckpointError(
+                where, f"data file {entry.name} has {st.st_size} bytes, manifest says {entry.size}"
+            )
+        if not full:
+            continue
+        striped = _striped(manifest, entry)
+        fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            digests = []
+            for offset, length, expected, owner in file_segments(manifest, entry):
+                label = segment_label(owner)
+                stripes = striped.get(offset)
+                if stripes is None:
+                    got = digest_file_range(fd, offset, length)
+                else:  # a Block leaf: its stripes' checksums too, in the same pass
+                    got, parts = digest_file_stripes(fd, offset, length, stripes[0])
+                    bad = [
+                        i for i, (a, b) in enumerate(zip(parts, stripes[1], strict=False)) if a != b
+                    ]
+                    if bad or len(parts) != len(stripes[1]):
+                        raise InvalidCheckpointError(
+                            where, f"checksum mismatch in {entry.name}: {label} stripe {bad[:1]}"
+                        )
+                if got != expected:
+                    raise InvalidCheckpointError(
+                        where,
+                        f"checksum mismatch in {entry.name}: {label} (bytes {offset}-{offset + length})",
+                    )
+                digests.append((offset, length, got))
+        except EOFError as exc:
+            raise InvalidCheckpointError(
+                where, f"data file {entry.name} truncated: {exc}"
+            ) from None
+        finally:
+            os.close(fd)
+        if digest_text(combine_checksums(digests)) != entry.checksum:
+            raise InvalidCheckpointError(where, f"file checksum mismatch for {entry.name}")
+
+
+def _striped(manifest: Manifest, file: FileEntry) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """Datasets of ``file`` with stripe checksums: offset -> (bytes per stripe, digests)."""
+    out = {}
+    for r in file.ranks:
+        rank = manifest.ranks[r]
+        if rank.file != file.name:
+            continue
+        for d in rank.datasets:
+            if d.stripes is not None and d.offset is not None and d.nbytes:
+                out[d.offset] = (d.stripes.rows * (d.nbytes // d.shape[0]), d.stripes.digests)
+    return out
+
+
+def validate_checkpoint(
+    path: Path,
+    *,
+    full: bool = False,
+    kind: str = "checkpoint",
+    static_root: Path | None = None,
+    node_local: bool = False,
+    memo: Memo | None = None,
+) -> Manifest:
+    """Validate one committed checkpoint (and its static data); return its manifest.
+
+    Args:
+        path: the checkpoint directory.
+        full: verify every checksum, not only sizes.
+        kind: ``checkpoint`` or ``static``.
+        static_root: the root holding its static data (default: ``path``'s parent).
+        node_local: a node-local copy (:mod:`resilient.checkpoint.tiers`): files of other nodes are absent.
+        memo: the caller's :class:`~resilient.model.tree.Memo` for parsing the manifest.
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    manifest = load_manifest(path, kind=kind, memo=memo)
+    _check_files(path, manifest, full=full, node_local=node_local)
+    if manifest.static is not None:
+        parent = path.parent if static_root is None else static_root
+        static_path = parent / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
+        try:
+            validate_checkpoint(static_path, full=full, kind="static")
+        except InvalidCheckpointError as exc:
+            raise InvalidCheckpointError(
+                str(path), f"its static data {manifest.static}: {exc.reason}"
+            ) from None
+    return manifest
+
+
+def iter_checkpoints(
+    root: Path,
+    *,
+    full: bool = False,
+    step: int | None = None,
+    quarantined: bool = False,
+    static_root: Path | None = None,
+    node_local: bool = False,
+    memo: Memo | None = None,
+) -> Iterator[CheckpointRecord]:
+    """The checkpoints under ``root``, newest first, each with its verdict.
+
+    The one way the library, the CLI, ``resilient run`` and the workflow adapters find
+    checkpoints. Only the directory listing is read up front; each checkpoint is validated when
+    the iteration reaches it, so "the newest valid one" costs one validation when it is the
+    newest, however long the history. Temporary directories of saves in progress (or killed)
+    are never listed.
+
+    Args:
+        root: the checkpoint root (a missing root has no checkpoints).
+        full: verify every checksum instead of the quick check.
+        step: only the checkpoint(s) of this step.
+        quarantined: also yield quarantined directories (status ``quarantined``), after the
+            committed directory of the same step.
+        static_root, node_local: for a node-local tier, see :func:`validate_checkpoint`.
+        memo: the caller's :class:`~resilient.model.tree.Memo` for parsing manifests.
+    """
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    found: list[tuple[int, bool, str]] = []
+    for name in names:
+        committed = filenames.parse_step_dir(name)
+        if committed is not None:
+            found.append((committed, True, name))
+            continue
+        moved = filenames.parse_quarantined(name) if quarantined else None
+        if moved is not None:
+            found.append((moved, False, name))
+    if step is not None:
+        found = [f for f in found if f[0] == step]
+    found.sort(key=lambda f: (-f[0], not f[1], f[2]))
+    for number, committed_dir, name in found:
+        path = root / name
+        if not committed_dir:
+            yield CheckpointRecord(number, path, "quarantined", _quarantine_reason(path))
+            continue
+        try:
+            manifest = validate_checkpoint(
+                path, full=full, static_root=static_root, node_local=node_local, memo=memo
+            )
+        except InvalidCheckpointError as exc:
+            yield CheckpointRecord(number, path, "invalid", exc.reason)
+        else:
+            yield CheckpointRecord(number, path, "valid", "", manifest)
+
+
+def _quarantine_reason(path: Path) -> str:
+    try:
+        info = json.loads(_read_small(path / filenames.QUARANTINE_INFO, 1 << 16))
+        return str(info.get("reason", ""))
+    except (OSError, ValueError, InvalidCheckpointError, AttributeError, RecursionError):
+        return ""
+
+
+def list_checkpoints(
+    root: Path, *, full: bool = False, static_root: Path | None = None, node_local: bool = False
+) -> list[CheckpointRecord]:
+    """Every checkpoint directory under ``root`` (quarantined ones too), oldest first, validated."""
+    records = list(
+        iter_checkpoints(
+            root, full=full, quarantined=True, static_root=static_root, node_local=node_local
+        )
+    )
+    records.sort(key=lambda r: (r.step, r.status != "valid", r.path.name))
+    return records
+
+
+def latest_valid(root: Path, *, full: bool = False) -> CheckpointRecord | None:
+    """The newest checkpoint under ``root`` that validates, or ``None``."""
+    return next((r for r in iter_checkpoints(root, full=full) if r.status == "valid"), None)

@@ -1,0 +1,13 @@
+"""A job's life: the time loop, its walltime and signals, and ``resilient run`` around it.
+
+Owns:
+    :mod:`.session` (:class:`~.session.Session`: a time loop that saves before the walltime
+    and exits 75), :mod:`.resumable` (``@resumable``: an in-process function re-run from its
+    latest valid checkpoint), :mod:`.slurm` (the deadline and stop signals), :mod:`.run`
+    (``resilient run``: a program run resumably, retried and requeued by exit code),
+    :mod:`.exitcodes` (the exit-code contract), :mod:`.launch` (which MPI launcher starts
+    ranks).
+
+May import: :mod:`resilient.checkpoint` and everything below it. Knows nothing of Snakemake or
+Parsl: those are :mod:`resilient.integrations`, above.
+"""

@@ -1,0 +1,714 @@
+"""``resilient run [options] -- CMD ...``: run a program resumably, with an exit-code contract.
+
+Engine-neutral: used from Snakemake rules, Parsl bash apps and sbatch scripts. Per attempt it
+runs CMD in its own process group, forwards stop signals, optionally plays a local walltime
+(warning signal, SIGTERM, SIGKILL: Slurm's sequence), and appends one JSON line to the ledger
+``CHECKPOINT_DIR/attempts.jsonl``.
+
+Exit codes (the contract):
+
+* ``0``  the program finished;
+* ``75`` stopped early but made progress (a newer valid checkpoint exists): resume me;
+* ``93`` no progress for ``--max-no-progress`` consecutive attempts: do not retry;
+* ``74`` a permanent storage error (disk full, permission denied, read-only): do not retry
+  blindly (passed through from the program);
+* ``78`` the checkpoint directory belongs to another run (the program's ``run_key`` differs from
+  the one recorded there, or the restored arrays have another shape): do not retry; give the
+  parameters a directory of their own (passed through from the program, which exits 78 through
+  :class:`~resilient.job.session.Session`);
+  ``resilient run`` itself exits 78 too, without starting the program, when the checkpoint
+  directory is the workflow engine's rather than this run's: it is, or lies inside, one of the
+  task's declared ``--outputs``, or it vanished since the last unfinished attempt (see below);
+* anything else: the program's own failure, passed through (``128 + N`` if killed by signal N).
+
+A checkpoint directory that an engine deletes between attempts (Snakemake deletes a job's
+declared outputs before every retry and after a failure) would make every attempt start again
+from step 0, silently. Two checks stop that:
+
+* ``--outputs PATH...`` (and ``--task NAME`` for the message): the task's declared outputs; if
+  the checkpoint directory is one of them or lies inside one, exit 78 before the first attempt.
+  The Snakemake helper :func:`resilient.integrations.snakemake.resilient_run` passes them.
+* For a prefix written by hand: after each attempt a record goes to ``PARENT/.NAME.resilient-
+  attempts``, beside the checkpoint directory, where an engine that deletes the directory
+  leaves it. If that record ends with an unfinished attempt and the directory is no longer a
+  checkpoint root (missing, or empty: its ``.resilient-root`` marker is gone), the directory was
+  deleted between attempts: exit 78 with the fix, instead of starting again from step 0. (A
+  directory deleted together with its parent is not seen; the ``--outputs`` check covers
+  that.) To start over on purpose, delete the record too.
+
+A program using :class:`~resilient.job.session.Session` that stops early (deadline, signal) records
+why in ``CHECKPOINT_DIR/stops.jsonl``. An attempt that stopped that way before its first
+checkpoint (it exits 1) is reported as such, not as a crash; it made no progress, so it counts
+towards ``--max-no-progress`` like any attempt without progress (the same walltime would stop
+the same way again), and ``--retries`` does not relaunch it.
+
+With ``--requeue`` (only with a simulated ``--walltime``) a walltime stop does not end the run:
+the program starts again at once with a new walltime, as a requeued job would (Slurm's
+``scontrol requeue`` keeps the job and its ID), so an engine around ``resilient run`` sees one
+job however many walltime stops it takes. The run ends when the program finishes (0), after
+``--max-no-progress`` consecutive stops without progress (93), on exit 74, on a crash (after
+``--retries``), or when a stop signal comes from outside (75: the engine decides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resilient.io import storage
+from resilient.io.validate import latest_valid
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.slurm import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_DEADLINE,
+    find_deadline,
+    parse_signal,
+)
+from resilient.model import filenames
+
+__all__ = [
+    "EXIT_PERMANENT",
+    "AttemptRecord",
+    "RunOptions",
+    "main",
+    "parse_duration",
+    "run",
+    "run_command_line",
+    "sidecar_path",
+]
+
+log = logging.getLogger("resilient.job.run")
+
+_POLL_S = 0.05
+
+
+def parse_duration(text: str) -> float:
+    """A duration in seconds: ``90`` or ``90s`` (seconds), ``5m``, ``2h``, ``1d``, ``MM:SS``,
+    ``HH:MM:SS``, and Slurm's day forms ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``.
+
+    Raises:
+        ValueError: not a duration.
+    """
+    t = text.strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", t)
+    if m:
+        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    days = 0
+    m = re.fullmatch(r"(\d+)-(\d+(?::\d+){0,2})", t)
+    if m:  # Slurm: days-hours[:minutes[:seconds]]
+        days, t = int(m.group(1)), m.group(2)
+        parts = [int(x) for x in t.split(":")] + [0] * (3 - len(t.split(":")))
+    elif re.fullmatch(r"\d+:\d+(?::\d+)?", t):
+        parts = [int(x) for x in t.split(":")]
+        parts = [0, *parts] if len(parts) == 2 else parts  # MM:SS or HH:MM:SS
+    else:
+        raise ValueError(
+            f"not a duration: {text!r} (use 90, 90s, 5m, 2h, MM:SS, HH:MM:SS or D-HH[:MM[:SS]])"
+        )
+    hours, minutes, seconds = parts
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def parse_signal_spec(text: str) -> tuple[signal.Signals, float]:
+    """``"USR1@30"`` -> (SIGUSR1, 30.0)."""
+    name, _, secs = text.partition("@")
+    if not secs:
+        raise ValueError(f"--signal needs SIG@SECONDS, got {text!r}")
+    return parse_signal(name), parse_duration(secs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Settings of one ``resilient run`` invocation."""
+
+    command: tuple[str, ...]
+    checkpoint_dir: Path | None = None
+    walltime_s: float | None = None
+    warn_signal: signal.Signals = signal.SIGUSR1
+    warn_before_s: float | None = None
+    kill_wait_s: float = 5.0
+    max_no_progress: int = 2
+    retries: int = 0
+    requeue: bool = False
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    task: str | None = None  # the workflow task's name, for messages
+    outputs: tuple[Path, ...] = ()  # the task's declared outputs: never the checkpoint directory
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One line of the attempt ledger."""
+
+    attempt: int
+    start: float
+    end: float = 0.0
+    exit_status: int | None = None
+    signal: str | None = None
+    reason: str = ""
+    latest_before: int | None = None
+    latest_after: int | None = None
+    progress: bool = False
+    host: str = field(default_factory=socket.gethostname)
+    slurm_job_id: str | None = None
+    command: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    program_stop: dict[str, Any] | None = None  # the program's own stop record, if it wrote one
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
+    """The ledger's records (malformed lines are skipped)."""
+    return storage.read_jsonl(checkpoint_dir / filenames.ATTEMPT_LEDGER)
+
+
+def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
+    """How many attempts at the end of the ledger failed without progress, in a row.
+
+    Attempts refused because the directory belongs to another run (exit 78) do not count: they
+    say nothing of this run's progress, and the next attempt may have its parameters fixed.
+    """
+    count = 0
+    for rec in reversed(ledger):
+        if rec.get("progress") or rec.get("exit_code") == 0:
+            break
+        if rec.get("exit_code") != EXIT_FOREIGN_RUN:
+            count += 1
+    return count
+
+
+def program_stop(
+    checkpoint_dir: Path | None, *, attempt: int, start: float, end: float
+) -> dict[str, Any] | None:
+    """The stop record a Session wrote during this attempt (``stops.jsonl``), if any."""
+    if checkpoint_dir is None:
+        return None
+    found = None
+    for rec in storage.read_jsonl(checkpoint_dir / filenames.STOP_LOG):
+        when = rec.get("time")
+        if not isinstance(when, (int, float)) or not start <= when <= end:
+            continue
+        if rec.get("attempt") in (None, attempt):
+            found = rec
+    return found
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 or value == int(value) else f"{value:.1f} s"
+
+
+def _stopped_before_first_checkpoint(stop: Mapping[str, Any], walltime_s: float | None) -> str:
+    """Why an attempt stopped before its first checkpoint, from the program's stop record."""
+    margin, left = stop.get("margin_s"), stop.get("time_left_at_start_s")
+    why = str(stop.get("reason") or "stop requested")
+    if isinstance(margin, (int, float)) and isinstance(left, (int, float)) and left < margin:
+        if left <= 0:
+            return (
+                "stopped before its first checkpoint: the deadline had passed when it started "
+                f"({why})"
+            )
+        if walltime_s is not None and walltime_s >= margin:  # a slow start, not a short walltime
+            return (
+                f"stopped before its first checkpoint: it started {_seconds(walltime_s - left)} "
+                f"into its walltime of {_seconds(walltime_s)}, leaving {_seconds(left)}, less "
+                f"than the program's stop margin {_seconds(margin)} ({why})"
+            )
+        walltime = walltime_s if walltime_s is not None else left
+        return (
+            f"stopped before its first checkpoint: walltime {_seconds(walltime)} is shorter than "
+            f"the program's stop margin {_seconds(margin)} ({_seconds(left)} left when it "
+            f"started; {why})"
+        )
+    return f"stopped before its first checkpoint ({why})"
+
+
+def sidecar_path(checkpoint_dir: Path) -> Path:
+    """``PARENT/.NAME.resilient-attempts``: the attempts' outcomes, beside the directory."""
+    path = Path(os.path.abspath(checkpoint_dir))
+    return path.parent / filenames.attempt_sidecar_name(path.name)
+
+
+def _containing_output(checkpoint_dir: Path, outputs: Sequence[Path]) -> Path | None:
+    """The first output that is ``checkpoint_dir`` or a directory above it, else ``None``."""
+    ck = Path(os.path.realpath(checkpoint_dir))
+    for out in outputs:
+        resolved = Path(os.path.realpath(out))
+        if ck == resolved or resolved in ck.parents:
+            return out
+    return None
+
+
+_KEEP_OUT_OF_OUTPUTS = (
+    "Keep checkpoints out of a task's outputs: the engine deletes a task's declared outputs "
+    "before every retry and after a failure (Snakemake does), so each attempt would start "
+    "again from step 0. In Snakemake make the directory a param, "
+    '`params: ckpt=lambda wc: checkpoint_dir("ckpt", "<rule>", ..., wildcards=wc)`, and '
+    "pass it with `--checkpoint-dir {params.ckpt:q}` (resilient_run() does)"
+)
+
+
+def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
+    """Why ``ckdir`` belongs to the engine rather than this run (exit 78), else ``None``."""
+    task = f"task {opts.task!r}" if opts.task else "the task"
+    out = _containing_output(ckdir, opts.outputs)
+    if out is not None:
+        where = "is" if Path(os.path.realpath(out)) == Path(os.path.realpath(ckdir)) else "lies in"
+        return (
+            f"the checkpoint directory {ckdir} {where} the declared output {out} of {task}. "
+            f"{_KEEP_OUT_OF_OUTPUTS}. Not starting (exit {EXIT_FOREIGN_RUN})"
+        )
+    records = storage.read_jsonl(sidecar_path(ckdir))
+    last = records[-1] if records else None
+    if last is None or last.get("exit_code") == 0 or not isinstance(last.get("attempt"), int):
+        return None
+    if storage.is_root(ckdir):  # still the same root (a reset ledger is fine: the 93 advice)
+        return None
+    return (
+        f"the checkpoint directory {ckdir} of {task} was deleted after attempt {last['attempt']} "
+        f"(exit {last.get('exit_code')}), with its checkpoints and its logs: most likely it "
+        f"is (or lies in) a declared output of the task. {_KEEP_OUT_OF_OUTPUTS}. Not starting "
+        f"again from step 0 (exit {EXIT_FOREIGN_RUN}). If you deleted it yourself to start "
+        f"over, delete {sidecar_path(ckdir)} too"
+    )
+
+
+def _note_beside(checkpoint_dir: Path, number: int, record: AttemptRecord) -> None:
+    """Append the attempt's outcome to :func:`sidecar_path` (a warning if that fails: the
+    record only serves the deleted-directory check, never the run itself)."""
+    try:
+        storage.append_log(
+            sidecar_path(checkpoint_dir),
+            {"attempt": number, "exit_code": record.exit_code, "time": record.end},
+        )
+    except OSError as exc:
+        log.warning("could not record attempt %d beside %s: %s", number, checkpoint_dir, exc)
+
+
+def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
+    path = checkpoint_dir / filenames.ATTEMPT_LEDGER
+    with open(path, "a") as fh:
+        fh.write(record.to_json() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _latest(checkpoint_dir: Path | None) -> int | None:
+    if checkpoint_dir is None:
+        return None
+    rec = latest_valid(checkpoint_dir)
+    return rec.step if rec else None
+
+
+def _descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (MPI launchers put ranks in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send ``sig`` to the child's process group and every descendant."""
+    targets = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class _Attempt:
+    """One launch of the command, with timers and signal forwarding."""
+
+    def __init__(self, opts: RunOptions, env: Mapping[str, str], deadline: float | None) -> None:
+        self.opts = opts
+        self.env = env
+        self.deadline = deadline
+        self.pending: list[int] = []
+        self.forwarded: list[str] = []  # signals from outside, passed on to the program
+
+    def run(self) -> tuple[int, str | None]:
+        """Run to completion; return (exit status or -signal, our last signal sent)."""
+        proc = subprocess.Popen(list(self.opts.command), env=dict(self.env), start_new_session=True)
+        warn_at = term_at = kill_at = None
+        if self.deadline is not None and self.opts.walltime_s is not None:
+            warn_before = self.opts.warn_before_s
+            if warn_before is None:
+                warn_before = max(1.0, min(60.0, 0.1 * self.opts.walltime_s))
+            warn_at, term_at = self.deadline - warn_before, self.deadline
+            kill_at = self.deadline + self.opts.kill_wait_s
+        last: str | None = None
+        term_sent_at: float | None = None
+        while proc.poll() is None:
+            now = time.time()
+            while self.pending:
+                sig = signal.Signals(self.pending.pop(0))
+                log.info("forwarding %s to the program", sig.name)
+                _signal_tree(proc, sig)
+                last = sig.name
+                self.forwarded.append(sig.name)
+                if sig in (signal.SIGTERM, signal.SIGINT) and term_sent_at is None:
+                    term_sent_at = now
+            if warn_at is not None and now >= warn_at:
+                log.info(
+                    "walltime: %s %s before the limit",
+                    self.opts.warn_signal.name,
+                    _seconds(max(0.0, term_at - now) if term_at else 0.0),
+                )
+                _signal_tree(proc, self.opts.warn_signal)
+                last, warn_at = self.opts.warn_signal.name, None
+            if term_at is not None and now >= term_at:
+                log.info("walltime reached: SIGTERM")
+                _signal_tree(proc, signal.SIGTERM)
+                last, term_at = "SIGTERM", None
+                term_sent_at = now
+            if (kill_at is not None and now >= kill_at) or (
+                term_sent_at is not None and now >= term_sent_at + self.opts.kill_wait_s
+            ):
+                log.info("kill-wait over: SIGKILL")
+                _signal_tree(proc, signal.SIGKILL)
+                last, kill_at, term_sent_at = "SIGKILL", None, None
+            time.sleep(_POLL_S)
+        return proc.returncode, last
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)  # acted upon by the polling loop
+
+
+def _classify(
+    status: int,
+    sent: str | None,
+    progress: bool,
+    no_progress_run: int,
+    max_no_progress: int,
+    *,
+    stop: Mapping[str, Any] | None = None,
+    walltime_s: float | None = None,
+) -> tuple[str, int]:
+    """(reason, exit code) of one attempt, per the contract in the module docstring.
+
+    ``stop`` is the program's own stop record for this attempt (see :func:`program_stop`).
+    """
+    if status == 0:
+        return "finished", 0
+    if status == EXIT_PERMANENT:
+        return "permanent storage error (exit 74)", EXIT_PERMANENT
+    if status == EXIT_FOREIGN_RUN:
+        return (
+            f"the checkpoint directory belongs to another run (exit {EXIT_FOREIGN_RUN}): other "
+            "parameters than those recorded there; not retrying (give these parameters a "
+            "directory of their own, or delete it)"
+        ), EXIT_FOREIGN_RUN
+    killed = status < 0 or sent is not None
+    if status == EXIT_RESUME:
+        reason = "stopped early (checkpointed and exited 75)"
+    elif status > 0 and stop is not None and stop.get("saved") is False:
+        reason = _stopped_before_first_checkpoint(stop, walltime_s)
+        killed = False  # it stopped on its own, whatever we had sent
+    elif killed:
+        name = sent or signal.Signals(-status).name
+        reason = f"killed ({name})" if status < 0 else f"exited {status} after {name}"
+    else:
+        reason = f"crashed (exit {status})"
+    if not progress and no_progress_run >= max_no_progress:
+        return f"{reason}; no progress in {no_progress_run} consecutive attempts", EXIT_NO_PROGRESS
+    if status == EXIT_RESUME:
+        if progress:
+            return reason, EXIT_RESUME
+        return f"{reason}, but no newer checkpoint exists", 1  # 75 promises progress
+    if killed and progress:
+        return f"{reason} after a newer checkpoint", EXIT_RESUME
+    return reason, (128 - status) if status < 0 else status
+
+
+def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``opts.command`` per the exit-code contract; return the exit code."""
+    env = dict(os.environ if environ is None else environ)
+    ckdir = opts.checkpoint_dir
+    if opts.requeue and opts.walltime_s is None:
+        raise ValueError("requeue needs a simulated walltime (walltime_s)")
+    if ckdir is not None:
+        refusal = _not_this_runs(opts, ckdir)
+        if refusal is not None:
+            log.error("%s", refusal)
+            return EXIT_FOREIGN_RUN
+        storage.ensure_root(ckdir)
+        env[ENV_CHECKPOINT_DIR] = str(ckdir)
+        stalled = trailing_no_progress(read_ledger(ckdir))
+        if stalled >= opts.max_no_progress:
+            log.error(
+                "%d consecutive attempts made no progress in %s: not starting again (exit %d); "
+                "fix the cause, then remove %s to reset",
+                stalled, ckdir, EXIT_NO_PROGRESS, ckdir / filenames.ATTEMPT_LEDGER,
+            )  # fmt: skip
+            return EXIT_NO_PROGRESS
+
+    handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    current: list[_Attempt] = []  # the attempt running now, if any
+    unheard: list[int] = []  # stop signals that came while no program ran
+
+    def forward(signum: int, frame: Any) -> None:
+        if current:
+            current[0].on_signal(signum, frame)
+        else:
+            unheard.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in handled}
+    try:
+        while True:
+            code, record, attempt = _run_job(opts, env, current)
+            if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
+                return code
+            if unheard:  # asked to stop between two launches: the engine decides
+                log.info(
+                    "%s before the requeue: not starting again", signal.Signals(unheard[0]).name
+                )
+                return code
+            log.info(
+                "requeued after attempt %d (%s): starting again with a new walltime of %s",
+                record.attempt, "progress" if record.progress else "no progress",
+                _seconds(float(opts.walltime_s or 0)),
+            )  # fmt: skip
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) -> bool:
+    """Did the simulated walltime end this attempt (and nothing else)?
+
+    Not if a signal came from outside (a user's Ctrl-C, a real scheduler), nor for a finished
+    program, exit 93 or 74, or a crash that no stop signal or deadline caused.
+    """
+    if attempt.forwarded or code in (0, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_FOREIGN_RUN):
+        return False
+    return code == EXIT_RESUME or record.signal is not None or record.program_stop is not None
+
+
+def _run_job(
+    opts: RunOptions, env: dict[str, str], current: list[_Attempt]
+) -> tuple[int, AttemptRecord, _Attempt]:
+    """One allocation: its deadline, the program's attempts in it (``--retries``: crashes are
+    relaunched while time is left); the exit code and the last attempt's record and run."""
+    from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
+    ckdir = opts.checkpoint_dir
+    deadline: float | None
+    if opts.walltime_s is not None:
+        deadline = time.time() + opts.walltime_s
+    else:
+        deadline, _ = find_deadline(env)
+    if deadline is not None:
+        env[ENV_DEADLINE] = f"{deadline:.3f}"
+
+    def one_attempt() -> tuple[int, AttemptRecord, _Attempt]:
+        ledger = read_ledger(ckdir) if ckdir else []
+        number = len(ledger) + 1
+        env[ENV_ATTEMPT] = str(number)
+        record = AttemptRecord(
+            attempt=number,
+            start=time.time(),
+            latest_before=_latest(ckdir),
+            slurm_job_id=env.get("SLURM_JOB_ID"),
+            command=list(opts.command),
+        )
+        attempt = _Attempt(opts, env, deadline)
+        current[:] = [attempt]
+        status, sent = attempt.run()
+        current.clear()
+        record.end = time.time()
+        record.exit_status = status
+        record.signal = sent
+        record.latest_after = _latest(ckdir)
+        record.progress = record.latest_after is not None and (
+            record.latest_before is None or record.latest_after > record.latest_before
+        )
+        no_progress_run = 0
+        if not record.progress and status != 0:
+            no_progress_run = 1 + trailing_no_progress(ledger)
+        record.program_stop = program_stop(
+            ckdir, attempt=number, start=record.start, end=record.end
+        )
+        record.reason, record.exit_code = _classify(
+            status,
+            sent,
+            record.progress,
+            no_progress_run,
+            opts.max_no_progress,
+            stop=record.program_stop,
+            walltime_s=opts.walltime_s,
+        )
+        if ckdir is not None:
+            _append_ledger(ckdir, record)
+            _note_beside(ckdir, number, record)
+        log.info(
+            "attempt %d: %s; latest valid step %s -> %s; exit %d",
+            number,
+            record.reason,
+            record.latest_before,
+            record.latest_after,
+            record.exit_code,
+        )
+        return record.exit_code, record, attempt
+
+    def should_retry(result: tuple[int, AttemptRecord, _Attempt]) -> bool:
+        code, rec, _ = result
+        if code in (0, EXIT_RESUME, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_FOREIGN_RUN):
+            return False
+        if rec.signal is not None:
+            return False
+        if rec.program_stop is not None:  # stopped on its own (deadline, signal): not a crash
+            return False
+        return deadline is None or time.time() < deadline
+
+    def before_sleep(rs: Any) -> None:
+        log.warning(
+            "program crashed (attempt %d of %d); retrying from the latest valid checkpoint in %.1f s",
+            rs.attempt_number,
+            opts.retries + 1,
+            rs.next_action.sleep if rs.next_action else 0.0,
+        )
+
+    retrying = Retrying(
+        stop=stop_after_attempt(opts.retries + 1),
+        wait=wait_exponential(multiplier=opts.backoff_s, max=opts.backoff_max_s),
+        retry=retry_if_result(should_retry),
+        before_sleep=before_sleep,
+        retry_error_callback=_last_result,
+    )
+    code, record, last = retrying(one_attempt)
+    return int(code), record, last
+
+
+def _last_result(rs: Any) -> tuple[int, AttemptRecord, _Attempt]:
+    """What tenacity returns once it stops retrying: the last attempt's result."""
+    result: tuple[int, AttemptRecord, _Attempt] = rs.outcome.result()
+    return result
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Arguments of ``resilient run`` (added to ``parser`` if given)."""
+    p = parser or argparse.ArgumentParser(prog="resilient run")
+    p.description = "Run CMD resumably: walltime, signal forwarding, retries, attempt ledger."
+    p.add_argument("--checkpoint-dir", type=Path, help="checkpoint root to watch for progress")
+    p.add_argument(
+        "--walltime", type=parse_duration, help="local deadline (e.g. 90s, 5m, 01:00:00)"
+    )
+    p.add_argument(
+        "--signal",
+        dest="signal_spec",
+        type=parse_signal_spec,
+        metavar="SIG@SECONDS",
+        help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 s)",
+    )
+    p.add_argument(
+        "--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)"
+    )
+    p.add_argument(
+        "--max-no-progress",
+        type=int,
+        default=2,
+        metavar="N",
+        help="exit 93 after N consecutive attempts without a newer checkpoint (default 2)",
+    )
+    p.add_argument("--retries", type=int, default=0, help="relaunch a crashed program N times")
+    p.add_argument(
+        "--requeue",
+        action="store_true",
+        help="with --walltime: after a walltime stop, start the program again here with a "
+        "new walltime (a requeue) instead of exiting 75 to the engine; ends with 0, 93, 74, a "
+        "crash, or 75 when the stop signal came from outside",
+    )
+    p.add_argument(
+        "--backoff",
+        default="1:60",
+        metavar="BASE[:MAX]",
+        help="exponential backoff between retries, seconds (default 1:60)",
+    )
+    p.add_argument("--task", help="the workflow task's name (for messages)")
+    p.add_argument(
+        "--outputs",
+        nargs="*",
+        type=Path,
+        default=[],
+        metavar="PATH",
+        help="the task's declared outputs: exit 78 if the checkpoint directory is one of them "
+        "or lies inside one (the engine would delete it before each retry)",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("no command given (resilient run [options] -- CMD ...)")
+    if args.requeue and args.walltime is None:
+        raise ValueError(
+            "--requeue needs --walltime: it replays a simulated walltime's requeue; under a "
+            "real scheduler the engine (or sbatch --requeue) resubmits after exit 75"
+        )
+    base, _, most = str(args.backoff).partition(":")
+    warn_sig, warn_before = args.signal_spec if args.signal_spec else (signal.SIGUSR1, None)
+    return RunOptions(
+        command=tuple(command),
+        checkpoint_dir=args.checkpoint_dir,
+        walltime_s=args.walltime,
+        warn_signal=warn_sig,
+        warn_before_s=warn_before,
+        kill_wait_s=args.kill_wait,
+        max_no_progress=args.max_no_progress,
+        retries=args.retries,
+        requeue=args.requeue,
+        backoff_s=float(base),
+        backoff_max_s=float(most) if most else 60.0,
+        task=args.task,
+        outputs=tuple(args.outputs),
+    )
+
+
+def run_command_line(opts: RunOptions) -> int:
+    """Log to stderr (``resilient run: ...``) and :func:`run`: what the command line does."""
+    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
+    return run(opts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``resilient run`` (also ``python -m resilient.job.run``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        opts = options_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return run_command_line(opts)

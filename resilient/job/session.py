@@ -1,0 +1,386 @@
+"""Session: resilience for an existing MPI time loop in about ten lines.
+
+::
+
+    with resilient.Session(ckpt_dir, comm=MPI.COMM_WORLD, save_when=EverySteps(100)) as s:
+        step, state = s.restore_or(initial_state)
+        while step < n_steps and not s.should_stop():
+            state = advance(state); step += 1
+            s.maybe_save(step, state)
+    # stopped early (walltime warning, SIGTERM, deadline): final checkpoint, then exit 75
+
+Every method but :attr:`stopped` is collective over ``comm``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from resilient.checkpoint.manager import CheckpointManager
+from resilient.checkpoint.restorer import StateValidator
+from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
+from resilient.io import storage
+from resilient.io.storage import is_permanent_storage_error
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.slurm import (
+    DEFAULT_STOP_SIGNALS,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    StopSignals,
+    find_deadline,
+    job_of,
+)
+from resilient.model import filenames
+from resilient.model.arrays import template_spec
+from resilient.model.blocks import unwrap
+from resilient.model.payload import split_template
+from resilient.model.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
+from resilient.parallel.collective import Collective
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """A checkpoint manager plus walltime and signal awareness for one run of a program.
+
+    Args:
+        ckpt_dir: checkpoint root; default ``$RESILIENT_CHECKPOINT_DIR`` (set by ``resilient run``).
+        comm: mpi4py communicator or torch.distributed process group (or ``None`` for one
+            process).
+        checkpoint_comm: ``"self"``, ``"node"``, ``"world"`` or a sub-communicator.
+        save_when: save policy (e.g. ``EverySteps(100) | EverySeconds(1800)``).
+        keep: keep policy (e.g. ``KeepLast(3)``).
+        margin_s: stop when less than this (plus the measured save cost) is left before the
+            deadline: the rule of :class:`~resilient.model.policies.BeforeWalltime` (the one setting
+            for the deadline; ``walltime_margin_s`` in the YAML). If less than the margin is
+            left at the start, half the time left is used instead (with a warning), so that a
+            short run still makes and saves progress.
+        signals: signals that request a stop (a flag only; acted upon at the next step), or a
+            :class:`StopSignals` the program installed early (before its slow imports: a
+            warning signal that arrives before any handler is installed kills the process).
+        validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
+            quarantined and the next older one tried.
+        exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
+            run committed a checkpoint (progress saved: resume me), else ``SystemExit(1)``; on a
+            permanent storage error ``SystemExit(74)``; when the checkpoint directory belongs to
+            another run (:class:`~resilient.errors.ForeignRunError`: another ``run_key``, or
+            restored arrays of another shape) ``SystemExit(78)``, at construction or on leaving
+            the block. The code after the ``with`` block does not run in these cases.
+        async_save: :meth:`maybe_save` saves with ``blocking=False`` (the program waits only
+            for a memory copy; the commit happens at the next save, at the latest when the
+            session ends). A stop waits for the save in flight, then writes the final
+            checkpoint synchronously.
+        local_dir: node-local storage for checkpoints, flushed to ``ckpt_dir`` every
+            ``flush_every`` checkpoints and always at the end of the session (see
+            :class:`~resilient.checkpoint.manager.CheckpointManager`); ``local_keep`` per node;
+            ``redundancy="partner"``: a copy of each node's local checkpoint on another node.
+        run_key: the parameters that define the run's result: a later run on the same
+            ``ckpt_dir`` with other values is refused (see
+            :class:`~resilient.checkpoint.manager.CheckpointManager`).
+        environ: environment to read the deadline from (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike[str] | None = None,
+        *,
+        comm: Any = None,
+        checkpoint_comm: Any = "self",
+        save_when: SavePolicyLike | None = None,
+        keep: KeepPolicyLike | None = None,
+        margin_s: float = 60.0,
+        signals: Iterable[str | int] | StopSignals = DEFAULT_STOP_SIGNALS,
+        validate: StateValidator | None = None,
+        exit_on_stop: bool = True,
+        gc_every: int | None = None,
+        async_save: bool = False,
+        local_dir: str | os.PathLike[str] | None = None,
+        flush_every: int = 1,
+        local_keep: int = 2,
+        redundancy: str | None = None,
+        run_key: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        root = ckpt_dir if ckpt_dir is not None else env.get(ENV_CHECKPOINT_DIR)
+        if not root:
+            raise ConfigError(f"no checkpoint directory given and ${ENV_CHECKPOINT_DIR} is not set")
+        self.root = Path(root)
+        self.validate = validate
+        self.margin_s = float(margin_s)
+        self._stop_before_deadline = BeforeWalltime(margin_s=self.margin_s)
+        self.exit_on_stop = exit_on_stop
+        self.async_save = bool(async_save)
+        self._clock = clock
+        self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
+        self._own_signals = not self._signals.is_active
+        self.deadline, self.deadline_source = find_deadline(env)
+        try:
+            self.manager = CheckpointManager(
+                self.root,
+                comm=comm,
+                checkpoint_comm=checkpoint_comm,
+                keep=keep,
+                save_when=save_when,
+                gc_every=gc_every,
+                lock_owner=job_of(env),
+                local_dir=local_dir,
+                flush_every=flush_every,
+                local_keep=local_keep,
+                redundancy=redundancy,
+                run_key=run_key,
+            )
+        except ForeignRunError as exc:
+            # every rank raises it; one line from the first rank (all ranks without a comm)
+            self._exit_foreign(exc, log_it=getattr(comm, "rank", 0) == 0)
+            raise
+        self.comm = self.manager.comm
+        self._coll = Collective(self.comm)
+        # A margin longer than half the time left could stop the loop before its first step,
+        # every time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
+        self._time_left_at_start = self.time_left_s
+        self._stop_before_deadline = self._stop_before_deadline.fit_to(self._time_left_at_start)
+        if self._stop_before_deadline.margin_s != self.margin_s and self.comm.rank == 0:
+            log.warning(
+                "stop margin %.1f s would leave less than half of the %.1f s left before the "
+                "deadline (%s) for steps: "
+                "using %.1f s instead, so that this run can make and save progress",
+                self.margin_s,
+                self._time_left_at_start,
+                self.deadline_source,
+                self._stop_before_deadline.margin_s,
+            )
+        attempt = env.get(ENV_ATTEMPT, "")
+        self._attempt = int(attempt) if attempt.isdigit() else None
+        self.stopped = False
+        self.stop_reason = ""
+        self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
+        self._saved_step: int | None = None
+        self.saves_this_run = 0
+        self._static: Mapping[str, Any] | None = None
+        self._metrics: Mapping[str, Any] | None = None
+        self._last_progress = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Session:
+        self._signals.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        permanent = exc is not None and is_permanent_storage_error(exc)
+        try:
+            if exc is None:  # stopped early, or finished: the last step is saved either way
+                self._final_save()
+        finally:
+            if self._own_signals:
+                self._signals.__exit__(exc_type, exc, tb)
+            if exc is None:
+                self.manager.close()
+            else:
+                self.manager.__exit__(exc_type, exc, tb)
+        if exc is None and self.stopped:
+            self._record_stop()
+        if exc is None and self.stopped and self.exit_on_stop:
+            # The process is about to exit: a second warning signal (Slurm repeats them, launchers
+            # forward them) must not kill it now.
+            self._signals.ignore()
+            if self.saves_this_run:
+                raise SystemExit(EXIT_RESUME)
+            log.error("stopped (%s) before saving any progress: exiting 1", self.stop_reason)
+            raise SystemExit(1)
+        if permanent and self.exit_on_stop:
+            log.error("permanent storage error, exiting %d: %s", EXIT_PERMANENT, exc)
+            raise SystemExit(EXIT_PERMANENT) from exc
+        if isinstance(exc, ForeignRunError):
+            self._exit_foreign(exc, log_it=self.comm.rank == 0)
+
+    def _exit_foreign(self, exc: ForeignRunError, *, log_it: bool) -> None:
+        """With ``exit_on_stop``: log ``exc`` and exit :data:`EXIT_FOREIGN_RUN`."""
+        if not self.exit_on_stop:
+            return
+        if log_it:
+            log.error("%s (exiting %d)", exc, EXIT_FOREIGN_RUN)
+        raise SystemExit(EXIT_FOREIGN_RUN) from exc
+
+    # ------------------------------------------------------------------ loop API
+
+    @property
+    def time_left_s(self) -> float | None:
+        """Seconds to the deadline on this rank's clock, if a deadline is known."""
+        return None if self.deadline is None else self.deadline - self._clock()
+
+    def restore_or(
+        self,
+        initial: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+        *,
+        static: Mapping[str, Any] | None = None,
+        step: int = 0,
+        blocks: Mapping[str, Any] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """Collective: the newest valid checkpoint's ``(step, state)``, else ``(step, initial)``.
+
+        ``static`` is saved with every checkpoint (stored once by content hash); a restored
+        state includes the static entries too. ``blocks`` gives this rank's block of each
+        :class:`~resilient.model.blocks.Block` leaf for a checkpoint saved on another rank count (see
+        :meth:`~resilient.checkpoint.manager.CheckpointManager.restore`). A restored array whose shape or
+        dtype differs from ``initial``'s (a mapping; a callable is not called to compare) is a
+        :class:`ConfigError` on every rank, naming the leaf: the checkpoints belong to a run
+        with other parameters (Block leaves may differ: an elastic restore). Either way the state comes back
+        without wrappers: ``initial``'s and ``static``'s Blocks and Replicated values are
+        unwrapped too.
+        """
+        self._static = static
+        try:
+            restored_step, state = self.manager.restore(validate=self.validate, blocks=blocks)
+        except CheckpointNotFoundError:
+            init = initial() if callable(initial) else initial
+            state = unwrap(dict(init))
+            if static:
+                state.update(unwrap(dict(static)))
+            self._note_progress(step, force=True)
+            log.info("no checkpoint in %s: starting at step %d", self.root, step)
+            return step, state
+        if not callable(initial):
+            self._coll.check(
+                "comparing the checkpoint with the initial state",
+                lambda: _same_arrays(initial, state, self.root),
+            )
+        self._saved_step = restored_step
+        self._note_progress(restored_step, force=True)
+        log.info("resumed from step %d in %s", restored_step, self.root)
+        return restored_step, state
+
+    def should_stop(self) -> bool:
+        """Collective: whether to stop now (a signal on any rank, or the deadline is near).
+
+        All ranks get the same answer at the same step (one small allreduce).
+        """
+        if self.stopped:
+            return True
+        left = self.time_left_s
+        step = self._last[0] if self._last is not None else 0
+        # the deadline rule alone: "this step is saved already" does not let the loop go on
+        ctx = dataclasses.replace(
+            self.manager.save_context(step, time_left_s=left), last_saved_step=None
+        )
+        near_deadline = self._stop_before_deadline(ctx)
+        if self.comm.any_true(self._signals.is_set or near_deadline):
+            self.stopped = True
+            if self._signals.received is not None:
+                self.stop_reason = f"signal {self._signals.received.name}"
+            elif near_deadline:
+                self.stop_reason = f"deadline in {left:.0f} s"
+            else:
+                self.stop_reason = "stop requested on another rank"
+        return self.stopped
+
+    def maybe_save(
+        self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Collective: remember ``state`` and save it if the save policy says so.
+
+        Returns:
+            Whether a checkpoint was written.
+        """
+        self._last = (step, state, metrics)
+        self._note_progress(step)
+        if self.manager.in_flight:
+            self.manager.poll()  # commit a finished background save now, not at the next one
+        stop = self._signals.is_set
+        if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
+            return False
+        self.save(step, state, metrics=metrics, blocking=not self.async_save)
+        return True
+
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> None:
+        """Collective: write a checkpoint of ``step`` now (``blocking=False``: in the background,
+        see :meth:`~resilient.checkpoint.manager.CheckpointManager.save`)."""
+        self._last = (step, state, metrics)
+        self.manager.save(
+            step, self._without_static(state), static=self._static, metrics=metrics,
+            blocking=blocking,
+        )  # fmt: skip
+        self._saved_step = step
+        self.saves_this_run += 1
+
+    def _note_progress(self, step: int, *, force: bool = False) -> None:
+        """Rank 0 samples (time, step) into the progress log, at most once a second."""
+        now = time.time()
+        if self.comm.rank != 0 or (not force and now - self._last_progress < 1.0):
+            return
+        self._last_progress = now
+        storage.append_log(self.root / filenames.PROGRESS_LOG, {"time": now, "step": step})
+
+    def _record_stop(self) -> None:
+        """Rank 0 appends why the run stopped early to the stop log (read by ``resilient run``)."""
+        if self.comm.rank != 0:
+            return
+        step = self._last[0] if self._last is not None else self._saved_step
+        record = {
+            "time": time.time(),
+            "attempt": self._attempt,
+            "step": step,
+            "reason": self.stop_reason,
+            "saved": self.saves_this_run > 0,
+            "margin_s": self.margin_s,
+            "margin_used_s": self._stop_before_deadline.margin_s,
+            "time_left_at_start_s": self._time_left_at_start,
+            "deadline_source": self.deadline_source,
+        }
+        storage.append_log(self.root / filenames.STOP_LOG, record)
+
+    def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+        if not self._static:
+            return state
+        return {k: v for k, v in state.items() if k not in self._static}
+
+    def _final_save(self) -> None:
+        if self._last is None:
+            return
+        step, state, metrics = self._last
+        self._note_progress(step, force=True)
+        if step != self._saved_step:
+            why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
+            log.info("%s: final checkpoint of step %d", why, step)
+            self.save(step, state, metrics=metrics)
+
+
+def _same_arrays(initial: Mapping[str, Any], state: Mapping[str, Any], root: Path) -> None:
+    """Raise :class:`ConfigError` if an array leaf of ``state`` (restored from ``root``) has
+    another shape or dtype than the same leaf of ``initial`` (Block leaves excepted)."""
+    wanted, blocks = split_template(initial)
+    got, _ = split_template(state)
+    for path, value in wanted.items():
+        if path in blocks or path not in got:
+            continue
+        (want_shape, want_dtype), (shape, dtype) = template_spec(value), template_spec(got[path])
+        if (want_shape, want_dtype) != (shape, dtype):
+            raise ForeignRunError(
+                f"the checkpoint in {root} holds {path!r} with shape {shape} and dtype "
+                f"{dtype}, but this run's initial state has shape {want_shape} and dtype "
+                f"{want_dtype}: the checkpoint directory belongs to a run with other "
+                "parameters; give these parameters a directory of their own, or delete it"
+            )

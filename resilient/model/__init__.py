@@ -1,0 +1,16 @@
+"""The pure model: what a checkpoint is on disk and what a state is in memory. No I/O.
+
+Owns:
+    the on-disk format: :mod:`.filenames` (every file and directory name), :mod:`.schema` (the
+    strict reader of typed mappings), :mod:`.manifest` (the manifest, parsed strictly),
+    :mod:`.checksum` (xxh3 digests), :mod:`.h5format` (a data file's HDF5 metadata, computed
+    without HDF5);
+    the state: :mod:`.tree` (nested states as named leaves), :mod:`.arrays` (array leaves as
+    numpy and back), :mod:`.blocks` (blocks of global arrays, replicated values),
+    :mod:`.payload` (what ``save()`` is handed, checked and split);
+    the decisions: :mod:`.policies` (when to save, what to keep), :mod:`.rotation` (which
+    checkpoints to delete), :mod:`.nodes` (node names and node-local paths).
+
+May import: :mod:`resilient.errors` and third-party libraries (numpy, xxhash; torch lazily, in
+:mod:`.arrays` only). Nothing here reads or writes a file, or talks to another rank.
+"""

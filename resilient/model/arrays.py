@@ -1,0 +1,189 @@
+"""Array leaves of a state: numpy arrays, torch tensors and other array-likes, as numpy and back.
+
+Which values are arrays, how they become C-contiguous numpy arrays that :mod:`resilient.io.fileio`
+writes (without a copy where possible), and what they become again on restore:
+
+* numpy arrays and scalars: as they are (a non-contiguous array is copied);
+* torch tensors (CPU; a CUDA tensor is copied to the host): ``tensor.numpy()`` shares memory.
+  Dtypes numpy lacks (``bfloat16``, the float8 types) are stored as unsigned words of the same
+  size, their dtype recorded, so a reader without torch still gets the bits. They come back as
+  tensors of the saved dtype, on the saved device when it exists here, else on the CPU;
+* anything else with ``__array__`` (jax arrays) or the buffer protocol (``memoryview``,
+  ``bytearray``): ``numpy.asarray``, which shares memory where the object allows it.
+
+torch is never imported by this module: a tensor is recognised through ``sys.modules`` (a
+program holding one has imported torch already), and torch is imported on restore only for a
+leaf saved from a tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from resilient.errors import ConfigError
+from resilient.model.manifest import dtype_itemsize
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "fill_leaf",
+    "leaf_meta",
+    "numpy_dtype",
+    "restore_leaf",
+    "storable_dtype",
+    "template_spec",
+    "to_numpy",
+    "writable_view",
+]
+
+# torch dtypes numpy has no dtype for, stored as unsigned words of their size
+_WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
+          "float8_e4m3fnuz": "|u1", "float8_e5m2fnuz": "|u1"}  # fmt: skip
+
+
+def _torch_tensor_type() -> Any:
+    torch = sys.modules.get("torch")
+    return None if torch is None else getattr(torch, "Tensor", None)
+
+
+def _is_tensor(value: Any) -> bool:
+    cls = _torch_tensor_type()
+    return cls is not None and isinstance(value, cls)
+
+
+def leaf_meta(value: Any) -> Mapping[str, Any] | None:
+    """The tree metadata of an array leaf (``{}`` for numpy), or ``None`` if ``value`` is not one.
+
+    JSON scalars (``int``, ``float``, ...) are not arrays; numpy scalars are (0-d arrays).
+    """
+    import numpy as np
+
+    if isinstance(value, (np.ndarray, np.generic)):
+        return {}
+    if _is_tensor(value):
+        meta = {"torch": str(value.dtype).removeprefix("torch.")}
+        if value.device.type != "cpu":
+            meta["device"] = str(value.device)
+        return meta
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return None
+    if hasattr(value, "__array__") or isinstance(value, (memoryview, bytearray)):
+        return {"array_like": type(value).__name__}
+    return None
+
+
+def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
+    """The C-contiguous numpy array to write for an array leaf (shares memory where possible).
+
+    Raises:
+        ConfigError: a dtype that cannot be stored (objects, strings, ...), naming ``what``.
+    """
+    import numpy as np
+
+    if type(value) is np.ndarray and value.flags.c_contiguous and storable_dtype(value.dtype.str):
+        return value  # the common case, checked in ~1 us
+    if _is_tensor(value):
+        tensor = value.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name in _WORDS:
+            torch = sys.modules["torch"]
+            word = torch.int16 if _WORDS[name] == "<u2" else torch.uint8
+            arr = tensor.view(word).numpy().view(_WORDS[name])
+        else:
+            try:
+                arr = tensor.numpy()
+            except TypeError as exc:
+                raise ConfigError(f"{what}: torch dtype {tensor.dtype} is not supported") from exc
+    else:
+        arr = np.asarray(value)
+    out: npt.NDArray[np.generic] = arr
+    if not out.flags.c_contiguous:
+        out = np.ascontiguousarray(out)
+    if not storable_dtype(out.dtype.str):
+        raise ConfigError(f"{what}: dtype {out.dtype} is not supported (numeric and bool only)")
+    return out
+
+
+@functools.lru_cache(maxsize=64)  # bounded cache of a pure function of immutable arguments
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a dtype string (cached: a restore looks up thousands)."""
+    import numpy as np
+
+    return np.dtype(dtype)
+
+
+@functools.lru_cache(maxsize=64)  # bounded cache of a pure function of immutable arguments
+def storable_dtype(dtype: str) -> bool:
+    """Whether arrays of numpy dtype string ``dtype`` can be stored (numeric and bool)."""
+    try:
+        dtype_itemsize(dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def restore_leaf(arr: npt.NDArray[np.generic], meta: Mapping[str, Any]) -> Any:
+    """What an array read back becomes: a torch tensor for a leaf saved from one, else ``arr``."""
+    name = meta.get("torch")
+    if not isinstance(name, str):
+        return arr
+    import torch  # the leaf was a tensor when it was saved
+
+    if name in _WORDS:  # stored as unsigned words: view them as a signed int tensor first
+        signed = "<i2" if _WORDS[name] == "<u2" else "|u1"
+        tensor = torch.from_numpy(arr.view(signed)).view(getattr(torch, name))
+    else:
+        tensor = torch.from_numpy(arr)
+    device = meta.get("device")
+    if isinstance(device, str):  # a device that does not exist here: the tensor stays on the CPU
+        with contextlib.suppress(RuntimeError, AssertionError):
+            tensor = tensor.to(device)
+    return tensor
+
+
+def fill_leaf(target: Any, arr: npt.NDArray[np.generic]) -> None:
+    """Copy a verified array into a restore template's leaf that could not be read into
+    directly (a read-only view aside: a torch tensor on another device, or not contiguous)."""
+    import numpy as np
+
+    if isinstance(target, np.ndarray):
+        np.copyto(target, arr)
+    else:
+        target.copy_(restore_leaf(arr, leaf_meta(target) or {}))
+
+
+def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
+    """A numpy view of an existing array or CPU tensor to read into (``None`` if there is
+    none, e.g. a CUDA tensor or a read-only array)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value if value.flags.writeable and value.flags.c_contiguous else None
+    if _is_tensor(value):
+        if value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        return to_numpy(value, what="restore target")
+    return None
+
+
+def template_spec(value: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and stored dtype string of an array leaf (without copying a device tensor)."""
+    import numpy as np
+
+    if _is_tensor(value):
+        name = str(value.dtype).removeprefix("torch.")
+        if name in _WORDS:
+            return tuple(value.shape), _WORDS[name]
+        return tuple(value.shape), np.dtype(str(value.dtype).removeprefix("torch.")).str
+    arr = np.asarray(value)
+    return tuple(arr.shape), arr.dtype.str

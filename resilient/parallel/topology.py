@@ -1,0 +1,117 @@
+"""Who writes which file: the groups of ranks of a checkpoint set (``checkpoint_comm``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from resilient.errors import ConfigError
+from resilient.model import filenames
+from resilient.model.manifest import Layout
+from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Comm, SerialComm, as_comm
+
+__all__ = ["Topology", "make_topology", "shard_groups"]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Who writes which file. Built once per manager (collectively).
+
+    Attributes:
+        comm: all ranks of the checkpoint set; its rank 0 coordinates.
+        group: the ranks sharing this rank's file; its rank 0 creates the file.
+        kind: ``self``, ``node``, ``world`` or ``custom``.
+        groups: the world ranks of every group, ordered by their lowest rank.
+        group_index: index of this rank's group in ``groups``.
+        shard: the ranks whose manifest entries share this rank's manifest shard (whole
+            groups, consecutive in ``groups``); ``None``: the manifest is one file.
+        shard_index: the index of this rank's shard.
+        shard_members: the ranks (of ``comm``) of this rank's shard, in order.
+    """
+
+    comm: Comm
+    group: Comm
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    group_index: int
+    shard: Comm | None = None
+    shard_index: int = 0
+    shard_members: tuple[int, ...] = ()
+
+    @property
+    def layout(self) -> Layout:
+        """This set's layout, as a manifest records it."""
+        return Layout(self.kind, self.comm.size, self.groups)
+
+    @property
+    def file_name(self) -> str:
+        return filenames.file_name(self.kind, self.group_index)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The ranks (of ``comm``) sharing this rank's file."""
+        return self.groups[self.group_index]
+
+
+def _resolve(comm: Comm, checkpoint_comm: Any) -> tuple[str, Comm]:
+    if not isinstance(checkpoint_comm, str):
+        return "custom", as_comm(checkpoint_comm)
+    if checkpoint_comm == "self":
+        return "self", SerialComm()
+    if checkpoint_comm == "node":
+        return "node", comm.split_node()
+    if checkpoint_comm == "world":
+        return "world", comm
+    raise ConfigError(
+        f"checkpoint_comm must be 'self', 'node', 'world' or a communicator, got {checkpoint_comm!r}"
+    )
+
+
+def shard_groups(groups: Sequence[Sequence[int]], shard_ranks: int) -> list[int]:
+    """Pure: the manifest shard of each group: consecutive groups, a shard closed once it holds
+    ``shard_ranks`` ranks or more (a group is never split)."""
+    out, shard, held = [], 0, 0
+    for group in groups:
+        if held >= shard_ranks:
+            shard, held = shard + 1, 0
+        out.append(shard)
+        held += len(group)
+    return out
+
+
+def make_topology(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None) -> Topology:
+    """Collective over ``comm``: call on all ranks. Resolve ``checkpoint_comm`` into groups.
+
+    With ``shard_ranks``, a set of more ranks than that writes a sharded manifest: each shard
+    (:func:`shard_groups`) gets a communicator of its own, made here.
+
+    Raises:
+        ConfigError: an unknown name, or groups that do not partition ``comm``.
+    """
+    coll = Collective(comm)
+    kind, group = coll.check("checkpoint_comm setup", lambda: _resolve(comm, checkpoint_comm))
+    members = tuple(group.allgather(comm.rank))
+    everyone = comm.allgather(members)
+    groups = sorted(set(everyone), key=min)
+
+    def check_partition() -> None:
+        seen = [r for g in groups for r in g]
+        if sorted(seen) != list(range(comm.size)) or len(members) != group.size:
+            raise ConfigError(
+                "checkpoint_comm does not partition comm: every rank must be in exactly one "
+                f"group (groups seen: {groups[:8]})"
+            )
+
+    coll.check("checkpoint_comm setup", check_partition)
+    index = groups.index(members)
+    topo = Topology(comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=index)
+    shards = shard_groups(groups, shard_ranks) if shard_ranks and comm.size > shard_ranks else []
+    if len(set(shards)) < 2:
+        return topo
+    mine = shards[index]
+    shard = coll.check("manifest shard setup", lambda: comm.split(mine))
+    together = sorted(r for g, s in zip(groups, shards, strict=True) if s == mine for r in g)
+    return dataclasses.replace(topo, shard=shard, shard_index=mine, shard_members=tuple(together))
