@@ -36,7 +36,7 @@ keyed by the full or the short module name. Grouping merges the consecutive modu
 package; the package path has its own transitions, and every count below is given for both.
 
 ``--hide`` makes modules or packages transparent too, to see the flow among the others only
-(``--hide format,parallel``: the orchestration and the I/O without the pure core and the
+(``--hide model,parallel``: the orchestration and the I/O without the pure core and the
 communicator); the default hides nothing.
 
 Counts, per module (or package) X and in total, for one flow:
@@ -94,25 +94,25 @@ from typing import Any
 import numpy as np
 
 _GROUPS: dict[str, tuple[str, ...]] = {
-    "format": (
-        *("names", "layout", "nodes", "blocks", "schema", "checksum", "tree", "h5format"),
-        *("manifest", "arrays", "payload", "policies", "rotation", "runkey"),
+    "model": (
+        *("filenames", "layout", "nodes", "blocks", "schema", "checksum", "tree", "h5format"),
+        *("manifest", "arrays", "payload", "policies", "rotation"),
     ),
-    "io": ("fileio", "hdf5", "storage", "staging", "background", "validate", "commit"),
+    "io": ("fileio", "hdf5", "storage", "staging", "background", "validate", "commit", "runkey"),
     "parallel": ("comm", "mpi", "torchdist", "collective", "topology"),
     "checkpoint": (
         *("checkpointer", "reading", "elastic", "statics", "catalog", "restorer", "partner"),
         *("tiers", "saving", "manager"),
     ),
-    "job": ("session", "resumable", "slurm", "launch", "run"),
+    "job": ("session", "resumable", "slurm", "launch", "run", "exitcodes"),
     "top": (
-        *("", "errors", "exitcodes", "_version", "config", "cli", "demo", "report", "export"),
+        *("", "errors", "_version", "config", "cli", "demo", "report", "export"),
         *("workflow", "integrations"),
     ),
 }
-#: The package each module of the flat layout moves to (issue 24); "" is the package's
+#: The package each module of the flat layout moved to (issue 24); "" is the package's
 #: ``__init__``. A renamed module is here under both names (``hdf5`` became ``fileio``,
-#: ``layout`` becomes ``names``); ``reading`` was split out of ``checkpointer`` (8beaa75).
+#: ``layout`` became ``filenames``); ``reading`` was split out of ``checkpointer`` (8beaa75).
 PACKAGES: dict[str, str] = {module: group for group, names in _GROUPS.items() for module in names}
 
 # --- tracing ------------------------------------------------------------------------------
@@ -250,6 +250,7 @@ class Level:
 
     segments: list[list[str]]
     counts: dict[str, Counts]
+    up_edges: dict[str, int] = dataclasses.field(default_factory=dict)  # "caller > called": n
 
     def path(self) -> str:
         return " | ".join(" > ".join(labels) for labels in self.segments)
@@ -268,6 +269,7 @@ class Level:
             "path": self.path(),
             "counts": {label: row(c) for label, c in self.counts.items()},
             "total": row(self.total()),
+            "up_edges": self.up_edges,
         }
 
 
@@ -279,6 +281,7 @@ class Move:
     label: str  # the module or package entered
     below: frozenset[str]  # for a call: the labels on the stack under the new frame
     up: bool  # for a call: the module called depends on the caller's (it is above it)
+    source: str = ""  # for a call: the caller's label
 
 
 def analyse(
@@ -298,8 +301,9 @@ def analyse(
         if step.kind == "enter":
             moves.append([Move(step.kind, name, below, up)])
         elif moves and moves[-1][-1].label != name:
-            moves[-1].append(Move(step.kind, name, below, up))
+            moves[-1].append(Move(step.kind, name, below, up, label(step.source)))
     counts: dict[str, Counts] = {}
+    up_edges: dict[str, int] = {}
     seen: set[str] = set()
     for segment in moves:
         for i, move in enumerate(segment):
@@ -307,6 +311,9 @@ def analyse(
             c = counts.setdefault(name, Counts())
             c.entries += 1
             c.up_calls += move.up
+            if move.up:
+                edge = f"{move.source} > {name}"
+                up_edges[edge] = up_edges.get(edge, 0) + 1
             if kind == "call":
                 if name not in seen:
                     c.first_calls += 1
@@ -319,7 +326,7 @@ def analyse(
                 if i + 1 < len(segment) and segment[i + 1].kind == "call":
                     c.bounces += 1
             seen.add(name)
-    return Level([[move.label for move in segment] for segment in moves], counts)
+    return Level([[move.label for move in segment] for segment in moves], counts, up_edges)
 
 
 def _imported(tree: ast.AST, package: list[str], modules: set[str]) -> Iterator[str]:
@@ -450,6 +457,9 @@ def report(
                 f" (bounces {total.bounces}), all {total.reentries}; calls up {total.up_calls}"
             )
             print("\n".join(table(level)))
+            if level.up_edges:
+                edges = sorted(level.up_edges.items(), key=lambda item: (-item[1], item[0]))
+                print("  calls up: " + ", ".join(f"{edge} x{n}" for edge, n in edges))
 
 
 # --- the flows ------------------------------------------------------------------------------

@@ -278,7 +278,7 @@ class WriteJob:
             file = FileWritten(self.path.name, built.size, built.meta_segments, self.members)
         return RankWritten(entry, file)
 
-    def digests_alongside(self, parts: int = 8) -> tuple[list[Callable[[], None]], Digests]:
+    def digests_alongside(self, parts: int = 8) -> tuple[fileio.IdleWork, Digests]:
         """Checksums of this rank's arrays taken while :meth:`write` writes them: those of 1 MiB
         or more on a helper thread from now on (they are written with ``O_DIRECT``, and both
         release the GIL), the others in ``parts`` tasks for :meth:`write` to run between its
@@ -297,14 +297,13 @@ class WriteJob:
                 return lambda: digests.put(part, digest_arrays(arrays[part.start : part.stop]))
             return lambda: digests.put(part, digest_arrays([arrays[i] for i in part]))
 
-        return [task(index[lo : lo + step]) for lo in range(0, len(index), step)], digests
+        tasks = [task(index[lo : lo + step]) for lo in range(0, len(index), step)]
+        return fileio.IdleWork(tasks), digests
 
-    def write(
-        self, *, sync: bool = True, alongside: list[Callable[[], None]] | None = None
-    ) -> None:
+    def write(self, *, sync: bool = True, alongside: fileio.IdleWork | None = None) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
-        disk writes, popped as it is done (see :func:`fileio.write_file`)."""
+        disk writes (see :func:`fileio.write_file`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
         storage.retry_io(

@@ -450,8 +450,7 @@ def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
     finally:
         digests.result()  # no thread reads the arrays once this returns (or raises)
     written()
-    for task in hashing:  # what the write left: done while the fsync runs (if it does)
-        task()
+    hashing.finish()  # what the write left: done while the fsync runs (if it does)
     return job.describe(digests.result())
 
 

@@ -268,7 +268,7 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
     arrays = [np.full(65536, i, dtype=np.float64) for i in range(5)]  # 5 x 512 KiB: 2 runs
     offsets = layout(arrays, [4096] + [0] * 4)
     done: list[str] = []
-    tasks: list[Callable[[], None]] = [functools.partial(done.append, f"task{k}") for k in range(5)]
+    tasks = fileio.IdleWork(functools.partial(done.append, f"task{k}") for k in range(5))
     image = b"\x89HDF-like header"
     end = offsets[-1] + arrays[-1].nbytes
 
@@ -279,6 +279,8 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
 
     fileio.write_file(tmp_path / "f", offsets, arrays, skeleton=skeleton, alongside=tasks)
     assert done == ["skeleton", "task0"] and len(tasks) == 4
+    tasks.finish()
+    assert done == ["skeleton", *(f"task{k}" for k in range(5))] and len(tasks) == 0
     data = (tmp_path / "f").read_bytes()
     assert data.startswith(image) and len(data) == end + 64
     assert data[offsets[3] : offsets[3] + 8] == np.float64(3).tobytes()
