@@ -23,6 +23,7 @@ becomes the same exception on every rank, never a hang.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -30,7 +31,7 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileWritten",
+    "IdleWork",
     "Planned",
     "Publisher",
     "RankPlan",
@@ -86,6 +88,30 @@ __all__ = [
     "save_set",
     "seed_cache",
 ]
+
+
+class IdleWork:
+    """CPU work to do while the disk writes: :meth:`WriteJob.write` hands :meth:`run_one` to
+    :func:`fileio.write_file` as its ``idle``, called after each run of data the kernel writes
+    back without the CPU; the tasks not reached then are the owner's to :meth:`finish` (while
+    the fsync runs). In order, each once, on the calling thread."""
+
+    def __init__(self, tasks: Iterable[Callable[[], None]] = ()) -> None:
+        self._tasks = collections.deque(tasks)
+
+    def __len__(self) -> int:
+        """How many tasks are left."""
+        return len(self._tasks)
+
+    def run_one(self) -> None:
+        """Run the next task, if one is left."""
+        if self._tasks:
+            self._tasks.popleft()()
+
+    def finish(self) -> None:
+        """Run every task left."""
+        while self._tasks:
+            self._tasks.popleft()()
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +304,7 @@ class WriteJob:
             file = FileWritten(self.path.name, built.size, built.meta_segments, self.members)
         return RankWritten(entry, file)
 
-    def digests_alongside(self, parts: int = 8) -> tuple[fileio.IdleWork, Digests]:
+    def digests_alongside(self, parts: int = 8) -> tuple[IdleWork, Digests]:
         """Checksums of this rank's arrays taken while :meth:`write` writes them: those of 1 MiB
         or more on a helper thread from now on (they are written with ``O_DIRECT``, and both
         release the GIL), the others in ``parts`` tasks for :meth:`write` to run between its
@@ -298,9 +324,9 @@ class WriteJob:
             return lambda: digests.put(part, digest_arrays([arrays[i] for i in part]))
 
         tasks = [task(index[lo : lo + step]) for lo in range(0, len(index), step)]
-        return fileio.IdleWork(tasks), digests
+        return IdleWork(tasks), digests
 
-    def write(self, *, sync: bool = True, alongside: fileio.IdleWork | None = None) -> None:
+    def write(self, *, sync: bool = True, alongside: IdleWork | None = None) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
         disk writes (see :func:`fileio.write_file`)."""
@@ -313,7 +339,7 @@ class WriteJob:
                 arrays,
                 skeleton=skeleton,
                 sync=sync,
-                alongside=alongside,
+                idle=alongside.run_one if alongside is not None else None,
                 bounce=self.bounce,
             ),
             what=f"writing {self.path}",

@@ -12,7 +12,6 @@ reads the bytes back the same way (:func:`read_new`, :func:`read_many`).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import functools
@@ -24,7 +23,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -48,7 +47,6 @@ __all__ = [
     "Bounce",
     "Spec",
     "FileSkeleton",
-    "IdleWork",
     "fsync_file",
     "build_skeleton",
     "claim_file",
@@ -233,30 +231,6 @@ def open_direct(path: Path) -> int | None:
         return None
 
 
-class IdleWork:
-    """CPU work to do while the disk writes: :func:`write_file` runs one task after each run of
-    data it hands to the kernel (whose writeback then proceeds without the CPU); the tasks it
-    did not reach are the owner's to :meth:`finish` (e.g. while the fsync runs). In order, each
-    once, on the calling thread."""
-
-    def __init__(self, tasks: Iterable[Callable[[], None]] = ()) -> None:
-        self._tasks = collections.deque(tasks)
-
-    def __len__(self) -> int:
-        """How many tasks are left."""
-        return len(self._tasks)
-
-    def run_one(self) -> None:
-        """Run the next task, if one is left."""
-        if self._tasks:
-            self._tasks.popleft()()
-
-    def finish(self) -> None:
-        """Run every task left."""
-        while self._tasks:
-            self._tasks.popleft()()
-
-
 def write_file(
     path: Path,
     offsets: Sequence[int | None],
@@ -265,7 +239,7 @@ def write_file(
     skeleton: Callable[[], FileSkeleton] | None = None,
     direct: bool = True,
     sync: bool = True,
-    alongside: IdleWork | None = None,
+    idle: Callable[[], None] | None = None,
     bounce: Bounce | None = None,
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path`` (``None``: an empty array,
@@ -279,8 +253,7 @@ def write_file(
 
     The data is written in runs whose writeback starts at once (:func:`_pwrite_runs`); while
     the disk works, the CPU work of the save is done between two runs: ``skeleton`` after the
-    first run, then one task of ``alongside`` after each run (those left are the caller's, to
-    finish while the fsync runs).
+    first run, then ``idle`` after each run (the caller's CPU work, one piece per call).
 
     Large arrays go through ``O_DIRECT`` when the filesystem allows it: buffered writers to one
     shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
@@ -335,8 +308,8 @@ def write_file(
         def between() -> None:
             if skeleton is not None and not built:
                 built.append(skeleton())
-            elif alongside is not None:
-                alongside.run_one()
+            elif idle is not None:
+                idle()
 
         _pwrite_runs(fd, starts, bufs, sizes, between=between)
         if skeleton is not None:

@@ -3,7 +3,6 @@ read into one buffer and returned as views, gaps, misaligned and large arrays, s
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import sys
@@ -263,12 +262,12 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
 
 
 def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path: Path) -> None:
-    """One task after each run of data (~2 MiB), the skeleton first; the tasks left are the
-    caller's; the skeleton's bytes are written after the data."""
+    """The caller's idle work after each run of data (~2 MiB), the skeleton first; the
+    skeleton's bytes are written after the data."""
     arrays = [np.full(65536, i, dtype=np.float64) for i in range(5)]  # 5 x 512 KiB: 2 runs
     offsets = layout(arrays, [4096] + [0] * 4)
     done: list[str] = []
-    tasks = fileio.IdleWork(functools.partial(done.append, f"task{k}") for k in range(5))
+
     image = b"\x89HDF-like header"
     end = offsets[-1] + arrays[-1].nbytes
 
@@ -277,10 +276,10 @@ def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path:
         assert os.path.getsize(tmp_path / "f") >= 2 << 20  # the first run is written
         return fileio.FileSkeleton({}, (), end + 64, ((0, image), (end, bytes(64))))
 
-    fileio.write_file(tmp_path / "f", offsets, arrays, skeleton=skeleton, alongside=tasks)
-    assert done == ["skeleton", "task0"] and len(tasks) == 4
-    tasks.finish()
-    assert done == ["skeleton", *(f"task{k}" for k in range(5))] and len(tasks) == 0
+    fileio.write_file(
+        tmp_path / "f", offsets, arrays, skeleton=skeleton, idle=lambda: done.append("idle")
+    )
+    assert done == ["skeleton", "idle"]
     data = (tmp_path / "f").read_bytes()
     assert data.startswith(image) and len(data) == end + 64
     assert data[offsets[3] : offsets[3] + 8] == np.float64(3).tobytes()
