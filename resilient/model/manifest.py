@@ -704,65 +704,85 @@ def _itemsize_or_none(dtype: str) -> int | None:
         return None
 
 
-def _dataset_fast(doc: Any, memo: Memo | None = None) -> DatasetEntry | None:
-    """A well-formed dataset entry, checked in a few microseconds; ``None`` for anything else
-    (which :func:`_parse_dataset` then rejects with the precise reason). Accepts nothing that
-    :func:`_parse_dataset` would reject: a manifest lists thousands of datasets."""
-    if type(doc) is not dict or doc.get("stripes") is not None:  # stripes: the full parser
-        return None
-    name, shape, dtype = doc.get("name"), doc.get("shape"), doc.get("dtype")
-    nbytes, offset, checksum = doc.get("nbytes"), doc.get("offset"), doc.get("checksum")
-    if (
-        type(name) is not str
-        or type(shape) is not list
-        or type(dtype) is not str
-        or type(nbytes) is not int
-        or type(checksum) is not str
-        or len(shape) > 32
-    ):
-        return None
-    for n in shape:
-        if type(n) is not int or not 0 <= n < 1 << 48:
-            return None
-    itemsize = _itemsize_or_none(dtype)
-    if itemsize is None or not 0 <= nbytes <= _MAX_INT or nbytes != math.prod(shape) * itemsize:
-        return None
-    if offset is None:
-        if nbytes:
-            return None
-    elif type(offset) is not int or not 0 <= offset <= _MAX_INT:
-        return None
-    if not _HEX16_RE.match(checksum):
-        return None
-    if memo is None or name not in memo.valid:
+def _parse_rows(rank: Section, memo: Memo, *, fast: bool = True) -> DatasetTable:
+    """Schema 1: a rank's datasets as a list of objects (``name``, ``shape``, ``dtype``,
+    ``offset``, ``nbytes``, ``checksum``; ``stripes`` for Block leaves; other keys ignored).
+
+    Each entry takes the fast path first: a few type and range checks inline (a few
+    microseconds; a manifest lists thousands). An entry they do not accept (one with stripes,
+    or any doubt) is read by the strict walk below it, which accepts it or raises the precise
+    error. The fast path accepts nothing the strict walk rejects and gives the same entry
+    (``fast=False``: every entry walked strictly; tests/unit/test_manifest_fast_path.py).
+    """
+    path = rank.name("datasets")
+    rows: list[DatasetEntry] = []
+    valid = memo.valid
+    for i, doc in enumerate(rank.require("datasets", list)):
+        if fast and type(doc) is dict and doc.get("stripes") is None:
+            name, shape, dtype = doc.get("name"), doc.get("shape"), doc.get("dtype")
+            nbytes, offset, checksum = doc.get("nbytes"), doc.get("offset"), doc.get("checksum")
+            if (
+                type(name) is str
+                and type(shape) is list
+                and type(dtype) is str
+                and type(nbytes) is int
+                and type(checksum) is str
+                and len(shape) <= 32
+            ):
+                for n in shape:  # (a loop: all() of a generator costs ~140 ns more an entry)
+                    if type(n) is not int or not 0 <= n < 1 << 48:
+                        break
+                else:
+                    if (
+                        (itemsize := _itemsize_or_none(dtype)) is not None
+                        and 0 <= nbytes <= _MAX_INT
+                        and nbytes == math.prod(shape) * itemsize
+                        and (
+                            (offset is None and not nbytes)
+                            or (type(offset) is int and 0 <= offset <= _MAX_INT)
+                        )
+                        and _HEX16_RE.match(checksum)
+                        and (name in valid or is_valid_path(name))
+                    ):
+                        if name not in valid:
+                            memo.add_valid((name,))
+                        rows.append(
+                            DatasetEntry(name, tuple(shape), dtype, offset, nbytes, checksum)
+                        )
+                        continue
+        # the strict walk: this entry's first fault, named
+        sec = Section(doc, where="manifest", path=f"{path}[{i}]", error=ManifestError)
+        where = sec.path
+        name = sec.require("name", str)
         if not is_valid_path(name):
-            return None
-        if memo is not None:
-            memo.add_valid((name,))
-    return DatasetEntry(name, tuple(shape), dtype, offset, nbytes, checksum)
+            raise ManifestError(f"{where}: illegal dataset name {name!r}")
+        shape = sec.require("shape", list)
+        if not _is_shape(shape):
+            raise ManifestError(f"{where}: illegal shape {shape!r}")
+        dims = tuple(shape)
+        dtype = sec.require("dtype", str)
+        itemsize = _itemsize_or_none(dtype)
+        if itemsize is None:
+            raise ManifestError(f"unsupported dtype {dtype!r} at {where}.dtype")
+        nbytes = sec.require("nbytes", int, minimum=0, maximum=_MAX_INT)
+        if nbytes != math.prod(dims) * itemsize:
+            raise ManifestError(f"{where}: nbytes {nbytes} does not match shape {dims} x {dtype}")
+        offset = sec.get("offset", int, None, minimum=0, maximum=_MAX_INT)
+        if offset is None and nbytes:
+            raise ManifestError(f"{where}: non-empty dataset without an offset")
+        checksum = _checksum(sec.doc.get("checksum"), where)
+        sub = sec.optional_section("stripes")
+        stripes = None if sub is None else _parse_stripes(sub, dims)
+        rows.append(DatasetEntry(name, dims, dtype, offset, nbytes, checksum, stripes))
+    datasets = DatasetTable.of(rows)
+    if len(set(datasets.names)) != len(datasets):
+        raise ManifestError(f"{rank.path}: repeated dataset name")
+    return datasets
 
 
-def _parse_dataset(sec: Section) -> DatasetEntry:
-    where = sec.path
-    name = sec.require("name", str)
-    if not is_valid_path(name):
-        raise ManifestError(f"{where}: illegal dataset name {name!r}")
-    shape_raw = sec.require("shape", list)
-    if len(shape_raw) > 32 or not all(_is_index(n, 1 << 48) for n in shape_raw):
-        raise ManifestError(f"{where}: illegal shape {shape_raw!r}")
-    shape = tuple(int(n) for n in shape_raw)
-    dtype = sec.require("dtype", str)
-    itemsize = dtype_itemsize(dtype)
-    nbytes = sec.require("nbytes", int, minimum=0, maximum=_MAX_INT)
-    if nbytes != math.prod(shape) * itemsize:
-        raise ManifestError(f"{where}: nbytes {nbytes} does not match shape {shape} x {dtype}")
-    offset = sec.get("offset", int, None, minimum=0, maximum=_MAX_INT)
-    if offset is None and nbytes:
-        raise ManifestError(f"{where}: non-empty dataset without an offset")
-    checksum = _checksum(sec.doc.get("checksum"), where)
-    sub = sec.optional_section("stripes")
-    stripes = None if sub is None else _parse_stripes(sub, shape)
-    return DatasetEntry(name, shape, dtype, offset, nbytes, checksum, stripes)
+def _is_shape(value: Any) -> bool:
+    """Whether ``value`` is a shape a manifest may hold: a list of at most 32 sizes < 2**48."""
+    return type(value) is list and len(value) <= 32 and all(_is_index(n, 1 << 48) for n in value)
 
 
 _COLUMNS = frozenset({"names", "shapes", "dtypes", "offsets", "checksums", "stripes"})
@@ -770,9 +790,11 @@ _HEX_DIGITS = b"0123456789abcdef"
 _NONE = type(None)
 
 
-def _parse_columns(sec: Section, memo: Memo) -> DatasetTable:
-    """A rank's datasets from their columns (see :func:`_columns`), checked column by column
-    at C speed (no Python per dataset unless a check fails and names the culprit)."""
+def _parse_columns(rank: Section, memo: Memo) -> DatasetTable:
+    """Schema 2 (and the shards of schema 3): a rank's datasets as columns (see
+    :func:`_columns`), checked column by column at C speed: no Python per dataset, unless a
+    check fails and then names the culprit."""
+    sec = rank.section("datasets")
     where = sec.path
     unknown = set(sec.doc) - _COLUMNS
     if unknown:
@@ -800,7 +822,11 @@ def _parse_columns(sec: Section, memo: Memo) -> DatasetTable:
     if set(map(type, dtypes)) != {str}:
         wrong = sorted({type(k).__name__ for k in dtypes} - {"str"})
         raise ManifestError(f"{where}: a dtype has the wrong type {', '.join(wrong)}")
-    nbytes = _sizes(shapes, dims, dtypes)
+    try:
+        nbytes = _sizes(shapes, dims, dtypes)
+    except ManifestError:  # an unsupported dtype: the first one named
+        i = next(i for i, d in enumerate(dtypes) if _itemsize_or_none(d) is None)
+        raise ManifestError(f"unsupported dtype {dtypes[i]!r} at {where}.dtypes[{i}]") from None
     if max(nbytes) > _MAX_INT:
         raise ManifestError(f"{where}: a dataset's size is out of range")
     types = set(map(type, offsets))
@@ -854,14 +880,7 @@ def _sizes(shapes: list[list[int]], dims: list[int], dtypes: list[str]) -> list[
 
 
 def _first_bad_shape(shapes: list[Any]) -> Any:
-    for shape in shapes:
-        if (
-            type(shape) is not list
-            or len(shape) > 32
-            or not all(_is_index(n, 1 << 48) for n in shape)
-        ):
-            return shape
-    return None
+    return next((shape for shape in shapes if not _is_shape(shape)), None)
 
 
 def _offset_types(types: set[type]) -> str:
@@ -929,16 +948,8 @@ def _parse_rank(sec: Section, file_names: set[str], version: int, memo: Memo) ->
     fname = sec.require("file", str)
     if fname not in file_names:
         raise ManifestError(f"{sec.path}: file {fname!r} is not listed in files")
-    if version == 1:
-        raw = sec.require("datasets", list)
-        datasets = DatasetTable.of(
-            [_dataset_fast(d, memo) or _parse_dataset(sec.sections("datasets")[i])
-             for i, d in enumerate(raw)]
-        )  # fmt: skip
-        if len(set(datasets.names)) != len(datasets):
-            raise ManifestError(f"{sec.path}: repeated dataset name")
-    else:
-        datasets = _parse_columns(sec.section("datasets"), memo)
+    # one parser of the datasets per schema version (schema 3's shards hold schema 2's columns)
+    datasets = (_parse_rows if version == 1 else _parse_columns)(sec, memo)
     tree = sec.doc.get("tree")
     if tree is not None:
         try:

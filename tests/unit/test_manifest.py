@@ -414,6 +414,16 @@ def test_non_manifests_are_rejected(text: str | bytes, reason: str) -> None:
         parse_manifest(text)
 
 
+def test_an_unsupported_dtype_is_named_where_it_is() -> None:
+    # (was "unsupported dtype '|O'" alone, which still starts it; the first in column order)
+    doc = sample_doc()
+    _dataset(0, 1, dtype="<U4")(doc)
+    _dataset(0, 0, dtype="|O")(doc)
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(json.dumps(doc))
+    assert str(info.value) == "unsupported dtype '|O' at ranks[0].datasets.dtypes[0]"
+
+
 def test_manifest_error_is_a_value_error() -> None:
     assert issubclass(ManifestError, ValueError)
 
