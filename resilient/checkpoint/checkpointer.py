@@ -96,12 +96,8 @@ class IdleWork:
     back without the CPU; the tasks not reached then are the owner's to :meth:`finish` (while
     the fsync runs). In order, each once, on the calling thread."""
 
-    def __init__(self, tasks: Iterable[Callable[[], None]] = ()) -> None:
+    def __init__(self, tasks: Iterable[Callable[[], None]]) -> None:
         self._tasks = collections.deque(tasks)
-
-    def __len__(self) -> int:
-        """How many tasks are left."""
-        return len(self._tasks)
 
     def run_one(self) -> None:
         """Run the next task, if one is left."""
@@ -111,7 +107,7 @@ class IdleWork:
     def finish(self) -> None:
         """Run every task left."""
         while self._tasks:
-            self._tasks.popleft()()
+            self.run_one()
 
 
 @dataclass(frozen=True, slots=True)
