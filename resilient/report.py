@@ -1,18 +1,24 @@
-"""Run reports from the logs a checkpoint root keeps: attempts, kills, recomputation, goodput.
+"""Run reports from the logs a checkpoint root keeps: attempts, phases, kills, goodput.
 
-Reads, per checkpoint root: ``attempts.jsonl`` (one line per ``resilient run`` attempt),
-``saves.jsonl`` (one line per committed checkpoint) and ``progress.jsonl`` ((time, step)
-samples from :class:`~resilient.job.session.Session`). No MPI, no h5py.
+Reads, per checkpoint root: ``attempts.jsonl`` (one line per ``resilient run`` attempt: its
+start and end), ``saves.jsonl`` (one line per committed checkpoint) and ``progress.jsonl`` (the
+program's timeline, written by :class:`~resilient.job.session.Session`: see
+:mod:`resilient.job.timeline`). No MPI, no h5py.
 
 Definitions:
 
-* *kills*: attempts that ended early (exit 75, or killed by a signal) — walltime, preemption.
+* *phases* of an attempt (they add up to its wall time): start-up (the launch, imports and the
+  restore, up to the first new step), compute kept (steps that the run went on from), compute
+  lost (steps recomputed by a later attempt), checkpoint (saving that held the program), exit;
+  and, between two attempts, the time no attempt ran (a requeue, the queue).
+* *wall time*: the first attempt's start to the last one's end, gaps included.
+* *goodput*: compute kept / wall time. A stopwatch bounds it: it is at most the share of the
+  wall time that an uninterrupted run of the same steps would take. ``None`` when the program
+  records no timeline (it does not use Session).
+* *kills*: attempts that ended early (exit 75, or killed by a signal): walltime, preemption.
 * *steps recomputed*: for each attempt after the first, the highest step the previous attempt
   reached minus the step this attempt restored (work lost between the last checkpoint and the
   kill).
-* *goodput*: wall time kept as progress / wall time spent in attempts. An attempt keeps the time
-  from its start to its last committed checkpoint (to its end when it finished); the rest
-  (work after the last checkpoint, the kill) is lost.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.io import storage
+from resilient.job.timeline import AttemptEvents, Phases, kept_until, read_events
 from resilient.model import filenames
 
 __all__ = ["AttemptSummary", "TaskReport", "find_roots", "format_table", "plot", "task_report"]
@@ -43,6 +50,7 @@ class AttemptSummary:
     max_step: int | None
     checkpoints: int
     slurm_job_id: str | None
+    phases: Phases = field(default_factory=Phases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +63,35 @@ class TaskReport:
     kills: int
     checkpoints_written: int
     steps_recomputed: int
-    wall_spent_s: float
-    wall_kept_s: float
+    wall_spent_s: float  # in attempts
+    between_s: float  # between attempts
     finished: bool
+    timed: bool  # the program recorded its timeline (a Session): the phases are known
     progress: tuple[tuple[float, int], ...] = field(default=())
     flush_s: tuple[float, ...] = ()  # seconds each flush from a node-local tier took
 
     @property
+    def phases(self) -> Phases:
+        """The attempts' phases, added up."""
+        return sum((a.phases for a in self.attempts), Phases())
+
+    @property
+    def wall_s(self) -> float:
+        """The first attempt's start to the last one's end."""
+        return self.wall_spent_s + self.between_s
+
+    @property
     def goodput(self) -> float | None:
-        """Share of attempt wall time kept as progress (``None`` without attempts)."""
-        return self.wall_kept_s / self.wall_spent_s if self.wall_spent_s > 0 else None
+        """Compute kept / wall time (``None`` without attempts or without a timeline)."""
+        if not self.timed or self.wall_s <= 0:
+            return None
+        return self.phases.compute_kept_s / self.wall_s
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["goodput"] = self.goodput
+        doc["wall_s"] = self.wall_s
+        doc["phases"] = asdict(self.phases) if self.timed else None
         doc.pop("progress")
         return doc
 
@@ -78,49 +101,55 @@ def _num(rec: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _int(rec: dict[str, Any], key: str) -> int | None:
+    v = rec.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
     """The report of one checkpoint root (a task)."""
     r = Path(root)
-    attempts_raw = storage.read_jsonl(r / filenames.ATTEMPT_LEDGER)
+    ledger = [
+        rec for rec in storage.read_jsonl(r / filenames.ATTEMPT_LEDGER)
+        if _num(rec, "start") is not None and _num(rec, "end") is not None
+    ]  # fmt: skip
     saves = [s for s in storage.read_jsonl(r / filenames.SAVE_LOG) if _num(s, "time") is not None]
-    progress = sorted(
-        (float(p["time"]), int(p["step"]))
-        for p in storage.read_jsonl(r / filenames.PROGRESS_LOG)
-        if _num(p, "time") is not None and isinstance(p.get("step"), int)
-    )
+    committed = [int(s["step"]) for s in saves if _int(s, "step") is not None]
+    events = read_events(r)
+    progress = tuple((float(e["time"]), int(e["step"])) for e in events)
+    timeline = [AttemptEvents.of(events, float(rec["start"]), float(rec["end"])) for rec in ledger]
+    codes = [int(rec.get("exit_code", rec.get("exit_status", 1)) or 0) for rec in ledger]
+    finished = bool(codes) and codes[-1] == 0
+    kept = kept_until(timeline, finished=finished, committed=committed)
     attempts: list[AttemptSummary] = []
-    spent = kept = 0.0
     recomputed = 0
     prev_max: int | None = None
-    for rec in attempts_raw:
-        start, end = _num(rec, "start"), _num(rec, "end")
-        if start is None or end is None:
-            continue
-        code = int(rec.get("exit_code", rec.get("exit_status", 1)) or 0)
+    for rec, ev, code, until in zip(ledger, timeline, codes, kept, strict=True):
+        start, end = ev.start, ev.end
         inside = [s for s in saves if start <= float(s["time"]) <= end]
-        steps_seen = [st for t, st in progress if start <= t <= end]
+        steps_seen = [st for _, st in ev.samples]
         steps_seen += [int(s["step"]) for s in inside if isinstance(s.get("step"), int)]
-        after = rec.get("latest_after") if isinstance(rec.get("latest_after"), int) else None
-        before = rec.get("latest_before") if isinstance(rec.get("latest_before"), int) else None
+        after = _int(rec, "latest_after")
+        restored = _int(rec, "restored_step")
+        if restored is None:
+            restored = ev.restored_step if ev.resumed else _int(rec, "latest_before")
         if after is not None:
             steps_seen.append(after)
         max_step = max(steps_seen) if steps_seen else None
         if prev_max is not None:
-            recomputed += max(0, prev_max - (before or 0))
+            recomputed += max(0, prev_max - (restored or 0))
         prev_max = max_step
-        spent += end - start
-        if code == 0:
-            kept += end - start
-        elif inside:
-            kept += max(float(s["time"]) for s in inside) - start
         attempts.append(
             AttemptSummary(
                 attempt=int(rec.get("attempt", len(attempts) + 1)), start=start, end=end,
-                exit_code=code, reason=str(rec.get("reason", "")), restored_step=before,
+                exit_code=code, reason=str(rec.get("reason", "")), restored_step=restored,
                 latest_after=after, max_step=max_step, checkpoints=len(inside),
                 slurm_job_id=rec.get("slurm_job_id") if isinstance(rec.get("slurm_job_id"), str) else None,
+                phases=ev.phases(until),
             )
         )  # fmt: skip
+    spent = sum(a.end - a.start for a in attempts)
+    wall = attempts[-1].end - attempts[0].start if attempts else 0.0
     return TaskReport(
         name=name or r.name,
         root=str(r),
@@ -129,9 +158,10 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
         checkpoints_written=len(saves),
         steps_recomputed=recomputed,
         wall_spent_s=spent,
-        wall_kept_s=kept,
-        finished=bool(attempts) and attempts[-1].exit_code == 0,
-        progress=tuple(progress),
+        between_s=max(0.0, wall - spent),
+        finished=finished,
+        timed=any(ev.timed for ev in timeline),
+        progress=progress,
         flush_s=tuple(f for s in saves if (f := _num(s, "flush_s")) is not None),
     )
 
@@ -156,15 +186,27 @@ def find_roots(paths: Iterable[str | os.PathLike[str]], *, max_depth: int = 4) -
     return sorted(set(found))
 
 
+def _phases_text(p: Phases) -> str:
+    return (
+        f"start-up {p.startup_s:.1f} s, compute kept {p.compute_kept_s:.1f} s, lost "
+        f"{p.compute_lost_s:.1f} s, checkpoints {p.checkpoint_s:.1f} s, exit {p.exit_s:.1f} s"
+    )
+
+
 def format_table(reports: Sequence[TaskReport]) -> str:
     """A human-readable report: one block per task, one line per attempt."""
     lines = []
     for t in reports:
-        gp = f"{100 * t.goodput:.0f}%" if t.goodput is not None else "-"
+        gp = f"{100 * t.goodput:.0f}%" if t.goodput is not None else "- (no timeline: use Session)"
         lines.append(
             f"{t.name}: {len(t.attempts)} attempts, {t.kills} kills, {t.checkpoints_written} checkpoints written, "
             f"{t.steps_recomputed} steps recomputed, goodput {gp}, {'finished' if t.finished else 'NOT finished'}"
         )
+        if t.timed:
+            lines.append(
+                f"  wall {t.wall_s:.1f} s = {_phases_text(t.phases)}, between attempts "
+                f"{t.between_s:.1f} s"
+            )
         if t.flush_s:
             ordered = sorted(t.flush_s)
             lines.append(
@@ -177,11 +219,24 @@ def format_table(reports: Sequence[TaskReport]) -> str:
                 f"  #{a.attempt:<3} {a.end - a.start:6.1f} s  exit {a.exit_code:<3} steps {a.restored_step} -> "
                 f"{a.latest_after} (reached {a.max_step}), {a.checkpoints} ckpt{job}: {a.reason}"
             )
+            if t.timed:
+                lines.append(f"        {_phases_text(a.phases)}")
     return "\n".join(lines)
 
 
+# the plot's colour of each phase (the same names as the table's)
+_PHASE_COLOURS = (
+    ("startup_s", "start-up", "tab:orange"),
+    ("compute_kept_s", "compute kept", "tab:green"),
+    ("compute_lost_s", "compute lost", "tab:red"),
+    ("checkpoint_s", "checkpoints", "tab:blue"),
+    ("exit_s", "exit", "tab:gray"),
+)
+
+
 def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
-    """Write a PNG of progress (step) against wall-clock time, kills marked.
+    """Write a PNG: progress (step) against wall-clock time, kills marked, and below it one bar
+    per task with each attempt's phases (start-up, compute kept and lost, checkpoints, exit).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'resilient[report]'``).
@@ -191,11 +246,13 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t0 = min((a.start for t in reports for a in t.attempts), default=0.0)
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
-    for t in reports:
-        if not t.attempts:
-            continue
+    shown = [t for t in reports if t.attempts]
+    t0 = min((a.start for t in shown for a in t.attempts), default=0.0)
+    fig, (ax, bars) = plt.subplots(
+        2, 1, sharex=True, figsize=(9, 4.5 + 0.3 * len(shown)), dpi=110,
+        gridspec_kw={"height_ratios": [3, max(1, len(shown)) * 0.35 + 0.4]},
+    )  # fmt: skip
+    for row, t in enumerate(shown):
         xs = [x - t0 for x, _ in t.progress]
         (line,) = ax.plot(
             xs, [s for _, s in t.progress], ".-", markersize=3, linewidth=1, label=t.name
@@ -206,11 +263,31 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
                 ax.plot(
                     [a.end - t0], [a.max_step], "x", color=line.get_color(), markersize=9, mew=2
                 )
-    ax.set_xlabel("wall-clock time (s)")
+            if t.timed:
+                _phase_bar(bars, row, a, t0)
+    handles = [
+        matplotlib.patches.Patch(color=colour, label=label) for _, label, colour in _PHASE_COLOURS
+    ]
+    bars.set_yticks(range(len(shown)), [t.name for t in shown], fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("wall-clock time (s); a gap between bars: between attempts (requeue, queue)")
     ax.set_ylabel("step")
     ax.set_title("progress per task (x = attempt killed: walltime / preemption / crash)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.add_artist(ax.legend(loc="upper left", fontsize=8))
+    ax.legend(handles=handles, loc="lower right", fontsize=8, title="phases (bars below)",
+              title_fontsize=8)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _phase_bar(ax: Any, row: int, a: AttemptSummary, t0: float) -> None:
+    """One attempt's phases as a bar in ``row``, in the order they happen (compute kept before
+    compute lost: a kill loses the end of the loop)."""
+    x = a.start - t0
+    for attr, _, colour in _PHASE_COLOURS:
+        width = getattr(a.phases, attr)
+        if width > 0:
+            ax.broken_barh([(x, width)], (row - 0.35, 0.7), color=colour)
+            x += width

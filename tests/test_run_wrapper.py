@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
@@ -240,6 +242,72 @@ def test_requeue_restarts_in_place_after_each_walltime_stop(
     for before, after in itertools.pairwise(ledger):
         assert after["latest_before"] == before["latest_after"] is not None, ledger
     assert proc.stderr.count("requeued after attempt") == len(codes) - 1
+
+
+def _report(ckpt: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "resilient.cli", "report", str(ckpt), "--json"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    (doc,) = json.loads(out.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_the_report_agrees_with_a_stopwatch(tmp_path: Path, reference: bytes) -> None:
+    """Issue 32: the goodput counted start-up, restores and the final checkpoint as kept (92 %
+    for 45 % by stopwatch). The same 2-rank program, uninterrupted and under a 3-s walltime
+    with requeues, each timed from outside: the report's wall time is the stopwatch's, each
+    attempt's phases add up to its wall time, and the goodput is no more than the share of the
+    wall time the uninterrupted run needed."""
+    cmd = functools.partial(heat_cmd, n=2, delay=0.03)
+    walls = {}
+    for name, extra in (("ref", []), ("cut", ["--walltime", "3", "--signal", "USR1@0.5", "--requeue"])):
+        ckpt, out = tmp_path / name / "ck", tmp_path / name / "out.h5"
+        t0 = time.time()
+        proc = resilient_run(["--checkpoint-dir", str(ckpt), "--kill-wait", "1", *extra], cmd(ckpt, out))
+        walls[name] = time.time() - t0
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert field(out) == reference
+    ref, cut = _report(tmp_path / "ref" / "ck"), _report(tmp_path / "cut" / "ck")
+    assert len(ref["attempts"]) == 1 and len(cut["attempts"]) >= 2, cut["attempts"]
+    for doc, wall in ((ref, walls["ref"]), (cut, walls["cut"])):
+        # resilient run's own start (imports) and exit are outside the attempts
+        assert 0.85 * wall - 0.5 <= doc["wall_s"] <= wall, (doc["wall_s"], wall)
+        for a in doc["attempts"]:
+            parts = sum(a["phases"].values())
+            assert parts == pytest.approx(a["end"] - a["start"], rel=0.05), a
+        assert sum(doc["phases"].values()) + doc["between_s"] == pytest.approx(doc["wall_s"], rel=0.05)
+        assert all(v >= 0 for v in doc["phases"].values()), doc["phases"]
+    assert 0 < cut["goodput"] <= walls["ref"] / walls["cut"] + 0.05, (cut["goodput"], walls)
+    assert 0 < ref["goodput"] < 1
+    # each restart paid its start-up again: the interrupted run's is several times the other's
+    assert cut["phases"]["startup_s"] > 1.5 * ref["phases"]["startup_s"], (cut, ref)
+    # what the uninterrupted run computed, the interrupted one kept (the same steps)
+    kept = cut["phases"]["compute_kept_s"]
+    assert kept == pytest.approx(ref["phases"]["compute_kept_s"], rel=0.5), (cut, ref)
+
+
+def test_a_fallback_is_said_and_the_ledger_has_the_step_restored(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """Issue 32: after a fallback the program said nothing of the step it resumed from, and
+    the ledger read "latest valid step 150 -> 400" for a step 150 that was quarantined."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    args = ["--checkpoint-dir", str(ckpt), "--walltime", "3", "--signal", "USR1@0.5", "--kill-wait", "1"]
+    first = resilient_run(args, heat_cmd(ckpt, out, n=2, delay=0.03))
+    assert first.returncode == 75, first.stderr[-3000:]
+    newest, older = (r.step for r in list_checkpoints(ckpt)[::-1][:2])
+    flip_dataset_byte(ckpt / f"step_{newest:08d}")  # same size: only the checksums see it
+    second = resilient_run(["--checkpoint-dir", str(ckpt)], heat_cmd(ckpt, out, n=2, delay=0.0))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert field(out) == reference
+    said = f"resumed from step {older} in {ckpt}: the newer checkpoint(s) of step {newest} failed"
+    assert said in second.stderr, second.stderr[-3000:]
+    assert f"resumed from step {older} (step {newest} failed validation: quarantined)" in second.stderr
+    last = read_ledger(ckpt)[-1]
+    assert last["latest_before"] == newest  # the quick check passed it ...
+    assert last["restored_step"] == older and last["passed_over"] == [newest]  # ... not the program
 
 
 def test_requeue_leaves_a_stop_signal_from_outside_to_the_engine(tmp_path: Path) -> None:

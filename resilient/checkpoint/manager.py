@@ -516,6 +516,12 @@ class CheckpointManager:
         self._last_saved_step = restored
         return restored, state
 
+    @property
+    def passed_over(self) -> tuple[int, ...]:
+        """Coordinator (rank 0): the steps newer than the one the last :meth:`restore` returned
+        that failed validation and were quarantined on its way (empty on the other ranks)."""
+        return tuple(self._restorer.passed_over)
+
     def _restore_local(
         self,
         step: int | None,

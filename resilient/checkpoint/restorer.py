@@ -170,6 +170,8 @@ class Restorer:
         self.last_read: ReadStats | None = None  # of this rank's last elastic read
         # the checkpoint the last restore or read returned: (its directory, its manifest)
         self.last_restored: tuple[Path, Manifest] | None = None
+        # coordinator: the steps the last restore quarantined on its way to the one it returned
+        self.passed_over: list[int] = []
 
     def restore(
         self,
@@ -184,6 +186,7 @@ class Restorer:
         :meth:`resilient.checkpoint.manager.CheckpointManager.restore`; ``into`` maps leaf paths to the
         arrays to read into, ``blocks`` leaf paths to this rank's new blocks; ``refused``, what
         was wrong with this rank's arguments (raised on every rank in the first round)."""
+        self.passed_over = []
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
         whole: list[_Candidate] = []  # the coordinator's candidate, whole
         mine = dict(blocks or {})
@@ -316,6 +319,7 @@ class Restorer:
             if record.manifest is None:
                 storage.quarantine(record.path, record.step, record.reason)
                 self.catalog.quarantined(record.step)
+                self.passed_over.append(record.step)
                 continue
             saved = record.manifest.layout
             static = self._static_manifest(record.manifest)
@@ -329,6 +333,7 @@ class Restorer:
                     why = exc.reason if isinstance(exc, InvalidCheckpointError) else str(exc)
                     storage.quarantine(record.path, record.step, why)
                     self.catalog.quarantined(record.step)
+                    self.passed_over.append(record.step)
                     continue
             yield _Candidate(record.path, record.manifest, static, elastic)
         where = f"of step {step} " if step is not None else ""
@@ -429,6 +434,7 @@ class Restorer:
         except OSError as exc:
             log.warning("could not quarantine %s: %s", chosen.path, exc)
         self.catalog.quarantined(chosen.manifest.step)
+        self.passed_over.append(chosen.manifest.step)
 
 
 class _Rejected(Exception):

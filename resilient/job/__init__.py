@@ -6,7 +6,8 @@ Owns:
     latest valid checkpoint), :mod:`.slurm` (the deadline and stop signals), :mod:`.run`
     (``resilient run``: a program run resumably, retried and requeued by exit code),
     :mod:`.exitcodes` (the exit-code contract), :mod:`.launch` (which MPI launcher starts
-    ranks).
+    ranks), :mod:`.timeline` (where each attempt's time went: the events a Session records
+    and the phases ``resilient report`` adds up).
 
 May import: :mod:`resilient.checkpoint` and everything below it. Knows nothing of Snakemake or
 Parsl: those are :mod:`resilient.integrations`, above.

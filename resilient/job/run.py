@@ -78,6 +78,7 @@ from resilient.job.slurm import (
     find_deadline,
     parse_signal,
 )
+from resilient.job.timeline import AttemptEvents, read_events
 from resilient.model import filenames
 
 __all__ = [
@@ -160,7 +161,9 @@ class AttemptRecord:
     exit_status: int | None = None
     signal: str | None = None
     reason: str = ""
-    latest_before: int | None = None
+    latest_before: int | None = None  # the newest checkpoint that passed the quick check
+    restored_step: int | None = None  # the step the program restored (its Session's record)
+    passed_over: list[int] = field(default_factory=list)  # newer steps it quarantined first
     latest_after: int | None = None
     progress: bool = False
     host: str = field(default_factory=socket.gethostname)
@@ -548,8 +551,10 @@ def _run_job(
         record.exit_status = status
         record.signal = sent
         record.latest_after = _latest(ckdir)
+        _note_restore(ckdir, record)
+        base = record.restored_step if record.restored_step is not None else record.latest_before
         record.progress = record.latest_after is not None and (
-            record.latest_before is None or record.latest_after > record.latest_before
+            base is None or record.latest_after > base
         )
         no_progress_run = 0
         if not record.progress and status != 0:
@@ -570,10 +575,10 @@ def _run_job(
             _append_ledger(ckdir, record)
             _note_beside(ckdir, number, record)
         log.info(
-            "attempt %d: %s; latest valid step %s -> %s; exit %d",
+            "attempt %d: %s; %s; latest valid step now %s; exit %d",
             number,
             record.reason,
-            record.latest_before,
+            _resumed_from(record),
             record.latest_after,
             record.exit_code,
         )
@@ -606,6 +611,30 @@ def _run_job(
     )
     code, record, last = retrying(one_attempt)
     return int(code), record, last
+
+
+def _note_restore(checkpoint_dir: Path | None, record: AttemptRecord) -> None:
+    """The step the program restored in this attempt, from its Session's timeline (none
+    without a Session, or when it was killed before its restore)."""
+    if checkpoint_dir is None:
+        return
+    events = AttemptEvents.of(read_events(checkpoint_dir), record.start, record.end)
+    if events.timed:
+        record.restored_step = events.restored_step if events.resumed else None
+        record.passed_over = list(events.passed_over)
+
+
+def _resumed_from(record: AttemptRecord) -> str:
+    """How the attempt began, for its log line."""
+    if record.passed_over:
+        skipped = ", ".join(map(str, record.passed_over))
+        where = f"step {record.restored_step}" if record.restored_step is not None else "scratch"
+        return f"resumed from {where} (step {skipped} failed validation: quarantined)"
+    if record.restored_step is not None:
+        return f"resumed from step {record.restored_step}"
+    if record.latest_before is not None:  # no Session record: what the quick check found
+        return f"latest valid step at the start {record.latest_before}"
+    return "started from scratch"
 
 
 def _last_result(rs: Any) -> tuple[int, AttemptRecord, _Attempt]:

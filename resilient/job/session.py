@@ -37,6 +37,7 @@ from resilient.job.slurm import (
     find_deadline,
     job_of,
 )
+from resilient.job.timeline import Timeline
 from resilient.model import filenames
 from resilient.model.arrays import template_spec
 from resilient.model.blocks import unwrap
@@ -111,6 +112,7 @@ class Session:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._session_start = time.time()
         env = os.environ if environ is None else environ
         root = ckpt_dir if ckpt_dir is not None else env.get(ENV_CHECKPOINT_DIR)
         if not root:
@@ -169,7 +171,8 @@ class Session:
         self.saves_this_run = 0
         self._static: Mapping[str, Any] | None = None
         self._metrics: Mapping[str, Any] | None = None
-        self._last_progress = 0.0
+        # rank 0 records where the attempt's time goes (resilient report's phases)
+        self._timeline = Timeline(self.root, attempt=self._attempt) if self.comm.rank == 0 else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,6 +187,7 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         permanent = exc is not None and is_permanent_storage_error(exc)
+        loop_end = time.time()
         try:
             if exc is None:  # stopped early, or finished: the last step is saved either way
                 self._final_save()
@@ -194,6 +198,9 @@ class Session:
                 self.manager.close()
             else:
                 self.manager.__exit__(exc_type, exc, tb)
+            if self._timeline is not None:
+                step = self._last[0] if self._last is not None else self._saved_step
+                self._timeline.end(time.time(), step, loop_end=loop_end, stopped=self.stopped)
         if exc is None and self.stopped:
             self._record_stop()
         if exc is None and self.stopped and self.exit_on_stop:
@@ -253,8 +260,7 @@ class Session:
             state = unwrap(dict(init))
             if static:
                 state.update(unwrap(dict(static)))
-            self._note_progress(step, force=True)
-            log.info("no checkpoint in %s: starting at step %d", self.root, step)
+            self._note_restored(step, resumed=False)
             return step, state
         if not callable(initial):
             self._coll.check(
@@ -262,8 +268,7 @@ class Session:
                 lambda: _same_arrays(initial, state, self.root),
             )
         self._saved_step = restored_step
-        self._note_progress(restored_step, force=True)
-        log.info("resumed from step %d in %s", restored_step, self.root)
+        self._note_restored(restored_step, resumed=True)
         return restored_step, state
 
     def should_stop(self) -> bool:
@@ -299,9 +304,13 @@ class Session:
             Whether a checkpoint was written.
         """
         self._last = (step, state, metrics)
-        self._note_progress(step)
+        if self._timeline is not None:
+            self._timeline.sample(time.time(), step)
         if self.manager.in_flight:
+            t0 = time.time()
             self.manager.poll()  # commit a finished background save now, not at the next one
+            if self._timeline is not None and not self.manager.in_flight:
+                self._timeline.wait(t0, time.time(), step)
         stop = self._signals.is_set
         if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
             return False
@@ -319,20 +328,40 @@ class Session:
         """Collective: write a checkpoint of ``step`` now (``blocking=False``: in the background,
         see :meth:`~resilient.checkpoint.manager.CheckpointManager.save`)."""
         self._last = (step, state, metrics)
+        t0 = time.time()
         self.manager.save(
             step, self._without_static(state), static=self._static, metrics=metrics,
             blocking=blocking,
         )  # fmt: skip
+        if self._timeline is not None:
+            self._timeline.save(t0, time.time(), step)
         self._saved_step = step
         self.saves_this_run += 1
 
-    def _note_progress(self, step: int, *, force: bool = False) -> None:
-        """Rank 0 samples (time, step) into the progress log, at most once a second."""
-        now = time.time()
-        if self.comm.rank != 0 or (not force and now - self._last_progress < 1.0):
+    def _note_restored(self, step: int, *, resumed: bool) -> None:
+        """Rank 0: say where the loop starts, and record it (the end of the start-up)."""
+        if self._timeline is None:
             return
-        self._last_progress = now
-        storage.append_log(self.root / filenames.PROGRESS_LOG, {"time": now, "step": step})
+        passed = self.manager.passed_over
+        self._timeline.restored(
+            time.time(), step, resumed=resumed, session_start=self._session_start,
+            passed_over=passed,
+        )  # fmt: skip
+        skipped = ", ".join(map(str, passed))
+        if passed and resumed:  # a fallback: say it where a user looks, not only at INFO
+            log.warning(
+                "resumed from step %d in %s: the newer checkpoint(s) of step %s failed "
+                "validation and were quarantined", step, self.root, skipped,
+            )  # fmt: skip
+        elif passed:
+            log.warning(
+                "no valid checkpoint in %s (step %s failed validation and was quarantined): "
+                "starting at step %d", self.root, skipped, step,
+            )  # fmt: skip
+        elif resumed:
+            log.info("resumed from step %d in %s", step, self.root)
+        else:
+            log.info("no checkpoint in %s: starting at step %d", self.root, step)
 
     def _record_stop(self) -> None:
         """Rank 0 appends why the run stopped early to the stop log (read by ``resilient run``)."""
@@ -361,7 +390,6 @@ class Session:
         if self._last is None:
             return
         step, state, metrics = self._last
-        self._note_progress(step, force=True)
         if step != self._saved_step:
             why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
             log.info("%s: final checkpoint of step %d", why, step)
