@@ -50,9 +50,10 @@ against drift between rounds: MACHINE.md gotcha 11).
     ``mpiexec ... apps.heat`` started directly (the program knows no deadline), then after W
     seconds the whole process tree gets SIGKILL (process group + every descendant found in
     ``/proc``): a kill without warning. Lost = the step reached at the kill minus the latest
-    valid checkpoint. Rank 0 samples ``(time, step)`` into ``progress.jsonl`` at most once a
-    second and ``saves.jsonl`` has one line per checkpoint, so the highest *recorded* step is
-    a lower bound that can be a second old; the step at the kill is therefore extrapolated
+    valid checkpoint. Rank 0 samples ``(time, step)`` into ``progress.jsonl`` every 0.25 s at
+    first, sparser as the run ages (``resilient.job.timeline``), and ``saves.jsonl`` has one
+    line per checkpoint, so the highest *recorded* step is a lower bound that can be a sample
+    old; the step at the kill is therefore extrapolated
     from the newest record with the run's mean step rate (both numbers are reported).
 
 W is ``--walltime`` plus a uniform random jitter in ``[0, --jitter)`` (seeded, the same W for
@@ -378,7 +379,7 @@ def run_overhead(args: argparse.Namespace) -> int:
 
 
 def step_records(root: Path) -> list[tuple[float, int]]:
-    """``(time, step)`` from ``progress.jsonl`` (rank 0, <= 1/s) and ``saves.jsonl``, by time."""
+    """``(time, step)`` from ``progress.jsonl`` (rank 0's timeline) and ``saves.jsonl``, by time."""
     recs = []
     for name in (filenames.PROGRESS_LOG, filenames.SAVE_LOG):
         for r in read_jsonl(root / name):
@@ -658,8 +659,8 @@ def run_lostwork(args: argparse.Namespace) -> int:
     )
     print(
         "\nMedian (min-max) over runs. steps lost = step reached at the stop/kill - latest valid "
-        "checkpoint; `recorded` = from progress.jsonl + saves.jsonl only (rank 0 samples at most "
-        "once a second: a lower bound); `est` extrapolates the newest record to the kill time "
+        "checkpoint; `recorded` = from progress.jsonl + saves.jsonl only (rank 0's samples, every "
+        "0.25 s at first and sparser later: a lower bound); `est` extrapolates the newest record to the kill time "
         "with the run's mean step rate; seconds = est steps x step time.\n"
     )
     print(
