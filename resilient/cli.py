@@ -3,14 +3,24 @@
 It never initialises MPI and imports neither mpi4py nor h5py: it runs on login nodes, in batch
 scripts, and inside MPI jobs, where a second ``MPI_Init`` would abort the process.
 
+``ls`` and ``status`` also take a workflow's checkpoint tree (``ckpt/`` holding
+``ckpt/sim/a-1a2b3c4d5e6f/``...): a directory that is not a root itself but has roots below it
+(:func:`resilient.report.find_roots`). They list one line per task root: the task (its path
+relative to the directory), its newest valid step, its attempts and the last one's outcome
+from its ``attempts.jsonl`` ledger; ``status --json`` gives a list of objects.
+
 Exit codes: 0 success; 1 no valid checkpoint / verification failed; 2 usage error or a
-missing or foreign directory; 3 the root is locked by a running job (prune).
+missing or foreign directory (neither a root nor roots below it); 3 the root is locked by a
+running job (prune); 141 (128 + SIGPIPE, what a shell reports for a program a closed pipe
+killed) when stdout is closed early (``resilient status --json | head -1``): it ends quietly,
+without a traceback or an error line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +40,7 @@ from resilient.io.validate import (
     validate_checkpoint,
 )
 from resilient.job.run import build_parser as run_parser
+from resilient.job.run import read_ledger
 from resilient.model import filenames
 from resilient.model.policies import KeepLast
 
@@ -39,6 +50,7 @@ EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
+EXIT_CLOSED_PIPE = 128 + 13  # SIGPIPE's number on Linux and the BSDs
 
 
 class CliError(Exception):
@@ -50,15 +62,80 @@ class CliError(Exception):
         self.code = code
 
 
+def _directory(path: str) -> Path:
+    found = Path(path)
+    if not found.exists():
+        raise CliError(f"{found}: no such directory")
+    if not found.is_dir():
+        raise CliError(f"{found}: not a directory")
+    return found
+
+
 def _root(path: str) -> Path:
-    root = Path(path)
-    if not root.exists():
-        raise CliError(f"{root}: no such directory")
-    if not root.is_dir():
-        raise CliError(f"{root}: not a directory")
+    root = _directory(path)
     if not storage.is_root(root):
         raise CliError(f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})")
     return root
+
+
+def _task_roots(path: str) -> tuple[Path, list[Path]]:
+    """``(path, [])`` for a checkpoint root; ``(path, roots)`` for a tree of task roots."""
+    from resilient.report import find_roots
+
+    base = _directory(path)
+    if storage.is_root(base):
+        return base, []
+    roots = find_roots([base])
+    if not roots:
+        raise CliError(
+            f"{base}: not a resilient checkpoint root (no {filenames.ROOT_MARKER}) and no "
+            "checkpoint roots below it"
+        )
+    return base, roots
+
+
+def _task_json(base: Path, root: Path, *, full: bool) -> dict[str, Any]:
+    """One task root of a tree: its name, newest valid step and last attempt (``--json``)."""
+    latest = latest_valid(root, full=full)
+    ledger = read_ledger(root)
+    last = ledger[-1] if ledger else None
+    return {
+        "task": root.relative_to(base).as_posix(),
+        "root": str(root),
+        "latest_step": latest.step if latest else None,
+        "latest_path": str(latest.path) if latest else None,
+        "attempts": len(ledger),
+        "last_attempt": None
+        if last is None
+        else {key: last.get(key) for key in ("attempt", "exit_code", "reason", "start", "end")},
+    }
+
+
+def _tree_table(tasks: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per task root: task, newest valid step, attempts, the last one's exit and why."""
+    width = max(4, *(len(t["task"]) for t in tasks))
+    lines = [f"{'task':{width}}  {'step':>10}  {'attempts':>8}  {'exit':>4}  last attempt"]
+    for t in tasks:
+        last = t["last_attempt"] or {}
+        step = "-" if t["latest_step"] is None else str(t["latest_step"])
+        code = "-" if last.get("exit_code") is None else str(last["exit_code"])
+        lines.append(
+            f"{t['task']:{width}}  {step:>10}  {t['attempts']:>8}  {code:>4}  "
+            f"{last.get('reason') or '-'}"
+        )
+    return lines
+
+
+def _tree_summary(base: Path, tasks: Sequence[dict[str, Any]]) -> str:
+    """``3 task roots under ckpt: 1 finished, 1 unfinished, 1 without attempts``."""
+    codes = [(t["last_attempt"] or {}).get("exit_code") for t in tasks]
+    parts = [
+        (sum(1 for c in codes if c == 0), "finished"),
+        (sum(1 for c in codes if c not in (0, None)), "unfinished"),
+        (sum(1 for c in codes if c is None), "without attempts"),
+    ]
+    counts = ", ".join(f"{n} {what}" for n, what in parts if n)
+    return f"{len(tasks)} task root(s) under {base}: {counts}"
 
 
 def _tiered(root: Path, *, full: bool) -> list[tuple[str, CheckpointRecord]]:
@@ -112,7 +189,10 @@ def _human_bytes(n: int | None) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    root = _root(args.root)
+    root, tree = _task_roots(args.root)
+    if tree:
+        print("\n".join(_tree_table([_task_json(root, r, full=args.full) for r in tree])))
+        return EXIT_OK
     records = _tiered(root, full=args.full)
     protected = _protected_steps(root)
     if not records:
@@ -135,7 +215,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    root = _root(args.root)
+    root, tree = _task_roots(args.root)
+    if tree:
+        tasks = [_task_json(root, r, full=args.full) for r in tree]
+        if args.json:
+            print(json.dumps(tasks, indent=1))
+        else:
+            print("\n".join([*_tree_table(tasks), _tree_summary(root, tasks)]))
+        return EXIT_OK
     tiered = _tiered(root, full=args.full)
     records = [r for tier, r in tiered if tier == "shared"]
     valid = [r for r in records if r.status == "valid"]
@@ -290,18 +377,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resilient",
         description="Inspect, verify and prune resilient checkpoint roots; run programs resumably.",
-        epilog="exit codes: 0 ok, 1 no valid checkpoint / invalid, 2 usage or foreign directory, 3 locked",
+        epilog="exit codes: 0 ok, 1 no valid checkpoint / invalid, 2 usage or foreign directory, "
+        "3 locked, 141 stdout closed early (| head)",
     )
     parser.add_argument("--version", action="version", version=f"resilient {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ls", help="table of checkpoints: step, time, size, ranks, layout, status")
-    p.add_argument("root")
+    p = sub.add_parser(
+        "ls",
+        help="table of checkpoints: step, time, size, ranks, layout, status; of a directory "
+        "of task roots: one line per task (newest valid step, last attempt)",
+    )
+    p.add_argument("root", help="a checkpoint root, or a directory with task roots below it")
     p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("status", help="summary; --json for scripts and workflow engines")
-    p.add_argument("root")
+    p = sub.add_parser(
+        "status",
+        help="summary (of a root, or of each task root below a directory); --json for scripts "
+        "and workflow engines",
+    )
+    p.add_argument("root", help="a checkpoint root, or a directory with task roots below it")
     p.add_argument("--json", action="store_true")
     p.add_argument("--full", action="store_true", help="verify every checksum (reads all data)")
     p.set_defaults(func=cmd_status)
@@ -355,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        return _closed_pipe()
     except CliError as exc:
         print(f"resilient: {exc.message}", file=sys.stderr)
         return exc.code
@@ -362,6 +461,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"resilient: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code
+
+
+def _closed_pipe() -> int:
+    """The reader went away (``| head``): end quietly, as a program killed by SIGPIPE does.
+
+    Python ignores SIGPIPE, so a write into a closed pipe raises instead; stdout goes to
+    ``/dev/null`` so that the flush at exit does not raise again (the Python documentation's
+    recipe, ``signal`` module, "Note on SIGPIPE").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

@@ -57,8 +57,11 @@ def run_campaign(out: Path, walltime: float) -> int:
     for line in proc.stdout:
         log.write(line)
         text = line.strip()
-        if text.startswith(("resilient run: attempt", "Finished job")) or (
-            text.startswith("rule ") and text.endswith(":")
+        attempt = text.startswith("resilient run [") and "]: attempt " in text
+        if (
+            attempt
+            or text.startswith("Finished job")
+            or (text.startswith("rule ") and text.endswith(":"))
         ):
             say("  " + text)
     log.close()

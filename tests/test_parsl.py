@@ -15,6 +15,7 @@ import datetime
 import importlib.util
 import itertools
 import json
+import logging
 import math
 import pickle
 import shlex
@@ -208,7 +209,7 @@ def test_lost_workers_are_priced_by_progress(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Roots are found under any keyword name; each failure compares with the previous one."""
-    caplog.set_level("INFO", logger="resilient.integrations.parsl")
+    caplog.set_level("INFO", logger="parsl.resilient")
     root = tmp_path / "ck"
     save(root, 10)  # from an earlier run: not progress of this try
     handler = resume_retry_handler()
@@ -224,10 +225,39 @@ def test_lost_workers_are_priced_by_progress(
     assert tr == before  # the handler writes nothing into the task record
     other = record(kw=str(root), task_id=8)  # another task: its own history
     assert handler(ManagerLost(b"m", "h"), other) == 1
-    lines = [r.getMessage() for r in caplog.records if r.name == "resilient.integrations.parsl"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "parsl.resilient"]
     assert len(lines) == 6
-    assert "task 7 try 0 failed: ManagerLost" in lines[1] and "step 10 -> 20 (progress)" in lines[1]
-    assert lines[1].endswith("cost 0.0") and "exit 75" in lines[3]
+    assert lines[0].startswith("resilient: task 7 try 0 lost its worker (ManagerLost; ")
+    assert "step 10 -> 20 (progress)" in lines[1] and lines[1].endswith(": costs 0 retries")
+    assert lines[2].endswith(": costs 1 retry")
+    assert "stopped early after a newer checkpoint (exit 75)" in lines[3]
+
+
+def test_each_failed_try_is_one_line_with_the_app_and_its_cost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="parsl.resilient")
+    handler = resume_retry_handler()
+    dfk = type("Dfk", (), {"config": Config(retries=2)})()  # what the handler reads of the DFK
+    for exc, spent in [
+        (BashExitFailure("simulate", 75), 0), (BashExitFailure("simulate", 1), 0),
+        (ResumableCommandError(93), 1), (ValueError("boom"), 1.5),
+    ]:  # fmt: skip
+        tr = record(task_id=1)
+        tr.update(func_name="simulate", try_id=2, fail_cost=spent, dfk=dfk)
+        handler(exc, tr)
+    assert [r.getMessage() for r in caplog.records if r.name == "parsl.resilient"] == [
+        "resilient: task 1 (simulate) try 2 stopped early after a newer checkpoint (exit 75): "
+        "costs 0 retries (0 of 2 used)",
+        "resilient: task 1 (simulate) try 2 failed (exit 1): costs 1 retry (1 of 2 used)",
+        "resilient: task 1 (simulate) try 2 failed with exit 93 (no progress for too long): "
+        "not retried",
+        "resilient: task 1 (simulate) try 2 failed (ValueError): costs 1 retry (2.5 of 2 used)",
+    ]
+    other = logging.getLogger("elsewhere")
+    with caplog.at_level("INFO", logger="elsewhere"):
+        resume_retry_handler(logger=other)(BashExitFailure("simulate", 75), record())
+    assert caplog.records[-1].name == "elsewhere"
 
 
 def test_first_lost_try_reads_the_ledger(tmp_path: Path) -> None:
@@ -290,6 +320,8 @@ def test_resilient_command_quotes_options_and_prefix(tmp_path: Path) -> None:
         "/py", "-m", "resilient.cli", "run", "--checkpoint-dir", str(ck), "--walltime", "2.5",
         "--signal", "USR1@30", "--max-no-progress", "3", "--retries", "1", "--requeue", "--", "prog",
     ]  # fmt: skip
+    named = shlex.split(resilient_command(["prog"], checkpoint_dir=ck, task="simulate hot"))
+    assert named[4:9] == ["--checkpoint-dir", str(ck), "--task", "simulate hot", "--"]
     cmd = resilient_command(["prog", "a b"], checkpoint_dir=ck, launcher_prefix="$PARSL_MPI_PREFIX")
     assert " -- $PARSL_MPI_PREFIX prog 'a b'" in cmd
     echo = subprocess.run(
@@ -447,6 +479,54 @@ def heat_python(ckpt: str, policy: str, log: str, outputs: Any = ()) -> int:
 
     argv = [mpiexec(), "-n", 2, *heat_argv(outputs[0], ckpt, config=policy, step_delay=0.04)]
     return run_resilient(argv, checkpoint_dir=ckpt, cwd=REPO, log_path=log, **TRIES)
+
+
+STOPS_TWICE = """
+import os, sys
+import numpy as np
+from resilient import CheckpointManager
+attempt = int(os.environ["RESILIENT_ATTEMPT"])
+with CheckpointManager(os.environ["RESILIENT_CHECKPOINT_DIR"]) as m:
+    m.save(attempt, {"x": np.arange(4.0) * attempt})
+sys.exit(75 if attempt < 3 else 0)
+"""
+
+
+@bash_app
+def stops_twice(ckpt: str, task: str, stdout: Any = None, stderr: Any = None) -> str:
+    from resilient.integrations.parsl import resilient_command
+
+    return resilient_command([sys.executable, "-c", STOPS_TWICE], checkpoint_dir=ckpt, task=task)
+
+
+def test_free_stops_say_so_in_parsl_log(tmp_path: Path) -> None:
+    """A real DataFlowKernel (threads): each try stopped after a newer checkpoint is one line
+    in parsl.log, after Parsl's own, naming the app and saying it cost nothing; the app's
+    stderr has `resilient run`'s lines under the task's name."""
+    from parsl.executors import ThreadPoolExecutor
+
+    config = Config(
+        executors=[ThreadPoolExecutor(max_threads=1)], retries=1,
+        retry_handler=resume_retry_handler(), run_dir=str(tmp_path / "runinfo"),
+    )  # fmt: skip
+    ck, err = tmp_path / "ckpt" / "stops" / "a-0123456789ab", tmp_path / "stops.err"
+    with parsl.load(config):
+        assert stops_twice(str(ck), "stops a", stderr=str(err)).result(timeout=120) == 0
+    (log,) = (tmp_path / "runinfo").glob("*/parsl.log")
+    lines = [line.split(": ", 1)[1] for line in log.read_text().splitlines() if "INFO: " in line]
+    for t in (0, 1):
+        theirs = lines.index(f"Task 0 try {t} failed with exception of type BashExitFailure")
+        ours_at = lines.index(
+            f"resilient: task 0 (stops_twice) try {t} stopped early after a newer checkpoint "
+            "(exit 75): costs 0 retries (0 of 1 used)"
+        )
+        assert theirs < ours_at  # right after it, unless another thread logged in between
+    ours = [line for line in err.read_text().splitlines() if line.startswith("resilient run")]
+    assert [line.split(";")[0] for line in ours] == [
+        "resilient run [stops a]: attempt 1: stopped early (checkpointed and exited 75)",
+        "resilient run [stops a]: attempt 2: stopped early (checkpointed and exited 75)",
+        "resilient run [stops a]: attempt 3: finished",
+    ]
 
 
 def test_changed_parameter_in_a_fixed_directory_stops_with_78(

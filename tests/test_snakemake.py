@@ -29,6 +29,7 @@ import yaml
 from resilient import CheckpointManager
 from resilient.integrations.snakemake import (
     SimulatedWalltime,
+    TaskLabel,
     cleanup_command,
     resilient_run,
     retries,
@@ -356,14 +357,15 @@ def test_a_users_rule_gets_the_profiles_walltime(tmp_path: Path) -> None:
     ckpt = checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards={"case": "hot"})
     prefix = (
         f"{sys.executable} -m resilient.cli run --walltime 6 --signal USR1@1 --kill-wait 1 "
-        f"--requeue --checkpoint-dir {ckpt} --task heat --outputs results/hot.h5 -- mpiexec"
+        f"--requeue --checkpoint-dir {ckpt} --task 'heat case=hot' --outputs results/hot.h5 "
+        "-- mpiexec"
     )
     assert prefix in proc.stdout, proc.stdout
     proc = user_snakemake(
         tmp_path, None, "results/hot.h5", config=("resilient_walltime=null",), options=("-n", "-p")
     )
     assert proc.returncode == 0, fail(proc)
-    assert f"run --checkpoint-dir {ckpt} --task heat" in proc.stdout, proc.stdout
+    assert f"run --checkpoint-dir {ckpt} --task 'heat case=hot'" in proc.stdout, proc.stdout
     assert "--walltime" not in proc.stdout
 
 
@@ -446,11 +448,13 @@ def test_a_checkpoint_dir_declared_as_output_is_refused_with_the_helper(tmp_path
     assert proc.returncode != 0, fail(proc)
     text = proc.stdout + proc.stderr
     assert (
-        "the checkpoint directory ckpt/hot is the declared output ckpt/hot of task 'heat'" in text
+        "the checkpoint directory ckpt/hot is the declared output ckpt/hot of task 'heat case=hot'"
+        in text
     ), text[-4000:]
     assert "Keep checkpoints out of a task's outputs" in text and "params: ckpt=" in text
     assert "returned non-zero exit status 78" in text, text[-4000:]
-    assert "resilient run: attempt" not in text  # the program never started
+    assert "resilient run [heat case=hot]: the checkpoint directory" in text  # named
+    assert "]: attempt" not in text  # the program never started
     assert not (tmp_path / "ckpt" / ".hot.resilient-attempts").exists()
 
 
@@ -466,7 +470,8 @@ def test_a_checkpoint_dir_declared_as_output_by_hand_is_refused_on_the_retry(
     proc = user_snakemake(tmp_path, 3, "ckpt/hot", snakefile=OUTPUT_SNAKEFILE_BY_HAND)
     assert proc.returncode != 0, fail(proc)
     text = proc.stdout + proc.stderr
-    assert text.count("resilient run: attempt") == 1, text[-4000:]  # one program start
+    # no --task: the lines are named after the checkpoint directory
+    assert text.count("resilient run [ckpt/hot]: attempt") == 1, text[-4000:]  # one start
     assert "attempt 1: stopped early" in text, text[-4000:]
     assert (
         text.count(
@@ -594,8 +599,8 @@ def test_resilient_run_names_its_settings_in_the_snakefile_namespace() -> None:
     cluster = FakeWorkflow()
     for wf in (local, cluster):
         assert resilient_run(workflow=wf) == (
-            "{_resilient_run} --checkpoint-dir {params.ckpt:q} --task {rule} "
-            "--outputs {output:q} -- "
+            "{_resilient_run} --checkpoint-dir {params.ckpt:q} "
+            "--task {_resilient_task:{rule} {wildcards}:u} --outputs {output:q} -- "
         )
     assert local.globals["_resilient_run"] == (
         f"{py} -m resilient.cli run --walltime 6 --signal USR1@1 --kill-wait 1 --requeue"
@@ -612,6 +617,54 @@ def test_resilient_run_names_its_settings_in_the_snakefile_namespace() -> None:
         "{_resilient_python} -m resilient.workflow cleanup {params.ckpt:q} {output:q}"
     )
     assert cluster.globals["_resilient_python"] == py
+
+
+@pytest.mark.parametrize(
+    ("spec", "word"),
+    [
+        ("sim case=a,n=1:", "'sim case=a,n=1'"),  # as Snakemake passes it (the u stripped)
+        ("sim case=a:u", "'sim case=a'"),  # a formatter that keeps the u
+        ("sim :", "sim"),  # a rule without wildcards
+        ("sim case=x'y;$(id):", "'sim case=x'\"'\"'y;$(id)'"),
+        ("sim case=a:u:", "'sim case=a:u'"),  # a value that ends in :u
+        ("sim case=a\nb:", "'sim case=a b'"),  # one line
+    ],
+)
+def test_task_label_quotes_its_spec(spec: str, word: str) -> None:
+    assert format(TaskLabel(), spec) == word
+    assert len(shlex.split(word)) == 1  # one word for the shell
+
+
+TASK_SNAKEFILE = """
+from resilient.integrations.snakemake import resilient_run
+
+rule all:
+    input: expand("out/{case}.{n}.txt", case=["a", "b c", "x'y;$(touch pwned)"], n=[1])
+
+rule sim:
+    output: "out/{case}.{n}.txt"
+    params: ckpt="ckpt/{case}"
+    shell: resilient_run() + "python -c pass && touch {output:q}"
+"""
+
+
+def test_the_rule_and_its_wildcards_name_every_line(tmp_path: Path) -> None:
+    """A real Snakemake: the label reaches `resilient run` as one word, whatever the values
+    (Snakemake ignores `:q` on `{wildcards}` itself: the label must not rely on it)."""
+    (tmp_path / "Snakefile").write_text(TASK_SNAKEFILE)
+    env = clean_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake", "-c1", "-j1", "-s", "Snakefile"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, fail(proc)
+    text = proc.stdout + proc.stderr
+    for case in ("a", "b c", "x'y;$(touch pwned)"):
+        line = f"resilient run [sim case={case},n=1]: attempt 1: finished;"
+        assert line in text, text[-4000:]
+    assert not (tmp_path / "pwned").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "a.1.txt", "b c.1.txt", "x'y;$(touch pwned).1.txt",
+    ]  # fmt: skip
 
 
 def test_checkpoint_dir_is_deterministic_and_keyed(tmp_path: Path) -> None:

@@ -290,13 +290,13 @@ def _fmt_cost(value: float) -> float | str:
 
 
 def _log_decisions() -> None:
-    """Print the retry handler's decisions to stderr (``retry: ...``)."""
-    decisions = logging.getLogger("resilient.integrations.parsl")
+    """Print the retry handler's decisions to stderr too (``retry: resilient: task ...``);
+    they still reach ``parsl.log`` through Parsl's ``parsl`` logger."""
+    decisions = logging.getLogger("parsl.resilient")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("retry: %(message)s"))
     decisions.addHandler(handler)
     decisions.setLevel(logging.INFO)
-    decisions.propagate = False
 
 
 def main(argv: list[str] | None = None, *, config: Config | None = None) -> int:

@@ -18,7 +18,8 @@
   inside a cluster job (``--mode remote``: the executor plugin re-runs the rule there, and a
   ``retries:`` would restart the program at once in the same, nearly expired allocation).
 * :func:`resilient_run` is the shell prefix ``<this python> -m resilient.cli run [walltime]
-  --checkpoint-dir {params.ckpt:q} --task {rule} --outputs {output:q} --``. The
+  --checkpoint-dir {params.ckpt:q} --task 'RULE WILDCARDS' --outputs {output:q} --``
+  (``resilient run [sim case=a]: attempt 1: ...`` on every line it logs). The
   program takes its checkpoint directory from ``$RESILIENT_CHECKPOINT_DIR`` (which ``resilient
   run`` sets, and :class:`~resilient.job.session.Session` reads when given no directory) or from
   ``{params.ckpt}``.
@@ -39,7 +40,7 @@ keys there.
 
 **Checkpoints declared as an output** are refused, naming the rule, the directory and the fix.
 :func:`resilient_run` passes the job's concrete outputs (``--outputs {output:q}``, with
-``--task {rule}``) and ``resilient run`` exits 78 before the first attempt if the checkpoint
+the rule and its wildcards as ``--task``) and ``resilient run`` exits 78 before the first attempt if the checkpoint
 directory is one of them or lies inside one. That check is done on the job's paths after
 wildcard expansion, by plain path comparison. The alternative, a DAG-time check of the
 checkpoint path against every rule's output patterns (``rule.is_producer``), would guess:
@@ -75,6 +76,7 @@ from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale
 __all__ = [
     "CONFIG_KEYS",
     "SimulatedWalltime",
+    "TaskLabel",
     "checkpoint_dir",
     "cleanup",
     "cleanup_command",
@@ -136,6 +138,31 @@ def _by_name(workflow: Any, name: str, value: str) -> str:
         namespace[name] = value
         return "{" + name + "}"
     return value.replace("{", "{{").replace("}", "}}")
+
+
+class TaskLabel:
+    """Formats as its format spec, shell-quoted: the rule and its wildcards as one word.
+
+    :func:`resilient_run` writes ``--task {_resilient_task:{rule} {wildcards}:u}``. Snakemake
+    fills the nested fields into the spec first, ``{wildcards}`` as ``case=a,n=1`` (its
+    names and values, sorted by name; Snakemake 9), then formats this object with that spec;
+    the ``:u`` keeps Snakemake from quoting or stripping it, and :meth:`__format__` quotes it
+    for the shell. The rendering of ``{wildcards}`` itself cannot go into the command: Snakemake
+    ignores ``:q`` on it (9.27.1: ``{wildcards:q}`` renders ``case=x'y;$(id)`` as is, which the
+    shell would run), and the quoted conversions (``{wildcards!r:q}``) drop the names.
+    Another rendering of ``{wildcards}`` (the values alone) still yields a safe word.
+    """
+
+    __slots__ = ()
+
+    def __format__(self, spec: str) -> str:
+        text = spec[: -len(":u")] if spec.endswith(":u") else spec.removesuffix(":")
+        return shlex.quote(" ".join(text.split()) or "task")
+
+
+_TASK = "{_resilient_task:{rule} {wildcards}:u}"
+"""The ``--task`` word of :func:`resilient_run` where a workflow is running (see
+:class:`TaskLabel`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,11 +265,13 @@ def resilient_run(
 ) -> str:
     """The shell prefix that runs a rule's command through ``resilient run``.
 
-    ``{_resilient_run} --checkpoint-dir {params.ckpt:q} --task {rule} --outputs {output:q} --``
-    (append the command), where ``_resilient_run`` is ``<this python> -m resilient.cli run``
-    plus the walltime options of the workflow's config (:class:`SimulatedWalltime`: a local
-    profile's ``resilient_walltime``); without one there are none, and on Slurm the job's own
-    end time applies.
+    ``{_resilient_run} --checkpoint-dir {params.ckpt:q} --task {_resilient_task:{rule}
+    {wildcards}:u} --outputs {output:q} --`` (append the command), where ``_resilient_run`` is
+    ``<this python> -m resilient.cli run`` plus the walltime options of the workflow's config
+    (:class:`SimulatedWalltime`: a local profile's ``resilient_walltime``); without one there
+    are none, and on Slurm the job's own end time applies. The ``--task`` word is the rule and
+    its wildcards, shell-quoted (``'sim case=a'``, :class:`TaskLabel`): ``resilient run`` puts
+    it on every line it logs.
 
     Args:
         checkpoint_dir: a placeholder (``{params.ckpt}``, quoted for the shell here) or a
@@ -269,9 +298,19 @@ def resilient_run(
     parts = [
         _by_name(wf, name, " ".join(command)),
         "--checkpoint-dir", _placeholder(checkpoint_dir),
-        "--task", "{rule}", "--outputs", "{output:q}",
+        "--task", _task_word(wf), "--outputs", "{output:q}",
     ]  # fmt: skip
     return " ".join([*parts, "--", ""])
+
+
+def _task_word(workflow: Any) -> str:
+    """``--task``'s word: the rule and its wildcards (:class:`TaskLabel`, put into the
+    Snakefile's namespace as ``_resilient_task``); without a running workflow ``{rule}``."""
+    namespace = getattr(workflow, "globals", None) if workflow is not None else None
+    if isinstance(namespace, MutableMapping):
+        namespace["_resilient_task"] = TaskLabel()
+        return _TASK
+    return "{rule}"
 
 
 def cleanup_command(

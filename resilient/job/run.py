@@ -3,7 +3,9 @@
 Engine-neutral: used from Snakemake rules, Parsl bash apps and sbatch scripts. Per attempt it
 runs CMD in its own process group, forwards stop signals, optionally plays a local walltime
 (warning signal, SIGTERM, SIGKILL: Slurm's sequence), and appends one JSON line to the ledger
-``CHECKPOINT_DIR/attempts.jsonl``.
+``CHECKPOINT_DIR/attempts.jsonl``. Every line it logs names the task, ``resilient run [sim
+case=a]: attempt 2: ...``: ``--task`` as given, else the checkpoint directory's last two path
+components (:func:`task_label`), so the lines of concurrent runs in one log are told apart.
 
 Exit codes (the contract):
 
@@ -90,6 +92,7 @@ __all__ = [
     "run",
     "run_command_line",
     "sidecar_path",
+    "task_label",
 ]
 
 log = logging.getLogger("resilient.job.run")
@@ -147,7 +150,7 @@ class RunOptions:
     requeue: bool = False
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
-    task: str | None = None  # the workflow task's name, for messages
+    task: str | None = None  # the workflow task's name, on every line logged (task_label)
     outputs: tuple[Path, ...] = ()  # the task's declared outputs: never the checkpoint directory
 
 
@@ -682,7 +685,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="BASE[:MAX]",
         help="exponential backoff between retries, seconds (default 1:60)",
     )
-    p.add_argument("--task", help="the workflow task's name (for messages)")
+    p.add_argument(
+        "--task",
+        help="the workflow task's name, on every line logged (default: the checkpoint "
+        "directory's last two path components)",
+    )
     p.add_argument(
         "--outputs",
         nargs="*",
@@ -726,9 +733,32 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
+def task_label(opts: RunOptions, *, pid: int | None = None) -> str:
+    """The name on every line ``resilient run`` logs, so that concurrent runs are told apart.
+
+    ``--task`` as given (the Snakemake helper passes the rule and its wildcards, ``sim
+    case=a``); else the checkpoint directory's last two path components (``sim/a-1a2b3c4d5e6f``:
+    :func:`resilient.workflow.checkpoint_dir` makes them unique per task, wildcards and
+    parameters); else the program's name and this process's id (``python pid 4242``).
+    Whitespace, newlines included, becomes single spaces: one record stays one line.
+    """
+    if opts.task and opts.task.strip():
+        text = opts.task
+    elif opts.checkpoint_dir is not None:
+        path = Path(os.path.abspath(opts.checkpoint_dir))
+        text = "/".join(path.parts[-2:]) if len(path.parts) > 2 else str(path)
+    else:
+        text = f"{os.path.basename(opts.command[0])} pid {os.getpid() if pid is None else pid}"
+    return " ".join(text.split())
+
+
 def run_command_line(opts: RunOptions) -> int:
-    """Log to stderr (``resilient run: ...``) and :func:`run`: what the command line does."""
-    logging.basicConfig(level=logging.INFO, format="resilient run: %(message)s", stream=sys.stderr)
+    """Log to stderr (``resilient run [TASK]: ...``, :func:`task_label`) and :func:`run`:
+    what the command line does."""
+    label = task_label(opts).replace("%", "%%")  # a literal in the format
+    logging.basicConfig(
+        level=logging.INFO, format=f"resilient run [{label}]: %(message)s", stream=sys.stderr
+    )
     return run(opts)
 
 

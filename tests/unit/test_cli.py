@@ -1,4 +1,5 @@
-"""The `resilient` command: ls, status --json, latest, verify, prune; exit codes; no MPI."""
+"""The `resilient` command: ls, status --json, latest, verify, prune; exit codes; no MPI;
+ls and status over a workflow's tree of task roots; a closed pipe."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +144,128 @@ def test_cli_works_inside_an_mpi_rank(root: Path) -> None:
     proc = run_mpi(2, ["-c", code])
     assert proc.stdout.count(f'"rc": 0, "out": "{root / "step_00000030"}"') == 2, proc.stdout
     assert "PMI" not in proc.stderr and os.path.isdir(root)
+
+
+# --------------------------------------------------------------------------- a workflow's tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A one-process program as a user writes it: a Session (no comm) that checkpoints every 5 steps
+# and stops at the simulated walltime's warning signal (saves, exits 75).
+LOOP = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    from resilient.job.session import Session
+    from resilient.model.policies import EverySteps
+    total = int(sys.argv[1])
+    with Session(margin_s=0.2, save_when=EverySteps(5)) as s:
+        step, state = s.restore_or({"x": np.zeros(4)})
+        while step < total and not s.should_stop():
+            step += 1
+            time.sleep(0.02)
+            state["x"] += 1
+            s.maybe_save(step, state)
+    """
+)
+
+
+def run_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RESILIENT_"))}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def resilient_run(ckpt: Path, total: int, *options: str) -> int:
+    cmd = [*CLI, "run", "--checkpoint-dir", str(ckpt), *options, "--",
+           sys.executable, "-c", LOOP, str(total)]  # fmt: skip
+    proc = subprocess.run(cmd, env=run_env(), capture_output=True, text=True, timeout=120)
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``ckpt/``: sim/a finished, sim/b stopped by its walltime (exit 75), train without
+    attempts (checkpoints written outside `resilient run`), and a plain directory."""
+    base = tmp_path_factory.mktemp("tree") / "ckpt"
+    assert resilient_run(base / "sim" / "a-0123456789ab", 20) == 0
+    # the warning 1 s before a 2-s walltime: the loop saves and exits 75 long before 10**6
+    stopped = resilient_run(base / "sim" / "b-0123456789ab", 10**6, "--walltime", "2",
+                            "--signal", "USR1@1")  # fmt: skip
+    assert stopped == 75
+    with CheckpointManager(base / "train" / "train-0123456789ab") as m:
+        m.save(7, {"u": np.zeros(3)})
+    (base / "logs").mkdir()
+    return base
+
+
+def test_ls_on_a_tree_lists_its_task_roots(tree: Path) -> None:
+    ls = cli("ls", str(tree))
+    assert ls.returncode == 0, ls.stderr
+    head, *rows = ls.stdout.splitlines()
+    assert head.split() == ["task", "step", "attempts", "exit", "last", "attempt"]
+    cells = [row.split(maxsplit=4) for row in rows]
+    assert [c[0] for c in cells] == ["sim/a-0123456789ab", "sim/b-0123456789ab",
+                                     "train/train-0123456789ab"]  # fmt: skip
+    assert cells[0][1:] == ["20", "1", "0", "finished"]
+    assert int(cells[1][1]) >= 5  # the stop saved a step, or an earlier save did
+    assert cells[1][2:4] == ["1", "75"]
+    assert cells[1][4].startswith("stopped early (checkpointed and exited 75)")
+    assert cells[2][1:] == ["7", "0", "-", "-"]
+
+
+def test_status_on_a_tree_text_and_json(tree: Path) -> None:
+    text = cli("status", str(tree))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[-1] == (
+        f"3 task root(s) under {tree}: 1 finished, 1 unfinished, 1 without attempts"
+    )
+    st = cli("status", str(tree), "--json")
+    assert st.returncode == 0, st.stderr
+    doc = json.loads(st.stdout)
+    assert [t["task"] for t in doc] == ["sim/a-0123456789ab", "sim/b-0123456789ab",
+                                        "train/train-0123456789ab"]  # fmt: skip
+    a, b, train = doc
+    assert a["root"] == str(tree / "sim" / "a-0123456789ab") and a["latest_step"] == 20
+    assert a["latest_path"] == str(tree / "sim" / "a-0123456789ab" / "step_00000020")
+    assert a["attempts"] == 1 and a["last_attempt"]["exit_code"] == 0
+    assert a["last_attempt"]["reason"] == "finished" and a["last_attempt"]["attempt"] == 1
+    assert a["last_attempt"]["end"] >= a["last_attempt"]["start"]
+    assert b["last_attempt"]["exit_code"] == 75 and b["latest_step"] is not None
+    assert train["attempts"] == 0 and train["last_attempt"] is None
+    assert train["latest_step"] == 7
+    # a root inside the tree keeps the single-root output
+    one = json.loads(cli("status", str(tree / "sim" / "a-0123456789ab"), "--json").stdout)
+    assert one["latest_step"] == 20 and [c["step"] for c in one["checkpoints"]] == [5, 10, 15, 20]
+
+
+def test_commands_of_one_root_still_refuse_a_tree(tree: Path, tmp_path: Path) -> None:
+    latest = cli("latest", str(tree))
+    assert latest.returncode == 2 and "not a resilient checkpoint root" in latest.stderr
+    (tmp_path / "plain" / "deep").mkdir(parents=True)
+    for command in ("ls", "status"):
+        none = cli(command, str(tmp_path / "plain"))
+        assert none.returncode == 2 and none.stdout == ""
+        assert none.stderr == (
+            f"resilient: {tmp_path / 'plain'}: not a resilient checkpoint root "
+            "(no .resilient-root) and no checkpoint roots below it\n"
+        )
+
+
+@pytest.mark.parametrize("args", [("status", "--json"), ("ls",), ("status",)])
+def test_a_closed_pipe_ends_quietly(tree: Path, args: tuple[str, ...]) -> None:
+    """The reader is gone before the first write: no traceback, no error line; 141."""
+    proc = subprocess.Popen(
+        [*CLI, args[0], str(tree), *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # nobody reads: the first write into the pipe fails (EPIPE)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == b""
+
+
+def test_piped_into_head(tree: Path) -> None:
+    line = " ".join([*CLI, "status", str(tree), "--json"])
+    proc = subprocess.run(["bash", "-c", f"{line} | head -c 10"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == '[\n {\n  "ta' and proc.stderr == ""

@@ -24,6 +24,7 @@ from resilient.job.run import (
     program_stop,
     read_ledger,
     run,
+    task_label,
 )
 from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
 from resilient.model import filenames
@@ -428,6 +429,44 @@ def test_cli_run_without_a_command_is_a_usage_error(tmp_path: Path, extra: list[
     assert proc.returncode == 2, proc.stderr
     assert "no command given" in proc.stderr
     assert not (ck / "attempts.jsonl").exists()
+
+
+def test_task_label() -> None:
+    cmd = ("/usr/bin/python3", "x.py")
+    assert task_label(RunOptions(command=cmd, task="sim case=a", checkpoint_dir=Path("c"))) == (
+        "sim case=a"
+    )
+    assert task_label(RunOptions(command=cmd, task="sim\ncase=a  n=1")) == "sim case=a n=1"
+    deep = Path("/ck/sim/a-0123456789ab")
+    assert task_label(RunOptions(command=cmd, checkpoint_dir=deep)) == "sim/a-0123456789ab"
+    assert task_label(RunOptions(command=cmd, task=" ", checkpoint_dir=deep)) == (
+        "sim/a-0123456789ab"
+    )
+    assert task_label(RunOptions(command=cmd, checkpoint_dir=Path("/ck"))) == "/ck"
+    assert task_label(RunOptions(command=cmd), pid=42) == "python3 pid 42"
+
+
+@pytest.mark.parametrize(
+    ("task", "label"), [(None, "sim/a-0123456789ab"), ("sim case=a%b,n=1", "sim case=a%b,n=1")]
+)
+def test_every_line_names_the_task(tmp_path: Path, task: str | None, label: str) -> None:
+    ck = tmp_path / "sim" / "a-0123456789ab"
+    args = ["--task", task] if task else []
+    code = "import sys; sys.exit(3)"
+    proc = subprocess.run(
+        [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ck), *args,
+         "--retries", "1", "--backoff", "0.01", "--max-no-progress", "3", "--",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 3, lines  # attempt 1, the retry warning, attempt 2
+    assert all(line.startswith(f"resilient run [{label}]: ") for line in lines), lines
+    assert lines[-1] == (
+        f"resilient run [{label}]: attempt 2: crashed (exit 3); latest valid step None -> None; "
+        "exit 3"
+    )
 
 
 # --------------------------------------------------------------------------- retry_io

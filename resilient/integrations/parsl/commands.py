@@ -77,15 +77,22 @@ def resilient_argv(
     retries: int | None = None,
     requeue: bool = False,
     python: str | None = None,
+    task: str | None = None,
 ) -> list[str]:
     """``[python, -m, resilient.cli, run, --checkpoint-dir, D, OPTIONS..., --, *argv]``.
 
     Options left ``None`` (or ``requeue=False``) are not passed: ``resilient run``'s defaults
     apply. ``signal`` is ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to
-    :data:`sys.executable` of the process that builds the command.
+    :data:`sys.executable` of the process that builds the command. ``task`` names every line
+    ``resilient run`` logs (``resilient run [simulate hot]: attempt 2: ...``); left ``None``,
+    ``resilient run`` names them after the checkpoint directory's last two path components
+    (``heat/hot-1a2b3c4d5e6f`` for ``checkpoint_dir(root, "heat", params, wildcards={"case":
+    "hot"})``), which already tell two tasks apart.
     """
     words = [python or sys.executable, "-m", "resilient.cli", "run"]
     words += ["--checkpoint-dir", _word(checkpoint_dir)]
+    if task is not None:
+        words += ["--task", task]
     if walltime_s is not None:
         words += ["--walltime", _duration(walltime_s)]
     if signal is not None:
@@ -110,6 +117,7 @@ def resilient_command(
     requeue: bool = False,
     launcher_prefix: str = "",
     python: str | None = None,
+    task: str | None = None,
 ) -> str:
     """The shell command ``python -m resilient.cli run --checkpoint-dir D ... -- PROGRAM...``.
 
@@ -121,6 +129,7 @@ def resilient_command(
     words = resilient_argv(
         argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
+        task=task,
     )  # fmt: skip
     if not launcher_prefix:
         return shlex.join(words)
@@ -138,6 +147,7 @@ def run_resilient(
     retries: int | None = None,
     requeue: bool = False,
     python: str | None = None,
+    task: str | None = None,
     cwd: PathLike | None = None,
     env: Mapping[str, str] | None = None,
     log_path: PathLike | None = None,
@@ -158,6 +168,7 @@ def run_resilient(
     command = resilient_argv(
         argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
+        task=task,
     )  # fmt: skip
     full_env = {**os.environ, **(env or {})}
     if log_path is None:

@@ -19,6 +19,17 @@ called:
 
 With ``Config(retries=N)`` a task is therefore relaunched as long as it advances and gives up
 after N+1 tries that did not (Parsl#1905).
+
+Each failed try gets one INFO line right after Parsl's own ``Task 1 try 0 failed with
+exception of type BashExitFailure``, saying what it cost::
+
+    resilient: task 1 (simulate) try 0 stopped early after a newer checkpoint (exit 75): costs 0 retries (0 of 1 used)
+    resilient: task 2 (simulate) try 0 failed (exit 1): costs 1 retry (1 of 1 used)
+    resilient: task 3 (simulate) try 0 failed with exit 93 (no progress for too long): not retried
+
+Its logger is ``parsl.resilient``, a child of Parsl's ``parsl`` logger, so the lines land in
+the run directory's ``parsl.log`` beside Parsl's (``parsl.load`` attaches the file handler to
+``parsl``); ``resume_retry_handler(logger=...)`` sends them elsewhere.
 """
 
 from __future__ import annotations
@@ -47,7 +58,10 @@ if TYPE_CHECKING:
 
 __all__ = ["RetryHandler", "exit_code_of", "find_roots", "resume_retry_handler"]
 
-log = logging.getLogger("resilient.integrations.parsl")
+log = logging.getLogger("parsl.resilient")
+"""The handler's logger: a child of Parsl's ``parsl`` logger, whose handlers ``parsl.load``
+sets up (``parsl.log`` in the run directory), so each decision is logged right after Parsl's
+own ``Task 1 try 0 failed with exception of type BashExitFailure``."""
 
 RetryHandler = Callable[[Exception, "TaskRecord"], float]
 
@@ -153,23 +167,49 @@ class _ProgressTracker:
         return _Progress(steps, advanced)
 
 
-def resume_retry_handler(*, walltime_cost: float = 0.0, failure_cost: float = 1.0) -> RetryHandler:
+def resume_retry_handler(
+    *,
+    walltime_cost: float = 0.0,
+    failure_cost: float = 1.0,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
+) -> RetryHandler:
     """A Parsl ``retry_handler`` that prices a failed try by checkpoint progress.
 
-    See the module docstring for the costs. Logs one INFO line per decision on the logger
-    ``resilient.integrations.parsl``.
+    See the module docstring for the costs. Logs one INFO line per failed try, with the app's
+    name, Parsl's task id and try number, and what the try cost, e.g. ``resilient: task 1
+    (simulate) try 0 stopped early after a newer checkpoint (exit 75): costs 0
+    retries (0 of 1 used)``, on ``logger`` (default :data:`log`, which Parsl's ``parsl.log``
+    receives).
     """
     tracker = _ProgressTracker()
+    out = log if logger is None else logger
 
     def handler(exc: Exception, task_record: TaskRecord) -> float:
-        cost, why = _decide(exc, task_record, tracker, walltime_cost, failure_cost)
-        log.info(
-            "task %s try %s failed: %s; cost %s",
-            task_record.get("id"), task_record.get("try_id"), why, cost,
-        )  # fmt: skip
+        cost, what = _decide(exc, task_record, tracker, walltime_cost, failure_cost)
+        out.info("resilient: %s %s: %s", _task_name(task_record), what, _price(cost, task_record))
         return cost
 
     return handler
+
+
+def _task_name(task_record: Any) -> str:
+    """``task 1 (simulate) try 0``: Parsl's task id, the app's name and Parsl's try number (as
+    in Parsl's own ``Task 1 try 0 failed`` line)."""
+    name = task_record.get("func_name")
+    app = f" ({name})" if name else ""
+    return f"task {task_record.get('id')}{app} try {task_record.get('try_id')}"
+
+
+def _price(cost: float, task_record: Any) -> str:
+    """``costs 0 retries (0 of 1 used)``, ``costs 1 retry (...)`` or ``not retried``."""
+    if math.isinf(cost):
+        return "not retried"
+    text = f"costs {cost:g} {'retry' if cost == 1 else 'retries'}"
+    spent = task_record.get("fail_cost")  # before this try's cost: Parsl adds it afterwards
+    budget = getattr(getattr(task_record.get("dfk"), "config", None), "retries", None)
+    if isinstance(spent, (int, float)) and isinstance(budget, int):
+        text += f" ({spent + cost:g} of {budget} used)"
+    return text
 
 
 def _decide(
@@ -179,14 +219,16 @@ def _decide(
     walltime_cost: float,
     failure_cost: float,
 ) -> tuple[float, str]:
-    """(cost, reason) of one failed try; every failure updates the steps seen per root."""
+    """(cost, what happened) of one failed try; every failure updates the steps seen per root."""
     progress = tracker.measure(task_record)
     code = exit_code_of(exc)
     if code == EXIT_RESUME:
-        return walltime_cost, "exit 75 (stopped after committing a newer checkpoint)"
+        return walltime_cost, f"stopped early after a newer checkpoint (exit {code})"
     if code in _FINAL:
-        return math.inf, f"exit {code} ({_FINAL[code]}): not retried"
+        return math.inf, f"failed with exit {code} ({_FINAL[code]})"
     if isinstance(exc, (ManagerLost, WorkerLost)):
         cost = walltime_cost if progress.advanced else failure_cost
-        return cost, f"{type(exc).__name__}; {progress.describe()}"
-    return failure_cost, f"exit {code}" if code is not None else type(exc).__name__
+        return cost, f"lost its worker ({type(exc).__name__}; {progress.describe()})"
+    return failure_cost, f"failed (exit {code})" if code is not None else (
+        f"failed ({type(exc).__name__})"
+    )
