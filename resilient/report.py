@@ -184,7 +184,7 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
     """Write a PNG of progress (step) against wall-clock time, kills marked.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'resilient[report]'``).
+        ImportError: matplotlib is not installed (``pip install 'resilient-hpc[report]'``).
     """
     import matplotlib
 
