@@ -8,12 +8,15 @@ Two forms, for the two kinds of Parsl app:
       def simulate(nx, ckpt, inputs=(), outputs=(), stdout=None, stderr=None):
           from resilient.integrations.parsl import resilient_command  # on the worker
           return resilient_command(["mpiexec", "-n", "4", "./sim", "--nx", nx,
-                                    "--out", outputs[0]], checkpoint_dir=ckpt)
+                                    "--out", outputs[0]], checkpoint_dir=ckpt, outputs=outputs)
 
 * :func:`run_resilient` runs the same command in a subprocess inside a ``@python_app`` and
   raises :class:`ResumableCommandError` (picklable, with the exit code) when it fails.
 
-Both produce ``python -m resilient.cli run --checkpoint-dir D [options] -- PROGRAM...``. The
+Both produce ``python -m resilient.cli run --checkpoint-dir D [options] -- PROGRAM...``. Given
+the app's ``outputs`` (paths or Parsl ``File`` objects), ``resilient run`` creates their folders
+before the program starts (Parsl does not: ``File("out/sim.h5")`` needs ``out/``) and refuses a
+checkpoint directory that is, or lies in, one of them (exit 78). The
 exit code is ``resilient run``'s contract (0, 75, 93, 74, 78, or the program's own), which
 :func:`~resilient.integrations.parsl.retry.resume_retry_handler` turns into a retry cost.
 """
@@ -71,6 +74,7 @@ def resilient_argv(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -81,11 +85,15 @@ def resilient_argv(
     """``[python, -m, resilient.cli, run, --checkpoint-dir, D, OPTIONS..., --, *argv]``.
 
     Options left ``None`` (or ``requeue=False``) are not passed: ``resilient run``'s defaults
-    apply. ``signal`` is ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to
-    :data:`sys.executable` of the process that builds the command.
+    apply. ``outputs`` are the app's declared outputs (paths or Parsl ``File`` objects,
+    ``--outputs``): their folders are created before the program starts. ``signal`` is
+    ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to :data:`sys.executable` of the process
+    that builds the command.
     """
     words = [python or sys.executable, "-m", "resilient.cli", "run"]
     words += ["--checkpoint-dir", _word(checkpoint_dir)]
+    if outputs:
+        words += ["--outputs", *(_word(o) for o in outputs)]
     if walltime_s is not None:
         words += ["--walltime", _duration(walltime_s)]
     if signal is not None:
@@ -103,6 +111,7 @@ def resilient_command(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -119,7 +128,7 @@ def resilient_command(
     ``File`` objects. The options are :func:`resilient_argv`'s.
     """
     words = resilient_argv(
-        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        argv, checkpoint_dir=checkpoint_dir, outputs=outputs, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
     )  # fmt: skip
     if not launcher_prefix:
@@ -132,6 +141,7 @@ def run_resilient(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -156,7 +166,7 @@ def run_resilient(
             :func:`~resilient.integrations.parsl.retry.resume_retry_handler`).
     """
     command = resilient_argv(
-        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        argv, checkpoint_dir=checkpoint_dir, outputs=outputs, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
     )  # fmt: skip
     full_env = {**os.environ, **(env or {})}
