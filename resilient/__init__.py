@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from resilient._foreign import warn_if_foreign
+from resilient._foreign import ForeignPackageWarning, warn_if_foreign
 from resilient._version import __version__
 from resilient.errors import (
     CheckpointLockedError,
@@ -26,7 +26,6 @@ from resilient.errors import (
     CollectiveError,
     CommitError,
     ConfigError,
-    ForeignPackageWarning,
     ForeignRunError,
     InvalidCheckpointError,
     LayoutMismatchError,

@@ -21,7 +21,7 @@ A warning, not an ImportError: when this code runs, our ``__init__`` and modules
 being imported, and checkpoints are written and read correctly; what is broken is the other
 package and the next ``pip uninstall``. Refusing to import would stop a running campaign (every
 requeued job) over a problem that does not touch its results. The warning is a
-:class:`~resilient.errors.ForeignPackageWarning`, a ``UserWarning``: Python shows it by default,
+:class:`ForeignPackageWarning`, a ``UserWarning``: Python shows it by default,
 once per process, and only an explicit filter hides it.
 """
 
@@ -32,9 +32,22 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from resilient.errors import ForeignPackageWarning
+__all__ = [
+    "FIX",
+    "FOREIGN_FILES",
+    "ForeignPackageWarning",
+    "find_foreign",
+    "message",
+    "warn_if_foreign",
+]
 
-__all__ = ["FIX", "FOREIGN_FILES", "find_foreign", "message", "warn_if_foreign"]
+
+class ForeignPackageWarning(UserWarning):
+    """Another vendor's distribution named ``resilient`` (PyPI's, IBM SOAR's REST API client)
+    is installed beside this one (``resilient-hpc``); both install the import package
+    ``resilient``. Given by ``import resilient``, with the fix; ``resilient.ForeignPackageWarning``.
+    """
+
 
 FIX = "pip uninstall resilient resilient-hpc && pip install resilient-hpc"
 """Both distributions share the import package: remove both, then install ours again."""
@@ -144,7 +157,7 @@ _checked = False
 
 
 def warn_if_foreign(package_dir: str | None = None) -> tuple[str, ...]:
-    """Warn (:class:`~resilient.errors.ForeignPackageWarning`) once per process if
+    """Warn (:class:`ForeignPackageWarning`) once per process if
     :func:`find_foreign` finds the other ``resilient``; later calls do nothing.
 
     Args:

@@ -1,4 +1,4 @@
-"""Exceptions raised by :mod:`resilient`, and the one warning it gives at import.
+"""Exceptions raised by :mod:`resilient`.
 
 Every exception passes all of its constructor arguments to ``super().__init__`` so that it
 survives pickling (exceptions cross mpi4py messages and Parsl workers).
@@ -15,7 +15,6 @@ __all__ = [
     "CollectiveError",
     "CommitError",
     "ConfigError",
-    "ForeignPackageWarning",
     "ForeignRunError",
     "InvalidCheckpointError",
     "LayoutMismatchError",
@@ -36,12 +35,6 @@ class ForeignRunError(ConfigError):
     """The checkpoint directory belongs to another run: another ``run_key``, or restored arrays
     of another shape or dtype than the run's initial state. Retrying cannot help; a
     :class:`~resilient.job.session.Session` exits with ``EXIT_FOREIGN_RUN`` (78)."""
-
-
-class ForeignPackageWarning(UserWarning):
-    """Another vendor's distribution named ``resilient`` (PyPI's, IBM SOAR's REST API client)
-    is installed beside this one (``resilient-hpc``); both install the import package
-    ``resilient``. Given by ``import resilient`` (:mod:`resilient._foreign`), with the fix."""
 
 
 class CheckpointNotFoundError(ResilientError, FileNotFoundError):

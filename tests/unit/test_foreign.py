@@ -23,7 +23,7 @@ import pytest
 
 import resilient
 from resilient import _foreign
-from resilient.errors import ForeignPackageWarning
+from resilient._foreign import ForeignPackageWarning
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "resilient"
