@@ -1,6 +1,6 @@
 """Many arrays and real PyTorch state dicts: ``resilient`` against the disk and against peers.
 
-Run (one process; torch and the DCP rows need ``pip install 'resilient[bench]'``)::
+Run (one process; torch and the DCP rows need ``pip install 'resilient-hpc[bench]'``)::
 
     python bench/bench_state_dict.py [--runs 7] [--cases many4k,many64k,model] [--json PATH]
                                      [--dir DIR] [--model-width 512] [--model-layers 6]

@@ -1,6 +1,7 @@
 """resilient: checkpoint/restart for long MPI programs under walltime limits.
 
-Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup.
+Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup;
+only a cheap look for another vendor's ``resilient`` in the environment (:mod:`resilient._foreign`).
 
 The library in layers; each package imports only the ones below it (``lint-imports`` checks it):
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from resilient._foreign import ForeignPackageWarning, warn_if_foreign
 from resilient._version import __version__
 from resilient.errors import (
     CheckpointLockedError,
@@ -29,6 +31,9 @@ from resilient.errors import (
     LayoutMismatchError,
     ResilientError,
 )
+
+# `resilient` on PyPI is another vendor's package with the same import package: say so, once.
+warn_if_foreign()
 
 if TYPE_CHECKING:
     from resilient.checkpoint.manager import CheckpointManager
@@ -120,6 +125,7 @@ __all__ = [
     "Comm",
     "CommitError",
     "ConfigError",
+    "ForeignPackageWarning",
     "ForeignRunError",
     "EverySeconds",
     "EverySteps",

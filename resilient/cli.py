@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from resilient._foreign import warn_if_foreign
 from resilient._version import __version__
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.statics import StaticStore
@@ -332,7 +333,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             plot(reports, args.plot)
         except ImportError:
-            raise CliError("--plot needs matplotlib: pip install 'resilient[report]'") from None
+            raise CliError("--plot needs matplotlib: pip install 'resilient-hpc[report]'") from None
         if not args.json:
             print(f"plot: {args.plot}")
     return EXIT_OK
@@ -447,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``resilient`` console script."""
+    warn_if_foreign()  # also where another vendor's resilient/__init__.py replaced ours
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -40,15 +40,33 @@ def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def run_campaign(out: Path, walltime: float) -> int:
-    """Snakemake with the local profile, its progress lines echoed as they come."""
+PROFILE_TASKS = 4
+"""MPI ranks the local profile runs at a time (its ``resources: tasks``)."""
+
+MPI_TASKS = ("heat", "train", "train_torch")
+"""The campaign's sections that have a rank count (``configs/campaign.yaml``)."""
+
+
+def campaign_command(out: Path, walltime: float, ranks: int | None = None) -> list[str]:
+    """Snakemake over the campaign with the local profile; ``ranks``: every MPI task's rank
+    count instead of the campaign's (Snakemake merges ``--config heat={ranks: N}`` into the
+    campaign's ``heat`` section, key by key)."""
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", str(REPO / "configs/profiles/local"),
         "-s", str(REPO / "workflows/Snakefile"), "--directory", str(out),
-        # a command-line --config replaces the profile's whole `config:`: repeat its keys
-        "--config", f"resilient_walltime={walltime:g}", "resilient_signal=USR1@1",
-        "resilient_kill_wait=1", "checkpoint_config=configs/checkpoint/demo.yaml",
+        # merged over the profile's config file (its signal, kill wait, checkpoint policy)
+        "--config", f"resilient_walltime={walltime:g}",
     ]  # fmt: skip
+    if ranks is not None:
+        cmd += [f"{task}={{ranks: {ranks}}}" for task in MPI_TASKS]
+        if ranks > PROFILE_TASKS:  # one task's ranks would not fit the profile's budget
+            cmd += ["--resources", f"tasks={ranks}"]
+    return cmd
+
+
+def run_campaign(out: Path, walltime: float, ranks: int | None = None) -> int:
+    """Snakemake with the local profile, its progress lines echoed as they come."""
+    cmd = campaign_command(out, walltime, ranks)
     say("$ " + " ".join(cmd[2:]))
     log = (out / "snakemake.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
@@ -107,8 +125,9 @@ def explain_failure(out: Path) -> list[str]:
     return lines
 
 
-def run_reference(out: Path) -> dict[str, Path]:
-    """The campaign's programs, uninterrupted (no walltime, same checkpoint policy)."""
+def run_reference(out: Path, ranks: int | None = None) -> dict[str, Path]:
+    """The campaign's programs, uninterrupted (no walltime, same checkpoint policy, same
+    rank counts: ``ranks``, else the campaign's)."""
     import yaml
 
     campaign = yaml.safe_load((REPO / "configs/campaign.yaml").read_text())
@@ -120,13 +139,14 @@ def run_reference(out: Path) -> dict[str, Path]:
         dest = ref / "heat" / f"{case}.h5"
         argv = ["-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]), "--steps", str(c["steps"]),
                 "--alpha", str(c["alpha"]), "--checkpoint-every", str(heat["checkpoint_every"])]  # fmt: skip
-        _reference_run(int(heat["ranks"]), argv, policy, ref / "ckpt" / f"heat-{case}", dest)
+        n = ranks or int(heat["ranks"])
+        _reference_run(n, argv, policy, ref / "ckpt" / f"heat-{case}", dest)
         outputs[f"heat/{case}"] = dest
     train = campaign["train"]
     dest = ref / "train" / "model.h5"
     argv = ["-m", "apps.train", "--steps", str(train["steps"]),
             "--checkpoint-every", str(train["checkpoint_every"])]  # fmt: skip
-    _reference_run(int(train["ranks"]), argv, policy, ref / "ckpt" / "train", dest)
+    _reference_run(ranks or int(train["ranks"]), argv, policy, ref / "ckpt" / "train", dest)
     outputs["train"] = dest
     if "train_torch" in json.loads((out / "results" / "summary.json").read_text())["tasks"]:
         # the campaign ran the PyTorch task (train_torch.enabled, torch installed)
@@ -134,7 +154,8 @@ def run_reference(out: Path) -> dict[str, Path]:
         dest = ref / "train_torch" / "model.h5"
         argv = ["-m", "apps.train_torch", "--steps", str(torch_task["steps"]),
                 "--checkpoint-every", str(torch_task["checkpoint_every"])]  # fmt: skip
-        _reference_run(int(torch_task["ranks"]), argv, policy, ref / "ckpt" / "train_torch", dest)
+        n = ranks or int(torch_task["ranks"])
+        _reference_run(n, argv, policy, ref / "ckpt" / "train_torch", dest)
         outputs["train_torch"] = dest
     return outputs
 
@@ -162,11 +183,30 @@ def dataset_bytes(path: Path) -> dict[str, bytes]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _ranks(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None, help="output folder (default out/demo-TIME)")
     p.add_argument("--walltime", type=float, default=6.0, help="simulated walltime per attempt, s")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--ranks",
+        type=_ranks,
+        default=None,
+        metavar="N",
+        help="MPI ranks of every task, in the campaign and its reference run (default the "
+        "campaign's: 4 per heat case, 2 for train)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if not (REPO / "workflows" / "Snakefile").exists():
         raise SystemExit(
             "run the demo from a clone of the repository (workflows/Snakefile not found)"
@@ -176,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
 
     say(f"1/3 the campaign under Snakemake, each attempt cut short after {args.walltime:g} s")
-    code = run_campaign(out, args.walltime)
+    code = run_campaign(out, args.walltime, args.ranks)
     if code != 0:
         say(f"snakemake failed (exit {code}); see {out / 'snakemake.log'}")
         for line in explain_failure(out):
@@ -187,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say("2/3 the same programs uninterrupted (the reference)")
     t1 = time.time()
-    refs = run_reference(out)
+    refs = run_reference(out, args.ranks)
     say(f"    reference done in {time.time() - t1:.0f} s")
 
     say("3/3 report, plot and checks")

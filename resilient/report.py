@@ -239,7 +239,7 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
     per task with each attempt's phases (start-up, compute kept and lost, checkpoints, exit).
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'resilient[report]'``).
+        ImportError: matplotlib is not installed (``pip install 'resilient-hpc[report]'``).
     """
     import matplotlib
 

@@ -344,6 +344,55 @@ def test_run_resilient_returns_zero_or_raises(tmp_path: Path) -> None:
     assert info.value.exitcode == 4 and info.value.output == "" and "hello" in log.read_text()
 
 
+@bash_app
+def write_through_resilient(ckpt: str, outputs: Any = (), stderr: Any = None) -> str:
+    from resilient.integrations.parsl import resilient_command
+
+    return resilient_command(["sh", "-c", 'echo hi > "$1"', "sh", outputs[0]],
+                             checkpoint_dir=ckpt, outputs=outputs)  # fmt: skip
+
+
+@python_app
+def write_through_run_resilient(ckpt: str, outputs: Any = ()) -> int:
+    from resilient.integrations.parsl import run_resilient
+
+    return run_resilient(["sh", "-c", 'echo hi > "$1"', "sh", outputs[0]],
+                         checkpoint_dir=ckpt, outputs=outputs)  # fmt: skip
+
+
+@bash_app
+def write_plainly(outputs: Any = (), stderr: Any = None) -> str:
+    return f"echo hi > {outputs[0]}"
+
+
+def test_an_outputs_folder_is_made_for_the_program(tmp_path: Path) -> None:
+    """Parsl does not create the folder of an app's `File` output; given the app's `outputs`,
+    `resilient run` does, before the program starts (a real DataFlowKernel, threads)."""
+    from parsl.executors import ThreadPoolExecutor
+
+    words = shlex.split(resilient_command(["p"], checkpoint_dir="ck", outputs=[File("o/a"), "b"]))
+    assert words[4:] == ["--checkpoint-dir", "ck", "--outputs", "o/a", "b", "--", "p"]
+    dfk = parsl.load(Config(executors=[ThreadPoolExecutor(max_threads=2)],
+                            run_dir=str(tmp_path / "runinfo")))  # fmt: skip
+    try:
+        plain = write_plainly(outputs=[File(str(tmp_path / "plain" / "sim.h5"))],
+                              stderr=str(tmp_path / "plain.err"))  # fmt: skip
+        with pytest.raises(BashExitFailure):  # Parsl alone: no folder, the program fails
+            plain.result()
+        bash = write_through_resilient(
+            str(tmp_path / "ck1"), outputs=[File(str(tmp_path / "out" / "sim.h5"))],
+            stderr=str(tmp_path / "bash.err"),
+        )  # fmt: skip
+        py = write_through_run_resilient(
+            str(tmp_path / "ck2"), outputs=[File(str(tmp_path / "py" / "deep" / "sim.h5"))]
+        )
+        assert bash.result() == 0 and py.result() == 0
+    finally:
+        dfk.cleanup()
+    assert (tmp_path / "out" / "sim.h5").read_text() == "hi\n"
+    assert (tmp_path / "py" / "deep" / "sim.h5").read_text() == "hi\n"
+
+
 # --------------------------------------------------------------------------- end to end
 
 STEPS = 150

@@ -109,8 +109,8 @@ def snakemake(
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", str(SNAKEFILE),
         "--directory", str(work), "--configfile", str(configfile), "--replace-workflow-config",
-        # a command-line --config replaces the profile's whole `config:` entry: the profile's
-        # resilient_* keys (read by resilient_run()) are repeated here
+        # the command-line --configfile replaces the profile's (workflow-config.yaml): its
+        # resilient_* keys (read by resilient_run()) are given here
         "--config", f"resilient_walltime={WALLTIME}", "resilient_signal=USR1@1",
         "resilient_kill_wait=1", f"resilient_requeue={requeue}", f"checkpoint_config={policy}",
         f"retries={retries}", f"cleanup_checkpoints={cleanup_ckpt}",
@@ -332,7 +332,8 @@ def user_snakemake(
     options: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """A user's Snakefile in ``tmp`` with this repository's local profile; ``walltime``
-    replaces the profile's ``config:`` (``None``: the profile's own)."""
+    overrides the profile's, with `resilient run`'s default signal lead and kill wait (the
+    settings these tests were written for; ``None``: the profile's walltime and settings)."""
     (tmp / "Snakefile").write_text(snakefile)
     policy = tmp / "policy.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
@@ -340,7 +341,9 @@ def user_snakemake(
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", "Snakefile"]
     if walltime is not None or config:
-        wall = () if walltime is None else (f"resilient_walltime={walltime}",)
+        wall = () if walltime is None else (
+            f"resilient_walltime={walltime}", "resilient_signal=null", "resilient_kill_wait=5"
+        )
         cmd += ["--config", *wall, f"checkpoint_config={policy}", *config]
     cmd += [*options, "--", *targets]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
@@ -367,6 +370,31 @@ def test_a_users_rule_gets_the_profiles_walltime(tmp_path: Path) -> None:
     assert proc.returncode == 0, fail(proc)
     assert f"run --checkpoint-dir {ckpt} --task 'heat case=hot'" in proc.stdout, proc.stdout
     assert "--walltime" not in proc.stdout
+
+
+def test_one_key_on_the_command_line_keeps_the_profiles_others(tmp_path: Path) -> None:
+    """`--config resilient_walltime=5` is merged over the profile's config file key by key: the
+    signal, kill wait, requeue and checkpoint policy stay the profile's (a profile's `config:`
+    entry would be replaced whole). Snakemake runs in a directory of the user's, away from the
+    repository, with the profile named by its absolute path."""
+    (tmp_path / "Snakefile").write_text(USER_SNAKEFILE)
+    cmd = [
+        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "-s", "Snakefile",
+        "-n", "-p", "--config",
+    ]  # fmt: skip
+    ckpt = checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards={"case": "hot"})
+    for config, options in [
+        (["resilient_walltime=5"], "--walltime 5 --signal USR1@1 --kill-wait 1 --requeue"),
+        (["resilient_requeue=false"], "--walltime 6 --signal USR1@1 --kill-wait 1 --checkpoint"),
+    ]:
+        proc = subprocess.run(
+            [*cmd, *config, "--", "results/hot.h5"],
+            cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, fail(proc)
+        assert f"{sys.executable} -m resilient.cli run {options}" in proc.stdout, proc.stdout
+        assert f"--checkpoint-dir {ckpt} --task heat" in proc.stdout, proc.stdout
+        assert "--config configs/checkpoint/demo.yaml" in proc.stdout, proc.stdout
 
 
 @pytest.mark.mpi

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch.distributed", reason="needs PyTorch (pip install 'resilient[torch]')")
+pytest.importorskip("torch.distributed", reason="needs PyTorch (pip install 'resilient-hpc[torch]')")
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 

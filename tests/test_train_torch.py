@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'resilient[torch]')")
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'resilient-hpc[torch]')")
 
 from apps.train_torch import Launch, find_launch, first_host
 from resilient.errors import ConfigError

@@ -25,18 +25,19 @@
   ``{params.ckpt}``.
 
 **A simulated walltime from the profile.** A local profile plays Slurm's end of a job by keeping
-its walltime in its ``config:``; :func:`resilient_run` reads it from the running workflow's
-config when the Snakefile is parsed, so no Snakefile wires it::
+its walltime in its workflow config; :func:`resilient_run` reads it from the running workflow's
+config when the Snakefile is parsed, so no Snakefile wires it. The profile names a config file
+(``configfile: workflow-config.yaml``, relative to the profile's directory)::
 
-    config:
-      resilient_walltime: 6          # seconds per attempt (also 90s, 5m, 01:00:00); absent,
-                                     # null or 0: none (on Slurm the deadline comes from the job)
-      resilient_requeue: true        # requeue a walltime stop in place (default true)
-      resilient_signal: USR1@1       # warning signal and its lead (default USR1@10% of it)
-      resilient_kill_wait: 1         # SIGTERM to SIGKILL (default 5 s)
+    resilient_walltime: 6          # seconds per attempt (also 90s, 5m, 01:00:00); absent,
+                                   # null or 0: none (on Slurm the deadline comes from the job)
+    resilient_requeue: true        # requeue a walltime stop in place (default true)
+    resilient_signal: USR1@1       # warning signal and its lead (default USR1@10% of it)
+    resilient_kill_wait: 1         # SIGTERM to SIGKILL (default 5 s)
 
-A ``--config`` on the command line replaces the profile's whole ``config:`` entry: repeat the
-keys there.
+Snakemake merges a command-line ``--config`` over config files key by key, so
+``--config resilient_walltime=5`` keeps the file's other keys. A profile's ``config:`` entry
+would not do: a command-line ``--config`` replaces it whole.
 
 **Checkpoints declared as an output** are refused, naming the rule, the directory and the fix.
 :func:`resilient_run` passes the job's concrete outputs (``--outputs {output:q}``, with

@@ -14,7 +14,7 @@ def find_mpiexec(*, fallback: str | None = None) -> str:
     one on ``PATH``, else ``fallback`` (e.g. ``"mpiexec"``, for a command run elsewhere).
 
     Raises:
-        FileNotFoundError: there is none and no ``fallback`` (install ``resilient[mpich]`` or a
+        FileNotFoundError: there is none and no ``fallback`` (install ``resilient-hpc[mpich]`` or a
             site MPI).
     """
     local = Path(sys.executable).parent / "mpiexec"
@@ -23,7 +23,7 @@ def find_mpiexec(*, fallback: str | None = None) -> str:
     found = shutil.which("mpiexec") or fallback
     if found is None:
         raise FileNotFoundError(
-            "no mpiexec next to this Python or on PATH: pip install 'resilient[mpich]' "
+            "no mpiexec next to this Python or on PATH: pip install 'resilient-hpc[mpich]' "
             "or load the site's MPI"
         )
     return found

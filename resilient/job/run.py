@@ -29,7 +29,9 @@ from step 0, silently. Two checks stop that:
 
 * ``--outputs PATH...`` (and ``--task NAME`` for the message): the task's declared outputs; if
   the checkpoint directory is one of them or lies inside one, exit 78 before the first attempt.
-  The Snakemake helper :func:`resilient.integrations.snakemake.resilient_run` passes them.
+  The Snakemake helper :func:`resilient.integrations.snakemake.resilient_run` passes them,
+  and so do the Parsl ones given ``outputs=``. The outputs' folders are created before the
+  program starts (Snakemake does that for its jobs, Parsl does not).
 * For a prefix written by hand: after each attempt a record goes to ``PARENT/.NAME.resilient-
   attempts``, beside the checkpoint directory, where an engine that deletes the directory
   leaves it. If that record ends with an unfinished attempt and the directory is no longer a
@@ -455,6 +457,17 @@ def _classify(
     return reason, (128 - status) if status < 0 else status
 
 
+def make_output_folders(outputs: Sequence[Path]) -> None:
+    """Create the folders the declared outputs go into, as Snakemake does for a job's outputs
+    (Parsl does not: a program writing ``out/sim.h5`` would fail without ``out/``). A folder
+    that cannot be made is logged and left to the program to report."""
+    for out in outputs:
+        try:
+            Path(os.path.abspath(out)).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create the folder of the output %s: %s", out, exc)
+
+
 def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     """Run ``opts.command`` per the exit-code contract; return the exit code."""
     env = dict(os.environ if environ is None else environ)
@@ -476,6 +489,7 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
                 stalled, ckdir, EXIT_NO_PROGRESS, ckdir / filenames.ATTEMPT_LEDGER,
             )  # fmt: skip
             return EXIT_NO_PROGRESS
+    make_output_folders(opts.outputs)
 
     handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
     current: list[_Attempt] = []  # the attempt running now, if any
@@ -696,8 +710,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=Path,
         default=[],
         metavar="PATH",
-        help="the task's declared outputs: exit 78 if the checkpoint directory is one of them "
-        "or lies inside one (the engine would delete it before each retry)",
+        help="the task's declared outputs: their folders are created before the program starts; "
+        "exit 78 if the checkpoint directory is one of them or lies inside one (the engine "
+        "would delete it before each retry)",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p

@@ -5,6 +5,7 @@ No MPI and no network: these tests only read the repository's own files.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -91,7 +92,7 @@ def pixi_task_names(pixi: dict[str, Any]) -> set[str]:
 
 
 def extra_requirements(pyproject: dict[str, Any], extra: str) -> list[Requirement]:
-    """The requirements of one extra, without self-references such as `resilient[test]`."""
+    """The requirements of one extra, without self-references such as `resilient-hpc[test]`."""
     own = canonicalize_name(pyproject["project"]["name"])
     reqs = [Requirement(r) for r in pyproject["project"]["optional-dependencies"][extra]]
     return [r for r in reqs if canonicalize_name(r.name) != own]
@@ -193,10 +194,12 @@ def test_torch_is_an_extra_outside_the_default_install(
     assert "export RESILIENT_TORCH=1" in run, "CI must run the torch tests"
 
 
-def test_pixi_installs_the_project_editable(pixi: dict[str, Any]) -> None:
+def test_pixi_installs_the_project_editable(
+    pyproject: dict[str, Any], pixi: dict[str, Any]
+) -> None:
     assert "conda-forge" in pixi["workspace"]["channels"]
     assert pixi["workspace"]["channels"][0] == "conda-forge", "conda-forge must come first"
-    spec = pixi["pypi-dependencies"]["resilient"]
+    spec = pixi["pypi-dependencies"][pyproject["project"]["name"]]
     assert spec == {"path": ".", "editable": True}
     assert "mpich" not in pixi_all_pypi_names(pixi), "MPI must come from conda-forge here"
 
@@ -287,7 +290,63 @@ def test_package_is_typed(pyproject: dict[str, Any]) -> None:
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["resilient"]
 
 
+# --- (f) the distribution's name ---------------------------------------------------------
+
+DIST = "resilient-hpc"
+"""`resilient` on PyPI is another vendor's package (IBM SOAR's REST API client)."""
+
+TEXT_SUFFIXES = (".py", ".md", ".toml", ".yaml", ".yml", ".cfg", ".txt", ".sh")
+SKIP_DIRS = {".git", ".venv", ".pixi", "__pycache__", "build", "out", ".mypy_cache", ".ruff_cache"}
+
+
+def repository_text_files() -> list[Path]:
+    found = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        for name in files:
+            if name.endswith(TEXT_SUFFIXES) or Path(top).name == ".ci":
+                found.append(Path(top, name))
+    return found
+
+
+def test_the_distribution_is_resilient_hpc(pyproject: dict[str, Any], pixi: dict[str, Any]) -> None:
+    assert pyproject["project"]["name"] == DIST
+    assert pixi["workspace"]["name"] == DIST
+    for extra in ("test", "dev", "bench"):
+        reqs = map(Requirement, pyproject["project"]["optional-dependencies"][extra])
+        assert not [r for r in reqs if norm(r.name) == "resilient"], extra
+
+
+def test_every_install_line_names_resilient_hpc() -> None:
+    """`pip install resilient`, `'resilient[report]'` or `resilient[torch]` would install (or
+    name an extra of) the other vendor's package; the import package stays `resilient`."""
+    wrong = re.compile(r"pip install ['\"]?resilient(?!-hpc)\b|(?<![\w-])resilient\[")
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in repository_text_files()
+        if path != Path(__file__).resolve()  # the patterns above
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        if wrong.search(line)
+    ]
+    assert not hits, "\n".join(hits)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "pip install resilient-hpc" in readme
+
+
 def test_only_the_resilient_package_is_shipped(pyproject: dict[str, Any]) -> None:
     include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     assert all(p == "resilient" or p.startswith("resilient.") for p in include)
     assert pyproject["project"]["scripts"]["resilient"] == "resilient.cli:main"
+
+
+def test_the_installed_distribution_is_resilient_hpc() -> None:
+    """The environment running the tests installed this checkout as `resilient-hpc`."""
+    from importlib import metadata
+
+    import resilient
+
+    try:
+        version = metadata.version(DIST)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{DIST} is not installed here (the package comes from PYTHONPATH)")
+    assert version == resilient.__version__

@@ -15,7 +15,7 @@ from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import ConfigError
 
 torch = pytest.importorskip(
-    "torch", reason="PyTorch is not installed (pip install 'resilient[torch]')"
+    "torch", reason="PyTorch is not installed (pip install 'resilient-hpc[torch]')"
 )
 pytestmark = pytest.mark.torch
 

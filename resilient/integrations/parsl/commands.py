@@ -8,12 +8,15 @@ Two forms, for the two kinds of Parsl app:
       def simulate(nx, ckpt, inputs=(), outputs=(), stdout=None, stderr=None):
           from resilient.integrations.parsl import resilient_command  # on the worker
           return resilient_command(["mpiexec", "-n", "4", "./sim", "--nx", nx,
-                                    "--out", outputs[0]], checkpoint_dir=ckpt)
+                                    "--out", outputs[0]], checkpoint_dir=ckpt, outputs=outputs)
 
 * :func:`run_resilient` runs the same command in a subprocess inside a ``@python_app`` and
   raises :class:`ResumableCommandError` (picklable, with the exit code) when it fails.
 
-Both produce ``python -m resilient.cli run --checkpoint-dir D [options] -- PROGRAM...``. The
+Both produce ``python -m resilient.cli run --checkpoint-dir D [options] -- PROGRAM...``. Given
+the app's ``outputs`` (paths or Parsl ``File`` objects), ``resilient run`` creates their folders
+before the program starts (Parsl does not: ``File("out/sim.h5")`` needs ``out/``) and refuses a
+checkpoint directory that is, or lies in, one of them (exit 78). The
 exit code is ``resilient run``'s contract (0, 75, 93, 74, 78, or the program's own), which
 :func:`~resilient.integrations.parsl.retry.resume_retry_handler` turns into a retry cost.
 """
@@ -71,6 +74,7 @@ def resilient_argv(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -82,15 +86,19 @@ def resilient_argv(
     """``[python, -m, resilient.cli, run, --checkpoint-dir, D, OPTIONS..., --, *argv]``.
 
     Options left ``None`` (or ``requeue=False``) are not passed: ``resilient run``'s defaults
-    apply. ``signal`` is ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to
-    :data:`sys.executable` of the process that builds the command. ``task`` names every line
-    ``resilient run`` logs (``resilient run [simulate hot]: attempt 2: ...``); left ``None``,
-    ``resilient run`` names them after the checkpoint directory's last two path components
-    (``heat/hot-1a2b3c4d5e6f`` for ``checkpoint_dir(root, "heat", params, wildcards={"case":
-    "hot"})``), which already tell two tasks apart.
+    apply. ``outputs`` are the app's declared outputs (paths or Parsl ``File`` objects,
+    ``--outputs``): their folders are created before the program starts. ``signal`` is
+    ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to :data:`sys.executable` of the process
+    that builds the command. ``task`` names every line ``resilient run`` logs (``resilient run
+    [simulate hot]: attempt 2: ...``); left ``None``, ``resilient run`` names them after the
+    checkpoint directory's last two path components (``heat/hot-1a2b3c4d5e6f`` for
+    ``checkpoint_dir(root, "heat", params, wildcards={"case": "hot"})``), which already tell two
+    tasks apart.
     """
     words = [python or sys.executable, "-m", "resilient.cli", "run"]
     words += ["--checkpoint-dir", _word(checkpoint_dir)]
+    if outputs:
+        words += ["--outputs", *(_word(o) for o in outputs)]
     if task is not None:
         words += ["--task", task]
     if walltime_s is not None:
@@ -110,6 +118,7 @@ def resilient_command(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -127,7 +136,7 @@ def resilient_command(
     ``File`` objects. The options are :func:`resilient_argv`'s.
     """
     words = resilient_argv(
-        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        argv, checkpoint_dir=checkpoint_dir, outputs=outputs, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
         task=task,
     )  # fmt: skip
@@ -141,6 +150,7 @@ def run_resilient(
     argv: Sequence[Any],
     *,
     checkpoint_dir: PathLike,
+    outputs: Sequence[Any] = (),
     walltime_s: float | None = None,
     signal: str | None = None,
     max_no_progress: int | None = None,
@@ -166,7 +176,7 @@ def run_resilient(
             :func:`~resilient.integrations.parsl.retry.resume_retry_handler`).
     """
     command = resilient_argv(
-        argv, checkpoint_dir=checkpoint_dir, walltime_s=walltime_s, signal=signal,
+        argv, checkpoint_dir=checkpoint_dir, outputs=outputs, walltime_s=walltime_s, signal=signal,
         max_no_progress=max_no_progress, retries=retries, requeue=requeue, python=python,
         task=task,
     )  # fmt: skip
