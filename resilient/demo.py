@@ -125,46 +125,58 @@ def explain_failure(out: Path) -> list[str]:
     return lines
 
 
-def run_reference(out: Path, ranks: int | None = None) -> dict[str, Path]:
-    """The campaign's programs, uninterrupted (no walltime, same checkpoint policy, same
-    rank counts: ``ranks``, else the campaign's)."""
+def run_reference(out: Path, ranks: int | None = None) -> dict[str, tuple[Path, float]]:
+    """The campaign's programs, uninterrupted (no walltime; the same checkpoint policy, step
+    delay and rank counts: ``ranks``, else the campaign's), side by side as in the campaign:
+    each task's output and its wall time by stopwatch."""
     import yaml
 
     campaign = yaml.safe_load((REPO / "configs/campaign.yaml").read_text())
-    policy = str(REPO / "configs/checkpoint/demo.yaml")
     ref = out / "reference"
-    outputs: dict[str, Path] = {}
+    runs: dict[str, tuple[int, list[str], Path]] = {}
     heat = campaign["heat"]
     for case, c in heat["cases"].items():
-        dest = ref / "heat" / f"{case}.h5"
         argv = ["-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]), "--steps", str(c["steps"]),
-                "--alpha", str(c["alpha"]), "--checkpoint-every", str(heat["checkpoint_every"])]  # fmt: skip
-        n = ranks or int(heat["ranks"])
-        _reference_run(n, argv, policy, ref / "ckpt" / f"heat-{case}", dest)
-        outputs[f"heat/{case}"] = dest
+                "--alpha", str(c["alpha"]), "--checkpoint-every", str(heat["checkpoint_every"]),
+                "--step-delay", str(heat.get("step_delay", 0.0))]  # fmt: skip
+        runs[f"heat/{case}"] = ranks or int(heat["ranks"]), argv, ref / "heat" / f"{case}.h5"
     train = campaign["train"]
-    dest = ref / "train" / "model.h5"
-    argv = ["-m", "apps.train", "--steps", str(train["steps"]),
-            "--checkpoint-every", str(train["checkpoint_every"])]  # fmt: skip
-    _reference_run(ranks or int(train["ranks"]), argv, policy, ref / "ckpt" / "train", dest)
-    outputs["train"] = dest
+    argv = ["-m", "apps.train", "--steps", str(train["steps"]), "--checkpoint-every",
+            str(train["checkpoint_every"]), "--step-delay", str(train.get("step_delay", 0.0))]  # fmt: skip
+    runs["train"] = ranks or int(train["ranks"]), argv, ref / "train" / "model.h5"
     if "train_torch" in json.loads((out / "results" / "summary.json").read_text())["tasks"]:
         # the campaign ran the PyTorch task (train_torch.enabled, torch installed)
         torch_task = campaign["train_torch"]
-        dest = ref / "train_torch" / "model.h5"
-        argv = ["-m", "apps.train_torch", "--steps", str(torch_task["steps"]),
-                "--checkpoint-every", str(torch_task["checkpoint_every"])]  # fmt: skip
-        n = ranks or int(torch_task["ranks"])
-        _reference_run(n, argv, policy, ref / "ckpt" / "train_torch", dest)
-        outputs["train_torch"] = dest
-    return outputs
+        argv = ["-m", "apps.train_torch", "--steps", str(torch_task["steps"]), "--checkpoint-every",
+                str(torch_task["checkpoint_every"]), "--step-delay",
+                str(torch_task.get("step_delay", 0.0))]  # fmt: skip
+        runs["train_torch"] = ranks or int(torch_task["ranks"]), argv, ref / "train_torch" / "model.h5"
+    return _side_by_side(runs, str(REPO / "configs/checkpoint/demo.yaml"), ref / "ckpt")
 
 
-def _reference_run(ranks: int, argv: list[str], policy: str, ckpt: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, *argv, "--config", policy,
-           "--checkpoint-dir", str(ckpt), "--out", str(dest)]  # fmt: skip
-    subprocess.run(cmd, cwd=REPO, env=_env(), check=True, capture_output=True, timeout=600)
+def _side_by_side(
+    runs: dict[str, tuple[int, list[str], Path]], policy: str, ckpt_root: Path
+) -> dict[str, tuple[Path, float]]:
+    """Start every program at once; each one's output and wall time by stopwatch."""
+    started: dict[str, subprocess.Popen[bytes]] = {}
+    t0 = time.monotonic()
+    for name, (n, argv, dest) in runs.items():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        ckpt = ckpt_root / name.replace("/", "-")
+        cmd = [find_mpiexec(), "-n", str(n), sys.executable, *argv, "--config", policy,
+               "--checkpoint-dir", str(ckpt), "--out", str(dest)]  # fmt: skip
+        started[name] = subprocess.Popen(
+            cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    took: dict[str, float] = {}
+    while len(took) < len(started):
+        for name, proc in started.items():
+            if name not in took and proc.poll() is not None:
+                took[name] = time.monotonic() - t0
+                if proc.returncode != 0:
+                    raise subprocess.CalledProcessError(proc.returncode, proc.args)
+        time.sleep(0.02)
+    return {name: (runs[name][2], took[name]) for name in runs}
 
 
 def dataset_bytes(path: Path) -> dict[str, bytes]:
@@ -242,10 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     plot(reports, out / "progress.png")
     all_same = True
     for t in reports:
-        same = dataset_bytes(out / summary[t.name]["output"]) == dataset_bytes(refs[t.name])
+        ref_out, ref_s = refs[t.name]
+        same = dataset_bytes(out / summary[t.name]["output"]) == dataset_bytes(ref_out)
         all_same &= same
         say(
             f"    {t.name:10} {t.kills} kills; output bit-identical to the uninterrupted run: {same}"
+        )
+        gp = f"{100 * t.goodput:.0f}%" if t.goodput is not None else "-"
+        say(
+            f"    {'':10} {t.wall_s:.1f} s from its first start to its end ({ref_s:.1f} s "
+            f"uninterrupted: at most {100 * ref_s / t.wall_s:.0f}%); goodput {gp} (compute "
+            f"kept {t.phases.compute_kept_s:.1f} s)"
         )
     killed_twice = all(t.kills >= 2 and t.finished for t in reports) and len(reports) == len(refs)
     say(f"every task killed at least twice and finished: {killed_twice}")
