@@ -1,6 +1,10 @@
 """resilient: checkpoint/restart for long MPI programs under walltime limits.
 
-Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup.
+Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup;
+except under ``resilient run`` (or with ``$RESILIENT_WARN_SIGNALS`` set by hand, e.g. in an
+sbatch script), where it installs a handler that only records the walltime's warning signal, so
+that one arriving before the program's ``Session`` exists does not kill it
+(:mod:`resilient.job.warning`).
 
 The library in layers; each package imports only the ones below it (``lint-imports`` checks it):
 
@@ -29,6 +33,9 @@ from resilient.errors import (
     LayoutMismatchError,
     ResilientError,
 )
+from resilient.job import warning as _warning
+
+_warning.arm()  # only with $RESILIENT_WARN_SIGNALS set (resilient run exports it)
 
 if TYPE_CHECKING:
     from resilient.checkpoint.manager import CheckpointManager
