@@ -20,8 +20,10 @@ bit-identical however often the run was interrupted and on however many ranks it
 # ruff: noqa: E402  (stop-signal handlers are installed before the slow imports, on purpose)
 from __future__ import annotations
 
-# Install the stop-signal handlers before the slow imports (numpy, MPI): under Slurm a warning
-# signal can arrive within the first second, and without a handler it would kill the rank.
+# Install the stop-signal handlers before the slow imports. Under `resilient run` the warning
+# signal is held back until a handler listens (resilient.job.warning), but the apps also run
+# under a plain `srun` in sbatch scripts without `resilient run`, where nothing else would
+# catch a warning that arrives during the imports.
 from resilient.job.slurm import StopSignals
 
 EARLY_SIGNALS = StopSignals().__enter__()

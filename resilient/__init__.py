@@ -1,7 +1,10 @@
 """resilient: checkpoint/restart for long MPI programs under walltime limits.
 
 Importing this package does no work: no MPI initialisation, no signal handlers, no logging setup;
-only a cheap look for another vendor's ``resilient`` in the environment (:mod:`resilient._foreign`).
+only a cheap look for another vendor's ``resilient`` in the environment (:mod:`resilient._foreign`);
+and under ``resilient run`` (or with ``$RESILIENT_WARN_SIGNALS`` set by hand, e.g. in an sbatch
+script) a handler that only records the walltime's warning signal, so that one arriving before
+the program's ``Session`` exists does not kill it (:mod:`resilient.job.warning`).
 
 The library in layers; each package imports only the ones below it (``lint-imports`` checks it):
 
@@ -31,6 +34,9 @@ from resilient.errors import (
     LayoutMismatchError,
     ResilientError,
 )
+from resilient.job import warning as _warning
+
+_warning.arm()  # only with $RESILIENT_WARN_SIGNALS set (resilient run exports it)
 
 # `resilient` on PyPI is another vendor's package with the same import package: say so, once.
 warn_if_foreign()

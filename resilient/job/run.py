@@ -74,6 +74,7 @@ from typing import Any
 
 from resilient.io import storage
 from resilient.io.validate import latest_valid
+from resilient.job import warning
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.slurm import (
     ENV_ATTEMPT,
@@ -364,8 +365,19 @@ class _Attempt:
         self.forwarded: list[str] = []  # signals from outside, passed on to the program
 
     def run(self) -> tuple[int, str | None]:
-        """Run to completion; return (exit status or -signal, our last signal sent)."""
-        proc = subprocess.Popen(list(self.opts.command), env=dict(self.env), start_new_session=True)
+        """Run to completion; return (exit status or -signal, our last signal sent).
+
+        The program starts with the warning signal blocked and named in
+        ``$RESILIENT_WARN_SIGNALS`` (:mod:`resilient.job.warning`): one that arrives before it
+        listens waits, instead of killing it, until its ``StopSignals`` takes it.
+        """
+        warn = self.opts.warn_signal
+        env = dict(self.env)
+        held = (warn,) if warning.is_warning(warn) else ()
+        if held:
+            env[warning.ENV_WARN_SIGNALS] = warn.name
+        with warning.blocked(held):
+            proc = subprocess.Popen(list(self.opts.command), env=env, start_new_session=True)
         warn_at = term_at = kill_at = None
         if self.deadline is not None and self.opts.walltime_s is not None:
             warn_before = self.opts.warn_before_s

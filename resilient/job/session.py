@@ -274,7 +274,11 @@ class Session:
     def should_stop(self) -> bool:
         """Collective: whether to stop now (a signal on any rank, or the deadline is near).
 
-        All ranks get the same answer at the same step (one small allreduce).
+        All ranks get the same answer at the same step (one small allreduce). A stop signal
+        that came before this run's first step (during the program's imports or the restore:
+        ``resilient run`` holds the warning back until the session listens) takes effect after
+        that step, which :class:`~resilient.model.policies.OnSignal` saves: stopping with
+        nothing of this run to save would end the attempt without progress (exit 1).
         """
         if self.stopped:
             return True
@@ -285,7 +289,8 @@ class Session:
             self.manager.save_context(step, time_left_s=left), last_saved_step=None
         )
         near_deadline = self._stop_before_deadline(ctx)
-        if self.comm.any_true(self._signals.is_set or near_deadline):
+        signalled = self._signals.is_set and self._last is not None  # a step of this run
+        if self.comm.any_true(signalled or near_deadline):
             self.stopped = True
             if self._signals.received is not None:
                 self.stop_reason = f"signal {self._signals.received.name}"

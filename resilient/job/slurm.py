@@ -1,7 +1,9 @@
 """The job's deadline and stop signals: Slurm environment, ``squeue``, and ``resilient run``.
 
 Nothing happens at import. Signal handlers are installed only by :class:`StopSignals` (a
-context manager) and only set a flag: no I/O, no MPI, no exceptions inside a handler.
+context manager) and only set a flag: no I/O, no MPI, no exceptions inside a handler. How a
+warning signal arriving before or after them is kept from killing the program:
+:mod:`resilient.job.warning`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
+
+from resilient.job import warning
 
 __all__ = [
     "DEFAULT_STOP_SIGNALS",
@@ -121,9 +125,15 @@ def job_of(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 class StopSignals:
-    """Context manager: on any of ``signals``, set a flag (and nothing else).
+    """Context manager: on any of ``signals``, set a flag (and nothing else). Not collective.
 
-    The previous handlers are restored on exit. Use in the main thread only.
+    Entering installs the handlers, takes over a warning signal recorded since ``import
+    resilient`` (:func:`resilient.job.warning.arm`), and unblocks ``signals``: one held back
+    since the program started (``resilient run`` starts it with the warning signal blocked) is
+    delivered then and sets the flag. On exit the previous handlers come back, except that a
+    warning signal (not SIGTERM, SIGINT, SIGHUP, SIGQUIT) whose previous disposition was the
+    default becomes ``SIG_IGN``: one that arrives while the program writes its output or
+    finalizes MPI must not kill it. Use in the main thread only.
     """
 
     def __init__(self, signals: Iterable[str | int] = DEFAULT_STOP_SIGNALS) -> None:
@@ -148,6 +158,10 @@ class StopSignals:
         if not self._previous:  # entering twice is harmless (programs may install them early)
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handler)
+            early = warning.take_early(self.signals)
+            if early is not None and self.received is None:
+                self.received = early
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)  # pending: delivered now
         return self
 
     def __exit__(
@@ -157,6 +171,10 @@ class StopSignals:
         tb: TracebackType | None,
     ) -> None:
         for sig, old in self._previous.items():
+            if warning.is_warning(sig) and (
+                old in (signal.SIG_DFL, None) or warning.is_recorder(old)
+            ):
+                old = signal.SIG_IGN  # nothing more to save: a late warning must not kill
             signal.signal(sig, old)
         self._previous.clear()
 

@@ -309,7 +309,8 @@ def test_run_reports_a_stop_before_the_first_checkpoint(tmp_path: Path) -> None:
 
 
 def test_run_does_not_relaunch_a_program_that_stopped_on_request(tmp_path: Path) -> None:
-    """--retries relaunches crashes; a stop request before the first checkpoint is not one."""
+    """--retries relaunches crashes; a stop request is not one. One that came before the first
+    step takes effect after it (the session saves it): exit 75, not 1 without progress."""
     ck = tmp_path / "ck"
     prog = py(
         """
@@ -325,9 +326,10 @@ def test_run_does_not_relaunch_a_program_that_stopped_on_request(tmp_path: Path)
         """
     )
     opts = RunOptions(command=prog, checkpoint_dir=ck, retries=2, backoff_s=0.01)
-    assert run(opts, environ=clean_env()) == 1
+    assert run(opts, environ=clean_env()) == EXIT_RESUME
     (rec,) = read_ledger(ck)
-    assert rec["reason"] == f"{FIRST} (signal SIGUSR1)"
+    assert rec["reason"] == "stopped early (checkpointed and exited 75)"
+    assert rec["latest_after"] == 1 and rec["program_stop"]["reason"] == "signal SIGUSR1"
     assert rec["program_stop"]["time_left_at_start_s"] is None  # no deadline known
 
 

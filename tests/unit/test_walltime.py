@@ -199,7 +199,12 @@ def test_stop_signals_installs_only_inside_the_block_and_only_sets_a_flag() -> N
             assert hits == []  # the previous handler is not chained
         assert not stop.is_active
         after = {s: signal.getsignal(s) for s in before}
-        assert after == before
+        # a warning signal that was at its default is ignored from now on (resilient.job.warning)
+        dfl = before[signal.SIGUSR2] == signal.SIG_DFL
+        assert after == {
+            **before,
+            signal.SIGUSR2: signal.SIG_IGN if dfl else before[signal.SIGUSR2],
+        }
         # the restored handler is live again, the StopSignals flag is not touched any more
         stop.received = None
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -207,14 +212,21 @@ def test_stop_signals_installs_only_inside_the_block_and_only_sets_a_flag() -> N
         assert stop.received is None
     finally:
         signal.signal(signal.SIGUSR1, old_usr1)
+        signal.signal(signal.SIGUSR2, before[signal.SIGUSR2])
 
 
 def test_stop_signals_entered_twice_restores_the_original() -> None:
-    before = signal.getsignal(signal.SIGUSR2)
-    stop = StopSignals(["USR2"])
-    with stop, stop:  # programs install early, Session enters again: harmless
-        assert signal.getsignal(signal.SIGUSR2) == stop._handler
-    assert signal.getsignal(signal.SIGUSR2) == before
+    def mine(signum: int, frame: Any) -> None:
+        pass
+
+    before = signal.signal(signal.SIGUSR2, mine)
+    try:
+        stop = StopSignals(["USR2"])
+        with stop, stop:  # programs install early, Session enters again: harmless
+            assert signal.getsignal(signal.SIGUSR2) == stop._handler
+        assert signal.getsignal(signal.SIGUSR2) is mine
+    finally:
+        signal.signal(signal.SIGUSR2, before)
 
 
 def test_stop_signals_ignore_keeps_a_late_warning_from_killing_a_finished_program() -> None:
