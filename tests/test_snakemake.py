@@ -393,7 +393,7 @@ def test_one_key_on_the_command_line_keeps_the_profiles_others(tmp_path: Path) -
         )  # fmt: skip
         assert proc.returncode == 0, fail(proc)
         assert f"{sys.executable} -m resilient.cli run {options}" in proc.stdout, proc.stdout
-        assert f"--checkpoint-dir {ckpt} --task heat" in proc.stdout, proc.stdout
+        assert f"--checkpoint-dir {ckpt} --task 'heat case=hot'" in proc.stdout, proc.stdout
         assert "--config configs/checkpoint/demo.yaml" in proc.stdout, proc.stdout
 
 
