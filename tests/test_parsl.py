@@ -609,6 +609,52 @@ def test_free_stops_say_so_in_parsl_log(tmp_path: Path) -> None:
     ]
 
 
+CRASHES_UNTIL_FIXED = """
+import os, sys
+from pathlib import Path
+if not Path(os.environ["FIXED"]).exists():
+    sys.exit(3)
+import numpy as np
+from resilient import CheckpointManager
+with CheckpointManager(os.environ["RESILIENT_CHECKPOINT_DIR"]) as m:
+    m.save(1, {"x": np.zeros(2)})
+"""
+
+
+@bash_app
+def crashes_until_fixed(ckpt: str, fixed: str, stdout: Any = None, stderr: Any = None) -> str:
+    from resilient.integrations.parsl import resilient_command
+
+    program = [sys.executable, "-c", CRASHES_UNTIL_FIXED]
+    return f"FIXED={fixed} " + resilient_command(program, checkpoint_dir=ckpt, max_no_progress=2)
+
+
+def test_no_progress_raises_its_own_error_and_a_new_task_starts_again(tmp_path: Path) -> None:
+    """Issue 33: a task that cannot progress ends in 93 with a NoProgressRefused the script can
+    catch, after two tries; once the cause is fixed, a new task of the same app and checkpoint
+    directory starts the program again (not refused), and finishes."""
+    from parsl.executors import ThreadPoolExecutor
+
+    config = Config(
+        executors=[ThreadPoolExecutor(max_threads=1)], retries=5,
+        retry_handler=resume_retry_handler(), run_dir=str(tmp_path / "runinfo"),
+    )  # fmt: skip
+    ck, fixed, err = tmp_path / "ck", tmp_path / "fixed", tmp_path / "err"
+    with parsl.load(config):
+        stuck = crashes_until_fixed(str(ck), str(fixed), stderr=str(err))
+        exc = stuck.exception(timeout=120)
+        assert isinstance(exc, NoProgressRefused), repr(exc)
+        assert "crashed (exit 3); no progress in 2 consecutive attempts" in exc.reason
+        assert stuck.task_record["try_id"] == 1  # two tries, then no more of the five retries
+        fixed.touch()
+        again = crashes_until_fixed(str(ck), str(fixed), stderr=str(err))
+        assert again.result(timeout=120) == 0, err.read_text()[-3000:]
+    ledger = read_ledger(ck)
+    assert [r["exit_code"] for r in ledger] == [3, 93, 0], ledger
+    assert ledger[-1]["new_run"].startswith("started anew")
+    assert "a new run of this task: started anew" in err.read_text()
+
+
 def test_changed_parameter_in_a_fixed_directory_stops_with_78(
     dfk: Any, tmp_path: Path, reference: bytes
 ) -> None:
