@@ -32,6 +32,7 @@ import pytest
 
 from resilient import CheckpointManager
 from resilient.errors import ConfigError
+from resilient.io import storage
 from resilient.job.run import read_ledger
 from resilient.model import filenames
 from resilient.workflow import checkpoint_dir
@@ -48,6 +49,8 @@ from parsl.launchers import SimpleLauncher  # noqa: E402
 from parsl.providers import LocalProvider, SlurmProvider  # noqa: E402
 
 from resilient.integrations.parsl import (  # noqa: E402
+    ForeignRunRefused,
+    NoProgressRefused,
     ResumableCommandError,
     find_roots,
     load_config,
@@ -193,11 +196,37 @@ def ledger_line(root: Path, *, end: datetime.datetime, progress: bool) -> None:
 )  # fmt: skip
 def test_handler_prices_exit_codes(code: int, cost: float, tmp_path: Path) -> None:
     handler = resume_retry_handler()
+    if code in (78, 93):  # the run ended for good: Parsl retries no more, the app raises these
+        typed = ForeignRunRefused if code == 78 else NoProgressRefused
+        for failed in (BashExitFailure("sim", code), ResumableCommandError(code, ["x"])):
+            with pytest.raises(typed) as caught:
+                handler(failed, record())
+            assert caught.value.exitcode == code and caught.value.__cause__ is failed
+        refused = typed(["x"], reason="why")
+        with pytest.raises(typed) as caught:
+            handler(refused, record())  # run_resilient raised it already: as it is
+        assert caught.value is refused
+        return
     assert handler(BashExitFailure("sim", code), record()) == cost
     assert handler(ResumableCommandError(code, ["x"]), record()) == cost
     assert resume_retry_handler(walltime_cost=0.5, failure_cost=3)(
         BashExitFailure("sim", code), record()
     ) == {0.0: 0.5, 1.0: 3.0}.get(cost, cost)
+
+
+def test_a_refusal_carries_the_ledgers_reason_and_pickles(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    storage.ensure_root(root)
+    (root / filenames.ATTEMPT_LEDGER).write_text(
+        json.dumps({"attempt": 2, "exit_code": 93, "reason": "crashed (exit 3); no progress"}) + "\n"
+    )
+    with pytest.raises(NoProgressRefused) as caught:
+        resume_retry_handler()(BashExitFailure("sim", 93), record(str(root)))
+    assert caught.value.reason == "crashed (exit 3); no progress"
+    assert str(caught.value) == "no progress for too long (exit 93): crashed (exit 3); no progress"
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is NoProgressRefused and again.reason == caught.value.reason
+    assert isinstance(again, ResumableCommandError) and again.exitcode == 93
 
 
 def test_handler_other_failures_cost_one() -> None:
@@ -517,7 +546,9 @@ def heat_bash(
     from tests.mpirun import REPO, mpiexec
 
     argv = [mpiexec(), "-n", 2, *heat_argv(outputs[0], ckpt, alpha=alpha, step_delay=0.04)]
-    command = resilient_command(argv, checkpoint_dir=ckpt, walltime_s=walltime_s, signal=signal)
+    command = resilient_command(
+        argv, checkpoint_dir=ckpt, outputs=outputs, walltime_s=walltime_s, signal=signal
+    )
     return f"cd {REPO} && {command}"
 
 
@@ -578,26 +609,75 @@ def test_free_stops_say_so_in_parsl_log(tmp_path: Path) -> None:
     ]
 
 
+CRASHES_UNTIL_FIXED = """
+import os, sys
+from pathlib import Path
+if not Path(os.environ["FIXED"]).exists():
+    sys.exit(3)
+import numpy as np
+from resilient import CheckpointManager
+with CheckpointManager(os.environ["RESILIENT_CHECKPOINT_DIR"]) as m:
+    m.save(1, {"x": np.zeros(2)})
+"""
+
+
+@bash_app
+def crashes_until_fixed(ckpt: str, fixed: str, stdout: Any = None, stderr: Any = None) -> str:
+    from resilient.integrations.parsl import resilient_command
+
+    program = [sys.executable, "-c", CRASHES_UNTIL_FIXED]
+    return f"FIXED={fixed} " + resilient_command(program, checkpoint_dir=ckpt, max_no_progress=2)
+
+
+def test_no_progress_raises_its_own_error_and_a_new_task_starts_again(tmp_path: Path) -> None:
+    """Issue 33: a task that cannot progress ends in 93 with a NoProgressRefused the script can
+    catch, after two tries; once the cause is fixed, a new task of the same app and checkpoint
+    directory starts the program again (not refused), and finishes."""
+    from parsl.executors import ThreadPoolExecutor
+
+    config = Config(
+        executors=[ThreadPoolExecutor(max_threads=1)], retries=5,
+        retry_handler=resume_retry_handler(), run_dir=str(tmp_path / "runinfo"),
+    )  # fmt: skip
+    ck, fixed, err = tmp_path / "ck", tmp_path / "fixed", tmp_path / "err"
+    with parsl.load(config):
+        stuck = crashes_until_fixed(str(ck), str(fixed), stderr=str(err))
+        exc = stuck.exception(timeout=120)
+        assert isinstance(exc, NoProgressRefused), repr(exc)
+        assert "crashed (exit 3); no progress in 2 consecutive attempts" in exc.reason
+        assert stuck.task_record["try_id"] == 1  # two tries, then no more of the five retries
+        fixed.touch()
+        again = crashes_until_fixed(str(ck), str(fixed), stderr=str(err))
+        assert again.result(timeout=120) == 0, err.read_text()[-3000:]
+    ledger = read_ledger(ck)
+    assert [r["exit_code"] for r in ledger] == [3, 93, 0], ledger
+    assert ledger[-1]["new_run"].startswith("started anew")
+    assert "a new run of this task: started anew" in err.read_text()
+
+
 def test_changed_parameter_in_a_fixed_directory_stops_with_78(
     dfk: Any, tmp_path: Path, reference: bytes
 ) -> None:
-    """The same fixed directory with another --alpha: exit 78, one try, cost inf; the same
-    change through checkpoint_dir gets a directory of its own and finishes."""
-    fixed = str(tmp_path / "ck")
-    first = heat_bash(fixed, 0.2, walltime_s=2.5, signal="USR1@0.5", outputs=[File(str(tmp_path / "a.h5"))],
-                      stderr=str(tmp_path / "a.err"))  # fmt: skip
-    first.exception(
-        timeout=300
-    )  # stopped (75) or finished: either way the directory is alpha's 0.2
-    assert read_ledger(Path(fixed)), tail(tmp_path / "a.err")
+    """The same fixed directory with another --alpha: exit 78, one try, no retry, and the
+    script gets a ForeignRunRefused naming the parameter; the output the other run left is set
+    aside. The same change through checkpoint_dir gets a directory of its own and finishes."""
+    fixed, out = str(tmp_path / "ck"), tmp_path / "out.h5"
+    first = heat_bash(fixed, 0.2, outputs=[File(str(out))], stderr=str(tmp_path / "a.err"))
+    assert first.result(timeout=300) == 0, tail(tmp_path / "a.err")
 
     err = tmp_path / "b.err"
-    changed = heat_bash(fixed, 0.1, outputs=[File(str(tmp_path / "b.h5"))], stderr=str(err))
+    changed = heat_bash(fixed, 0.1, outputs=[File(str(out))], stderr=str(err))
     exc = changed.exception(timeout=300)
-    assert isinstance(exc, BashExitFailure) and exc.exitcode == 78, repr(exc)
+    assert isinstance(exc, ForeignRunRefused) and exc.exitcode == 78, repr(exc)
+    assert "alpha: 0.2 there, 0.1 now" in exc.reason, exc.reason
+    assert isinstance(exc.__cause__, BashExitFailure) and exc.__cause__.exitcode == 78
     tr = changed.task_record
-    assert tr["try_id"] == 0 and tr["fail_cost"] == math.inf
+    assert tr["try_id"] == 0 and tr["fail_cost"] > dfk.config.retries  # not retried
     assert "belongs to another run" in err.read_text()
+    # alpha 0.2's result is not left where alpha 0.1's would be
+    (aside,) = tmp_path.glob("out.h5.other-run-*")
+    assert not out.exists() and heat_field(aside) == reference
+    assert f"set {out} aside as {aside.name}" in err.read_text()
 
     keyed = checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.1})
     assert keyed != checkpoint_dir(tmp_path / "ckpt", "heat", {"alpha": 0.2})

@@ -175,6 +175,46 @@ def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, refere
     assert len(terms) == kinds.count("SIGTERM") and all(r["exit_code"] == 75 for r in terms), terms
 
 
+def _ranks_of(pid: int) -> list[int]:
+    """The ranks (``python -m apps.heat``) below ``pid``, once they run."""
+    found = []
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"apps.heat" in argv and not any(b"mpiexec" in w for w in argv[:1]):
+                found.append(child)
+    return found
+
+
+def test_quick_kills_from_outside_do_not_park_a_task(tmp_path: Path, reference: bytes) -> None:
+    """Issue 33: two SIGKILLs of the ranks in a row before any checkpoint (a node that dies
+    twice at a job's start, quick preemptions) ended a kill soak in 93, and every later run was
+    refused. They are interrupted attempts, not attempts without progress."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    full = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
+            "--max-no-progress", "2", "--", *heat_cmd(ckpt, out, n=2, delay=0.03)]  # fmt: skip
+    for _ in range(2):
+        proc = subprocess.Popen(full, cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(ranks := _ranks_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in ranks:  # during their imports: long before the first checkpoint
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode not in (0, 75, 93), err[-3000:]
+    ledger = read_ledger(ckpt)
+    assert [r["interrupted"] for r in ledger] == ["SIGKILL", "SIGKILL"], ledger
+    assert not any(r["progress"] for r in ledger) and latest_valid(ckpt) is None
+    assert all("killed from outside (SIGKILL" in r["reason"] for r in ledger), ledger
+    # an engine's retry of the same run is not refused: it starts, and finishes
+    done = resilient_run(["--checkpoint-dir", str(ckpt), "--max-no-progress", "2"],
+                         heat_cmd(ckpt, out, n=2, delay=0.03))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert field(out) == reference
+
+
 def test_kill_during_a_save_falls_back_and_matches(tmp_path: Path, reference: bytes) -> None:
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
     cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")

@@ -444,6 +444,17 @@ def test_a_users_rule_without_progress_stops_with_93_after_two_attempts(tmp_path
     assert "2 consecutive attempts made no progress" in text and "not starting again" in text
     assert not (tmp_path / "results" / "stuck.h5").exists()
 
+    # Issue 33: the person who fixed the cause (here: the walltime) runs snakemake again: a new
+    # run, which starts the program again with one line, and finishes
+    again = user_snakemake(tmp_path, 30, "results/stuck.h5")
+    assert again.returncode == 0, fail(again)
+    text = again.stdout + again.stderr
+    assert text.count("a new run of this task: started anew (snakemake pid") == 1, text[-4000:]
+    ledger = read_ledger(user_ckpt(tmp_path, "stuck"))
+    assert [r["exit_code"] for r in ledger][1:] == [93, 0], ledger
+    assert ledger[-1]["new_run"].startswith("started anew") and ledger[0]["engine"] != ledger[-1]["engine"]
+    assert (tmp_path / "results" / "stuck.h5").exists()
+
 
 # The checkpoint directory declared as the output: Snakemake deletes it before each retry.
 # With the helper, `resilient run` sees it among the job's outputs and refuses before the
@@ -556,9 +567,12 @@ def test_a_changed_parameter_in_a_fixed_directory_fails_with_78(tmp_path: Path) 
     text = second.stdout + second.stderr
     assert "belongs to another run" in text and "returned non-zero exit status 78" in text
     assert "Error in rule fixed" in text and "Error in rule keyed" not in text
-    # each Snakemake attempt started the program once: no retry or requeue inside `resilient run`
+    # the program refused once; Snakemake's retry was refused at once, without starting it
+    # (no ledger line), and nothing was retried or requeued inside `resilient run`
     codes = [r["exit_code"] for r in read_ledger(tmp_path / "ckpt" / "fixed")]
-    assert codes == [0, 78, 78], codes
+    assert codes == [0, 78], codes
+    assert text.count("Trying to restart") == 1, text[-4000:]
+    assert "Not starting the program again for this retry (exit 78)" in text, text[-4000:]
 
     keyed = sorted((tmp_path / "ckpt" / "keyed").glob("keyed-*"))
     (fresh,) = set(keyed) - set(keyed_before)

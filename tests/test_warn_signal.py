@@ -153,3 +153,71 @@ def test_under_srun_a_warning_from_slurm_during_the_imports_is_kept(tmp_path: Pa
     assert (rec["exit_status"], rec["exit_code"], rec["signal"]) == (75, 75, None), rec
     assert rec["program_stop"]["reason"] == "signal SIGUSR1", rec
     assert rec["latest_after"] == 1 and not out.exists()
+
+
+USER_SNAKEFILE = f"""
+from resilient.integrations.snakemake import resilient_run, retries
+
+rule readme:
+    output: "out.json"
+    params: ckpt="ckpt/readme"
+    retries: retries(0)
+    shell: resilient_run() + "mpiexec -n 2 {sys.executable} {PROGRAM} {{output}} 3"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_snakemake_a_warning_during_the_imports_is_kept(tmp_path: Path) -> None:
+    """The same program as a user's Snakemake rule (local profile, a 4-s walltime with the
+    warning 3 s before it: during the imports): requeued in place, never killed."""
+    (tmp_path / "Snakefile").write_text(USER_SNAKEFILE)
+    env = clean_env(PROG_WRITE_S="0.2")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", str(REPO / "configs/profiles/local"),
+         "--config", "resilient_walltime=4", "resilient_signal=USR1@3", "--", "out.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    ledger = read_ledger(tmp_path / "ckpt" / "readme")
+    assert_never_killed(proc, ledger)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [rec["exit_code"] for rec in ledger] == [75, 75, 0], ledger
+    assert all(rec["signal"] == "SIGUSR1" for rec in ledger)
+    assert json.loads((tmp_path / "out.json").read_text())["step"] == 3
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_parsl_a_warning_during_the_imports_is_kept(tmp_path: Path) -> None:
+    """The same program from a Parsl bash app (threads): requeued in place, never killed."""
+    import parsl
+    from parsl import bash_app
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    from resilient.integrations.parsl import resume_retry_handler
+
+    @bash_app
+    def readme(ckpt: str, out: str, stdout: Any = None, stderr: Any = None) -> str:
+        from resilient.integrations.parsl import resilient_command
+        from tests.mpirun import mpiexec
+
+        argv = [mpiexec(), "-n", 2, sys.executable, PROGRAM, out, 3]
+        return "PROG_WRITE_S=0.2 " + resilient_command(
+            argv, checkpoint_dir=ckpt, walltime_s=4, signal="USR1@3", requeue=True
+        )
+
+    config = Config(executors=[ThreadPoolExecutor(max_threads=1)], retries=0,
+                    retry_handler=resume_retry_handler(), run_dir=str(tmp_path / "runinfo"))  # fmt: skip
+    err = tmp_path / "readme.err"
+    with parsl.load(config):
+        future = readme(str(tmp_path / "ck"), str(tmp_path / "out.json"), stderr=str(err))
+        assert future.result(timeout=240) == 0, err.read_text()[-4000:]
+    ledger = read_ledger(tmp_path / "ck")
+    text = err.read_text()
+    assert "BAD TERMINATION" not in text and "User defined signal" not in text, text
+    assert [rec["exit_code"] for rec in ledger] == [75, 75, 0], ledger
+    assert json.loads((tmp_path / "out.json").read_text())["step"] == 3

@@ -40,6 +40,12 @@ from step 0, silently. Two checks stop that:
   directory deleted together with its parent is not seen; the ``--outputs`` check covers
   that.) To start over on purpose, delete the record too.
 
+After a run ended with 93 or 78, an engine's retry of it is refused at once, without starting
+the program, while a new run (a new ``snakemake`` or Parsl script, a command typed by hand, a
+changed command or program file) starts again with one logged line; attempts killed from
+outside do not count towards 93 (:mod:`resilient.job.guard`). When the program refuses a
+directory of another run (78), the declared ``--outputs`` on disk are renamed out of the way.
+
 A program using :class:`~resilient.job.session.Session` that stops early (deadline, signal) records
 why in ``CHECKPOINT_DIR/stops.jsonl``. An attempt that stopped that way before its first
 checkpoint (it exits 1) is reported as such, not as a crash; it made no progress, so it counts
@@ -76,6 +82,13 @@ from resilient.io import storage
 from resilient.io.validate import latest_valid
 from resilient.job import warning
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.guard import (
+    Invocation,
+    Verdict,
+    interrupted_from_outside,
+    trailing_no_progress,
+    verdict,
+)
 from resilient.job.slurm import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -177,6 +190,11 @@ class AttemptRecord:
     command: list[str] = field(default_factory=list)
     exit_code: int = 0
     program_stop: dict[str, Any] | None = None  # the program's own stop record, if it wrote one
+    interrupted: str | None = None  # the signal that killed it from outside (job.guard)
+    fingerprint: str | None = None  # the invocation (job.guard.Invocation): command, files,
+    engine: str | None = None  # ... the engine that started it ...
+    retry: str | None = None  # ... and whether the engine says it retries
+    new_run: str | None = None  # why a run that had ended started again with this attempt
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -185,21 +203,6 @@ class AttemptRecord:
 def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
     """The ledger's records (malformed lines are skipped)."""
     return storage.read_jsonl(checkpoint_dir / filenames.ATTEMPT_LEDGER)
-
-
-def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
-    """How many attempts at the end of the ledger failed without progress, in a row.
-
-    Attempts refused because the directory belongs to another run (exit 78) do not count: they
-    say nothing of this run's progress, and the next attempt may have its parameters fixed.
-    """
-    count = 0
-    for rec in reversed(ledger):
-        if rec.get("progress") or rec.get("exit_code") == 0:
-            break
-        if rec.get("exit_code") != EXIT_FOREIGN_RUN:
-            count += 1
-    return count
 
 
 def program_stop(
@@ -432,6 +435,7 @@ def _classify(
     *,
     stop: Mapping[str, Any] | None = None,
     walltime_s: float | None = None,
+    outside: str | None = None,
 ) -> tuple[str, int]:
     """(reason, exit code) of one attempt, per the contract in the module docstring.
 
@@ -442,17 +446,25 @@ def _classify(
     if status == EXIT_PERMANENT:
         return "permanent storage error (exit 74)", EXIT_PERMANENT
     if status == EXIT_FOREIGN_RUN:
-        return (
-            f"the checkpoint directory belongs to another run (exit {EXIT_FOREIGN_RUN}): other "
-            "parameters than those recorded there; not retrying (give these parameters a "
-            "directory of their own, or delete it)"
-        ), EXIT_FOREIGN_RUN
+        said = stop.get("reason") if stop is not None and stop.get("foreign") else None
+        why = f": {said}" if said else (
+            ": other parameters than those recorded there; not retrying (give these parameters "
+            "a directory of their own, or delete it)"
+        )  # fmt: skip
+        return f"the checkpoint directory belongs to another run (exit {EXIT_FOREIGN_RUN}){why}", EXIT_FOREIGN_RUN
     killed = status < 0 or sent is not None
     if status == EXIT_RESUME:
         reason = "stopped early (checkpointed and exited 75)"
     elif status > 0 and stop is not None and stop.get("saved") is False:
         reason = _stopped_before_first_checkpoint(stop, walltime_s)
         killed = False  # it stopped on its own, whatever we had sent
+    elif outside is not None:
+        reason = (
+            f"killed from outside ({outside}: a lost node, a preemption, the OOM killer or a "
+            "kill)"
+        )
+        if not progress:
+            reason += "; not counted as an attempt without progress"
     elif killed:
         name = sent or signal.Signals(-status).name
         reason = f"killed ({name})" if status < 0 else f"exited {status} after {name}"
@@ -484,6 +496,8 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     """Run ``opts.command`` per the exit-code contract; return the exit code."""
     env = dict(os.environ if environ is None else environ)
     ckdir = opts.checkpoint_dir
+    invocation = Invocation.here(opts.command, env)
+    fresh: list[str] = []  # why an ended run starts again: for its first attempt's record
     if opts.requeue and opts.walltime_s is None:
         raise ValueError("requeue needs a simulated walltime (walltime_s)")
     if ckdir is not None:
@@ -493,14 +507,13 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             return EXIT_FOREIGN_RUN
         storage.ensure_root(ckdir)
         env[ENV_CHECKPOINT_DIR] = str(ckdir)
-        stalled = trailing_no_progress(read_ledger(ckdir))
-        if stalled >= opts.max_no_progress:
-            log.error(
-                "%d consecutive attempts made no progress in %s: not starting again (exit %d); "
-                "fix the cause, then remove %s to reset",
-                stalled, ckdir, EXIT_NO_PROGRESS, ckdir / filenames.ATTEMPT_LEDGER,
-            )  # fmt: skip
-            return EXIT_NO_PROGRESS
+        decided = verdict(read_ledger(ckdir), invocation, max_no_progress=opts.max_no_progress)
+        if decided.refuse is not None:
+            log.error("%s", _refusal(decided, ckdir, invocation))
+            return decided.refuse
+        if decided.new_run is not None:
+            log.info("a new run of this task: %s", decided.new_run)
+            fresh.append(decided.new_run)
     make_output_folders(opts.outputs)
 
     handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
@@ -516,7 +529,7 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     previous = {s: signal.signal(s, forward) for s in handled}
     try:
         while True:
-            code, record, attempt = _run_job(opts, env, current)
+            code, record, attempt = _run_job(opts, env, current, invocation, fresh)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
                 return code
             if unheard:  # asked to stop between two launches: the engine decides
@@ -546,10 +559,15 @@ def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) ->
 
 
 def _run_job(
-    opts: RunOptions, env: dict[str, str], current: list[_Attempt]
+    opts: RunOptions,
+    env: dict[str, str],
+    current: list[_Attempt],
+    invocation: Invocation,
+    fresh: list[str],
 ) -> tuple[int, AttemptRecord, _Attempt]:
     """One allocation: its deadline, the program's attempts in it (``--retries``: crashes are
-    relaunched while time is left); the exit code and the last attempt's record and run."""
+    relaunched while time is left); the exit code and the last attempt's record and run.
+    ``fresh`` holds why an ended run starts again, taken by the first attempt's record."""
     from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
     ckdir = opts.checkpoint_dir
@@ -571,6 +589,8 @@ def _run_job(
             latest_before=_latest(ckdir),
             slurm_job_id=env.get("SLURM_JOB_ID"),
             command=list(opts.command),
+            new_run=fresh.pop() if fresh else None,
+            **invocation.to_record(),
         )
         attempt = _Attempt(opts, env, deadline)
         current[:] = [attempt]
@@ -586,8 +606,9 @@ def _run_job(
             base is None or record.latest_after > base
         )
         no_progress_run = 0
-        if not record.progress and status != 0:
-            no_progress_run = 1 + trailing_no_progress(ledger)
+        record.interrupted = interrupted_from_outside(status, sent)
+        if not record.progress and status != 0 and record.interrupted is None:
+            no_progress_run = 1 + (0 if record.new_run else trailing_no_progress(ledger))
         record.program_stop = program_stop(
             ckdir, attempt=number, start=record.start, end=record.end
         )
@@ -599,7 +620,10 @@ def _run_job(
             opts.max_no_progress,
             stop=record.program_stop,
             walltime_s=opts.walltime_s,
+            outside=record.interrupted,
         )
+        if status == EXIT_FOREIGN_RUN and ckdir is not None:
+            _set_aside(opts.outputs, ckdir)
         if ckdir is not None:
             _append_ledger(ckdir, record)
             _note_beside(ckdir, number, record)
@@ -664,6 +688,43 @@ def _resumed_from(record: AttemptRecord) -> str:
     if record.latest_before is not None:  # no Session record: what the quick check found
         return f"latest valid step at the start {record.latest_before}"
     return "started from scratch"
+
+
+def _refusal(decided: Verdict, ckdir: Path, invocation: Invocation) -> str:
+    """Why an engine's retry is refused at once, and what a person does about it."""
+    retry = f" ({invocation.retry})" if invocation.retry else ""
+    if decided.refuse == EXIT_FOREIGN_RUN:
+        return (
+            f"the checkpoint directory {ckdir} belongs to another run: {decided.reason}. Not "
+            f"starting the program again for this retry{retry} (exit {EXIT_FOREIGN_RUN}); give "
+            "these parameters a directory of their own, or delete it"
+        )
+    return (
+        f"{decided.reason}, in {ckdir}: not starting again for this retry{retry} (exit "
+        f"{EXIT_NO_PROGRESS}). Fix the cause, then start the workflow again: a new run (a new "
+        f"snakemake or Parsl run, a changed command or program file) starts the task again, "
+        f"an engine's retry does not; or remove {ckdir / filenames.ATTEMPT_LEDGER}"
+    )
+
+
+def _set_aside(outputs: Sequence[Path], ckdir: Path) -> None:
+    """After the program refused a directory of another run (78): the declared outputs on disk
+    are that other run's results, not this one's. Rename each out of the way (never delete),
+    unless it holds the checkpoint directory."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for out in outputs:
+        if not out.exists() or _containing_output(ckdir, [out]) is not None:
+            continue
+        aside = out.with_name(f"{out.name}.other-run-{stamp}")
+        try:
+            os.rename(out, aside)
+        except OSError as exc:
+            log.warning("could not set %s aside: %s", out, exc)
+            continue
+        log.warning(
+            "set %s aside as %s: written by another run (the checkpoint directory's parameters "
+            "differ), it is not this run's result", out, aside.name,
+        )  # fmt: skip
 
 
 def _last_result(rs: Any) -> tuple[int, AttemptRecord, _Attempt]:

@@ -223,6 +223,12 @@ class Session:
             return
         if log_it:
             log.error("%s (exiting %d)", exc, EXIT_FOREIGN_RUN)
+            # why, for `resilient run`'s ledger and the workflow engine's error
+            attempt = os.environ.get(ENV_ATTEMPT, "")
+            storage.append_log(self.root / filenames.STOP_LOG, {
+                "time": time.time(), "attempt": int(attempt) if attempt.isdigit() else None,
+                "reason": str(exc), "foreign": True,
+            })  # fmt: skip
         raise SystemExit(EXIT_FOREIGN_RUN) from exc
 
     # ------------------------------------------------------------------ loop API

@@ -334,19 +334,26 @@ def test_run_does_not_relaunch_a_program_that_stopped_on_request(tmp_path: Path)
 
 
 def test_run_no_progress_limit_gives_93(tmp_path: Path) -> None:
-    ck = tmp_path / "ck"
-    opts = RunOptions(command=py("import sys; sys.exit(75)"), checkpoint_dir=ck, max_no_progress=2)
+    ck, starts = tmp_path / "ck", tmp_path / "starts"
+    prog = py(f"open({str(starts)!r}, 'a').write('x'); import sys; sys.exit(75)")
+    opts = RunOptions(command=prog, checkpoint_dir=ck, max_no_progress=2)
     assert run(opts, environ=clean_env()) == 1  # 75 without a newer checkpoint
     assert run(opts, environ=clean_env()) == EXIT_NO_PROGRESS
     assert [r["exit_code"] for r in read_ledger(ck)] == [1, 93]
-    # once the limit is reached, run refuses to start the program at all
-    marker = tmp_path / "started"
-    opts2 = RunOptions(
-        command=py(f"open({str(marker)!r}, 'w').close()"), checkpoint_dir=ck, max_no_progress=2
-    )
-    assert run(opts2, environ=clean_env()) == EXIT_NO_PROGRESS
-    assert not marker.exists()
-    assert len(read_ledger(ck)) == 2
+    # an engine's retry of that run (here a requeued Slurm job) does not start the program
+    retry = clean_env(SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1")
+    assert run(opts, environ=retry) == EXIT_NO_PROGRESS
+    assert starts.read_text() == "xx" and len(read_ledger(ck)) == 2
+    # a run started anew (by hand: no engine retries it) starts the program again, counting
+    # its attempts without progress from 1
+    assert run(opts, environ=clean_env()) == 1
+    last = read_ledger(ck)[-1]
+    assert starts.read_text() == "xxx" and last["new_run"].startswith("started anew")
+    assert run(opts, environ=clean_env()) == EXIT_NO_PROGRESS
+    # and a changed command is a new run even for an engine's retry
+    changed = RunOptions(command=(*prog, "--fixed"), checkpoint_dir=ck, max_no_progress=2)
+    assert run(changed, environ=retry) == 1
+    assert "the command or a program file changed" in read_ledger(ck)[-1]["new_run"]
 
 
 STUBBORN = py(

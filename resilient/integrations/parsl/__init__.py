@@ -17,6 +17,8 @@ The core of ``resilient`` never imports this package.
 from __future__ import annotations
 
 from resilient.integrations.parsl.commands import (
+    ForeignRunRefused,
+    NoProgressRefused,
     ResumableCommandError,
     resilient_argv,
     resilient_command,
@@ -26,6 +28,8 @@ from resilient.integrations.parsl.config import build_config, load_config
 from resilient.integrations.parsl.retry import exit_code_of, find_roots, resume_retry_handler
 
 __all__ = [
+    "ForeignRunRefused",
+    "NoProgressRefused",
     "ResumableCommandError",
     "build_config",
     "exit_code_of",

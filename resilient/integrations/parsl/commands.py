@@ -31,7 +31,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ResumableCommandError", "resilient_argv", "resilient_command", "run_resilient"]
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS
+
+__all__ = [
+    "ForeignRunRefused",
+    "NoProgressRefused",
+    "ResumableCommandError",
+    "resilient_argv",
+    "resilient_command",
+    "run_resilient",
+]
 
 PathLike = str | os.PathLike[str]
 
@@ -56,6 +65,63 @@ class ResumableCommandError(Exception):
     def __str__(self) -> str:
         text = f"resumable command exited {self.exitcode}: {shlex.join(self.command)}"
         return f"{text}\n{self.output}" if self.output else text
+
+    @classmethod
+    def of(
+        cls, exitcode: int, command: Sequence[str] = (), output: str = "", *, reason: str = ""
+    ) -> ResumableCommandError:
+        """The error for ``exitcode``: a :class:`ForeignRunRefused` for 78, a
+        :class:`NoProgressRefused` for 93 (with ``reason``), else this class."""
+        if exitcode == EXIT_FOREIGN_RUN:
+            return ForeignRunRefused(command, output, reason=reason)
+        if exitcode == EXIT_NO_PROGRESS:
+            return NoProgressRefused(command, output, reason=reason)
+        return ResumableCommandError(exitcode, command, output)
+
+
+class _Refused(ResumableCommandError):
+    """A run ``resilient run`` ended for good: retrying it cannot help. Picklable.
+
+    Attributes:
+        reason: why, from the task's attempt ledger or ``resilient run``'s refusal.
+    """
+
+    code = 0
+    what = ""
+
+    def __init__(self, command: Sequence[str] = (), output: str = "", *, reason: str = "") -> None:
+        ResumableCommandError.__init__(self, self.code, command, output)
+        self.args = (list(command), output, reason)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.command, self.output, self.reason))
+
+    def __str__(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.what} (exit {self.code}){why}"
+
+
+def _rebuild(
+    cls: type[_Refused], command: Sequence[str], output: str, reason: str
+) -> _Refused:
+    return cls(command, output, reason=reason)
+
+
+class ForeignRunRefused(_Refused):
+    """Exit 78: the checkpoint directory belongs to another run (other parameters, or it is
+    the engine's: one of the task's outputs). Give the parameters a directory of their own."""
+
+    code = EXIT_FOREIGN_RUN
+    what = "the checkpoint directory belongs to another run"
+
+
+class NoProgressRefused(_Refused):
+    """Exit 93: ``--max-no-progress`` attempts in a row made no progress. Fix the cause, then
+    run the task again (a new task starts it again; a retry of this one is refused)."""
+
+    code = EXIT_NO_PROGRESS
+    what = "no progress for too long"
 
 
 def _word(value: Any) -> str:
@@ -194,5 +260,13 @@ def run_resilient(
             ).returncode
         output = ""
     if code != 0:
-        raise ResumableCommandError(code, command, output)
+        raise ResumableCommandError.of(code, command, output, reason=_last_reason(checkpoint_dir))
     return 0
+
+
+def _last_reason(checkpoint_dir: PathLike) -> str:
+    """The reason of the last attempt in the ledger (what a refusal refers to)."""
+    from resilient.job.run import read_ledger
+
+    ledger = read_ledger(Path(checkpoint_dir))
+    return str(ledger[-1].get("reason", "")) if ledger else ""

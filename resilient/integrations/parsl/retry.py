@@ -47,7 +47,11 @@ from typing import TYPE_CHECKING, Any
 from parsl.app.errors import BashExitFailure
 from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
-from resilient.integrations.parsl.commands import ResumableCommandError
+from resilient.integrations.parsl.commands import (
+    ForeignRunRefused,
+    NoProgressRefused,
+    ResumableCommandError,
+)
 from resilient.io.storage import is_root
 from resilient.io.validate import latest_valid
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
@@ -187,6 +191,11 @@ def resume_retry_handler(
     def handler(exc: Exception, task_record: TaskRecord) -> float:
         cost, what = _decide(exc, task_record, tracker, walltime_cost, failure_cost)
         out.info("resilient: %s %s: %s", _task_name(task_record), what, _price(cost, task_record))
+        refused = _refusal(exc, task_record)
+        if refused is exc:  # Parsl does not retry, and the app's future raises it
+            raise exc
+        if refused is not None:
+            raise refused from exc
         return cost
 
     return handler
@@ -210,6 +219,23 @@ def _price(cost: float, task_record: Any) -> str:
     if isinstance(spent, (int, float)) and isinstance(budget, int):
         text += f" ({spent + cost:g} of {budget} used)"
     return text
+
+
+def _refusal(exc: Exception, task_record: Any) -> ResumableCommandError | None:
+    """For a try that ended the run for good (78, 93): the typed error the script sees
+    (:class:`ForeignRunRefused`, :class:`NoProgressRefused`), with the ledger's reason."""
+    code = exit_code_of(exc)
+    if code not in (EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS):
+        return None
+    if isinstance(exc, (ForeignRunRefused, NoProgressRefused)):
+        return exc  # run_resilient raised it already
+    reasons = [
+        str(ledger[-1].get("reason", ""))
+        for root in find_roots(task_record.get("args"), task_record.get("kwargs"))
+        if (ledger := read_ledger(root)) and ledger[-1].get("exit_code") == code
+    ]
+    reason = "; ".join(reasons) or "see the task's stderr (resilient run refused to start it)"
+    return ResumableCommandError.of(code, reason=reason)
 
 
 def _decide(
