@@ -28,11 +28,14 @@ import yaml
 
 from resilient import CheckpointManager
 from resilient.integrations.snakemake import (
+    MpiLaunch,
     SimulatedWalltime,
     TaskLabel,
     cleanup_command,
+    mpi_resources,
     resilient_run,
     retries,
+    slurm_requeue,
 )
 from resilient.io import storage
 from resilient.io.validate import latest_valid, list_checkpoints
@@ -707,6 +710,84 @@ def test_the_rule_and_its_wildcards_name_every_line(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "a.1.txt", "b c.1.txt", "x'y;$(touch pwned).1.txt",
     ]  # fmt: skip
+
+
+def test_mpi_resources_go_with_the_launcher_words() -> None:
+    """The plugin's `mpi` resource always comes with `nodes` and `tasks`; the launcher words
+    follow the launcher chosen when the job runs (srun gets the node count too)."""
+    assert mpi_resources(nodes=2, tasks=4, launcher="srun --mpi=pmi2") == {
+        "nodes": 2, "tasks": 4, "mpi": "srun --mpi=pmi2",
+    }  # fmt: skip
+    assert mpi_resources(tasks=4)["mpi"]  # srun where there is one, else an mpiexec
+    for nodes, tasks in ((0, 4), (2, 1), (1, 0)):
+        with pytest.raises(ValueError, match="nodes <= tasks"):
+            mpi_resources(nodes=nodes, tasks=tasks)
+    assert format(MpiLaunch(), "srun --mpi=pmi2|2|4:") == "srun --mpi=pmi2 -N 2 -n 4"
+    assert format(MpiLaunch(), "/usr/bin/srun|3|6:u") == "/usr/bin/srun -N 3 -n 6"
+    assert format(MpiLaunch(), "/venv/bin/mpiexec|1|4:") == "/venv/bin/mpiexec -n 4"
+    for bad in ("|2|4:", "srun|two|4:", "srun:"):
+        with pytest.raises(ValueError, match="mpi_resources"):
+            format(MpiLaunch(), bad)
+    wf = FakeWorkflow()
+    assert resilient_run(mpi=True, workflow=wf).endswith(
+        " -- {_resilient_mpi:{resources.mpi}|{resources.nodes}|{resources.tasks}:u} "
+    )
+    assert isinstance(wf.globals["_resilient_mpi"], MpiLaunch)
+    assert resilient_run(mpi=True, workflow=object()).endswith(
+        " -- {resources.mpi} -n {resources.tasks} "
+    )
+
+
+def test_slurm_requeue_from_the_config() -> None:
+    """`resilient_slurm_requeue: true` adds --requeue where no walltime is simulated."""
+    py = shlex.quote(sys.executable)
+    on = FakeWorkflow(config={"resilient_slurm_requeue": "true"})
+    resilient_run(workflow=on)
+    assert on.globals["_resilient_run"] == f"{py} -m resilient.cli run --requeue"
+    assert slurm_requeue(on) and not slurm_requeue(FakeWorkflow()) and not slurm_requeue()
+    assert not slurm_requeue(FakeWorkflow(config={"resilient_slurm_requeue": "null"}))
+    with pytest.raises(ValueError, match="resilient_slurm_requeue"):
+        slurm_requeue(FakeWorkflow(config={"resilient_slurm_requeue": "maybe"}))
+    local = FakeWorkflow(config={"resilient_walltime": 6, "resilient_slurm_requeue": True})
+    resilient_run(workflow=local)  # a simulated walltime: its own requeue
+    assert local.globals["_resilient_run"] == f"{py} -m resilient.cli run --walltime 6 --requeue"
+
+
+MPI_SNAKEFILE = """
+from resilient.integrations.snakemake import checkpoint_dir, mpi_resources, resilient_run, retries
+
+rule sim:
+    output: "results/{case}.h5"
+    params: ckpt=lambda wc: checkpoint_dir("ckpt", "sim", {"a": 1}, wildcards=wc)
+    resources: **mpi_resources(nodes=2, tasks=4, launcher="mpiexec")
+    retries: retries(10)
+    shell: resilient_run(mpi=True) + "python sim.py --case {wildcards.case} --out {output}"
+"""
+
+
+def test_a_multinode_rule_gets_the_launcher_of_its_resources(tmp_path: Path) -> None:
+    """A real Snakemake (dry run): the launcher words come from the job's resources, after a
+    profile's set-resources."""
+    (tmp_path / "Snakefile").write_text(MPI_SNAKEFILE)
+    env = clean_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake", "-n", "-p", "-c1", "-s", "Snakefile", "results/a.h5"]
+    shells = {}
+    for name, extra in (("local", []), ("slurm", ["--set-resources", "sim:mpi=srun --mpi=pmi2",
+                                                   "--config", "resilient_slurm_requeue=true"])):  # fmt: skip
+        proc = subprocess.run(
+            [*cmd, *extra], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, fail(proc)
+        (shells[name],) = [
+            line.split("Shell command: ", 1)[1]
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if "Shell command: " in line
+        ]
+    tail = "python sim.py --case a --out results/a.h5"
+    assert shells["local"].endswith(f"--outputs results/a.h5 -- mpiexec -n 4 {tail}")
+    assert shells["slurm"].endswith(f"-- srun --mpi=pmi2 -N 2 -n 4 {tail}")
+    assert " run --requeue --checkpoint-dir " in shells["slurm"]
 
 
 def test_checkpoint_dir_is_deterministic_and_keyed(tmp_path: Path) -> None:

@@ -24,6 +24,27 @@
   run`` sets, and :class:`~resilient.job.session.Session` reads when given no directory) or from
   ``{params.ckpt}``.
 
+**An MPI rule of several nodes** needs the Slurm executor plugin's ``mpi`` resource: without
+it the plugin runs the rule's shell in a one-task job step that Slurm shrinks to one node, and
+the program's own ``srun -N 2`` fails ("Only allocated 1 nodes asked for 2"). With it the
+shell runs in the batch step and the launcher reaches every node::
+
+    rule sim:
+        output: "results/{case}.h5"
+        params: ckpt=lambda wc: checkpoint_dir("ckpt", "sim", CASES[wc.case], wildcards=wc)
+        resources: **mpi_resources(nodes=2, tasks=4)
+        retries: retries(10)
+        shell: resilient_run(mpi=True) + "python sim.py --case {wildcards.case} --out {output}"
+
+:func:`mpi_resources` gives ``nodes``, ``tasks`` and ``mpi`` (the launcher, ``srun`` where
+there is one) together, and ``resilient_run(mpi=True)`` ends the prefix with the launcher and
+its counts, as ``{resources.mpi} -N {resources.nodes} -n {resources.tasks}`` for ``srun`` and
+``{resources.mpi} -n {resources.tasks}`` for ``mpiexec`` (a profile's ``set-resources`` may
+switch the launcher: the words are chosen when the job runs, :class:`MpiLaunch`). A rule
+written without ``mpi`` is caught when it runs, not when the Snakefile is parsed (a profile's
+``set-resources`` is not applied yet then): ``resilient run`` sees a job step with fewer nodes
+than its job and exits 78, naming the rule and this fix (:mod:`resilient.job.steps`).
+
 **A simulated walltime from the profile.** A local profile plays Slurm's end of a job by keeping
 its walltime in its workflow config; :func:`resilient_run` reads it from the running workflow's
 config when the Snakefile is parsed, so no Snakefile wires it. The profile names a config file
@@ -38,6 +59,14 @@ config when the Snakefile is parsed, so no Snakefile wires it. The profile names
 Snakemake merges a command-line ``--config`` over config files key by key, so
 ``--config resilient_walltime=5`` keeps the file's other keys. A profile's ``config:`` entry
 would not do: a command-line ``--config`` replaces it whole.
+
+**Requeue in place on Slurm.** ``resilient_slurm_requeue: true`` in the workflow config (say
+``--config resilient_slurm_requeue=true``) adds ``--requeue`` where there is no simulated
+walltime: in a Slurm batch job a stop at the job's time limit after progress requeues the job
+under its ID (:mod:`resilient.job.requeue`) instead of failing it, so it costs no Snakemake
+retry. The jobs must be requeueable: the executor plugin's ``slurm-requeue: true`` (``sbatch
+--requeue``), with ``--open-mode=append`` in ``slurm_extra`` to keep one log per job. The
+plugin reads a REQUEUED or PENDING job as still running.
 
 **Checkpoints declared as an output** are refused, naming the rule, the directory and the fix.
 :func:`resilient_run` passes the job's concrete outputs (``--outputs {output:q}``, with
@@ -66,25 +95,31 @@ helper also takes it as ``workflow=``.
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from resilient.job.launch import find_mpiexec
 from resilient.job.run import parse_duration, parse_signal_spec
 from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale_siblings
 
 __all__ = [
     "CONFIG_KEYS",
+    "MpiLaunch",
     "SimulatedWalltime",
     "TaskLabel",
     "checkpoint_dir",
     "cleanup",
     "cleanup_command",
     "latest_checkpoint",
+    "mpi_resources",
     "resilient_run",
     "retries",
     "simulated_walltime",
+    "slurm_requeue",
     "stale_siblings",
 ]
 
@@ -93,6 +128,7 @@ CONFIG_KEYS = (
     "resilient_requeue",
     "resilient_signal",
     "resilient_kill_wait",
+    "resilient_slurm_requeue",
 )
 """The workflow-config keys :func:`resilient_run` reads (a profile's ``config:``)."""
 
@@ -233,6 +269,20 @@ def simulated_walltime(workflow: Any = None) -> SimulatedWalltime | None:
     return SimulatedWalltime.from_config(config) if isinstance(config, Mapping) else None
 
 
+def slurm_requeue(workflow: Any = None) -> bool:
+    """Whether the running workflow's config asks for Slurm's requeue in place
+    (``resilient_slurm_requeue``, default false).
+
+    Raises:
+        ValueError: the value is not a boolean.
+    """
+    wf = workflow if workflow is not None else _current_workflow()
+    config = getattr(wf, "config", None) if wf is not None else None
+    if not isinstance(config, Mapping) or _is_unset(config.get("resilient_slurm_requeue")):
+        return False
+    return _flag("resilient_slurm_requeue", config["resilient_slurm_requeue"])
+
+
 def retries(n: int, workflow: Any = None) -> int:
     """A rule's ``retries:``: ``n`` where Snakemake submits the jobs, 0 inside a cluster job.
 
@@ -257,9 +307,69 @@ def _placeholder(text: str) -> str:
     return _shell_literal(text)
 
 
+def mpi_resources(*, tasks: int, nodes: int = 1, launcher: str | None = None) -> dict[str, Any]:
+    """A rule's ``resources:`` for an MPI program of ``tasks`` ranks on ``nodes`` nodes:
+    ``resources: **mpi_resources(nodes=2, tasks=4)``.
+
+    It gives ``nodes``, ``tasks`` and ``mpi``, the launcher: the Slurm executor plugin asks
+    Slurm for the nodes and tasks, and, seeing ``mpi``, runs the rule's shell in the batch step,
+    where the launcher reaches every node (without it: a one-node job step). Pair it with
+    ``resilient_run(mpi=True)``, which starts the program with that launcher and those counts.
+
+    Args:
+        tasks: MPI ranks (the plugin wants more than 1 for an MPI job).
+        nodes: nodes of the job.
+        launcher: the ``mpi`` resource; default ``srun`` where ``srun`` is on ``PATH`` (a
+            Slurm cluster: add ``--mpi=pmi2`` for MPICH where the site's ``MpiDefault`` is
+            none), else the ``mpiexec`` of this environment. A profile's ``set-resources``
+            may override it.
+
+    Raises:
+        ValueError: fewer than one task or node, or fewer tasks than nodes.
+    """
+    if nodes < 1 or tasks < 1 or tasks < nodes:
+        raise ValueError(f"need 1 <= nodes <= tasks, got nodes={nodes}, tasks={tasks}")
+    if launcher is None:
+        launcher = "srun" if shutil.which("srun") else find_mpiexec(fallback="mpiexec")
+    return {"nodes": nodes, "tasks": tasks, "mpi": launcher}
+
+
+class MpiLaunch:
+    """Formats as the launcher words for its spec ``LAUNCHER|NODES|TASKS``.
+
+    ``resilient_run(mpi=True)`` writes ``{_resilient_mpi:{resources.mpi}|{resources.nodes}|
+    {resources.tasks}:u}``: Snakemake fills the job's resources into the spec when the job
+    runs (after a profile's ``set-resources``), then formats this object with it. ``srun``
+    gets the node count too (``srun --mpi=pmi2 -N 2 -n 4``: in the batch step it would
+    otherwise choose the nodes itself), any other launcher only the ranks (``mpiexec -n 4``:
+    ``-N`` means something else to Open MPI's ``mpirun``). The launcher is the rule's own
+    shell text, left unquoted.
+    """
+
+    __slots__ = ()
+
+    def __format__(self, spec: str) -> str:
+        text = spec[: -len(":u")] if spec.endswith(":u") else spec.removesuffix(":")
+        parts = [p.strip() for p in text.rsplit("|", 2)]
+        if len(parts) != 3 or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+            raise ValueError(
+                f"resilient_run(mpi=True): want the rule's resources mpi (a launcher), nodes and "
+                f"tasks (numbers), got {text!r}: use resources: **mpi_resources(nodes=N, tasks=T)"
+            )
+        launcher, nodes, tasks = parts
+        if Path(launcher.split()[0]).name == "srun":
+            return f"{launcher} -N {nodes} -n {tasks}"
+        return f"{launcher} -n {tasks}"
+
+
+_MPI = "{_resilient_mpi:{resources.mpi}|{resources.nodes}|{resources.tasks}:u}"
+"""The launcher words of ``resilient_run(mpi=True)`` where a workflow is running."""
+
+
 def resilient_run(
     checkpoint_dir: str = "{params.ckpt}",
     *,
+    mpi: bool = False,
     min_walltime: float | None = None,
     min_kill_wait: float | None = None,
     workflow: Any = None,
@@ -274,10 +384,16 @@ def resilient_run(
     its wildcards, shell-quoted (``'sim case=a'``, :class:`TaskLabel`): ``resilient run`` puts
     it on every line it logs.
 
+    With the workflow config's ``resilient_slurm_requeue: true`` and no simulated walltime
+    it adds ``--requeue``: on Slurm a stop at the job's time limit requeues the job in place.
+
     Args:
         checkpoint_dir: a placeholder (``{params.ckpt}``, quoted for the shell here) or a
             plain path. Never ``{output}``: ``resilient run`` refuses a checkpoint directory
             that is, or lies in, one of the job's outputs.
+        mpi: end with the rule's MPI launcher and its counts (:func:`mpi_resources`,
+            :class:`MpiLaunch`), so that only the program follows; without a running
+            workflow ``{resources.mpi} -n {resources.tasks}``.
         min_walltime: seconds; a simulated walltime is at least this (a slow-starting program).
         min_kill_wait: seconds; a simulated walltime's SIGTERM-to-SIGKILL wait is at least this.
         workflow: the Snakemake workflow; default the one being parsed.
@@ -293,6 +409,8 @@ def resilient_run(
         if min_kill_wait is not None:
             wall = replace(wall, kill_wait_s=max(wall.kill_wait_s or 5.0, min_kill_wait))
         command += [shlex.quote(o) for o in wall.options(min_walltime_s=min_walltime)]
+    elif slurm_requeue(wf):
+        command.append("--requeue")
     for tag, value in (("w", min_walltime), ("k", min_kill_wait)):
         if value is not None:  # another name per variant, the same whatever the profile
             name += f"_{tag}{value:g}".replace(".", "_").replace("-", "_")
@@ -301,7 +419,18 @@ def resilient_run(
         "--checkpoint-dir", _placeholder(checkpoint_dir),
         "--task", _task_word(wf), "--outputs", "{output:q}",
     ]  # fmt: skip
-    return " ".join([*parts, "--", ""])
+    launch = [_mpi_words(wf)] if mpi else []
+    return " ".join([*parts, "--", *launch, ""])
+
+
+def _mpi_words(workflow: Any) -> str:
+    """The launcher words of ``resilient_run(mpi=True)`` (:class:`MpiLaunch`, put into the
+    Snakefile's namespace as ``_resilient_mpi``); without a running workflow the plain form."""
+    namespace = getattr(workflow, "globals", None) if workflow is not None else None
+    if isinstance(namespace, MutableMapping):
+        namespace["_resilient_mpi"] = MpiLaunch()
+        return _MPI
+    return "{resources.mpi} -n {resources.tasks}"
 
 
 def _task_word(workflow: Any) -> str:

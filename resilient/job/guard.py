@@ -44,6 +44,7 @@ from typing import Any
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS
 
 __all__ = [
+    "SNAKEMAKE_JOB",
     "Invocation",
     "Verdict",
     "interrupted_from_outside",
@@ -189,6 +190,9 @@ def _slurm(environ: Mapping[str, str]) -> tuple[str | None, str | None]:
     return None, None
 
 
+SNAKEMAKE_JOB = "snakemake job"
+"""The engine of an invocation under a Snakemake job of a cluster executor (``--attempt N``)."""
+
 _ATTEMPT = re.compile(r"^--attempt(?:=(\d+))?$")
 
 
@@ -205,7 +209,7 @@ def _snakemake(pid: int) -> tuple[str | None, str | None]:
                 continue
             n = m.group(1) or (argv[i + 1] if i + 1 < len(argv) else "")
             if n.isdigit():
-                return "snakemake job", f"Snakemake attempt {n}" if int(n) > 1 else None
+                return SNAKEMAKE_JOB, f"Snakemake attempt {n}" if int(n) > 1 else None
         return f"snakemake pid {ancestor} started at tick {_start_ticks(ancestor)}", None
     return None, None
 

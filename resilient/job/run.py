@@ -52,12 +52,21 @@ checkpoint (it exits 1) is reported as such, not as a crash; it made no progress
 towards ``--max-no-progress`` like any attempt without progress (the same walltime would stop
 the same way again), and ``--retries`` does not relaunch it.
 
-With ``--requeue`` (only with a simulated ``--walltime``) a walltime stop does not end the run:
-the program starts again at once with a new walltime, as a requeued job would (Slurm's
-``scontrol requeue`` keeps the job and its ID), so an engine around ``resilient run`` sees one
-job however many walltime stops it takes. The run ends when the program finishes (0), after
+With ``--requeue`` and a simulated ``--walltime`` a walltime stop does not end the run: the
+program starts again at once with a new walltime, as a requeued job would (Slurm's ``scontrol
+requeue`` keeps the job and its ID), so an engine around ``resilient run`` sees one job however
+many walltime stops it takes. The run ends when the program finishes (0), after
 ``--max-no-progress`` consecutive stops without progress (93), on exit 74, on a crash (after
 ``--retries``), or when a stop signal comes from outside (75: the engine decides).
+
+With ``--requeue`` inside a Slurm batch job (no ``--walltime``) that requeue is Slurm's: after a
+stop at the job's own time limit that made progress, ``resilient run`` asks Slurm to requeue
+the job in place and exits; where Slurm refuses it exits 75 with one warning
+(:mod:`resilient.job.requeue`). Each ledger line records ``SLURM_RESTART_COUNT``.
+
+Inside a Slurm job step with fewer nodes than its job (a multi-node Snakemake rule without the
+executor plugin's ``mpi`` resource) it says so; under a Snakemake job it does not start the
+program and exits 78, naming the rule and the fix (:mod:`resilient.job.steps`).
 """
 
 from __future__ import annotations
@@ -80,9 +89,16 @@ from typing import Any
 
 from resilient.io import storage
 from resilient.io.validate import latest_valid
-from resilient.job import warning
-from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job import requeue, warning
+from resilient.job.exitcodes import (
+    EXIT_CONFIG,
+    EXIT_FOREIGN_RUN,
+    EXIT_NO_PROGRESS,
+    EXIT_PERMANENT,
+    EXIT_RESUME,
+)
 from resilient.job.guard import (
+    SNAKEMAKE_JOB,
     Invocation,
     Verdict,
     interrupted_from_outside,
@@ -96,6 +112,7 @@ from resilient.job.slurm import (
     find_deadline,
     parse_signal,
 )
+from resilient.job.steps import narrow_step
 from resilient.job.timeline import AttemptEvents, read_events
 from resilient.model import filenames
 
@@ -187,6 +204,7 @@ class AttemptRecord:
     progress: bool = False
     host: str = field(default_factory=socket.gethostname)
     slurm_job_id: str | None = None
+    slurm_restart_count: int | None = None  # how often Slurm requeued the job (a requeue)
     command: list[str] = field(default_factory=list)
     exit_code: int = 0
     program_stop: dict[str, Any] | None = None  # the program's own stop record, if it wrote one
@@ -496,10 +514,19 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     """Run ``opts.command`` per the exit-code contract; return the exit code."""
     env = dict(os.environ if environ is None else environ)
     ckdir = opts.checkpoint_dir
+    slurm_job = _requeue_job(opts, env)
     invocation = Invocation.here(opts.command, env)
     fresh: list[str] = []  # why an ended run starts again: for its first attempt's record
-    if opts.requeue and opts.walltime_s is None:
-        raise ValueError("requeue needs a simulated walltime (walltime_s)")
+    narrow = narrow_step(env)
+    if narrow is not None:
+        if invocation.engine == SNAKEMAKE_JOB:  # the executor plugin's one-task step
+            log.error("%s", narrow.message(opts.task, refuse=True))
+            return EXIT_CONFIG
+        log.warning("%s", narrow.message(opts.task, refuse=False))
+    ready = False
+    if slurm_job is not None:
+        ready, line = slurm_job.readiness()
+        (log.info if ready else log.warning)("%s", line)
     if ckdir is not None:
         refusal = _not_this_runs(opts, ckdir)
         if refusal is not None:
@@ -530,6 +557,8 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     try:
         while True:
             code, record, attempt = _run_job(opts, env, current, invocation, fresh)
+            if slurm_job is not None:
+                return _requeue_on_slurm(opts, slurm_job, ready, (code, record, attempt), unheard)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
                 return code
             if unheard:  # asked to stop between two launches: the engine decides
@@ -545,6 +574,89 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def _requeue_job(opts: RunOptions, env: dict[str, str]) -> requeue.SlurmJob | None:
+    """With ``--requeue`` and no simulated walltime: this Slurm batch job (what ``scontrol``
+    says of it). Its restart count goes into ``env`` if the engine dropped Slurm's variable
+    (the Snakemake executor plugin keeps few ``SLURM_*`` variables in its job step).
+
+    Raises:
+        ValueError: ``--requeue`` with neither a simulated walltime nor a Slurm job.
+    """
+    if not opts.requeue or opts.walltime_s is not None:
+        return None
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        raise ValueError("requeue needs a simulated walltime (walltime_s) or a Slurm batch job")
+    job = requeue.SlurmJob.query(job_id)
+    if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
+        env["SLURM_RESTART_COUNT"] = str(job.restarts)
+    return job
+
+
+def _restarts(env: Mapping[str, str]) -> int | None:
+    """``SLURM_RESTART_COUNT`` (Slurm sets it from the first requeue on); 0 in a batch
+    environment without it, ``None`` outside Slurm or where an engine dropped it."""
+    text = env.get("SLURM_RESTART_COUNT", "").strip()
+    if text.isdigit():
+        return int(text)
+    return 0 if env.get("SLURM_JOB_ID") and env.get("SLURM_NNODES") else None
+
+
+_REQUEUE_WAIT_S = 60.0  # after scontrol requeue: Slurm ends the job's processes (KillWait)
+
+
+def _requeue_on_slurm(
+    opts: RunOptions,
+    job: requeue.SlurmJob,
+    ready: bool,
+    outcome: tuple[int, AttemptRecord, _Attempt],
+    unheard: list[int],
+) -> int:
+    """After the job's attempts: requeue the job in place if its time limit stopped the
+    program after progress (:mod:`resilient.job.requeue`), else pass the exit code on. Where
+    Slurm refuses, exit 75 (the engine's retry resumes) with one warning."""
+    code, record, attempt = outcome
+    decided = requeue.decide(
+        exit_code=code,
+        stop=record.program_stop,
+        deadline=attempt.deadline,
+        window=requeue.window_s(opts.warn_before_s),
+        outside=[*attempt.forwarded, *(signal.Signals(s).name for s in unheard)],
+        interrupted=record.interrupted,
+    )
+    if not decided.requeue:
+        if code == EXIT_RESUME:
+            log.info("not requeuing Slurm job %s: %s; exit 75", job.job_id, decided.why)
+        return code
+    if not ready:
+        log.info(
+            "stopped by %s; Slurm job %s cannot be requeued (see the start): exit 75",
+            decided.why, job.job_id,
+        )  # fmt: skip
+        return code
+    done, said = requeue.request(job.job_id)
+    if not done:
+        log.warning(
+            "stopped by %s, but Slurm refused to requeue job %s (%s): exit 75, so the engine "
+            "resubmits and the next job resumes. To requeue in place submit with --requeue "
+            "(Snakemake's Slurm executor: `slurm-requeue: true`)",
+            decided.why, job.job_id, said,
+        )  # fmt: skip
+        return code
+    log.info(
+        "stopped by %s after attempt %d: requeued Slurm job %s in place (restart %d); it "
+        "starts again from the top after Slurm's AuthInfo cred_expire and its queue wait",
+        decided.why, record.attempt, job.job_id, (record.slurm_restart_count or 0) + 1,
+    )  # fmt: skip
+    deadline = time.monotonic() + _REQUEUE_WAIT_S
+    while not unheard and time.monotonic() < deadline:  # Slurm now ends this job's processes
+        time.sleep(_POLL_S)
+    if not unheard:
+        log.warning("Slurm did not end job %s within %.0f s of its requeue: exit 75", job.job_id,
+                    _REQUEUE_WAIT_S)  # fmt: skip
+    return code
 
 
 def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) -> bool:
@@ -588,6 +700,7 @@ def _run_job(
             start=time.time(),
             latest_before=_latest(ckdir),
             slurm_job_id=env.get("SLURM_JOB_ID"),
+            slurm_restart_count=_restarts(env),
             command=list(opts.command),
             new_run=fresh.pop() if fresh else None,
             **invocation.to_record(),
@@ -746,7 +859,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         dest="signal_spec",
         type=parse_signal_spec,
         metavar="SIG@SECONDS",
-        help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 s)",
+        help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 "
+        "s); with --requeue in a Slurm job, the job's --signal lead (a stop within it, plus "
+        "90 s, counts as the time limit's; default 900 s)",
     )
     p.add_argument(
         "--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)"
@@ -764,7 +879,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="with --walltime: after a walltime stop, start the program again here with a "
         "new walltime (a requeue) instead of exiting 75 to the engine; ends with 0, 93, 74, a "
-        "crash, or 75 when the stop signal came from outside",
+        "crash, or 75 when the stop signal came from outside. In a Slurm batch job (no "
+        "--walltime): after a stop at the job's time limit that made progress, requeue the job "
+        "in place (scontrol requeue: same job ID) and exit; 75 where Slurm refuses",
     )
     p.add_argument(
         "--backoff",
@@ -791,16 +908,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
-def options_from_args(args: argparse.Namespace) -> RunOptions:
+def options_from_args(
+    args: argparse.Namespace, *, environ: Mapping[str, str] | None = None
+) -> RunOptions:
+    """The options of a parsed command line (``environ``: whether this is a Slurm job).
+
+    Raises:
+        ValueError: no command, or ``--requeue`` with neither ``--walltime`` nor a Slurm job.
+    """
+    env = os.environ if environ is None else environ
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ValueError("no command given (resilient run [options] -- CMD ...)")
-    if args.requeue and args.walltime is None:
+    if args.requeue and args.walltime is None and not env.get("SLURM_JOB_ID"):
         raise ValueError(
-            "--requeue needs --walltime: it replays a simulated walltime's requeue; under a "
-            "real scheduler the engine (or sbatch --requeue) resubmits after exit 75"
+            "--requeue needs --walltime (it replays a simulated walltime's requeue) or a Slurm "
+            "batch job (it requeues the job in place: scontrol requeue)"
         )
     base, _, most = str(args.backoff).partition(":")
     warn_sig, warn_before = args.signal_spec if args.signal_spec else (signal.SIGUSR1, None)
@@ -855,7 +980,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        opts = options_from_args(args)
+        opts = options_from_args(args, environ=os.environ)
     except ValueError as exc:
         parser.error(str(exc))
     return run_command_line(opts)

@@ -14,7 +14,13 @@
 # Facts this relies on (measured on the CI machine kind): ~12 s from a fresh machine; each node
 # claims 8 CPUs (config_overrides) so that 4-rank MPI jobs fit on 2 real cores; MpiDefault=pmi2
 # lets `srun -n 4` start a real 4-rank job with the PyPI mpich wheel; KillWait=5 keeps walltime
-# tests short; MinJobAge=600 keeps finished jobs visible to `squeue` (no accounting DB here).
+# tests short; MinJobAge=600 keeps finished jobs visible to `squeue` (no accounting DB here);
+# AuthInfo=cred_expire=10 lets a requeued job start again ~11 s after `scontrol requeue`
+# instead of 121 s (slurmctld holds it with Reason=BeginTime for cred_expire + 1 s; 5 is the
+# least Slurm accepts, a smaller value falls back to the default 120).
+#
+# Already running with this very slurm.conf: nothing to do. Running with another one (an older
+# version of this script): the daemons are restarted with the new one.
 set -euo pipefail
 S=${RESILIENT_SLURM_DIR:-/tmp/resilient-slurm}
 N=${RESILIENT_SLURM_NODES:-3}
@@ -36,30 +42,17 @@ nodes_up() {
     [[ ${up:-0} -ge $N ]]
 }
 
-if command -v sinfo >/dev/null && nodes_up && [[ -s $S/state/slurmctld.pid ]] &&
-    [[ $(sinfo -h -N -p multi -o '%N' 2>/dev/null | sort -u | wc -l) -eq $N ]]; then
-    echo "slurm: already running ($(sinfo -h -o '%P %D %T %c' | tr '\n' ' '))"
-    exit 0
-fi
-
-pkgs=(slurmctld slurmd slurm-client munge)
-if ! dpkg -s "${pkgs[@]}" >/dev/null 2>&1; then
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-fi
-
 host=$(hostname -s)
 mem=$(awk '/MemTotal/ {m = int($2 / 1024 / 2); if (m > 8000) m = 8000; print m}' /proc/meminfo)
-mkdir -p "$S/state/ctld" "$S/log" /etc/slurm
-for i in $(seq 1 "$N"); do mkdir -p "$S/state/d.n$i"; done
 nodes="n1" ports=17001
 ((N > 1)) && nodes="n[1-$N]" ports="17001-$((17000 + N))"
-cat >/etc/slurm/slurm.conf <<CONF
+conf=$(cat <<CONF
 ClusterName=resilientci
 SlurmctldHost=${host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 StateSaveLocation=$S/state/ctld
 SlurmdSpoolDir=$S/state/d.%n
 SlurmctldPidFile=$S/state/slurmctld.pid
@@ -91,6 +84,24 @@ NodeName=${nodes} NodeHostname=${host} NodeAddr=127.0.0.1 Port=${ports} CPUs=8 R
 PartitionName=debug Nodes=n1 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 PartitionName=multi Nodes=${nodes} MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
+)
+
+if command -v sinfo >/dev/null && nodes_up && [[ -s $S/state/slurmctld.pid ]] &&
+    [[ $(sinfo -h -N -p multi -o '%N' 2>/dev/null | sort -u | wc -l) -eq $N ]] &&
+    [[ -f /etc/slurm/slurm.conf && $(cat /etc/slurm/slurm.conf) == "$conf" ]]; then
+    echo "slurm: already running ($(sinfo -h -o '%P %D %T %c' | tr '\n' ' '))"
+    exit 0
+fi
+
+pkgs=(slurmctld slurmd slurm-client munge)
+if ! dpkg -s "${pkgs[@]}" >/dev/null 2>&1; then
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+
+mkdir -p "$S/state/ctld" "$S/log" /etc/slurm
+for i in $(seq 1 "$N"); do mkdir -p "$S/state/d.n$i"; done
+printf '%s\n' "$conf" >/etc/slurm/slurm.conf
 
 if [[ ! -s /etc/munge/munge.key ]]; then
     mungekey --create --force
