@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,3 +87,18 @@ def flip_dataset_byte(step_dir: Path, name: str | None = None) -> None:
     assert offset is not None
     data[offset + table.nbytes[i] // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def job_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment without a job's (Slurm's, a ``resilient run`` attempt's),
+    with the repository on ``PYTHONPATH``: for a ``resilient run`` started by a test."""
+    from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in (ENV_DEADLINE, ENV_ATTEMPT, ENV_CHECKPOINT_DIR)
+    }
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env

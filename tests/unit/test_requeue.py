@@ -20,8 +20,8 @@ from resilient.job import requeue
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_RESUME
 from resilient.job.requeue import SlurmJob, decide, window_s
 from resilient.job.run import RunOptions, build_parser, options_from_args, read_ledger, run
-from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
 from resilient.job.steps import NarrowStep, narrow_step
+from tests.unit.ckutil import job_free_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,15 +147,7 @@ def test_a_step_narrower_than_its_job() -> None:
 # --------------------------------------------------------------------------- resilient run
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SLURM_") and k not in (ENV_DEADLINE, ENV_ATTEMPT, ENV_CHECKPOINT_DIR)
-    }
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
+clean_env = job_free_env
 
 
 def tool(bindir: Path, name: str, body: str) -> None:

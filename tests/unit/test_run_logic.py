@@ -26,8 +26,9 @@ from resilient.job.run import (
     run,
     task_label,
 )
-from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE
+from resilient.job.slurm import ENV_DEADLINE
 from resilient.model import filenames
+from tests.unit.ckutil import job_free_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -222,15 +223,7 @@ def test_program_stop_takes_this_attempts_record(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real attempts
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SLURM_") and k not in (ENV_DEADLINE, ENV_ATTEMPT, ENV_CHECKPOINT_DIR)
-    }
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
+clean_env = job_free_env
 
 
 def py(code: str) -> tuple[str, ...]:
