@@ -38,6 +38,7 @@ from resilient.io.validate import (
     CheckpointRecord,
     latest_valid,
     list_checkpoints,
+    protected_steps,
     validate_checkpoint,
 )
 from resilient.job.run import build_parser as run_parser
@@ -149,16 +150,6 @@ def _tiered(root: Path, *, full: bool) -> list[tuple[str, CheckpointRecord]]:
     return found
 
 
-def _protected_steps(root: Path) -> set[int]:
-    """Steps whose local copies have committed partner copies on other nodes (the shared
-    root's record: the partner nodes' disks may not be visible from here)."""
-    return {
-        rec["step"]
-        for rec in storage.read_jsonl(root / filenames.PROTECT_LOG)
-        if isinstance(rec.get("step"), int)
-    }
-
-
 def _record_json(
     r: CheckpointRecord, tier: str = "shared", protected: set[int] | None = None
 ) -> dict[str, Any]:
@@ -195,7 +186,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print("\n".join(_tree_table([_task_json(root, r, full=args.full) for r in tree])))
         return EXIT_OK
     records = _tiered(root, full=args.full)
-    protected = _protected_steps(root)
+    protected = protected_steps(root)
     if not records:
         print(f"no checkpoints in {args.root}")
         return EXIT_OK
@@ -229,7 +220,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     valid = [r for r in records if r.status == "valid"]
     latest = valid[-1] if valid else None
     local_valid = [r for tier, r in tiered if tier == "local" and r.status == "valid"]
-    protected = _protected_steps(root)
+    protected = protected_steps(root)
     doc = {
         "root": str(root),
         "latest_step": latest.step if latest else None,

@@ -306,6 +306,32 @@ def test_first_lost_try_reads_the_ledger(tmp_path: Path) -> None:
     assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 0
 
 
+def test_a_lost_node_after_a_protected_local_step_costs_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slurm lost a node under the try (the ledger says so) after a node-local step that
+    partner copies protected: that step is progress. Where the try's record is missing (its
+    ``resilient run`` was killed with it), a newer step than the last earlier record left."""
+    caplog.set_level("INFO", logger="parsl.resilient")
+    root = tmp_path / "ck"
+    save(root, 10)
+    ledger_line(root, end=LAUNCHED - datetime.timedelta(minutes=5), progress=True)
+    with open(root / filenames.ATTEMPT_LEDGER, "a") as fh:  # an earlier try left step 10
+        fh.write(json.dumps({"end": LAUNCHED.timestamp() - 60, "latest_after": 10}) + "\n")
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 1  # 10 -> 10
+    with open(root / filenames.PROTECT_LOG, "a") as fh:
+        fh.write(json.dumps({"time": LAUNCHED.timestamp() + 30, "step": 30}) + "\n")
+    assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 0  # 10 -> 30
+    with open(root / filenames.ATTEMPT_LEDGER, "a") as fh:  # the try's own record
+        fh.write(json.dumps({"end": LAUNCHED.timestamp() + 60, "progress": True,
+                             "latest_after": 30, "lost_nodes": ["n2"]}) + "\n")  # fmt: skip
+    for exc in (ManagerLost(b"m", "h"), BashExitFailure("heat", 75)):
+        assert resume_retry_handler()(exc, record(str(root))) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "parsl.resilient"]
+    assert "Slurm lost node n2; " in lines[2] and "step None -> 30 (progress)" in lines[2]
+    assert "stopped early after a newer checkpoint (Slurm lost node n2) (exit 75)" in lines[3]
+
+
 def test_roots_in_files_and_nested_arguments(tmp_path: Path) -> None:
     roots = [tmp_path / n for n in ("a", "b", "c")]
     for r in roots:

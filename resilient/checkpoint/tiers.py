@@ -271,24 +271,31 @@ class LocalTier:
         """
         if self.redundancy is not None and self.redundancy.protecting:
             self.redundancy.recover(self._committed_steps, current, step=step, at_least=at_least)
-        mine = [s for s in self._intact_steps(current, step) if at_least is None or s >= at_least]
+        steps, other = self._intact_steps(current, step)
+        mine = [s for s in steps if at_least is None or s >= at_least]
 
-        def pick(found: Sequence[Sequence[int]]) -> tuple[int, Manifest] | None:
-            common = set(found[0]).intersection(*map(set, found[1:]))
+        def pick(found: Sequence[tuple[list[int], str]]) -> tuple[int, Manifest] | str | None:
+            common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
             if not common:
-                return None
+                return next((note for _, note in found if note), None)
             newest = max(common)  # the same manifest on every node: the coordinator's copy
             return newest, load_manifest(self.root / filenames.step_dir_name(newest))
 
-        picked = self._coll.all_reduce("finding local checkpoints", lambda: mine, pick)
+        picked = self._coll.all_reduce("finding local checkpoints", lambda: (mine, other), pick)
+        if isinstance(picked, str):
+            if self._coll.is_coordinator:
+                log.warning("%s", picked)
+            return None
         if picked is None:
             return None
         newest, manifest = picked
         return LocalCheckpoint(self.root / filenames.step_dir_name(newest), manifest)
 
-    def _intact_steps(self, current: Layout, step: int | None) -> list[int]:
-        """Steps whose local copy holds this rank's file intact (local: a few stats)."""
-        rank, found = self.topo.comm.rank, []
+    def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
+        """Steps whose local copy holds this rank's file intact (local: a few stats), and
+        why the newest committed one is unusable when its ranks sit otherwise on the nodes."""
+        rank, other = self.topo.comm.rank, ""
+        found: list[int] = []
         for s in sorted(self._committed_steps(), reverse=True):
             if step is not None and s != step:
                 continue
@@ -299,6 +306,13 @@ class LocalTier:
                 log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
                 continue
             if manifest.layout != current or rank >= len(manifest.ranks):
+                if not other and not found:
+                    other = (
+                        f"the node-local checkpoints (newest step {s}) were written by "
+                        f"{_per_node(manifest.layout)}, this job has {_per_node(current)}: "
+                        "they cannot be used (keep the ranks per node the same, e.g. sbatch "
+                        "--ntasks-per-node); restoring from the shared root"
+                    )
                 continue
             name = manifest.ranks[rank].file
             size = next((f.size for f in manifest.files if f.name == name), -1)
@@ -307,7 +321,7 @@ class LocalTier:
                     found.append(s)
             except FileNotFoundError:
                 continue
-        return found
+        return found, other
 
     def discard(self, checkpoint: LocalCheckpoint, reason: str) -> None:
         """Local: this node's leader quarantines its copy of a checkpoint that failed a restore."""
@@ -322,6 +336,12 @@ class LocalTier:
         """``(node, host, local root)`` of every node (the shared root's record of its tiers)."""
         shared = self.root.name
         return sorted({(v.label, v.host, Path(v.node_dir) / shared) for v in self.views})
+
+
+def _per_node(layout: Layout) -> str:
+    """``4 ranks on 2 nodes (2 + 2)``."""
+    sizes = " + ".join(str(len(g)) for g in layout.groups)
+    return f"{layout.nranks} ranks on {len(layout.groups)} nodes ({sizes})"
 
 
 def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, str, Path]]) -> None:

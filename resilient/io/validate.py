@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.errors import InvalidCheckpointError
+from resilient.io.storage import read_jsonl
 from resilient.model import filenames
 from resilient.model.checksum import (
     digest_bytes,
@@ -42,6 +43,8 @@ __all__ = [
     "latest_valid",
     "list_checkpoints",
     "load_manifest",
+    "protected_steps",
+    "resumable_step",
     "validate_checkpoint",
 ]
 
@@ -382,3 +385,31 @@ def list_checkpoints(
 def latest_valid(root: Path, *, full: bool = False) -> CheckpointRecord | None:
     """The newest checkpoint under ``root`` that validates, or ``None``."""
     return next((r for r in iter_checkpoints(root, full=full) if r.status == "valid"), None)
+
+
+def protected_steps(root: Path, *, since: float | None = None) -> set[int]:
+    """Node-local steps whose partner copies committed on other nodes, recorded in the shared
+    root (``protected.jsonl``, written once every node's copy is in place) at or after
+    ``since`` (a ``time.time()``). Such a step survives the loss of any one node; the nodes'
+    disks need not be visible from here."""
+    found: set[int] = set()
+    for rec in read_jsonl(root / filenames.PROTECT_LOG):
+        step, when = rec.get("step"), rec.get("time")
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        if since is None or (isinstance(when, (int, float)) and when >= since):
+            found.add(step)
+    return found
+
+
+def resumable_step(root: Path, *, protected_since: float | None = None) -> int | None:
+    """The newest step a restart resumes from, even one that lost a node: the newest valid
+    checkpoint of the shared root, or a newer node-local step protected by partner copies
+    (:func:`protected_steps`, those recorded at or after ``protected_since``); ``None``: none.
+
+    Not collective: reads the shared root's files (quick validation)."""
+    record = latest_valid(root)
+    steps = protected_steps(root, since=protected_since)
+    if record is not None:
+        steps.add(record.step)
+    return max(steps, default=None)

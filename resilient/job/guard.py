@@ -73,13 +73,18 @@ def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
     run's last start (a ``new_run`` record).
 
     Attempts refused because the directory belongs to another run (exit 78) do not count: they
-    say nothing of this run's progress. Nor do attempts interrupted from outside.
+    say nothing of this run's progress. Nor do attempts interrupted from outside, or that
+    lost a node of their Slurm job (:mod:`resilient.job.nodeloss`).
     """
     count = 0
     for rec in reversed(ledger):
         if rec.get("progress") or rec.get("exit_code") == 0:
             break
-        if rec.get("exit_code") != EXIT_FOREIGN_RUN and not rec.get("interrupted"):
+        if (
+            rec.get("exit_code") != EXIT_FOREIGN_RUN
+            and not rec.get("interrupted")
+            and not rec.get("lost_nodes")
+        ):
             count += 1
         if rec.get("new_run"):
             break

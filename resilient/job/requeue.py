@@ -87,20 +87,22 @@ class SlurmJob:
     """``Restarts=``: how often it was requeued (``SLURM_RESTART_COUNT``)."""
     max_batch_requeue: int | None = None
     """``MaxBatchRequeue`` of ``scontrol show config`` (Slurm >= 23.02), if shown."""
+    nodelist: str = ""
+    """``NodeList=``: the job's nodes (``n[1-2]``)."""
     error: str = ""
     """Why the facts are unknown (``scontrol`` failed)."""
 
     @classmethod
-    def query(cls, job_id: str, *, scontrol: Scontrol = _scontrol) -> SlurmJob:
-        """Ask ``scontrol show job -o JOB`` and ``scontrol show config``."""
+    def query(cls, job_id: str, *, config: bool = True, scontrol: Scontrol = _scontrol) -> SlurmJob:
+        """Ask ``scontrol show job -o JOB`` and (``config``) ``scontrol show config``."""
         status, text = scontrol(["show", "job", "-o", job_id])
         if status != 0:
             return cls(job_id, error=f"scontrol show job {job_id}: {text or f'exit {status}'}")
         got = _fields(text)
         most = None
-        status, config = scontrol(["show", "config"])
+        status, config_text = scontrol(["show", "config"]) if config else (1, "")
         if status == 0:
-            m = re.search(r"^MaxBatchRequeue\s*=\s*(\d+)", config, re.M)
+            m = re.search(r"^MaxBatchRequeue\s*=\s*(\d+)", config_text, re.M)
             most = int(m.group(1)) if m else None
         return cls(
             job_id,
@@ -108,6 +110,7 @@ class SlurmJob:
             batch=_flag(got.get("BatchFlag")),
             restarts=int(got["Restarts"]) if got.get("Restarts", "").isdigit() else None,
             max_batch_requeue=most,
+            nodelist=got.get("NodeList", ""),
         )
 
     def readiness(self) -> tuple[bool, str]:

@@ -64,6 +64,13 @@ stop at the job's own time limit that made progress, ``resilient run`` asks Slur
 the job in place and exits; where Slurm refuses it exits 75 with one warning
 (:mod:`resilient.job.requeue`). Each ledger line records ``SLURM_RESTART_COUNT``.
 
+Progress counts the node-local tier too: an attempt made progress when the newest step a
+restart can resume from rose, on the shared root or as a node-local checkpoint whose partner
+copies committed (``protected.jsonl``: it survives the loss of a node). An attempt that failed
+in a Slurm job whose nodes Slurm says it lost meanwhile (down, failed or not responding:
+:mod:`resilient.job.nodeloss`) is recorded as such (``lost_nodes``): 75 after progress, and
+never counted towards 93.
+
 Inside a Slurm job step with fewer nodes than its job (a multi-node Snakemake rule without the
 executor plugin's ``mpi`` resource) it says so; under a Snakemake job it does not start the
 program and exits 78, naming the rule and the fix (:mod:`resilient.job.steps`).
@@ -88,8 +95,8 @@ from pathlib import Path
 from typing import Any
 
 from resilient.io import storage
-from resilient.io.validate import latest_valid
-from resilient.job import requeue, warning
+from resilient.io.validate import resumable_step
+from resilient.job import nodeloss, requeue, warning
 from resilient.job.exitcodes import (
     EXIT_CONFIG,
     EXIT_FOREIGN_RUN,
@@ -209,6 +216,7 @@ class AttemptRecord:
     exit_code: int = 0
     program_stop: dict[str, Any] | None = None  # the program's own stop record, if it wrote one
     interrupted: str | None = None  # the signal that killed it from outside (job.guard)
+    lost_nodes: list[str] = field(default_factory=list)  # the job's nodes Slurm lost meanwhile
     fingerprint: str | None = None  # the invocation (job.guard.Invocation): command, files,
     engine: str | None = None  # ... the engine that started it ...
     retry: str | None = None  # ... and whether the engine says it retries
@@ -338,11 +346,12 @@ def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
         os.fsync(fh.fileno())
 
 
-def _latest(checkpoint_dir: Path | None) -> int | None:
+def _latest(checkpoint_dir: Path | None, *, protected_since: float | None = None) -> int | None:
+    """The newest step to resume from: the shared root's newest valid checkpoint, or a newer
+    node-local one protected by partner copies (recorded since ``protected_since``)."""
     if checkpoint_dir is None:
         return None
-    rec = latest_valid(checkpoint_dir)
-    return rec.step if rec else None
+    return resumable_step(checkpoint_dir, protected_since=protected_since)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -454,10 +463,12 @@ def _classify(
     stop: Mapping[str, Any] | None = None,
     walltime_s: float | None = None,
     outside: str | None = None,
+    lost: str | None = None,
 ) -> tuple[str, int]:
     """(reason, exit code) of one attempt, per the contract in the module docstring.
 
-    ``stop`` is the program's own stop record for this attempt (see :func:`program_stop`).
+    ``stop`` is the program's own stop record for this attempt (see :func:`program_stop`);
+    ``lost``: the job's nodes that Slurm lost meanwhile (:mod:`resilient.job.nodeloss`).
     """
     if status == 0:
         return "finished", 0
@@ -476,6 +487,11 @@ def _classify(
     elif status > 0 and stop is not None and stop.get("saved") is False:
         reason = _stopped_before_first_checkpoint(stop, walltime_s)
         killed = False  # it stopped on its own, whatever we had sent
+    elif lost is not None:
+        reason = f"Slurm lost node {lost} under it"
+        killed = True  # from outside: 75 after progress, and never a crash
+        if not progress:
+            reason += "; not counted as an attempt without progress"
     elif outside is not None:
         reason = (
             f"killed from outside ({outside}: a lost node, a preemption, the OOM killer or a "
@@ -553,10 +569,12 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
         else:
             unheard.append(signum)
 
+    job = slurm_job or _job_facts(env)
+    nodelist = nodeloss.job_nodelist(env, known=job.nodelist if job else None)
     previous = {s: signal.signal(s, forward) for s in handled}
     try:
         while True:
-            code, record, attempt = _run_job(opts, env, current, invocation, fresh)
+            code, record, attempt = _run_job(opts, env, current, invocation, fresh, nodelist)
             if slurm_job is not None:
                 return _requeue_on_slurm(opts, slurm_job, ready, (code, record, attempt), unheard)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
@@ -590,6 +608,19 @@ def _requeue_job(opts: RunOptions, env: dict[str, str]) -> requeue.SlurmJob | No
     if not job_id:
         raise ValueError("requeue needs a simulated walltime (walltime_s) or a Slurm batch job")
     job = requeue.SlurmJob.query(job_id)
+    if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
+        env["SLURM_RESTART_COUNT"] = str(job.restarts)
+    return job
+
+
+def _job_facts(env: dict[str, str]) -> requeue.SlurmJob | None:
+    """In a Slurm job step that lacks the job's variables (the Snakemake executor plugin keeps
+    few ``SLURM_*`` in its step): what ``scontrol show job`` says, its restart count put into
+    ``env`` (for the ledger), its node list kept (for :mod:`resilient.job.nodeloss`)."""
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id or env.get("SLURM_NNODES"):
+        return None
+    job = requeue.SlurmJob.query(job_id, config=False)
     if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
         env["SLURM_RESTART_COUNT"] = str(job.restarts)
     return job
@@ -676,10 +707,12 @@ def _run_job(
     current: list[_Attempt],
     invocation: Invocation,
     fresh: list[str],
+    nodelist: str,
 ) -> tuple[int, AttemptRecord, _Attempt]:
     """One allocation: its deadline, the program's attempts in it (``--retries``: crashes are
     relaunched while time is left); the exit code and the last attempt's record and run.
-    ``fresh`` holds why an ended run starts again, taken by the first attempt's record."""
+    ``fresh`` holds why an ended run starts again, taken by the first attempt's record;
+    ``nodelist``: the Slurm job's nodes, asked about after a failed attempt."""
     from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
     ckdir = opts.checkpoint_dir
@@ -715,12 +748,13 @@ def _run_job(
         record.latest_after = _latest(ckdir)
         _note_restore(ckdir, record)
         base = record.restored_step if record.restored_step is not None else record.latest_before
-        record.progress = record.latest_after is not None and (
-            base is None or record.latest_after > base
-        )
+        made = _latest(ckdir, protected_since=record.start)  # not a partner copy of before
+        record.progress = made is not None and (base is None or made > base)
         no_progress_run = 0
         record.interrupted = interrupted_from_outside(status, sent)
-        if not record.progress and status != 0 and record.interrupted is None:
+        lost = _lost_nodes(status, nodelist)
+        record.lost_nodes = [node.name for node in lost]
+        if not record.progress and status != 0 and record.interrupted is None and not lost:
             no_progress_run = 1 + (0 if record.new_run else trailing_no_progress(ledger))
         record.program_stop = program_stop(
             ckdir, attempt=number, start=record.start, end=record.end
@@ -734,6 +768,7 @@ def _run_job(
             stop=record.program_stop,
             walltime_s=opts.walltime_s,
             outside=record.interrupted,
+            lost=", ".join(node.describe() for node in lost) or None,
         )
         if status == EXIT_FOREIGN_RUN and ckdir is not None:
             _set_aside(opts.outputs, ckdir)
@@ -741,7 +776,7 @@ def _run_job(
             _append_ledger(ckdir, record)
             _note_beside(ckdir, number, record)
         log.info(
-            "attempt %d: %s; %s; latest valid step now %s; exit %d",
+            "attempt %d: %s; %s; newest step to resume from now %s; exit %d",
             number,
             record.reason,
             _resumed_from(record),
@@ -777,6 +812,13 @@ def _run_job(
     )
     code, record, last = retrying(one_attempt)
     return int(code), record, last
+
+
+def _lost_nodes(status: int, nodelist: str) -> list[nodeloss.LostNode]:
+    """After an attempt that failed in a Slurm job: the job's nodes Slurm says it lost."""
+    if status in (0, EXIT_RESUME, EXIT_PERMANENT, EXIT_FOREIGN_RUN) or not nodelist:
+        return []
+    return nodeloss.lost_nodes(nodelist)
 
 
 def _note_restore(checkpoint_dir: Path | None, record: AttemptRecord) -> None:

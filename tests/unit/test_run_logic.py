@@ -466,8 +466,8 @@ def test_every_line_names_the_task(tmp_path: Path, task: str | None, label: str)
     assert len(lines) == 3, lines  # attempt 1, the retry warning, attempt 2
     assert all(line.startswith(f"resilient run [{label}]: ") for line in lines), lines
     assert lines[-1] == (
-        f"resilient run [{label}]: attempt 2: crashed (exit 3); started from scratch; latest "
-        "valid step now None; exit 3"
+        f"resilient run [{label}]: attempt 2: crashed (exit 3); started from scratch; newest "
+        "step to resume from now None; exit 3"
     )
 
 

@@ -11,10 +11,16 @@ called:
   checkpoint was committed, and the next try finds the resume point itself;
 * exit 93 (no progress for too long), 74 (permanent storage error) and 78 (the checkpoint
   directory belongs to another run) cost ``math.inf``: no more tries;
-* a lost worker or manager (``WorkerLost``, ``ManagerLost``: a pilot job hit its walltime) is
-  priced by progress: ``walltime_cost`` when a checkpoint root among the task's arguments holds
-  a newer valid checkpoint than at the task's previous failure (at its first: when the root's
-  ledger has an attempt with progress that ended during this try), else ``failure_cost``;
+* a lost worker or manager (``WorkerLost``, ``ManagerLost``: a pilot job hit its walltime, or
+  Slurm ended or requeued it after losing one of its nodes) is priced by progress:
+  ``walltime_cost`` when a checkpoint root among the task's arguments has a newer step to
+  resume from than at the task's previous failure (at its first: when the root's ledger has an
+  attempt with progress that ended during this try, or, where the try's attempt was killed
+  before it could say, a newer step than the ledger's last earlier attempt left), else
+  ``failure_cost``. The step to resume from is the shared root's newest valid checkpoint or a
+  newer node-local one protected by partner copies (:func:`resilient.io.validate.
+  resumable_step`); a node that Slurm lost meanwhile, as ``resilient run`` recorded it, is named
+  in the log line;
 * anything else costs ``failure_cost`` (1).
 
 With ``Config(retries=N)`` a task is therefore relaunched as long as it advances and gives up
@@ -53,7 +59,7 @@ from resilient.integrations.parsl.commands import (
     ResumableCommandError,
 )
 from resilient.io.storage import is_root
-from resilient.io.validate import latest_valid
+from resilient.io.validate import resumable_step
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import read_ledger
 
@@ -108,19 +114,36 @@ def find_roots(args: Any, kwargs: Any) -> list[Path]:
     return list(found)
 
 
-def _latest_step(root: Path) -> int | None:
-    rec = latest_valid(root)
-    return rec.step if rec is not None else None
+def _ended(record: Mapping[str, Any], since: float) -> bool:
+    end = record.get("end")
+    return isinstance(end, (int, float)) and end >= since
 
 
-def _ledger_progress_since(root: Path, since: float | None) -> bool:
-    """Whether the root's ledger has an attempt with progress that ended after ``since``."""
+def _ledger_progress_since(root: Path, since: float | None, after: int | None) -> bool:
+    """Whether the try that began at ``since`` advanced ``root``: its ledger has an attempt with
+    progress that ended since; or none ended since (``resilient run`` was killed with it) and
+    ``after`` is newer than what the ledger's last earlier attempt left."""
     if since is None:
         return False
-    return any(
-        r.get("progress") is True and isinstance(r.get("end"), (int, float)) and r["end"] >= since
+    ledger = read_ledger(root)
+    if any(_ended(r, since) for r in ledger):
+        return any(r.get("progress") is True and _ended(r, since) for r in ledger)
+    if not ledger or "latest_after" not in ledger[-1]:  # nothing to compare with
+        return False
+    left = ledger[-1]["latest_after"]
+    return after is not None and (not isinstance(left, int) or after > left)
+
+
+def _lost_nodes(root: Path, since: float | None) -> list[str]:
+    """The nodes that the root's attempts since ``since`` lost (``resilient run``'s ledger)."""
+    if since is None:
+        return []
+    return [
+        str(node)
         for r in read_ledger(root)
-    )
+        if _ended(r, since) and isinstance(r.get("lost_nodes"), list)
+        for node in r["lost_nodes"]
+    ]
 
 
 def _timestamp(value: Any) -> float | None:
@@ -133,12 +156,14 @@ class _Progress:
 
     steps: dict[Path, tuple[int | None, int | None]]
     advanced: bool
+    lost_nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if not self.steps:
             return "no checkpoint root among its arguments"
         text = ", ".join(f"{root}: step {b} -> {a}" for root, (b, a) in self.steps.items())
-        return f"{text} ({'progress' if self.advanced else 'no progress'})"
+        lost = f"Slurm lost node {', '.join(self.lost_nodes)}; " if self.lost_nodes else ""
+        return f"{lost}{text} ({'progress' if self.advanced else 'no progress'})"
 
 
 class _ProgressTracker:
@@ -157,18 +182,20 @@ class _ProgressTracker:
         )
         steps: dict[Path, tuple[int | None, int | None]] = {}
         advanced = False
+        lost: dict[str, None] = {}
         for root in roots:
             key = (run_id, task_record.get("id"), root)
-            after = _latest_step(root)
+            after = resumable_step(root)
             with self._lock:
                 known, before = key in self._seen, self._seen.get(key)
                 self._seen[key] = after
             if known:
                 advanced |= after is not None and (before is None or after > before)
             else:
-                advanced |= _ledger_progress_since(root, since)
+                advanced |= _ledger_progress_since(root, since, after)
             steps[root] = (before, after)
-        return _Progress(steps, advanced)
+            lost.update(dict.fromkeys(_lost_nodes(root, since)))
+        return _Progress(steps, advanced, tuple(lost))
 
 
 def resume_retry_handler(
@@ -249,7 +276,8 @@ def _decide(
     progress = tracker.measure(task_record)
     code = exit_code_of(exc)
     if code == EXIT_RESUME:
-        return walltime_cost, f"stopped early after a newer checkpoint (exit {code})"
+        lost = f" (Slurm lost node {', '.join(progress.lost_nodes)})" if progress.lost_nodes else ""
+        return walltime_cost, f"stopped early after a newer checkpoint{lost} (exit {code})"
     if code in _FINAL:
         return math.inf, f"failed with exit {code} ({_FINAL[code]})"
     if isinstance(exc, (ManagerLost, WorkerLost)):
