@@ -42,6 +42,23 @@ nodes_up() {
     [[ ${up:-0} -ge $N ]]
 }
 
+# Slurm's Epilog, on each node at the end of every job, as sites clean /dev/shm there: MPICH
+# names its shared-memory segments after the job and step IDs (mpich_shm_<world>_<node>) and
+# leaves them behind when ranks are killed (a lost node, scancel); a requeued job reuses both
+# IDs, so its ranks would open the stale segment ("Out of memory" in MPI_Init) or hang. Only
+# segments that no process maps are removed (here every node shares this host's /dev/shm).
+mkdir -p "$S"
+cat >"$S/epilog.sh" <<'EPILOG'
+#!/bin/bash
+shopt -s nullglob
+used=$(cat /proc/[0-9]*/maps 2>/dev/null | grep -o '/dev/shm/mpich_[a-z]*_[0-9a-f_]*' | sort -u)
+for f in /dev/shm/mpich_shm_* /dev/shm/mpich_vci_*; do
+    grep -qxF "$f" <<<"$used" || rm -f "$f"
+done
+exit 0
+EPILOG
+chmod 755 "$S/epilog.sh"
+
 host=$(hostname -s)
 mem=$(awk '/MemTotal/ {m = int($2 / 1024 / 2); if (m > 8000) m = 8000; print m}' /proc/meminfo)
 nodes="n1" ports=17001
@@ -60,6 +77,7 @@ SlurmdPidFile=$S/state/slurmd.%n.pid
 SlurmctldLogFile=$S/log/slurmctld.log
 SlurmdLogFile=$S/log/slurmd.%n.log
 MailProg=/bin/true
+Epilog=$S/epilog.sh
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
