@@ -114,7 +114,12 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
         if _num(rec, "start") is not None and _num(rec, "end") is not None
     ]  # fmt: skip
     saves = [s for s in storage.read_jsonl(r / filenames.SAVE_LOG) if _num(s, "time") is not None]
-    committed = [int(s["step"]) for s in saves if _int(s, "step") is not None]
+    # what the attempts on record committed: not the saves of one still running (its work is
+    # neither kept nor lost yet; counting them would make every finished attempt's work lost)
+    until = max((float(rec["end"]) for rec in ledger), default=float("-inf"))
+    committed = [
+        int(s["step"]) for s in saves if _int(s, "step") is not None and float(s["time"]) <= until
+    ]
     events = read_events(r)
     progress = tuple((float(e["time"]), int(e["step"])) for e in events)
     timeline = [AttemptEvents.of(events, float(rec["start"]), float(rec["end"])) for rec in ledger]

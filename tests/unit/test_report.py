@@ -88,6 +88,20 @@ def test_a_fallback_keeps_only_what_the_run_went_on_from(tmp_path: Path) -> None
     assert t.steps_recomputed == (40 - 10) + (55 - 50)
 
 
+def test_a_task_still_running_keeps_what_its_next_attempt_went_on_from(tmp_path: Path) -> None:
+    """Asked while attempt 3 runs (its ledger line not written yet, its saves already in the
+    log): attempts 1 and 2 are judged as they were when attempt 2 ended."""
+    root = tmp_path / "task"
+    write_logs(root)
+    lines = (root / "attempts.jsonl").read_text().splitlines()
+    (root / "attempts.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    t = task_report(root)
+    assert len(t.attempts) == 2 and not t.finished
+    one, two = (a.phases for a in t.attempts)
+    assert one.compute_kept_s == pytest.approx(6.6) and two.compute_kept_s == pytest.approx(5.7)
+    assert t.goodput == pytest.approx((6.6 + 5.7) / 20)
+
+
 def test_a_program_without_a_timeline_has_no_goodput(tmp_path: Path) -> None:
     write_logs(tmp_path / "task")
     (tmp_path / "task" / "progress.jsonl").unlink()
