@@ -117,11 +117,6 @@ def parsl_cmd(d: Path, args: argparse.Namespace) -> list[str]:
     config = yaml.safe_load((REPO / "configs" / "parsl" / "slurm.yaml").read_text())
     config["run_dir"] = str(d / "runinfo")
     config["provider"]["partition"] = "debug"
-    if not args.parsl_as_shipped:
-        # the block has 1 CPU and a step takes the job's memory: the second task's `mpiexec`
-        # (its srun step) waits for the first one's step to end ("Requested nodes are busy"),
-        # starts after the block's deadline and fails (exit 1); let the steps share the block
-        config["provider"]["worker_init"] += "export SLURM_OVERLAP=1\n"
     return [
         sys.executable, str(REPO / "workflows" / "pipeline.py"),
         "--config", str(write_yaml(d / "slurm.yaml", config)),
@@ -362,11 +357,6 @@ def main() -> None:
     p.add_argument("--retries", type=int, default=3, help="Snakemake's per-rule budget (3)")
     p.add_argument("--min-stops", type=int, default=3, help="flag a task stopped fewer times")
     p.add_argument("--json", help="write every row here")
-    p.add_argument(
-        "--parsl-as-shipped",
-        action="store_true",
-        help="configs/parsl/slurm.yaml without SLURM_OVERLAP=1 in worker_init",
-    )
     p.add_argument(
         "--report-only",
         type=Path,
