@@ -116,9 +116,9 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
     saves = [s for s in storage.read_jsonl(r / filenames.SAVE_LOG) if _num(s, "time") is not None]
     # what the attempts on record committed: not the saves of one still running (its work is
     # neither kept nor lost yet; counting them would make every finished attempt's work lost)
-    until = max((float(rec["end"]) for rec in ledger), default=float("-inf"))
+    last_end = max((float(rec["end"]) for rec in ledger), default=float("-inf"))
     committed = [
-        int(s["step"]) for s in saves if _int(s, "step") is not None and float(s["time"]) <= until
+        int(s["step"]) for s in saves if _int(s, "step") is not None and float(s["time"]) <= last_end
     ]
     events = read_events(r)
     progress = tuple((float(e["time"]), int(e["step"])) for e in events)
