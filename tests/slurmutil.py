@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,18 @@ def squeue_names(names: tuple[str, ...]) -> list[str]:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     return [line.split()[0] for line in out.stdout.splitlines() if line.split()[-1] in names]
+
+
+def field_bytes(path: Path, steps: int) -> bytes:
+    """The heat field of an ``apps.heat`` output, after checking it ran ``steps`` steps."""
+    import h5py
+
+    with h5py.File(path) as f:
+        assert int(f.attrs["steps"]) == steps
+        return bytes(f["T"][()].tobytes())
+
+
+def snakemake_job_logs(work: Path) -> str:
+    """Every Slurm job log the executor plugin kept under ``work`` (--slurm-keep-successful-logs)."""
+    logs = sorted((work / ".snakemake" / "slurm_logs").rglob("*.log"))
+    return "".join(p.read_text() for p in logs)

@@ -46,13 +46,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import h5py
 import pytest
 
 from resilient.io.validate import protected_steps
 from resilient.job.run import read_ledger
+from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm
+from tests.slurmutil import require_slurm, snakemake_job_logs
 from tests.test_slurm_multinode import _kill_node, _node_state, _wait, multi_nodes
 from tests.test_slurm_workflows import Scenario, start, write_yaml
 
@@ -214,9 +214,7 @@ def lost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def field_bytes(path: Path) -> bytes:
-    with h5py.File(path) as f:
-        assert int(f.attrs["steps"]) == CASE["steps"]
-        return bytes(f["T"][()].tobytes())
+    return slurmutil.field_bytes(path, int(CASE["steps"]))
 
 
 def assert_resumed_after_the_loss(ledger: list[dict[str, Any]], newest: int, log: str) -> None:
@@ -235,17 +233,19 @@ def assert_resumed_after_the_loss(ledger: list[dict[str, Any]], newest: int, log
     assert f"rebuilt local step {resumed} on node(s) n3 from partner copies" in log, log[-4000:]
 
 
-def job_logs(work: Path) -> str:
-    logs = sorted((work / ".snakemake" / "slurm_logs").rglob("*.log"))
-    return "".join(p.read_text() for p in logs)
 
-
-def test_snakemake_a_lost_node_is_requeued_by_slurm(lost: dict[str, Any]) -> None:
-    run: Scenario = lost["runs"]["requeue"]
+def snakemake_resumed(lost: dict[str, Any], name: str) -> tuple[Scenario, list[dict[str, Any]]]:
+    """The scenario, once Snakemake finished it, and its ledger, checked as above."""
+    run: Scenario = lost["runs"][name]
     run.wait()
     assert run.proc.returncode == 0, f"snakemake exited {run.proc.returncode}\n{run.tail()}"
     ledger = read_ledger(checkpoint_root(run.dir))
-    assert_resumed_after_the_loss(ledger, lost["newest"]["requeue"], job_logs(run.dir))
+    assert_resumed_after_the_loss(ledger, lost["newest"][name], snakemake_job_logs(run.dir))
+    return run, ledger
+
+
+def test_snakemake_a_lost_node_is_requeued_by_slurm(lost: dict[str, Any]) -> None:
+    run, ledger = snakemake_resumed(lost, "requeue")
     (job,) = {r["slurm_job_id"] for r in ledger}  # requeued by Slurm: one job
     assert [r["slurm_restart_count"] for r in ledger] == [0, 1], ledger
     text = run.log.read_text()
@@ -259,11 +259,7 @@ def test_snakemake_a_lost_node_is_requeued_by_slurm(lost: dict[str, Any]) -> Non
 
 
 def test_snakemake_a_lost_node_is_retried_by_snakemake(lost: dict[str, Any]) -> None:
-    run: Scenario = lost["runs"]["retry"]
-    run.wait()
-    assert run.proc.returncode == 0, f"snakemake exited {run.proc.returncode}\n{run.tail()}"
-    ledger = read_ledger(checkpoint_root(run.dir))
-    assert_resumed_after_the_loss(ledger, lost["newest"]["retry"], job_logs(run.dir))
+    run, ledger = snakemake_resumed(lost, "retry")
     jobs = [r["slurm_job_id"] for r in ledger]
     assert len(set(jobs)) == 2, jobs  # a new job, submitted by Snakemake's retry
     text = run.log.read_text()

@@ -36,13 +36,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import h5py
 import pytest
 import yaml
 
 from resilient.job.run import read_ledger
+from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm
+from tests.slurmutil import require_slurm, snakemake_job_logs
 from tests.test_slurm_workflows import Scenario, start
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode, pytest.mark.timeout(1200)]
@@ -154,19 +154,13 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
 
 
 def field_bytes(path: Path) -> bytes:
-    with h5py.File(path) as f:
-        assert int(f.attrs["steps"]) == CASE["steps"]
-        return bytes(f["T"][()].tobytes())
+    return slurmutil.field_bytes(path, int(CASE["steps"]))
 
 
 def heat_ledger(work: Path, rule: str = "heat") -> list[dict[str, Any]]:
     (ck,) = (work / "ckpt" / rule).glob("hot-*")
     return read_ledger(ck)
 
-
-def job_logs(work: Path) -> str:
-    logs = sorted((work / ".snakemake" / "slurm_logs").rglob("*.log"))
-    return "".join(p.read_text() for p in logs)
 
 
 def assert_resumed_in_turn(ledger: list[dict[str, Any]]) -> None:
@@ -198,7 +192,7 @@ def test_a_multinode_rule_resubmitted_after_walltime_stops(scenarios: dict[str, 
     assert all(jobs) and len(set(jobs)) == len(jobs), jobs  # a new Slurm job per allocation
     assert field_bytes(run.dir / "results" / "hot.h5") == scenarios["ref"]
     assert_node_local_tier(run.dir)
-    logs = job_logs(run.dir)
+    logs = snakemake_job_logs(run.dir)
     assert "Only allocated" not in logs and "setting nnodes to 1" not in logs, logs[-3000:]
     assert "Trying to restart" in run.log.read_text()
     print(f"\nresubmit: {run.elapsed:.0f} s, allocations {len(jobs)} (jobs {jobs}), "
@@ -218,7 +212,7 @@ def test_a_multinode_rule_requeued_in_place_spends_no_retry(scenarios: dict[str,
     text = run.log.read_text()
     assert "Trying to restart" not in text and "SLURM status is" not in text, text[-4000:]
     assert re.findall(r"submitted with SLURM jobid (\d+)", text) == [job], text[-4000:]
-    logs = job_logs(run.dir)  # --open-mode=append: one log for every allocation
+    logs = snakemake_job_logs(run.dir)  # --open-mode=append: one log for every allocation
     requeued = re.findall(r"requeued Slurm job (\d+) in place \(restart (\d+)\)", logs)
     assert requeued == [(job, str(i + 1)) for i in range(len(ledger) - 1)], logs[-4000:]
     # what a requeue costs: the program's stop to the next attempt's start
@@ -233,7 +227,7 @@ def test_a_multinode_rule_without_mpi_is_refused_with_the_fix(scenarios: dict[st
     run: Scenario = scenarios["runs"]["nompi"]
     run.wait()
     assert run.proc.returncode != 0, run.tail()
-    logs = job_logs(run.dir)
+    logs = snakemake_job_logs(run.dir)
     said = [line for line in logs.splitlines() if "has 1 node of the job's 2" in line]
     assert len(said) == 2, logs[-4000:]  # the job and Snakemake's one retry, each refused
     assert all("rule 'heat_nompi'" in s and "`mpi=" in s and "exit 78" in s for s in said), said

@@ -43,6 +43,7 @@ import pytest
 import yaml
 
 from resilient.job.run import read_ledger
+from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm
 
@@ -248,9 +249,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
 
 
 def field_bytes(path: Path) -> bytes:
-    with h5py.File(path) as f:
-        assert int(f.attrs["steps"]) == CASE["steps"]
-        return bytes(f["T"][()].tobytes())
+    return slurmutil.field_bytes(path, int(CASE["steps"]))
 
 
 def stop_reasons(text: str) -> dict[str, int]:
