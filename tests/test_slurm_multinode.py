@@ -28,17 +28,23 @@ NODES = REPO / "tests" / "mpi" / "nodes.py"
 
 
 def multi_nodes() -> list[str]:
-    """The nodes of partition ``multi`` that take jobs; skip the test with fewer than 2."""
+    """The nodes of partition ``multi`` that take jobs; skip the test with fewer than 2. A node
+    still completing an earlier test's job (its epilog) is waited for, up to 2 minutes."""
     if not shutil.which("sinfo"):
         pytest.skip("no Slurm here (start one with `bash tests/slurm/up.sh` as root)")
-    out = subprocess.run(
-        ["sinfo", "-h", "-N", "-p", "multi", "-o", "%N %T"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    up = sorted(
-        {line.split()[0] for line in out.stdout.splitlines()
-         if line.split()[-1] in ("idle", "mixed", "allocated")}
-    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", "multi", "-o", "%N %T"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        states = [line.split() for line in out.stdout.splitlines() if len(line.split()) == 2]
+        if not any(state.startswith("completing") for _, state in states):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    up = sorted({node for node, state in states if state in ("idle", "mixed", "allocated")})
     if len(up) < 2:
         pytest.skip(f"partition multi has fewer than 2 usable nodes ({out.stdout.strip()!r})")
     return up
