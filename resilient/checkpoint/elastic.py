@@ -20,6 +20,7 @@ restore (``resilient verify --full`` verifies every block and stripe of every fi
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from resilient.model.blocks import BlockSpec, intersect, stripe_range
 from resilient.model.checksum import digest_array, digest_bytes
 from resilient.model.manifest import DatasetEntry, Manifest, RankEntry, block_of, check_blocks
 from resilient.model.tree import elastic_kinds, leaf_paths, structure_of, unflatten
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,13 +243,17 @@ def read_elastic(
             fill_leaf(template, arr)
         arrays[path] = template if template is not None else arr
     metas = {**plan.metas, **leaf_paths(plan.tree)}
+    absent: set[str] = set()
     built = unflatten(
         plan.tree,
         lambda path, meta: (
-            arrays[path] if path in into else restore_leaf(arrays[path], metas[path])
+            arrays[path] if path in into else restore_leaf(arrays[path], metas[path], absent=absent)
         ),
     )
     assert isinstance(built, dict)
+    if absent:
+        log.warning("%s: tensors saved on %s are restored on the CPU (no such device here)",
+                    directory, ", ".join(sorted(absent)))  # fmt: skip
     return built
 
 

@@ -356,7 +356,11 @@ class CheckpointManager:
         built: list[SaveRequest] = []
 
         def check_arguments() -> tuple[int, object | None]:
-            built.append(SaveRequest.build(step, state, static, metrics, memo=self._memo))
+            built.append(
+                SaveRequest.build(
+                    step, state, static, metrics, memo=self._memo, device=self._pipeline.devices
+                )
+            )
             return built[0].step, StaticStore.describe(built[0].static)
 
         # one round for every question before the write: the arguments, the run key (at the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,8 @@ from resilient.model.arrays import (
 from resilient.model.checksum import Digests, digest_arrays
 from resilient.model.manifest import DatasetTable, Manifest, RankEntry
 from resilient.model.tree import Memo, leaf_metas, unflatten
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     pass
@@ -250,13 +253,19 @@ def _read_rank(
             by_name[name] = template
     if entry.tree is None:  # written before nested states: flat names, values beside them
         return {**entry.values, **by_name}
+    absent: set[str] = set()
     built = unflatten(
         entry.tree,
-        lambda path, meta: by_name[path] if path in into else restore_leaf(by_name[path], meta),
+        lambda path, meta: (
+            by_name[path] if path in into else restore_leaf(by_name[path], meta, absent=absent)
+        ),
         lambda paths: map(by_name.__getitem__, paths),  # numpy leaves: as read
         memo=memo,
     )
     assert isinstance(built, dict)
+    if absent:
+        log.warning("%s: tensors saved on %s are restored on the CPU (no such device here)",
+                    directory, ", ".join(sorted(absent)))  # fmt: skip
     return built
 
 
