@@ -209,7 +209,7 @@ class CheckpointManager:
         )  # fmt: skip
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.topology.layout,
-            memo=self._memo, digester=self._pipeline.digester,
+            memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
         )  # fmt: skip
 
     def _open_root(self) -> None:
@@ -470,7 +470,9 @@ class CheckpointManager:
             step: restore this step instead of the newest.
             validate: ``callable(state) -> bool``; a rejected checkpoint is quarantined.
             into: a state of the same structure (e.g. ``{"model": model.state_dict()}``) whose
-                arrays and CPU tensors are filled in place instead of allocating new ones
+                arrays and tensors are filled in place instead of allocating new ones (CUDA
+                tensors through the pinned arena of the saves, without device memory; the
+                target's device wins over the saved one)
                 (shapes and dtypes are checked first: a mismatch raises :class:`ConfigError`
                 naming the leaf and quarantines nothing). The result holds those very objects,
                 so ``model.load_state_dict(state["model"])`` copies nothing twice. If a

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
+from resilient.io.devicecopy import DeviceStaging
 from resilient.io.staging import allocate, fault_in
 from resilient.model.arrays import (
     fill_leaf,
@@ -50,6 +51,7 @@ def read_rank(
     into: Mapping[str, Any] | None = None,
     memo: Memo | None = None,
     digester: Executor | None = None,
+    device: DeviceStaging | None = None,
 ) -> dict[str, Any]:
     """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
     structure (torch tensors where tensors were saved).
@@ -60,13 +62,15 @@ def read_rank(
         memo: the caller's :class:`~resilient.model.tree.Memo` for rebuilding the structure.
         digester: the caller's checksum thread (see :class:`~resilient.model.checksum.Digests`;
             ``None``: one for this read).
+        device: the owner's device staging: the ``into`` tensors it wants (CUDA tensors) are
+            read into its (pinned) arena, verified, then copied to their devices at once.
 
     Raises:
         InvalidCheckpointError: a checksum mismatch or a truncated file.
         OSError: the file cannot be read (transient errors are retried first).
     """
     return storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank, into or {}, memo, digester),
+        lambda: _read_rank(directory, manifest, rank, into or {}, memo, digester, device),
         what=f"reading {directory} for rank {rank}",
     )
 
@@ -159,16 +163,23 @@ def _read_rank(
     into: Mapping[str, Any],
     memo: Memo | None,
     digester: Executor | None,
+    device: DeviceStaging | None,
 ) -> dict[str, Any]:
     entry = manifest.ranks[rank]
     table = entry.datasets
     names, count = table.names, len(table)
     # the caller's arrays to read into directly (a template leaf without one, e.g. a CUDA
-    # tensor, gets a new array, copied into it once verified)
+    # tensor, gets a new array, copied into it once verified; a CUDA tensor, with a device
+    # staging, gets its buffer in the pinned arena, copied to the device once verified)
+    on_device: dict[str, Any] = {}
     if _plain_targets(into):  # numpy arrays to read into as they are
         views: Mapping[str, Any] = into
     else:
-        views = {name: writable_view(target) for name, target in into.items()}
+        own = {name: writable_view(target) for name, target in into.items()}
+        if device is not None:
+            on_device = {n: into[n] for n in names if n in into and device.wants(into[n])}
+            own.update(device.bounce(on_device) if on_device else {})
+        views = own
     direct = list(map(views.get, names)) if into else [None] * count
     fresh_at: Sequence[int]
     if not into:
@@ -243,6 +254,9 @@ def _read_rank(
         raise InvalidCheckpointError(
             str(directory), f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
         )
+    if on_device:
+        assert device is not None
+        device.upload(on_device)
     by_name = dict(zip(names, arrays, strict=True))
     if views is not into:  # (plain numpy targets were read into as they are: nothing to do)
         for name, template in into.items():

@@ -38,6 +38,7 @@ from resilient.errors import (
     InvalidCheckpointError,
 )
 from resilient.io import storage
+from resilient.io.devicecopy import DeviceStaging
 from resilient.io.validate import iter_checkpoints, load_manifest
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
@@ -149,6 +150,8 @@ class Restorer:
         memo: the owner's :class:`~resilient.model.tree.Memo` for parsing manifests and rebuilding
             states (``None``: this restorer's own).
         digester: the owner's checksum thread for the reads (``None``: one per read).
+        devices: the owner's device staging, whose arena restores into CUDA tensors go
+            through (``None``: each is filled from new host memory).
     """
 
     def __init__(
@@ -160,8 +163,10 @@ class Restorer:
         layout: Layout,
         memo: Memo | None = None,
         digester: Executor | None = None,
+        devices: DeviceStaging | None = None,
     ) -> None:
         self.root = root
+        self.devices = devices
         self.memo = Memo() if memo is None else memo
         self.digester = digester
         self.coll = coll
@@ -413,8 +418,9 @@ class Restorer:
                 )
         else:
             read = functools.partial(
-                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester
-            )
+                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
+                device=self.devices,
+            )  # fmt: skip
             state = read(chosen.path, chosen.manifest)
             if chosen.static is not None:
                 state.update(read(static_dir, chosen.static))

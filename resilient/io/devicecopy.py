@@ -277,6 +277,21 @@ class DeviceStaging:
         self.engine.to_host([(t, arena.host[p]) for p, t in tensors.items()])
         return {p: arena.arrays[p] for p in tensors}
 
+    def bounce(self, targets: Mapping[str, Any]) -> dict[str, npt.NDArray[np.generic]]:
+        """The arena's buffers for ``targets`` (tensors by path), to read a restore into before
+        :meth:`upload` (the same arena as a save of the same structure: a restore warms the
+        next save's staging up, and the reverse)."""
+        arena = self._arena_for(targets)
+        return {p: arena.arrays[p] for p in targets}
+
+    def upload(self, targets: Mapping[str, Any]) -> None:
+        """Copy the buffers that :meth:`bounce` gave for ``targets`` into them; every copy is
+        complete when this returns. No device memory is allocated: each target is written
+        on whatever device it lives."""
+        arena = self._arena
+        assert arena is not None, "bounce() first"
+        self.engine.to_device([(arena.host[p], t) for p, t in targets.items()])
+
     def close(self) -> None:
         """Unpin and unmap the arena (a later :meth:`stage` maps a new one)."""
         arena, self._arena = self._arena, None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from resilient.checkpoint.manager import CheckpointManager
-from resilient.errors import ConfigError
+from resilient.errors import ConfigError, ResilientError
 from resilient.io import devicecopy
 from resilient.io.devicecopy import DeviceStaging, HostEngine, PinError
 
@@ -32,6 +32,7 @@ class CountingEngine(HostEngine):
         self.pinned: list[int] = []
         self.unpinned: list[int] = []
         self.copies = 0
+        self.uploads = 0
 
     def pin(self, region: mmap.mmap) -> None:
         if self.pin_fails:
@@ -44,6 +45,10 @@ class CountingEngine(HostEngine):
     def to_host(self, pairs: Any) -> None:
         self.copies += 1
         super().to_host(pairs)
+
+    def to_device(self, pairs: Any) -> None:
+        self.uploads += 1
+        super().to_device(pairs)
 
 
 def state(seed: float = 0.0) -> dict[str, Any]:
@@ -170,6 +175,38 @@ def test_sync_save_writes_from_the_arena(tmp_path: Path, host_engine: CountingEn
     assert got["t"]["big"] is into["t"]["big"]
     for k, v in state(5.0).items():
         assert raw(into["t"][k]) == raw(v), k
+
+
+def test_restore_into_goes_through_the_arena_that_the_next_save_reuses(
+    tmp_path: Path, host_engine: CountingEngine
+) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"t": state(4.0), "x": np.arange(3.0)})
+    with CheckpointManager(tmp_path) as m:  # a restart: no arena yet
+        tensors = {k: torch.empty_like(v) for k, v in state().items()}
+        into: dict[str, Any] = {"t": tensors, "x": np.zeros(3)}
+        _, got = m.restore(into=into)
+        assert host_engine.uploads == 1 and len(host_engine.pinned) == 2  # one per manager
+        assert got["t"]["bf16"] is tensors["bf16"] and got["x"] is into["x"]
+        for k, v in state(4.0).items():
+            assert raw(tensors[k]) == raw(v), k
+        m.save(2, into)  # the same structure: the restore's arena is the save's
+        assert len(host_engine.pinned) == 2 and host_engine.copies == 2
+
+
+def test_a_corrupt_checkpoint_leaves_device_targets_untouched(
+    tmp_path: Path, host_engine: CountingEngine
+) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"w": torch.ones(1 << 18)})
+    path = tmp_path / "step_00000001" / "rank_00000.h5"
+    data = bytearray(path.read_bytes())
+    data[-1000] ^= 0xFF  # inside the tensor's bytes (the file ends with them)
+    path.write_bytes(bytes(data))
+    target = torch.zeros(1 << 18)
+    with CheckpointManager(tmp_path) as m, pytest.raises(ResilientError):
+        m.restore(into={"w": target})
+    assert host_engine.uploads == 0 and not bool(target.any())
 
 
 def _saved_on(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
