@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchutil import files_under, fsync_tree, write_json
 
 

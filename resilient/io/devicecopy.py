@@ -125,7 +125,8 @@ class CudaEngine(CopyEngine):
 
     def pin(self, region: mmap.mmap) -> None:
         torch = sys.modules["torch"]
-        err = int(torch.cuda.cudart().cudaHostRegister(_address(region), len(region), 0))
+        # cudaHostRegisterPortable (1): pinned for every CUDA context, i.e. every device
+        err = int(torch.cuda.cudart().cudaHostRegister(_address(region), len(region), 1))
         if err:
             _clear_cuda_error(torch)
             raise PinError(f"cudaHostRegister of {len(region)} bytes failed: cudaError {err}")
