@@ -13,8 +13,11 @@ second host copy into the asynchronous staging buffers (:mod:`.staging`).
 The copies are a :class:`CopyEngine`'s. :class:`CudaEngine` registers the arena with the CUDA
 driver (``cudaHostRegister``) and copies on a stream of its own per device that first waits on
 that device's current stream (the copy sees every kernel queued before the save), every copy
-issued with ``non_blocking=True``, one synchronisation per device at the end. :class:`HostEngine`
-takes the same path for CPU tensors, without pinning: it is what CI runs.
+issued with ``non_blocking=True``, one synchronisation per device at the end. A restore copies
+back through :class:`Upload`: each tensor's copy is issued as soon as its buffer is read and
+verified, while the next ones are read, and one synchronisation ends them all.
+:class:`HostEngine` takes the same path for CPU tensors, without pinning and with each copy
+done when issued: it is what CI runs.
 
 Why a registered map and not ``torch.empty(..., pin_memory=True)``: torch's pinned allocator
 rounds each allocation up to a power of two (a 4.1 GiB state would lock 8 GiB) and keeps freed
@@ -35,7 +38,7 @@ import math
 import mmap
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from resilient.errors import ConfigError
@@ -45,7 +48,16 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["CopyEngine", "CudaEngine", "DeviceStaging", "HostEngine", "PinError", "default_engine"]
+__all__ = [
+    "CopyEngine",
+    "CudaEngine",
+    "DeviceStaging",
+    "HostEngine",
+    "PinError",
+    "Upload",
+    "Uploads",
+    "default_engine",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +72,20 @@ class PinError(OSError):
 class CopyEngine(ABC):
     """How a staging arena is pinned and how tensors are copied to and from its buffers.
 
-    Call order: :meth:`wants` (per leaf of a save) → :meth:`pin` (once per arena) →
-    :meth:`to_host` (per save) or :meth:`to_device` (per restore) → :meth:`unpin` (before the
-    arena is unmapped, only if :meth:`pin` succeeded).
+    Call order: :meth:`wants` (per leaf of a save or restore target) or :meth:`wants_device`
+    (per leaf a restore makes anew) → :meth:`pin` (once per arena) → :meth:`to_host` (per save)
+    or :meth:`uploads` (per restore) → :meth:`unpin` (before the arena is unmapped, only if
+    :meth:`pin` succeeded).
     """
 
     @abstractmethod
     def wants(self, value: Any) -> bool:
         """Whether ``value`` is a tensor this engine copies."""
+
+    @abstractmethod
+    def wants_device(self, device: str) -> bool:
+        """Whether this engine copies tensors on torch device ``device`` (``"cuda:1"``; one
+        that exists here)."""
 
     @abstractmethod
     def pin(self, region: mmap.mmap) -> None:
@@ -87,9 +105,29 @@ class CopyEngine(ABC):
         arena); every copy is complete when this returns."""
 
     @abstractmethod
-    def to_device(self, pairs: Sequence[tuple[Any, Any]]) -> None:
-        """Copy each ``(host, target)`` pair's host tensor into its target tensor; every copy is
-        complete when this returns."""
+    def uploads(self, devices: Collection[Any]) -> Uploads:
+        """The copies of one restore into tensors on ``devices`` (torch devices), which follow
+        the work queued so far on the calling thread's current streams."""
+
+
+class Uploads(ABC):
+    """One restore's copies from host buffers into device tensors, issued one by one as each
+    buffer is ready, all complete at :meth:`finish`.
+
+    Call order: :meth:`CopyEngine.uploads` (on the restoring thread) → :meth:`copy` (per
+    tensor, from one thread at a time: the restoring thread or its checksum thread) →
+    :meth:`finish` (once, on the restoring thread, after an error too: the host buffers may be
+    written again only then).
+    """
+
+    @abstractmethod
+    def copy(self, host: Any, target: Any) -> None:
+        """Start copying CPU tensor ``host`` into ``target`` (maybe asynchronously: ``host``
+        stays unchanged until :meth:`finish`)."""
+
+    @abstractmethod
+    def finish(self) -> None:
+        """Wait until every copy is complete."""
 
 
 class HostEngine(CopyEngine):
@@ -98,6 +136,9 @@ class HostEngine(CopyEngine):
 
     def wants(self, value: Any) -> bool:
         return is_tensor(value)
+
+    def wants_device(self, device: str) -> bool:
+        return True
 
     def pin(self, region: mmap.mmap) -> None:
         """Nothing to pin."""
@@ -109,9 +150,18 @@ class HostEngine(CopyEngine):
         for tensor, host in pairs:
             host.copy_(tensor.detach())
 
-    def to_device(self, pairs: Sequence[tuple[Any, Any]]) -> None:
-        for host, target in pairs:
-            target.copy_(host)
+    def uploads(self, devices: Collection[Any]) -> Uploads:
+        return _HostUploads()
+
+
+class _HostUploads(Uploads):
+    """Copies done when issued."""
+
+    def copy(self, host: Any, target: Any) -> None:
+        target.copy_(host)
+
+    def finish(self) -> None:
+        """Every copy is done already."""
 
 
 class CudaEngine(CopyEngine):
@@ -122,6 +172,9 @@ class CudaEngine(CopyEngine):
 
     def wants(self, value: Any) -> bool:
         return is_tensor(value) and value.device.type == "cuda"
+
+    def wants_device(self, device: str) -> bool:
+        return device.partition(":")[0] == "cuda"
 
     def pin(self, region: mmap.mmap) -> None:
         torch = sys.modules["torch"]
@@ -139,25 +192,15 @@ class CudaEngine(CopyEngine):
             log.debug("cudaHostUnregister failed: cudaError %d", err)
 
     def to_host(self, pairs: Sequence[tuple[Any, Any]]) -> None:
-        self._copy([(t.detach(), h) for t, h in pairs], on=0)
-
-    def to_device(self, pairs: Sequence[tuple[Any, Any]]) -> None:
-        self._copy(pairs, on=1)
-
-    def _copy(self, pairs: Sequence[tuple[Any, Any]], *, on: int) -> None:
-        """Copy each pair's first tensor into its second on the stream of the device of the
-        pair's ``on``-th tensor, after that device's current stream; one synchronisation per
-        device at the end."""
+        """Copy on each tensor's device's stream, after that device's current stream; one
+        synchronisation per device at the end."""
         torch = sys.modules["torch"]
         by_device: dict[Any, list[tuple[Any, Any]]] = {}
-        for pair in pairs:
-            by_device.setdefault(pair[on].device, []).append(pair)
+        for tensor, host in pairs:
+            by_device.setdefault(tensor.device, []).append((tensor.detach(), host))
         used = []
         for device, group in by_device.items():
-            stream = self._streams.get(device)
-            if stream is None:
-                stream = self._streams[device] = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
+            stream = self._stream_after_current(device)
             with torch.cuda.stream(stream):
                 for src, dst in group:
                     dst.copy_(src, non_blocking=True)
@@ -165,11 +208,45 @@ class CudaEngine(CopyEngine):
         for stream in used:
             stream.synchronize()
 
+    def uploads(self, devices: Collection[Any]) -> Uploads:
+        return _CudaUploads({device: self._stream_after_current(device) for device in devices})
+
+    def _stream_after_current(self, device: Any) -> Any:
+        """This engine's stream for ``device``, made to wait on the calling thread's current
+        stream of that device (what is queued there is done before what is queued here)."""
+        torch = sys.modules["torch"]
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        return stream
+
+
+class _CudaUploads(Uploads):
+    """Copies issued asynchronously on one stream per device (chosen and ordered by
+    :meth:`CudaEngine.uploads`), synchronised once at :meth:`finish`."""
+
+    def __init__(self, streams: Mapping[Any, Any]) -> None:
+        self._streams = streams
+
+    def copy(self, host: Any, target: Any) -> None:
+        torch = sys.modules["torch"]
+        # (the stream context is per thread: set here, on whichever thread issues the copy)
+        with torch.cuda.stream(self._streams[target.device]):
+            target.copy_(host, non_blocking=True)
+
+    def finish(self) -> None:
+        for stream in self._streams.values():
+            stream.synchronize()
+
 
 class _NoDevice(CopyEngine):
     """No device copy (no CUDA here): every tensor goes through ``to_numpy``."""
 
     def wants(self, value: Any) -> bool:
+        return False
+
+    def wants_device(self, device: str) -> bool:
         return False
 
     def pin(self, region: mmap.mmap) -> None:
@@ -181,7 +258,7 @@ class _NoDevice(CopyEngine):
     def to_host(self, pairs: Sequence[tuple[Any, Any]]) -> None:
         raise AssertionError("no tensor is wanted")
 
-    def to_device(self, pairs: Sequence[tuple[Any, Any]]) -> None:
+    def uploads(self, devices: Collection[Any]) -> Uploads:
         raise AssertionError("no tensor is wanted")
 
 
@@ -269,6 +346,15 @@ class DeviceStaging:
         """Whether ``value`` is a tensor :meth:`stage` copies (a CUDA tensor, with CUDA)."""
         return self.engine.wants(value)
 
+    def new_target(self, shape: tuple[int, ...], torch_dtype: str, device: str) -> Any | None:
+        """An uninitialised tensor on ``device`` (one that exists here) for a restore to read
+        into through the arena, if the engine copies tensors of that device; else ``None``.
+        One device allocation, no host memory besides the arena."""
+        if not self.engine.wants_device(device):
+            return None
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=getattr(torch, torch_dtype), device=device)
+
     def stage(self, tensors: Mapping[str, Any]) -> dict[str, npt.NDArray[np.generic]]:
         """Copy ``tensors`` (by path) into the arena, reused if their structure is the one of
         the last call, else mapped anew; their stored arrays, by path, valid until the next
@@ -285,13 +371,16 @@ class DeviceStaging:
         arena = self._arena_for(targets)
         return {p: arena.arrays[p] for p in targets}
 
-    def upload(self, targets: Mapping[str, Any]) -> None:
-        """Copy the buffers that :meth:`bounce` gave for ``targets`` into them; every copy is
-        complete when this returns. No device memory is allocated: each target is written
-        on whatever device it lives."""
+    def upload(self, targets: Mapping[str, Any]) -> Upload:
+        """The copies of the buffers that :meth:`bounce` gave for ``targets`` into them, each
+        started by :meth:`Upload.put`; call on the restoring thread (the copies follow the
+        work queued on its current streams). No device memory is allocated: each target is
+        written on whatever device it lives."""
         arena = self._arena
         assert arena is not None, "bounce() first"
-        self.engine.to_device([(arena.host[p], t) for p, t in targets.items()])
+        devices = {t.device for t in targets.values()}
+        return Upload({p: (arena.host[p], t) for p, t in targets.items()},
+                      self.engine.uploads(devices))  # fmt: skip
 
     def close(self) -> None:
         """Unpin and unmap the arena (a later :meth:`stage` maps a new one)."""
@@ -318,6 +407,44 @@ class DeviceStaging:
             self._unpinned_said = True
         self._arena = arena
         return arena
+
+
+class Upload:
+    """One restore's copies of arena buffers into their target tensors (by path), each started
+    as soon as its bytes are read and verified, all complete at :meth:`finish`.
+
+    Call order: :meth:`DeviceStaging.upload` → :meth:`put` (per verified buffer; from one
+    thread at a time) and :meth:`stop` (a check failed: no later :meth:`put` copies anything)
+    → :meth:`finish` (on the restoring thread, after an error too).
+    """
+
+    def __init__(self, pairs: Mapping[str, tuple[Any, Any]], copies: Uploads) -> None:
+        self._pending = dict(pairs)  # path -> (arena tensor, target)
+        self._copies = copies
+        self.is_stopped = False
+
+    @property
+    def pending(self) -> list[str]:
+        """The paths not copied yet."""
+        return list(self._pending)
+
+    def put(self, paths: Iterable[str]) -> None:
+        """Start the copies of ``paths`` (verified; ``paths`` copied already are skipped),
+        unless :meth:`stop` was called."""
+        if self.is_stopped:
+            return
+        for path in paths:
+            pair = self._pending.pop(path, None)
+            if pair is not None:
+                self._copies.copy(*pair)
+
+    def stop(self) -> None:
+        """No later :meth:`put` copies anything (the restore failed a check)."""
+        self.is_stopped = True
+
+    def finish(self) -> None:
+        """Wait until every copy started is complete."""
+        self._copies.finish()
 
 
 def _spec(path: str, tensor: Any) -> Spec:

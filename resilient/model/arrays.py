@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "as_tensor",
+    "device_exists",
     "fill_leaf",
     "is_tensor",
     "leaf_meta",
@@ -161,7 +162,7 @@ def restore_leaf(
     device = meta.get("device")
     if isinstance(device, str):
         try:
-            tensor = tensor.to(device) if _device_exists(device) else tensor
+            tensor = tensor.to(device) if device_exists(device) else tensor
             moved = tensor.device.type != "cpu"
         except (RuntimeError, AssertionError):  # (e.g. a build of torch without that backend)
             moved = False
@@ -170,7 +171,7 @@ def restore_leaf(
     return tensor
 
 
-def _device_exists(device: str) -> bool:
+def device_exists(device: str) -> bool:
     """Whether torch device ``device`` (``"cuda:1"``) exists in this process."""
     torch = sys.modules["torch"]
     kind, _, index = device.partition(":")

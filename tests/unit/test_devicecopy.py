@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ import pytest
 
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import ConfigError, ResilientError
-from resilient.io import devicecopy
-from resilient.io.devicecopy import DeviceStaging, HostEngine, PinError
+from resilient.io import devicecopy, fileio
+from resilient.io.devicecopy import DeviceStaging, HostEngine, PinError, Uploads
+from resilient.io.staging import allocate as host_allocate
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed (pip install 'resilient-hpc[torch]')"
@@ -25,14 +27,17 @@ pytestmark = pytest.mark.torch
 
 
 class CountingEngine(HostEngine):
-    """A host engine that counts pins and unpins, and can be told to fail pinning."""
+    """A host engine that counts pins and unpins, can be told to fail pinning, and records
+    each restore's copies to the device (in ``events``, beside what a test adds there)."""
 
     def __init__(self, *, pin_fails: bool = False) -> None:
         self.pin_fails = pin_fails
         self.pinned: list[int] = []
         self.unpinned: list[int] = []
         self.copies = 0
-        self.uploads = 0
+        self.sessions: list[list[Any]] = []  # per restore (uploads()): the targets copied into
+        self.events: list[tuple[str, Any]] = []
+        self.uploaded = threading.Event()
 
     def pin(self, region: mmap.mmap) -> None:
         if self.pin_fails:
@@ -46,9 +51,26 @@ class CountingEngine(HostEngine):
         self.copies += 1
         super().to_host(pairs)
 
-    def to_device(self, pairs: Any) -> None:
-        self.uploads += 1
-        super().to_device(pairs)
+    def uploads(self, devices: Any) -> Uploads:
+        self.sessions.append([])
+        return RecordedUploads(super().uploads(devices), self)
+
+
+class RecordedUploads(Uploads):
+    """Copies that an engine records as they are issued."""
+
+    def __init__(self, inner: Uploads, engine: CountingEngine) -> None:
+        self.inner, self.engine = inner, engine
+
+    def copy(self, host: Any, target: Any) -> None:
+        self.engine.sessions[-1].append(target)
+        self.engine.events.append(("upload", target))
+        self.engine.uploaded.set()
+        self.inner.copy(host, target)
+
+    def finish(self) -> None:
+        self.engine.events.append(("finish", None))
+        self.inner.finish()
 
 
 def state(seed: float = 0.0) -> dict[str, Any]:
@@ -186,7 +208,7 @@ def test_restore_into_goes_through_the_arena_that_the_next_save_reuses(
         tensors = {k: torch.empty_like(v) for k, v in state().items()}
         into: dict[str, Any] = {"t": tensors, "x": np.zeros(3)}
         _, got = m.restore(into=into)
-        assert host_engine.uploads == 1 and len(host_engine.pinned) == 2  # one per manager
+        assert len(host_engine.sessions) == 1 and len(host_engine.pinned) == 2  # one per manager
         assert got["t"]["bf16"] is tensors["bf16"] and got["x"] is into["x"]
         for k, v in state(4.0).items():
             assert raw(tensors[k]) == raw(v), k
@@ -206,7 +228,7 @@ def test_a_corrupt_checkpoint_leaves_device_targets_untouched(
     target = torch.zeros(1 << 18)
     with CheckpointManager(tmp_path) as m, pytest.raises(ResilientError):
         m.restore(into={"w": target})
-    assert host_engine.uploads == 0 and not bool(target.any())
+    assert host_engine.sessions == [[]] and not bool(target.any())
 
 
 def _saved_on(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
@@ -270,3 +292,118 @@ def test_a_dtype_that_cannot_be_stored_names_the_leaf() -> None:
     staging = DeviceStaging(CountingEngine())
     with pytest.raises(ConfigError, match="'q'"):
         staging.stage({"q": torch.zeros(2, dtype=torch.complex32)})
+
+
+def four(seed: float) -> dict[str, Any]:
+    """Four tensors of 3 MiB (each read in two pieces), each of its own value."""
+    return {k: torch.full((768, 1024), seed + i) for i, k in enumerate("abcd")}
+
+
+def logged_reads(monkeypatch: pytest.MonkeyPatch, engine: CountingEngine) -> list[bool]:
+    """Log each read of a restore's file into ``engine.events``; before the sixth (the third
+    tensor's second piece), wait until a copy to the device was issued (what it says, per
+    wait, is returned)."""
+    real = fileio._preadv_all
+    waited: list[bool] = []
+
+    def read(fd: int, bufs: Any, pos: int, total: int | None = None) -> None:
+        if engine.sessions:  # (a restore's reads: its copies are set up first)
+            if sum(kind == "read" for kind, _ in engine.events) == 5:
+                waited.append(engine.uploaded.wait(10.0))
+            engine.events.append(("read", pos))
+        real(fd, bufs, pos, total)
+
+    monkeypatch.setattr(fileio, "_preadv_all", read)
+    return waited
+
+
+def test_restore_into_copies_each_tensor_once_verified_while_the_next_are_read(
+    tmp_path: Path, host_engine: CountingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"t": four(1.0)})
+    with CheckpointManager(tmp_path) as m:
+        waited = logged_reads(monkeypatch, host_engine)
+        targets = four(0.0)
+        m.restore(into={"t": targets})
+    for k, v in four(1.0).items():
+        assert torch.equal(targets[k], v), k
+    events = host_engine.events
+    (session,) = host_engine.sessions
+    assert sorted(map(id, session)) == sorted(map(id, targets.values()))  # each once
+    assert waited == [True]  # a copy was issued before the last tensor was read
+    ups = [i for i, (kind, _) in enumerate(events) if kind == "upload"]
+    for n, at in enumerate(ups):  # each after both pieces of its tensor were read
+        assert sum(kind == "read" for kind, _ in events[:at]) >= 2 * (n + 1)
+    assert ups[0] < max(i for i, (kind, _) in enumerate(events) if kind == "read")
+    assert events[-1] == ("finish", None)  # one synchronisation, at the end
+
+
+def test_a_checksum_mismatch_stops_later_copies_and_the_fallback_fills_the_targets(
+    tmp_path: Path, host_engine: CountingEngine
+) -> None:
+    with CheckpointManager(tmp_path) as m:
+        m.save(1, {"t": four(1.0)})
+        m.save(2, {"t": four(10.0)})
+    path = tmp_path / "step_00000002" / "rank_00000.h5"
+    data = bytearray(path.read_bytes())
+    at = {k: data.find(np.full(256, 10.0 + i, np.float32).tobytes()) for i, k in enumerate("abcd")}
+    in_file = sorted(at, key=at.__getitem__)
+    data[at[in_file[2]] + 4096] ^= 0xFF  # the third tensor in the file fails its checksum
+    path.write_bytes(bytes(data))
+    targets = four(0.0)
+    name = {id(t): k for k, t in targets.items()}
+    with CheckpointManager(tmp_path) as m:
+        step, got = m.restore(into={"t": targets})
+        assert m.passed_over == (2,)
+    assert step == 1 and got["t"]["c"] is targets["c"]
+    failed, fallback = host_engine.sessions
+    # step 2's first two tensors were verified and copied; none from the bad one on
+    assert [name[id(t)] for t in failed] == in_file[:2]
+    assert sorted(name[id(t)] for t in fallback) == list("abcd")
+    for k, v in four(1.0).items():  # the older checkpoint overwrote every target
+        assert torch.equal(targets[k], v), k
+
+
+def test_restore_reads_tensors_of_an_existing_device_through_the_arena_into_new_ones(
+    tmp_path: Path, host_engine: CountingEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with CheckpointManager(tmp_path) as m, monkeypatch.context() as patch:
+        _saved_on(patch, "cpu")  # a device that exists here, whose tensors the engine copies
+        m.save(1, {"t": four(1.0), "x": np.arange(3.0)})
+    allocated: list[Any] = []
+    real = host_allocate
+
+    def allocate(*args: Any, **kwargs: Any) -> Any:
+        allocated.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("resilient.checkpoint.reading.allocate", allocate)
+    with CheckpointManager(tmp_path) as m:
+        waited = logged_reads(monkeypatch, host_engine)
+        _, got = m.restore()
+        assert allocated == []  # no pageable host memory: the arena, then the new tensors
+        (session,) = host_engine.sessions
+        assert sorted(map(id, session)) == sorted(id(got["t"][k]) for k in "abcd")
+        assert waited == [True]  # copied as read, as into targets are
+        for k, v in four(1.0).items():
+            assert got["t"][k].device.type == "cpu" and torch.equal(got["t"][k], v), k
+        assert isinstance(got["x"], np.ndarray)
+        pinned = len(host_engine.pinned)
+        m.save(2, got)  # the restore's arena is the next save's
+        assert len(host_engine.pinned) == pinned
+
+
+def test_upload_copies_each_path_once_and_nothing_after_stop() -> None:
+    engine = CountingEngine()
+    staging = DeviceStaging(engine)
+    targets = {k: torch.zeros(4) for k in "abc"}
+    for buf in staging.bounce(targets).values():
+        buf[:] = 7.0
+    upload = staging.upload(targets)
+    upload.put(["a", "a"])
+    upload.stop()
+    upload.put(["b"])
+    upload.finish()
+    assert engine.sessions == [[targets["a"]]] and upload.pending == ["b", "c"]
+    assert torch.equal(targets["a"], torch.full((4,), 7.0)) and not bool(targets["b"].any())
