@@ -256,13 +256,15 @@ def test_a_tensor_of_an_absent_device_comes_back_on_the_cpu_with_one_log_line(
     with CheckpointManager(tmp_path) as m:
         with monkeypatch.context() as patch:
             _saved_on(patch, device)
-            m.save(1, {"a": torch.ones(3), "b": [torch.zeros(2, dtype=torch.bfloat16)]})
+            state = {"a": torch.ones(3), "b": [torch.zeros(2, dtype=torch.bfloat16)]}
+            m.save(1, state, static={"mesh": torch.arange(4.0)})  # static data read apart
         with caplog.at_level(logging.INFO, logger="resilient"):
-            _, got = m.restore()
-        into = {"a": torch.empty(3), "b": [torch.empty(2, dtype=torch.bfloat16)]}
+            _, got = m.restore()  # one line for the state and the static data
+        into = {"a": torch.empty(3), "b": [torch.empty(2, dtype=torch.bfloat16)],
+                "mesh": torch.empty(4)}  # fmt: skip
         _, filled = m.restore(into=into)  # the target's device wins: not an error
     assert got["a"].device.type == "cpu" and torch.equal(got["a"], torch.ones(3))
-    assert got["b"][0].dtype == torch.bfloat16
+    assert got["b"][0].dtype == torch.bfloat16 and got["mesh"].device.type == "cpu"
     said = [r for r in caplog.records if device in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert filled["a"] is into["a"] and torch.equal(into["a"], torch.ones(3))
