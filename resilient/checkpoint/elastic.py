@@ -20,6 +20,7 @@ restore (``resilient verify --full`` verifies every block and stripe of every fi
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from resilient.model.blocks import BlockSpec, intersect, stripe_range
 from resilient.model.checksum import digest_array, digest_bytes
 from resilient.model.manifest import DatasetEntry, Manifest, RankEntry, block_of, check_blocks
 from resilient.model.tree import elastic_kinds, leaf_paths, structure_of, unflatten
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -165,6 +168,7 @@ def read_elastic(
     blocks: Mapping[str, BlockSpec],
     into: Mapping[str, Any],
     stats: ReadStats,
+    absent: set[str] | None = None,
 ) -> dict[str, Any]:
     """Read this rank's new blocks and the replicated leaves of a checkpoint, verifying them,
     and rebuild saved rank 0's structure.
@@ -174,6 +178,8 @@ def read_elastic(
         blocks: this rank's new block of every Block leaf of ``plan``, by leaf path.
         into: existing arrays to read into, by leaf path (their shapes must fit).
         stats: counts what was read (added to).
+        absent: devices that tensors were saved on and that do not exist here are added to it
+            (those tensors come back on the CPU); ``None``: this read logs them, one line.
 
     Raises:
         ConfigError: a Block leaf without a new block, a block of another global shape, or an
@@ -240,13 +246,19 @@ def read_elastic(
             fill_leaf(template, arr)
         arrays[path] = template if template is not None else arr
     metas = {**plan.metas, **leaf_paths(plan.tree)}
+    missing: set[str] = set() if absent is None else absent
     built = unflatten(
         plan.tree,
         lambda path, meta: (
-            arrays[path] if path in into else restore_leaf(arrays[path], metas[path])
+            arrays[path]
+            if path in into
+            else restore_leaf(arrays[path], metas[path], absent=missing)
         ),
     )
     assert isinstance(built, dict)
+    if absent is None and missing:
+        log.warning("%s: tensors saved on %s are restored on the CPU (no such device here)",
+                    directory, ", ".join(sorted(missing)))  # fmt: skip
     return built
 
 

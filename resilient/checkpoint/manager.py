@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.partner import check_redundancy
+from resilient.checkpoint.reading import log_absent
 from resilient.checkpoint.restorer import Restorer, StateValidator
 from resilient.checkpoint.saving import SavePipeline
 from resilient.checkpoint.statics import StaticStore
@@ -209,7 +210,7 @@ class CheckpointManager:
         )  # fmt: skip
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.topology.layout,
-            memo=self._memo, digester=self._pipeline.digester,
+            memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
         )  # fmt: skip
 
     def _open_root(self) -> None:
@@ -356,7 +357,11 @@ class CheckpointManager:
         built: list[SaveRequest] = []
 
         def check_arguments() -> tuple[int, object | None]:
-            built.append(SaveRequest.build(step, state, static, metrics, memo=self._memo))
+            built.append(
+                SaveRequest.build(
+                    step, state, static, metrics, memo=self._memo, device=self._pipeline.devices
+                )
+            )
             return built[0].step, StaticStore.describe(built[0].static)
 
         # one round for every question before the write: the arguments, the run key (at the
@@ -466,11 +471,18 @@ class CheckpointManager:
             step: restore this step instead of the newest.
             validate: ``callable(state) -> bool``; a rejected checkpoint is quarantined.
             into: a state of the same structure (e.g. ``{"model": model.state_dict()}``) whose
-                arrays and CPU tensors are filled in place instead of allocating new ones
+                arrays and tensors are filled in place instead of allocating new ones (CUDA
+                tensors through the pinned arena of the saves, without device memory, each
+                copied to its device as soon as it is read and verified, while the next are
+                read; the target's device wins over the saved one)
                 (shapes and dtypes are checked first: a mismatch raises :class:`ConfigError`
                 naming the leaf and quarantines nothing). The result holds those very objects,
                 so ``model.load_state_dict(state["model"])`` copies nothing twice. If a
-                checkpoint fails its checksums half-way, its older fallback overwrites them.
+                checkpoint fails its checksums half-way, the targets may hold part of it
+                (arrays read in place: any of its bytes; device tensors: only tensors verified
+                before the failure) and its older fallback, read into the same targets,
+                overwrites every leaf it holds (a leaf it lacks keeps what was there; with no
+                fallback, :class:`CheckpointNotFoundError` leaves the targets so).
                 A ``Block(np.empty(shape), global_shape, start)`` leaf is this rank's new block
                 of that leaf, read in place.
             blocks: this rank's new block of each Block leaf, by leaf path (``"u"``,
@@ -479,7 +491,9 @@ class CheckpointManager:
 
         Returns:
             ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
-            arrays, and torch tensors where tensors were saved.
+            arrays, and torch tensors where tensors were saved, on their saved device where it
+            exists here (CUDA tensors read through the pinned arena into new device tensors),
+            else on the CPU (logged once per restore).
 
         Raises:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
@@ -505,6 +519,7 @@ class CheckpointManager:
         except Exception as exc:
             leaves, specs, refused = None, {}, exc
         local = None
+        self._restorer.absent_devices.clear()
         if self._local is not None:  # the local copies are looked at first
             self._coll.check("checking the restore's arguments", lambda: _reraise(refused))
             local = self._restore_local(step, validate, leaves, specs)
@@ -513,6 +528,9 @@ class CheckpointManager:
         )
         if self._restorer.last_restored is not None:  # a restart's first save skips planning
             self._pipeline.reuse_skeleton(*self._restorer.last_restored)
+        if self._restorer.absent_devices:  # one line per restore (state and static data)
+            where = self._restorer.last_restored
+            log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
         self._last_saved_step = restored
         return restored, state
 

@@ -38,6 +38,7 @@ from resilient.errors import (
     InvalidCheckpointError,
 )
 from resilient.io import storage
+from resilient.io.devicecopy import DeviceStaging
 from resilient.io.validate import iter_checkpoints, load_manifest
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
@@ -149,6 +150,9 @@ class Restorer:
         memo: the owner's :class:`~resilient.model.tree.Memo` for parsing manifests and rebuilding
             states (``None``: this restorer's own).
         digester: the owner's checksum thread for the reads (``None``: one per read).
+        devices: the owner's device staging, whose arena restores of CUDA tensors go through
+            (into the caller's, or new ones on the saved device; ``None``: each is filled from
+            new host memory).
     """
 
     def __init__(
@@ -160,14 +164,19 @@ class Restorer:
         layout: Layout,
         memo: Memo | None = None,
         digester: Executor | None = None,
+        devices: DeviceStaging | None = None,
     ) -> None:
         self.root = root
+        self.devices = devices
         self.memo = Memo() if memo is None else memo
         self.digester = digester
         self.coll = coll
         self.catalog = catalog
         self.layout = layout
         self.last_read: ReadStats | None = None  # of this rank's last elastic read
+        # the devices that tensors read since the owner last cleared it were saved on and that
+        # do not exist here (those came back on the CPU): the owner says so once per restore
+        self.absent_devices: set[str] = set()
         # the checkpoint the last restore or read returned: (its directory, its manifest)
         self.last_restored: tuple[Path, Manifest] | None = None
         # coordinator: the steps the last restore quarantined on its way to the one it returned
@@ -406,15 +415,17 @@ class Restorer:
         if plan is not None:
             stats = ReadStats()
             self.last_read = stats
-            state = read_elastic(chosen.path, plan.state, blocks=blocks, into=into, stats=stats)
+            elastic = functools.partial(
+                read_elastic, blocks=blocks, into=into, stats=stats, absent=self.absent_devices
+            )
+            state = elastic(chosen.path, plan.state)
             if plan.static is not None:
-                state.update(
-                    read_elastic(static_dir, plan.static, blocks=blocks, into=into, stats=stats)
-                )
+                state.update(elastic(static_dir, plan.static))
         else:
             read = functools.partial(
-                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester
-            )
+                read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
+                device=self.devices, absent=self.absent_devices,
+            )  # fmt: skip
             state = read(chosen.path, chosen.manifest)
             if chosen.static is not None:
                 state.update(read(static_dir, chosen.static))

@@ -10,10 +10,13 @@ deleted before a newer one is durable (KempnerForge#102).
 
 Call order of one asynchronous save (NVRx's ``save_state_dict_async_plan`` / ``finalize``)::
 
+    save()    every rank    the state split; its device tensors copied once into the pinned
+                            arena of :attr:`SavePipeline.devices` (the manager asks for it)
     start()   every rank    temporary directory (shared root, or every node's local root)
               file group    plan_write: the leader creates the file's skeleton or reuses it
               every rank    one small allreduce: did every rank plan?
-              every rank    copy the arrays into staging buffers; submit the write; return
+              every rank    copy the host arrays into staging buffers (not the device
+                            tensors' copies: private already); submit the write; return
     ... the program computes; the writer thread writes (checksumming between the runs of the
         write), describes, then fsyncs (a second job queued behind the first) ...
     wait()    every rank    finish_set: every rank's description to the coordinator, manifest
@@ -51,6 +54,7 @@ from resilient.errors import ResilientError
 from resilient.io import storage
 from resilient.io.background import BackgroundWriter
 from resilient.io.commit import PendingDir
+from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
 from resilient.io.staging import StagingArea
 from resilient.model import filenames
@@ -149,6 +153,8 @@ class SavePipeline:
         self._clock = clock
         self._committed = committed
         self._staging = StagingArea()
+        # device tensors' one copy, into a pinned arena reused by every save (close frees it)
+        self.devices = DeviceStaging()
         self._writer = BackgroundWriter("resilient-writer")
         self._skeletons = SkeletonCache()
         self._bounce = Bounce()  # O_DIRECT's aligned buffer: reused by every save, then closed
@@ -231,7 +237,8 @@ class SavePipeline:
             # waits for the save makes the manifest while the fsync runs
             job = plan.result()  # (every rank planned)
             if copy:  # the last step of the caller's wait: a local memcpy
-                job = dataclasses.replace(job, arrays=self._staging.stage(job.arrays))
+                staged = self._staging.stage(job.arrays, private=request.data.staged)
+                job = dataclasses.replace(job, arrays=staged)
             task = self._writer.submit(functools.partial(_write_described, job, _nothing))
             written = self._writer.submit(job.sync)
             self._in_flight = _SaveFlight(request, static, pending, task, start, written)
@@ -282,12 +289,13 @@ class SavePipeline:
             self.wait()
 
     def shutdown(self) -> None:
-        """Local: stop the writer and checksum threads and free the staging and bounce buffers
-        (nothing in flight)."""
+        """Local: stop the writer and checksum threads and free the staging, device staging and
+        bounce buffers (nothing in flight)."""
         self._in_flight = None
         self._writer.shutdown()
         self.digester.shutdown(wait=True, cancel_futures=True)
         self._staging.release()
+        self.devices.close()
         self._bounce.close()
         if self._recycled is not None and self._coll.is_coordinator:
             self._deleter.delete([self._recycled])

@@ -6,6 +6,7 @@ Owns:
     :mod:`.storage` (the root, its lock, durable small files, quarantine, transient retries),
     :mod:`.validate` (finding and validating checkpoints on disk: the CLI's and the
     coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
+    :mod:`.devicecopy` (device tensors copied once into a reused, pinned host arena),
     :mod:`.background` (one piece of local work on a thread, its outcome kept),
     :mod:`.runkey` (a run's identity, recorded in its root).
 

@@ -40,20 +40,28 @@ class StagingArea:
         return sum(b.nbytes for b in self._buffers.values())
 
     def stage(
-        self, arrays: Mapping[str, npt.NDArray[np.generic]]
+        self,
+        arrays: Mapping[str, npt.NDArray[np.generic]],
+        *,
+        private: frozenset[str] = frozenset(),
     ) -> dict[str, npt.NDArray[np.generic]]:
         """Copy ``arrays`` into this area's buffers; return the copies, by name.
 
         The copies stay valid until the next :meth:`stage` or :meth:`release`. Buffers of names
         no longer present are released; a name whose shape or dtype changed gets a new one.
+        Names in ``private`` are copies already (device tensors staged by
+        :class:`~resilient.io.devicecopy.DeviceStaging`): returned as they are, no buffer kept.
         """
         import numpy as np
 
         for name in list(self._buffers):
-            if name not in arrays:
+            if name not in arrays or name in private:
                 del self._buffers[name]
         out: dict[str, npt.NDArray[np.generic]] = {}
         for name, arr in arrays.items():
+            if name in private:
+                out[name] = arr
+                continue
             buf = self._buffers.get(name)
             if buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype:
                 buf = allocate(arr.shape, arr.dtype)

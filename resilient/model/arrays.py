@@ -4,10 +4,12 @@ Which values are arrays, how they become C-contiguous numpy arrays that :mod:`re
 writes (without a copy where possible), and what they become again on restore:
 
 * numpy arrays and scalars: as they are (a non-contiguous array is copied);
-* torch tensors (CPU; a CUDA tensor is copied to the host): ``tensor.numpy()`` shares memory.
+* torch tensors (CPU; a CUDA tensor is copied to the host, by the caller's
+  :class:`~resilient.model.payload.DeviceCopy` where it has one): ``tensor.numpy()`` shares memory.
   Dtypes numpy lacks (``bfloat16``, the float8 types) are stored as unsigned words of the same
   size, their dtype recorded, so a reader without torch still gets the bits. They come back as
-  tensors of the saved dtype, on the saved device when it exists here, else on the CPU;
+  tensors of the saved dtype, on the saved device when it exists here, else on the CPU (the
+  caller logs that: :func:`restore_leaf` tells it);
 * anything else with ``__array__`` (jax arrays) or the buffer protocol (``memoryview``,
   ``bytearray``): ``numpy.asarray``, which shares memory where the object allows it.
 
@@ -18,7 +20,6 @@ leaf saved from a tensor.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from collections.abc import Mapping
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "as_tensor",
+    "device_exists",
     "fill_leaf",
+    "is_tensor",
     "leaf_meta",
     "numpy_dtype",
     "restore_leaf",
@@ -52,7 +56,8 @@ def _torch_tensor_type() -> Any:
     return None if torch is None else getattr(torch, "Tensor", None)
 
 
-def _is_tensor(value: Any) -> bool:
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (without importing torch)."""
     cls = _torch_tensor_type()
     return cls is not None and isinstance(value, cls)
 
@@ -66,7 +71,7 @@ def leaf_meta(value: Any) -> Mapping[str, Any] | None:
 
     if isinstance(value, (np.ndarray, np.generic)):
         return {}
-    if _is_tensor(value):
+    if is_tensor(value):
         meta = {"torch": str(value.dtype).removeprefix("torch.")}
         if value.device.type != "cpu":
             meta["device"] = str(value.device)
@@ -88,7 +93,7 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
 
     if type(value) is np.ndarray and value.flags.c_contiguous and storable_dtype(value.dtype.str):
         return value  # the common case, checked in ~1 us
-    if _is_tensor(value):
+    if is_tensor(value):
         tensor = value.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
@@ -132,34 +137,65 @@ def storable_dtype(dtype: str) -> bool:
     return True
 
 
-def restore_leaf(arr: npt.NDArray[np.generic], meta: Mapping[str, Any]) -> Any:
-    """What an array read back becomes: a torch tensor for a leaf saved from one, else ``arr``."""
-    name = meta.get("torch")
-    if not isinstance(name, str):
-        return arr
-    import torch  # the leaf was a tensor when it was saved
+def as_tensor(arr: npt.NDArray[np.generic], name: str) -> Any:
+    """A CPU tensor of torch dtype ``name`` sharing ``arr``'s memory (``arr`` as stored: the
+    unsigned words of a dtype numpy lacks)."""
+    import torch  # the leaf is (or was, when it was saved) a tensor
 
     if name in _WORDS:  # stored as unsigned words: view them as a signed int tensor first
         signed = "<i2" if _WORDS[name] == "<u2" else "|u1"
-        tensor = torch.from_numpy(arr.view(signed)).view(getattr(torch, name))
-    else:
-        tensor = torch.from_numpy(arr)
+        return torch.from_numpy(arr.view(signed)).view(getattr(torch, name))
+    return torch.from_numpy(arr)
+
+
+def restore_leaf(
+    arr: npt.NDArray[np.generic], meta: Mapping[str, Any], *, absent: set[str] | None = None
+) -> Any:
+    """What an array read back becomes: a torch tensor for a leaf saved from one, else ``arr``.
+
+    A tensor saved on a device that does not exist here stays on the CPU, its device added to
+    ``absent`` (for the caller to say so, once per restore)."""
+    name = meta.get("torch")
+    if not isinstance(name, str):
+        return arr
+    tensor = as_tensor(arr, name)
     device = meta.get("device")
-    if isinstance(device, str):  # a device that does not exist here: the tensor stays on the CPU
-        with contextlib.suppress(RuntimeError, AssertionError):
-            tensor = tensor.to(device)
+    if isinstance(device, str):
+        try:
+            tensor = tensor.to(device) if device_exists(device) else tensor
+            moved = tensor.device.type != "cpu"
+        except (RuntimeError, AssertionError):  # (e.g. a build of torch without that backend)
+            moved = False
+        if not moved and absent is not None:
+            absent.add(device)
     return tensor
+
+
+def device_exists(device: str) -> bool:
+    """Whether torch device ``device`` (``"cuda:1"``) exists in this process."""
+    torch = sys.modules["torch"]
+    kind, _, index = device.partition(":")
+    backend = getattr(torch, kind, None)
+    if backend is None or not hasattr(backend, "is_available"):
+        return True  # a backend this check does not know: let ``.to()`` decide
+    if not backend.is_available():
+        return False
+    count = getattr(backend, "device_count", None)
+    return not index.isdigit() or count is None or int(index) < int(count())
 
 
 def fill_leaf(target: Any, arr: npt.NDArray[np.generic]) -> None:
     """Copy a verified array into a restore template's leaf that could not be read into
-    directly (a read-only view aside: a torch tensor on another device, or not contiguous)."""
+    directly (a read-only view aside: a torch tensor on another device, or not contiguous).
+
+    A tensor is filled from a CPU tensor over ``arr``'s memory: no device memory is allocated
+    (the target's device wins, whatever device the checkpoint was saved from)."""
     import numpy as np
 
     if isinstance(target, np.ndarray):
         np.copyto(target, arr)
     else:
-        target.copy_(restore_leaf(arr, leaf_meta(target) or {}))
+        target.copy_(as_tensor(arr, str(target.dtype).removeprefix("torch.")))
 
 
 def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
@@ -169,7 +205,7 @@ def writable_view(value: Any) -> npt.NDArray[np.generic] | None:
 
     if isinstance(value, np.ndarray):
         return value if value.flags.writeable and value.flags.c_contiguous else None
-    if _is_tensor(value):
+    if is_tensor(value):
         if value.device.type != "cpu" or not value.is_contiguous():
             return None
         return to_numpy(value, what="restore target")
@@ -180,7 +216,7 @@ def template_spec(value: Any) -> tuple[tuple[int, ...], str]:
     """Shape and stored dtype string of an array leaf (without copying a device tensor)."""
     import numpy as np
 
-    if _is_tensor(value):
+    if is_tensor(value):
         name = str(value.dtype).removeprefix("torch.")
         if name in _WORDS:
             return tuple(value.shape), _WORDS[name]

@@ -122,6 +122,11 @@ class Digests:
         for p, digest in zip(positions, digests, strict=True):
             self._out[p] = digest
 
+    def taken(self, positions: Sequence[int]) -> list[str]:
+        """The digests at ``positions`` taken so far (``""`` where not yet): complete for those
+        added before, when called on the helper thread (by a function :meth:`alongside` runs)."""
+        return [self._out[p] for p in positions]
+
     def result(self) -> list[str]:
         """Every digest, once all are taken (``""`` where nothing was added). The helper thread
         has ended when this returns, or raises the error of a checksum."""

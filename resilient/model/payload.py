@@ -11,7 +11,7 @@ import json
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.errors import ConfigError
 from resilient.model.arrays import leaf_meta, storable_dtype, to_numpy
@@ -23,7 +23,22 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["LocalData", "SaveRequest", "split_state", "split_template"]
+__all__ = ["DeviceCopy", "LocalData", "SaveRequest", "split_state", "split_template"]
+
+
+class DeviceCopy(Protocol):
+    """Copies a state's device tensors to host memory of its own, all at once (implemented by
+    :class:`resilient.io.devicecopy.DeviceStaging`)."""
+
+    def wants(self, value: Any) -> bool:
+        """Whether ``value`` (an array leaf) is one of the tensors :meth:`stage` copies."""
+        ...
+
+    def stage(self, tensors: Mapping[str, Any]) -> Mapping[str, npt.NDArray[np.generic]]:
+        """Copy ``tensors`` (by path) to host buffers; their contents, stored as
+        :func:`~resilient.model.arrays.to_numpy` would give them, by path. The buffers are the
+        stager's, valid until its next :meth:`stage`: a private copy, written as it is."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +49,7 @@ class LocalData:
     arrays: Mapping[str, npt.NDArray[np.generic]]
     tree: Any = None
     striped: frozenset[str] = frozenset()  # Block leaves: checksummed by stripes too
+    staged: frozenset[str] = frozenset()  # copies of device tensors: private, never staged again
 
     def describe(self) -> list[Any]:
         """A JSON-able content description (paths, dtypes, shapes, checksums, the tree)."""
@@ -57,11 +73,16 @@ EMPTY = LocalData({}, None)
 
 
 def split_state(
-    state: Mapping[str, Any] | None, *, what: str = "state", memo: Memo | None = None
+    state: Mapping[str, Any] | None,
+    *,
+    what: str = "state",
+    memo: Memo | None = None,
+    device: DeviceCopy | None = None,
 ) -> LocalData:
     """Flatten a user mapping (any nesting of mappings, lists and tuples whose leaves are
     arrays, tensors or JSON values) into array leaves and a tree (``memo``: the caller's
-    :class:`~resilient.model.tree.Memo`, if any).
+    :class:`~resilient.model.tree.Memo`, if any; ``device``: copies the device tensors it
+    wants in one go, else each is copied to the host by :func:`~resilient.model.arrays.to_numpy`).
 
     Raises:
         ConfigError: a key that is neither a string nor an int, a value that is neither an
@@ -74,10 +95,22 @@ def split_state(
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
     values = list(flat.arrays.values())
+    on_device: Mapping[str, Any] = {}
     if set(map(type, values)) <= _plain_types() and _all_storable(values):
         arrays = flat.arrays  # the common case: no per-leaf call
     else:
-        arrays = {p: to_numpy(v, what=f"{what}[{p!r}]") for p, v in flat.arrays.items()}
+        on_device = (
+            {} if device is None else {p: v for p, v in flat.arrays.items() if device.wants(v)}
+        )
+        arrays = {
+            p: to_numpy(v, what=f"{what}[{p!r}]")
+            for p, v in flat.arrays.items()
+            if p not in on_device
+        }
+        if on_device:
+            assert device is not None
+            staged = device.stage(on_device)
+            arrays = {p: staged[p] if p in staged else arrays[p] for p in flat.arrays}
     striped = []
     for p, meta in flat.metas.items():
         block = meta.get("block")
@@ -85,7 +118,7 @@ def split_state(
             BlockSpec.of(block["global_shape"], block["start"], arrays[p].shape,
                          what=f"{what}[{p!r}]")  # fmt: skip
             striped.append(p)
-    return LocalData(arrays, flat.tree, frozenset(striped))
+    return LocalData(arrays, flat.tree, frozenset(striped), frozenset(on_device))
 
 
 @functools.cache  # a constant, built once (numpy is imported lazily)
@@ -167,16 +200,19 @@ class SaveRequest:
         metrics: Mapping[str, Any] | None,
         *,
         memo: Memo | None = None,
+        device: DeviceCopy | None = None,
     ) -> SaveRequest:
         """Check and split one rank's arguments (local: no communication, no I/O; ``memo``: the
-        caller's :class:`~resilient.model.tree.Memo`, if any).
+        caller's :class:`~resilient.model.tree.Memo`, if any; ``device``: copies the state's
+        device tensors, see :func:`split_state`; static data is copied leaf by leaf: it is
+        written at once, and rarely).
 
         Raises:
             ConfigError: a bad step, name, value or metric, or a name in both state and static.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"step must be a non-negative int, got {step!r}")
-        data = split_state(state, memo=memo)
+        data = split_state(state, memo=memo, device=device)
         static_data = None if static is None else split_state(static, what="static", memo=memo)
         if metrics is not None:
             try:
