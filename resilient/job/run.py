@@ -95,7 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.io import storage
-from resilient.io.validate import resumable_step
+from resilient.io.validate import latest_valid, protected_steps, resumable_step
 from resilient.job import nodeloss, requeue, warning
 from resilient.job.exitcodes import (
     EXIT_CONFIG,
@@ -346,12 +346,23 @@ def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
         os.fsync(fh.fileno())
 
 
-def _latest(checkpoint_dir: Path | None, *, protected_since: float | None = None) -> int | None:
+def _latest(checkpoint_dir: Path | None) -> int | None:
     """The newest step to resume from: the shared root's newest valid checkpoint, or a newer
-    node-local one protected by partner copies (recorded since ``protected_since``)."""
+    node-local one protected by partner copies."""
+    return None if checkpoint_dir is None else resumable_step(checkpoint_dir)
+
+
+def _latest_after(checkpoint_dir: Path | None, start: float) -> tuple[int | None, int | None]:
+    """After an attempt that began at ``start``: the newest step to resume from, and the same
+    counting only the partner copies recorded since ``start`` (what the attempt itself
+    protected), from one scan of the shared root."""
     if checkpoint_dir is None:
-        return None
-    return resumable_step(checkpoint_dir, protected_since=protected_since)
+        return None, None
+    record = latest_valid(checkpoint_dir)
+    shared = set() if record is None else {record.step}
+    newest = max(shared | protected_steps(checkpoint_dir), default=None)
+    made = max(shared | protected_steps(checkpoint_dir, since=start), default=None)
+    return newest, made
 
 
 def _descendants(pid: int) -> list[int]:
@@ -607,10 +618,7 @@ def _requeue_job(opts: RunOptions, env: dict[str, str]) -> requeue.SlurmJob | No
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not job_id:
         raise ValueError("requeue needs a simulated walltime (walltime_s) or a Slurm batch job")
-    job = requeue.SlurmJob.query(job_id)
-    if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
-        env["SLURM_RESTART_COUNT"] = str(job.restarts)
-    return job
+    return _with_restarts(requeue.SlurmJob.query(job_id), env)
 
 
 def _job_facts(env: dict[str, str]) -> requeue.SlurmJob | None:
@@ -620,7 +628,11 @@ def _job_facts(env: dict[str, str]) -> requeue.SlurmJob | None:
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not job_id or env.get("SLURM_NNODES"):
         return None
-    job = requeue.SlurmJob.query(job_id, config=False)
+    return _with_restarts(requeue.SlurmJob.query(job_id, config=False), env)
+
+
+def _with_restarts(job: requeue.SlurmJob, env: dict[str, str]) -> requeue.SlurmJob:
+    """``job``, its restart count put into ``env`` where the engine dropped Slurm's variable."""
     if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
         env["SLURM_RESTART_COUNT"] = str(job.restarts)
     return job
@@ -745,10 +757,9 @@ def _run_job(
         record.end = time.time()
         record.exit_status = status
         record.signal = sent
-        record.latest_after = _latest(ckdir)
+        record.latest_after, made = _latest_after(ckdir, record.start)
         _note_restore(ckdir, record)
         base = record.restored_step if record.restored_step is not None else record.latest_before
-        made = _latest(ckdir, protected_since=record.start)  # not a partner copy of before
         record.progress = made is not None and (base is None or made > base)
         no_progress_run = 0
         record.interrupted = interrupted_from_outside(status, sent)
