@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["ArraySpec", "FileLayout", "Spec", "datatype_message", "place_data", "plan_file"]
+__all__ = ["ArraySpec", "FileMap", "Spec", "datatype_message", "place_data", "plan_file"]
 
 DIRECT_MIN = 1 << 20  # datasets from this size are written with O_DIRECT: page-aligned
 PAGE = 4096
@@ -130,8 +130,9 @@ save builds for each of thousands of arrays (``zip``: ~5x cheaper than the named
 
 
 @dataclass(frozen=True, slots=True)
-class FileLayout:
-    """A file as :func:`plan_file` laid it out.
+class FileMap:
+    """Where :func:`plan_file` put the bytes of a file (a map of its bytes, not a
+    :class:`~resilient.model.manifest.Layout`, which groups ranks into files).
 
     Attributes:
         pieces: the bytes that are not datasets' data, as ``(offset, bytes)`` sorted by offset:
@@ -148,8 +149,8 @@ class FileLayout:
     size: int
 
 
-def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> FileLayout:
-    """Lay out the HDF5 file of a group of ranks.
+def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> FileMap:
+    """Plan the HDF5 file of a group of ranks: where each byte goes.
 
     Each rank gets a group ``/rank_00003``; a dataset ``model/layer1.weight`` of that rank is
     dataset ``layer1.weight`` of group ``/rank_00003/model``. Equal arguments give equal bytes.
@@ -302,7 +303,7 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     if first_data == data_end:  # no data: one piece
         pieces = [(0, head + tail)]
     by_rank = _by_rank(offsets, datasets.nbytes, tree.bounds, tree.ranks)
-    return FileLayout(tuple(pieces), by_rank, size)
+    return FileMap(tuple(pieces), by_rank, size)
 
 
 class _Shifted:
