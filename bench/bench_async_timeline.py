@@ -87,9 +87,8 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
     from resilient.checkpoint import checkpointer, saving
-    from resilient.io import staging, storage
+    from resilient.io import digests, staging, storage
     from resilient.io.commit import PendingDir
-    from resilient.model import checksum
     from resilient.parallel import mpi
 
     def patch(owner: object, attr: str, phase: str) -> None:
@@ -99,7 +98,7 @@ def instrument(rec: Recorder) -> None:
     patch(checkpointer.WriteJob, "write", "write")
     patch(checkpointer.WriteJob, "sync", "fsync")
     patch(checkpointer.WriteJob, "describe", "describe")
-    patch(checksum, "digest_arrays", "checksum")  # the helper's and the write's tasks
+    patch(digests, "digest_arrays", "checksum")  # the helper's and the write's tasks
     patch(checkpointer, "digest_arrays", "checksum")
     patch(saving, "finish_set", "finish")
     patch(mpi.MPIComm, "barrier", "barrier")

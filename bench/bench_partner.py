@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from resilient import CheckpointManager  # noqa: E402
-from resilient.model.nodes import node_label  # noqa: E402
+from resilient.parallel.nodes import node_label  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 MODES = ("raw", "local", "partner")

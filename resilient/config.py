@@ -35,7 +35,6 @@ from typing import Any
 
 from resilient.checkpoint.partner import REDUNDANCY_SCHEMES
 from resilient.errors import ConfigError
-from resilient.model.nodes import expand_node_path
 from resilient.model.policies import (
     EverySeconds,
     EverySteps,
@@ -48,6 +47,7 @@ from resilient.model.policies import (
     YoungDaly,
 )
 from resilient.model.schema import Section
+from resilient.parallel.nodes import expand_node_path
 
 __all__ = [
     "CheckpointConfig",

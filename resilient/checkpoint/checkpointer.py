@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
+from resilient.io.digests import Digests
 from resilient.model import filenames, h5format
 from resilient.model.blocks import stripe_rows
 from resilient.model.checksum import (
-    Digests,
     digest_arrays,
     digest_bytes,
     digest_stripes,
@@ -360,7 +360,7 @@ def plan_write(
     """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
     part of a save into ``directory`` (its write goes through ``bounce`` and its checksums
     through ``digester``, the caller's, if given: see :class:`resilient.io.fileio.Bounce` and
-    :class:`resilient.model.checksum.Digests`). With ``recycled``, a checkpoint directory that
+    :class:`resilient.io.digests.Digests`). With ``recycled``, a checkpoint directory that
     rotation dropped, the leader takes the file of the same name from it to write over
     (:func:`resilient.io.fileio.claim_file`) instead of creating one.
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.devicecopy import DeviceStaging, Upload
+from resilient.io.digests import Digests
 from resilient.io.staging import allocate, fault_in
 from resilient.model.arrays import (
     device_exists,
@@ -35,7 +36,7 @@ from resilient.model.arrays import (
     template_spec,
     writable_view,
 )
-from resilient.model.checksum import Digests, digest_arrays
+from resilient.model.checksum import digest_arrays
 from resilient.model.manifest import DatasetTable, Manifest, RankEntry
 from resilient.model.tree import Memo, leaf_metas, unflatten
 
@@ -71,7 +72,7 @@ def read_rank(
         into: existing arrays or tensors by leaf path (see :func:`check_template`) that array
             leaves are read into instead of new ones; they appear in the result as themselves.
         memo: the caller's :class:`~resilient.model.tree.Memo` for rebuilding the structure.
-        digester: the caller's checksum thread (see :class:`~resilient.model.checksum.Digests`;
+        digester: the caller's checksum thread (see :class:`~resilient.io.digests.Digests`;
             ``None``: one for this read).
         device: the owner's device staging: the tensors it wants are read into its (pinned)
             arena, and each is copied to its device once verified, while the next are read

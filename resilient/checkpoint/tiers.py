@@ -44,9 +44,9 @@ from resilient.io.validate import load_manifest
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.manifest import Layout, Manifest
-from resilient.model.nodes import expand_node_path, node_label
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm
+from resilient.parallel.nodes import expand_node_path, node_label
 from resilient.parallel.topology import Topology
 
 __all__ = [
@@ -357,7 +357,7 @@ def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, str, Path]]
 
 def known_local_roots(shared_root: Path, *, node: str | None = None) -> list[Path]:
     """The local roots recorded for ``shared_root`` on ``node``: by default this process's
-    node (:func:`~resilient.model.nodes.node_label`) or host."""
+    node (:func:`~resilient.parallel.nodes.node_label`) or host."""
     here = {node} if node is not None else {node_label(), socket.gethostname()}
     return [Path(p) for n, h, p in _read_tiers(shared_root) if n in here or h in here]
 

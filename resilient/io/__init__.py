@@ -8,6 +8,8 @@ Owns:
     coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
     :mod:`.devicecopy` (device tensors copied once into a reused, pinned host arena),
     :mod:`.background` (one piece of local work on a thread, its outcome kept),
+    :mod:`.digests` (checksums of file ranges as they are read, and of arrays on a helper
+    thread),
     :mod:`.runkey` (a run's identity, recorded in its root).
 
 May import: :mod:`resilient.model` and :mod:`resilient.errors`. Never a communicator: what

@@ -15,14 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.errors import InvalidCheckpointError
+from resilient.io.digests import digest_file_range, digest_file_stripes
 from resilient.io.storage import read_jsonl
 from resilient.model import filenames
-from resilient.model.checksum import (
-    digest_bytes,
-    digest_file_range,
-    digest_file_stripes,
-    digest_text,
-)
+from resilient.model.checksum import digest_bytes, digest_text
 from resilient.model.manifest import (
     FileEntry,
     Manifest,

@@ -9,8 +9,9 @@ Owns:
     numpy and back), :mod:`.blocks` (blocks of global arrays, replicated values),
     :mod:`.payload` (what ``save()`` is handed, checked and split);
     the decisions: :mod:`.policies` (when to save, what to keep), :mod:`.rotation` (which
-    checkpoints to delete), :mod:`.nodes` (node names and node-local paths).
+    checkpoints to delete).
 
 May import: :mod:`resilient.errors` and third-party libraries (numpy, xxhash; torch lazily, in
-:mod:`.arrays` only). Nothing here reads or writes a file, or talks to another rank.
+:mod:`.arrays` only). Nothing here reads or writes a file, talks to another rank, starts a
+thread or reads the environment (tests/unit/test_layers.py checks the last two).
 """

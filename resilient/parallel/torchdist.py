@@ -32,7 +32,7 @@ import time
 from typing import Any, TypeVar
 
 from resilient.errors import ConfigError
-from resilient.model.nodes import node_label
+from resilient.parallel.nodes import node_label
 
 __all__ = ["TorchChannel", "TorchComm"]
 

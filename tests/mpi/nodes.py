@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from resilient import CheckpointManager, KeepLast
 from resilient.errors import ResilientError
-from resilient.model.nodes import node_label
+from resilient.parallel.nodes import node_label
 
 world = MPI.COMM_WORLD
 rank = world.rank

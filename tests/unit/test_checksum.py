@@ -1,5 +1,5 @@
 """Checksums of arrays (resilient.model.checksum): the bytes in C order, whatever the memory layout;
-the helper thread's digests equal the caller's, and the thread ends with its Digests."""
+the helper thread's digests (resilient.io.digests) equal the caller's, and the thread ends with its Digests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from resilient.model.checksum import Digests, digest_array, digest_arrays
+from resilient.io.digests import Digests
+from resilient.model.checksum import digest_array, digest_arrays
 
 
 def c_order_digest(arr: np.ndarray) -> str:

@@ -21,7 +21,7 @@ import pytest
 from resilient import CheckpointManager, KeepLast
 from resilient.checkpoint.manager import PAUSE_GC_ENV
 from resilient.io import fileio
-from resilient.model.checksum import Digests
+from resilient.io.digests import Digests
 
 
 class Watched:

@@ -1,7 +1,9 @@
-"""The import-linter contracts in pyproject.toml name every package and every module."""
+"""The import-linter contracts in pyproject.toml name every package and every module; the pure
+model (resilient.model) starts no thread and reads no environment variable."""
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import re
 from pathlib import Path
@@ -90,3 +92,52 @@ def test_the_torch_rule_covers_every_module_but_torchdist_and_arrays() -> None:
     allowed = {"resilient.parallel.torchdist", "resilient.model.arrays"}
     for module in _modules():
         assert _covers(rule["source_modules"], module) == (module not in allowed), module
+
+
+_THREADS = ("threading", "_thread", "concurrent", "multiprocessing")
+_ENVIRON = ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")
+
+
+def _impurities(source: str) -> list[str]:
+    """The thread modules a module's source imports (lazily too) and the environment reads
+    (``os.environ``, ``os.getenv``...) it makes, as ``line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+            if node.module == "os":
+                names += [f"os.{a.name}" for a in node.names if a.name in _ENVIRON]
+        elif isinstance(node, ast.Attribute) and node.attr in _ENVIRON:
+            names = [f"?.{node.attr}"]
+        else:
+            continue
+        found += [
+            f"{node.lineno}: {n}"
+            for n in names
+            if n.split(".")[0] in _THREADS or n.rsplit(".", 1)[-1] in _ENVIRON
+        ]
+    return found
+
+
+def test_the_model_starts_no_thread_and_reads_no_environment() -> None:
+    model = Path(resilient.__file__).parent / "model"
+    found = {p.name: _impurities(p.read_text()) for p in sorted(model.glob("*.py"))}
+    assert {name: why for name, why in found.items() if why} == {}
+
+
+def test_the_purity_check_sees_threads_and_environment_reads() -> None:
+    source = """
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from os import getenv
+import os
+def f():
+    import multiprocessing
+    return os.environ.get("X")
+"""
+    assert _impurities(source) == [
+        "2: threading", "3: concurrent.futures", "4: os.getenv", "7: multiprocessing",
+        "8: ?.environ",
+    ]  # fmt: skip
