@@ -308,10 +308,10 @@ class WriteJob:
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         digests = Digests(len(arrays), helper=self.digester)
         index: Sequence[int] = range(len(arrays))
-        if arrays and max(self.plan.nbytes) >= h5format.DIRECT_MIN:
-            big = [i for i, n in enumerate(self.plan.nbytes) if n >= h5format.DIRECT_MIN]
+        if arrays and max(self.plan.nbytes) >= fileio.DIRECT_MIN:
+            big = [i for i, n in enumerate(self.plan.nbytes) if n >= fileio.DIRECT_MIN]
             digests.add(big, [arrays[i] for i in big])
-            index = [i for i, n in enumerate(self.plan.nbytes) if n < h5format.DIRECT_MIN]
+            index = [i for i, n in enumerate(self.plan.nbytes) if n < fileio.DIRECT_MIN]
         step = max(1, -(-len(index) // parts))
 
         def task(part: Sequence[int]) -> Callable[[], None]:

@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PAGE_FROM = 1 << 20  # buffers from this size start on a page (O_DIRECT: h5format.DIRECT_MIN)
+_PAGE_FROM = 1 << 20  # buffers from this size start on a page (O_DIRECT: fileio.DIRECT_MIN)
 _SMALL_ALIGN = 64
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArraySpec",
     "Bounce",
+    "DIRECT_MIN",
     "Spec",
     "FileSkeleton",
     "fsync_file",
@@ -135,7 +136,7 @@ def claim_file(source: Path, path: Path) -> bool:
     return True
 
 
-_DIRECT_MIN = h5format.DIRECT_MIN  # arrays from 1 MiB go through O_DIRECT
+DIRECT_MIN = h5format.PAGE_ALIGNED_MIN  # arrays from 1 MiB go through O_DIRECT (on a page each)
 _BOUNCE_BYTES = 32 << 20  # page-aligned staging buffer of a Bounce
 
 
@@ -277,7 +278,7 @@ def write_file(
     dfd = None
     try:
         extra: list[tuple[int, _Buffer]] = []
-        large = np.flatnonzero(sizes >= _DIRECT_MIN).tolist() if direct else []
+        large = np.flatnonzero(sizes >= DIRECT_MIN).tolist() if direct else []
         if large:
             dfd = open_direct(path)
         if dfd is not None:
@@ -468,7 +469,7 @@ def copy_ranges(
     need = max((n for _, n, _, _ in ranges), default=0)
     sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    dfd = open_direct(dst) if need >= _DIRECT_MIN else None
+    dfd = open_direct(dst) if need >= DIRECT_MIN else None
     try:
         with _bounce(bounce, need) as chunk:
             if size is not None:
@@ -645,12 +646,12 @@ def read_new(
     else:
         starts = np.zeros(count, dtype=np.int64)
         starts[present] = [offsets[i] for i in present.tolist()]
-    large = present[sizes[present] >= _DIRECT_MIN].tolist()
+    large = present[sizes[present] >= DIRECT_MIN].tolist()
     for i in large:
         out[i] = allocate(shapes[i], dtypes[i], populate=arrived is None)
     told = None if arrived is None else _Renumbered(arrived, large)
     read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told, fresh=True)
-    small = present[sizes[present] < _DIRECT_MIN]
+    small = present[sizes[present] < DIRECT_MIN]
     order = small[np.argsort(starts[small], kind="stable")]
     begin, end = starts[order], starts[order] + sizes[order]
     gaps = begin[1:] - end[:-1]

@@ -59,7 +59,8 @@ The data comes first, right after the 96-byte superblock, so that where each dat
 depends on the shapes and dtypes alone (:func:`place_data`): a save writes its arrays while
 the rest of the metadata, which needs those offsets, is still being built. HDF5 puts no
 constraint on where objects lie; the superblock (at 0) points to the root group's header.
-Datasets of at least 1 MiB (written with ``O_DIRECT``) start on 4,096-byte boundaries, smaller
+Datasets of at least 1 MiB (:data:`PAGE_ALIGNED_MIN`) start on 4,096-byte boundaries (so that a
+writer may write them with ``O_DIRECT``: :mod:`resilient.io.fileio` does), smaller
 ones on 64-byte boundaries one after the other (their views are aligned, and 4,000 small
 arrays are one run of data). The zeros before the first dataset and between two datasets (when
 a small one's size is not a multiple of 64) are pieces of their own, and the zeros after the
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ArraySpec", "FileMap", "Spec", "datatype_message", "place_data", "plan_file"]
 
-DIRECT_MIN = 1 << 20  # datasets from this size are written with O_DIRECT: page-aligned
+PAGE_ALIGNED_MIN = 1 << 20  # datasets from this size start on a page (a writer may use O_DIRECT)
 PAGE = 4096
 SMALL_ALIGN = 64  # alignment of smaller datasets
 
@@ -753,7 +754,7 @@ def _place_data(
     offsets = np.zeros(n, np.int64)
     pos = start
     prev = 0
-    for big in [*np.flatnonzero(nbytes >= DIRECT_MIN).tolist(), n]:
+    for big in [*np.flatnonzero(nbytes >= PAGE_ALIGNED_MIN).tolist(), n]:
         if big > prev:  # a run of small (or empty) datasets, packed
             run = nbytes[prev:big]
             padded = -(-run // SMALL_ALIGN) * SMALL_ALIGN

@@ -137,7 +137,7 @@ def check_tiling(
             assert (offset is None) == (arr.nbytes == 0)
             if offset is not None:
                 pieces.append((offset, arr.nbytes))
-                assert offset % (4096 if arr.nbytes >= fileio._DIRECT_MIN else 64) == 0
+                assert offset % (4096 if arr.nbytes >= fileio.DIRECT_MIN else 64) == 0
     pos = 0
     for offset, length in sorted(pieces):
         assert offset == pos
