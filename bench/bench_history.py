@@ -54,7 +54,7 @@ from resilient.checkpoint.catalog import save_record
 from resilient.io.validate import marker_text, validate_checkpoint
 from resilient.model import filenames as names
 from resilient.model.checksum import digest_bytes
-from resilient.model.manifest import parse_manifest
+from resilient.model.codec import manifest_json, parse_manifest
 
 STATE = {"u": np.arange(64, dtype=np.float64), "it": 0}
 
@@ -78,7 +78,7 @@ def build_root(root: Path, n: int) -> None:
         for f in data:
             os.link(f, d / f.name)
         clone = dataclasses.replace(manifest, step=step)
-        text = clone.to_json().encode()
+        text = manifest_json(clone).encode()
         (d / names.MANIFEST).write_bytes(text)
         (d / names.COMMITTED).write_text(marker_text(step, digest_bytes(text)))
         log.append(json.dumps(save_record(clone)) + "\n")  # as the library logs a commit

@@ -77,7 +77,8 @@ from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
 from resilient.io.validate import load_manifest
 from resilient.model import filenames
-from resilient.model.manifest import Layout, Manifest, Segment
+from resilient.model.layout import Layout
+from resilient.model.manifest import Manifest, Segment
 from resilient.model.payload import split_state
 from resilient.model.tree import leaf_paths
 from resilient.parallel.collective import Collective

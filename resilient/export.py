@@ -31,7 +31,8 @@ from resilient.io.validate import latest_valid, load_manifest, validate_checkpoi
 from resilient.model import filenames
 from resilient.model.checksum import digest_array
 from resilient.model.filenames import rank_group_name
-from resilient.model.manifest import Manifest, block_of
+from resilient.model.manifest import Manifest
+from resilient.model.tiling import block_of
 from resilient.model.tree import elastic_kinds, leaf_paths
 
 if TYPE_CHECKING:

@@ -58,10 +58,10 @@ from resilient.model.manifest import (
     ShardedRanks,
     ShardEntry,
     Stripes,
-    file_checksum_text,
-    shard_json,
 )
 from resilient.model.payload import LocalData
+from resilient.model.shards import shard_json
+from resilient.model.tiling import file_checksum_text
 from resilient.parallel.collective import Collective
 from resilient.parallel.topology import Topology
 

@@ -32,7 +32,8 @@ from resilient.io import fileio, storage
 from resilient.model.arrays import fill_leaf, restore_leaf, template_spec, writable_view
 from resilient.model.blocks import BlockSpec, intersect, stripe_range
 from resilient.model.checksum import digest_array, digest_bytes
-from resilient.model.manifest import DatasetEntry, Manifest, RankEntry, block_of, check_blocks
+from resilient.model.manifest import DatasetEntry, Manifest, RankEntry
+from resilient.model.tiling import block_of, check_blocks
 from resilient.model.tree import elastic_kinds, leaf_paths, structure_of, unflatten
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from resilient.io.commit import PendingDir
 from resilient.io.runkey import check_run_key, normalize_run_key, record_run_key
 from resilient.io.validate import latest_valid
 from resilient.model.blocks import BlockSpec
-from resilient.model.manifest import Layout
+from resilient.model.layout import Layout
 from resilient.model.payload import SaveRequest, split_template
 from resilient.model.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.model.tree import Memo

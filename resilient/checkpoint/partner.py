@@ -51,7 +51,9 @@ from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
 from resilient.io.validate import load_manifest
 from resilient.model import filenames
-from resilient.model.manifest import Layout, Manifest, ManifestError, parse_manifest
+from resilient.model.codec import manifest_json, parse_manifest
+from resilient.model.layout import Layout
+from resilient.model.manifest import Manifest, ManifestError
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Channel
 
@@ -602,7 +604,7 @@ class PartnerCopies:
         sizes = {f.name: f.size for f in manifest.files}
         outgoing = [_Outgoing(n, step_dir / n, sizes[n], None) for n in names]
         header = {"step": manifest.step, "source": self.ring.label(self.node),
-                  "manifest": manifest.to_json()}  # fmt: skip
+                  "manifest": manifest_json(manifest)}  # fmt: skip
 
         def run() -> str | None:
             sent = _run_beside(

@@ -42,7 +42,8 @@ from resilient.io.devicecopy import DeviceStaging
 from resilient.io.validate import iter_checkpoints, load_manifest
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
-from resilient.model.manifest import Layout, Manifest, ManifestError
+from resilient.model.layout import Layout
+from resilient.model.manifest import Manifest, ManifestError
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective, describe_error
 

@@ -43,7 +43,8 @@ from resilient.io.commit import PendingDir
 from resilient.io.validate import load_manifest
 from resilient.model import filenames
 from resilient.model.checksum import hash128
-from resilient.model.manifest import Layout, Manifest
+from resilient.model.layout import Layout
+from resilient.model.manifest import Manifest
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm
 from resilient.parallel.nodes import expand_node_path, node_label

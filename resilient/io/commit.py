@@ -33,6 +33,7 @@ from resilient.io import storage, validate
 from resilient.io.validate import marker_text
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
+from resilient.model.codec import manifest_json
 from resilient.model.manifest import Manifest
 
 __all__ = ["PendingDir"]
@@ -93,7 +94,7 @@ class PendingDir:
         Raises:
             CommitError: as :meth:`commit`.
         """
-        text = manifest.to_json().encode()
+        text = manifest_json(manifest).encode()
         if len(text) > validate.MAX_MANIFEST_BYTES:  # committed, it could never be restored
             raise ConfigError(
                 f"{what}: its manifest would be {len(text) / 1e6:.0f} MB, over the "

@@ -19,16 +19,9 @@ from resilient.io.digests import digest_file_range, digest_file_stripes
 from resilient.io.storage import read_jsonl
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes, digest_text
-from resilient.model.manifest import (
-    FileEntry,
-    Manifest,
-    ManifestError,
-    ShardEntry,
-    combine_checksums,
-    file_segments,
-    parse_manifest,
-    segment_label,
-)
+from resilient.model.codec import parse_manifest
+from resilient.model.manifest import FileEntry, Manifest, ManifestError, ShardEntry
+from resilient.model.tiling import combine_checksums, file_segments, segment_label
 from resilient.model.tree import Memo
 
 __all__ = [

@@ -2,7 +2,11 @@
 
 Owns:
     the on-disk format: :mod:`.filenames` (every file and directory name), :mod:`.schema` (the
-    strict reader of typed mappings), :mod:`.manifest` (the manifest, parsed strictly),
+    strict reader of typed mappings), :mod:`.manifest` (the manifest's values), :mod:`.codec`
+    (its JSON per schema version, parsed strictly, and written), :mod:`.entries` (a rank's
+    entry in that JSON), :mod:`.shards` (the shards of a sharded manifest), :mod:`.tiling`
+    (segments that tile each file, blocks that tile each array, a file's checksum text),
+    :mod:`.layout` (how ranks are grouped into files),
     :mod:`.checksum` (xxh3 digests), :mod:`.h5format` (a data file's HDF5 metadata, computed
     without HDF5);
     the state: :mod:`.tree` (nested states as named leaves), :mod:`.arrays` (array leaves as

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from resilient.errors import ConfigError
-from resilient.model.manifest import dtype_itemsize
+from resilient.model.entries import dtype_itemsize
 
 if TYPE_CHECKING:
     import numpy as np

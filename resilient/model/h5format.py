@@ -133,7 +133,7 @@ save builds for each of thousands of arrays (``zip``: ~5x cheaper than the named
 @dataclass(frozen=True, slots=True)
 class FileMap:
     """Where :func:`plan_file` put the bytes of a file (a map of its bytes, not a
-    :class:`~resilient.model.manifest.Layout`, which groups ranks into files).
+    :class:`~resilient.model.layout.Layout`, which groups ranks into files).
 
     Attributes:
         pieces: the bytes that are not datasets' data, as ``(offset, bytes)`` sorted by offset:

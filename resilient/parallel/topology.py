@@ -9,7 +9,7 @@ from typing import Any
 
 from resilient.errors import ConfigError
 from resilient.model import filenames
-from resilient.model.manifest import Layout
+from resilient.model.layout import Layout
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm, SerialComm, as_comm
 

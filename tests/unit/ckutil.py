@@ -76,7 +76,7 @@ def sample(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 def flip_dataset_byte(step_dir: Path, name: str | None = None) -> None:
     """Flip one byte in the middle of a dataset (``name``, or the largest) of the checkpoint in
     ``step_dir``'s first data file: same size, so only a checksum sees it."""
-    from resilient.model.manifest import parse_manifest
+    from resilient.model.codec import parse_manifest
 
     manifest = parse_manifest((step_dir / "manifest.json").read_text())
     table = manifest.ranks[0].datasets

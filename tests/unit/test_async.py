@@ -17,7 +17,7 @@ from resilient.io import fileio
 from resilient.io.validate import latest_valid, list_checkpoints
 from resilient.job.exitcodes import EXIT_RESUME
 from resilient.job.session import Session
-from resilient.model.manifest import parse_manifest
+from resilient.model.codec import parse_manifest
 from resilient.model.policies import EverySteps, KeepLast
 from tests.unit.ckutil import assert_state_equal, state_of
 

@@ -37,7 +37,9 @@ from resilient.model.blocks import (
     unwrap,
 )
 from resilient.model.checksum import digest_bytes
-from resilient.model.manifest import DatasetTable, ManifestError, check_blocks, parse_manifest
+from resilient.model.codec import parse_manifest
+from resilient.model.manifest import DatasetTable, ManifestError
+from resilient.model.tiling import check_blocks
 from tests.mpirun import clean_env
 
 G = (600, 700)  # float64 rows of 5600 bytes: 187 rows per stripe, 4 stripes

@@ -18,7 +18,7 @@ from resilient import CheckpointManager
 from resilient.errors import CheckpointNotFoundError, ConfigError, InvalidCheckpointError
 from resilient.io.validate import latest_valid, list_checkpoints, marker_text, validate_checkpoint
 from resilient.model.checksum import digest_bytes
-from resilient.model.manifest import parse_manifest
+from resilient.model.codec import parse_manifest
 from tests.unit.ckutil import SavedRoot, assert_state_equal, state_of, static_of
 
 DATA = "rank_00000.h5"

@@ -14,6 +14,9 @@ import pytest
 from hypothesis import strategies as st
 
 from resilient import CheckpointManager
+from resilient.model.codec import manifest_json, parse_manifest
+from resilient.model.entries import dtype_itemsize
+from resilient.model.layout import Layout
 from resilient.model.manifest import (
     CHECKSUM_ALGORITHM,
     FORMAT,
@@ -21,17 +24,12 @@ from resilient.model.manifest import (
     DatasetEntry,
     DatasetTable,
     FileEntry,
-    Layout,
     Manifest,
     ManifestError,
     RankEntry,
     Segment,
-    combine_checksums,
-    dtype_itemsize,
-    file_checksum_text,
-    file_segments,
-    parse_manifest,
 )
+from resilient.model.tiling import combine_checksums, file_checksum_text, file_segments
 from resilient.model.tree import is_valid_path
 
 DATA = Path(__file__).parent / "data"
@@ -90,7 +88,7 @@ def sample_manifest() -> Manifest:
 
 
 def sample_doc() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(sample_manifest().to_json())
+    doc: dict[str, Any] = json.loads(manifest_json(sample_manifest()))
     return doc
 
 
@@ -99,10 +97,10 @@ def sample_doc() -> dict[str, Any]:
 
 def test_round_trip_is_exact() -> None:
     m = sample_manifest()
-    text = m.to_json()
+    text = manifest_json(m)
     parsed = parse_manifest(text)
     assert parsed == m
-    assert parsed.to_json() == text
+    assert manifest_json(parsed) == text
     assert parse_manifest(text.encode()) == m
 
 
@@ -128,13 +126,13 @@ def test_a_schema_1_manifest_is_read() -> None:
     assert parsed.schema_version == 1 and parsed.step == 3
     assert [d.name for d in parsed.ranks[0].datasets][:2] == ["model/w", "model/b"]
     assert parsed.ranks[0].datasets[0].shape == (3, 4) and parsed.ranks[0].datasets[0].nbytes == 48
-    again = parse_manifest(parsed.to_json())  # written again: the current schema, same content
-    assert json.loads(parsed.to_json())["schema_version"] == SCHEMA_VERSION == 2
+    again = parse_manifest(manifest_json(parsed))  # written again: the current schema, same content
+    assert json.loads(manifest_json(parsed))["schema_version"] == SCHEMA_VERSION == 2
     assert again.ranks == parsed.ranks and again.files == parsed.files
 
 
 def test_round_trip_fields() -> None:
-    parsed = parse_manifest(sample_manifest().to_json())
+    parsed = parse_manifest(manifest_json(sample_manifest()))
     assert parsed.step == 1200
     assert parsed.layout.groups == ((0, 1), (2,))
     assert parsed.layout.describe() == "node (3 ranks, 2 files)"
@@ -161,7 +159,7 @@ def test_a_real_manifest_round_trips(tmp_path: Path) -> None:
         m.save(5, {"x": np.arange(1000.0), "y": np.zeros((2, 0)), "v": {"a": 1}})
     text = (tmp_path / "ck" / "step_00000005" / "manifest.json").read_text()
     parsed = parse_manifest(text)
-    assert parsed.to_json() == text
+    assert manifest_json(parsed) == text
     assert parsed.step == 5
     assert parsed.layout == Layout("self", 1, ((0,),))
     assert [f.name for f in parsed.files] == ["rank_00000.h5"]
@@ -479,7 +477,7 @@ def test_dataset_sizes_from_the_columns_are_exact(rows: list[tuple[list[int], st
     import itertools
     import math
 
-    from resilient.model.manifest import _sizes
+    from resilient.model.entries import _sizes
 
     shapes, dtypes = [r[0] for r in rows], [r[1] for r in rows]
     dims = list(itertools.chain.from_iterable(shapes))

@@ -10,14 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import resilient.model.manifest as manifest_module
-from resilient.model.manifest import (
-    DatasetEntry,
-    ManifestError,
-    _parse_rows,
-    _section,
-    parse_manifest,
-)
+import resilient.model.entries as entries_module
+from resilient.model.codec import parse_manifest
+from resilient.model.entries import _parse_rows, manifest_section
+from resilient.model.manifest import DatasetEntry, ManifestError
 from resilient.model.tree import Memo
 
 H = "0123456789abcdef"
@@ -46,7 +42,7 @@ values = st.recursive(
 
 def parsed(entries: Any, *, fast: bool) -> Any:
     """The entries of a rank parsed, or the error's text."""
-    rank = _section({"file": "rank_00000.h5", "datasets": entries}, "ranks[0]")
+    rank = manifest_section({"file": "rank_00000.h5", "datasets": entries}, "ranks[0]")
     try:
         return _parse_rows(rank, Memo(), fast=fast)
     except ManifestError as exc:
@@ -72,12 +68,12 @@ def test_one_field_of_a_good_entry_replaced(key: str, value: Any) -> None:
 
 
 def test_the_good_entry_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    rank = _section({"file": "rank_00000.h5", "datasets": [GOOD]}, "ranks[0]")
+    rank = manifest_section({"file": "rank_00000.h5", "datasets": [GOOD]}, "ranks[0]")
 
     def strict(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the strict walk was taken")
 
-    monkeypatch.setattr(manifest_module, "Section", strict)
+    monkeypatch.setattr(entries_module, "Section", strict)
     (entry,) = _parse_rows(rank, Memo())
     assert entry == DatasetEntry("model/layer1.weight", (4, 3), "<f8", 4096, 96, H)
 

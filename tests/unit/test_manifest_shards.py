@@ -16,15 +16,9 @@ from resilient.errors import InvalidCheckpointError
 from resilient.io.validate import load_manifest, marker_text, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
-from resilient.model.manifest import (
-    Manifest,
-    ManifestError,
-    ShardedRanks,
-    ShardEntry,
-    parse_manifest,
-    parse_shard,
-    shard_json,
-)
+from resilient.model.codec import manifest_json, parse_manifest
+from resilient.model.manifest import Manifest, ManifestError, ShardedRanks, ShardEntry
+from resilient.model.shards import parse_shard, shard_json
 from resilient.parallel.topology import shard_groups
 from tests.unit.test_manifest import sample_manifest
 
@@ -44,7 +38,7 @@ def write_sharded(directory: Path, whole: Manifest) -> Manifest:
             fh.truncate(f.size)
     ranks = ShardedRanks(len(whole.ranks), shards, {f.name: f for f in whole.files}, None)
     index = dataclasses.replace(whole, ranks=ranks, schema_version=3, static=None)
-    text = index.to_json().encode()
+    text = manifest_json(index).encode()
     (directory / filenames.MANIFEST).write_bytes(text)
     (directory / filenames.COMMITTED).write_text(marker_text(whole.step, digest_bytes(text)))
     return index
@@ -76,7 +70,7 @@ def test_a_part_holds_its_shard_only_and_pickles_small(tmp_path: Path) -> None:
     with pytest.raises(LookupError, match="not in this part"):
         again.ranks[0]
     with pytest.raises(ValueError, match="cannot be written"):
-        part.to_json()
+        manifest_json(part)
 
 
 def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
@@ -108,7 +102,7 @@ def _index(**change: object) -> str:
         for i, f in enumerate(whole.files)
     ]
     ranks = ShardedRanks(3, shards, {f.name: f for f in whole.files}, None)
-    doc = json.loads(dataclasses.replace(whole, ranks=ranks).to_json())
+    doc = json.loads(manifest_json(dataclasses.replace(whole, ranks=ranks)))
     for key, value in change.items():
         doc["shards"][0][key] = value
     return json.dumps(doc)

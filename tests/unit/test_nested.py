@@ -201,7 +201,8 @@ def test_a_mapping_of_arrays_is_one_compact_tree_node(tmp_path: Path) -> None:
 def test_a_forged_compact_node_is_a_manifest_error(
     tmp_path: Path, node: list[Any], reason: str
 ) -> None:
-    from resilient.model.manifest import ManifestError, parse_manifest
+    from resilient.model.codec import parse_manifest
+    from resilient.model.manifest import ManifestError
 
     with CheckpointManager(tmp_path) as m:
         m.save(1, {"model": {"w": np.zeros(2), "b": np.ones(2)}})

@@ -29,7 +29,8 @@ from resilient import CheckpointManager, cli
 from resilient.io import storage
 from resilient.io.validate import latest_valid, validate_checkpoint
 from resilient.model import filenames
-from resilient.model.manifest import ManifestError, parse_manifest
+from resilient.model.codec import parse_manifest
+from resilient.model.manifest import ManifestError
 from resilient.model.policies import (
     CheckpointInfo,
     KeepAll,

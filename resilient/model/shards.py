@@ -1,0 +1,176 @@
+"""The shards of a sharded manifest (schema 3): each holds the entries of some ranks (whole file
+groups) as schema 2 writes them, and the index (:mod:`resilient.model.codec`) lists them with
+their sizes and checksums. Pure (no I/O): the bytes of a shard come from the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+from resilient.model import filenames
+from resilient.model.entries import (
+    MAX_INT,
+    MAX_RANKS,
+    checked_checksum,
+    is_index,
+    json_object,
+    manifest_section,
+    parse_rank,
+    rank_doc,
+)
+from resilient.model.manifest import (
+    FORMAT,
+    SCHEMA_VERSION,
+    SHARDED_SCHEMA_VERSION,
+    FileEntry,
+    ManifestError,
+    RankEntry,
+    ShardedRanks,
+    ShardEntry,
+    ShardLoader,
+)
+from resilient.model.schema import Section
+from resilient.model.tiling import check_group_blocks, check_group_tiling
+from resilient.model.tree import Memo
+
+__all__ = [
+    "ShardDoc",
+    "index_shards",
+    "load_shard",
+    "open_shard",
+    "parse_shard",
+    "shard_json",
+]
+
+
+class ShardDoc(NamedTuple):
+    """A shard as read: its JSON, its header checked (see :func:`open_shard`); the ranks'
+    entries are parsed only when asked for (:meth:`parse`)."""
+
+    position: Mapping[int, int]  # rank -> index in entries
+    entries: Sequence[Section]
+
+
+    def parse(self, files: Mapping[str, FileEntry], memo: Memo | None = None) -> dict[int, RankEntry]:
+        """The entries of the ranks of ``files`` in this shard, parsed and checked: each names
+        its file, and together they tile their files (their blocks agree with each other).
+
+        Raises:
+            ManifestError: a rank missing from the shard, or a malformed or misplaced entry.
+        """
+        wanted = sorted(r for f in files.values() for r in f.ranks)
+        missing = [r for r in wanted if r not in self.position]
+        if missing:
+            raise ManifestError(f"holds no entry for ranks {missing[:4]}")
+        memo = Memo() if memo is None else memo
+        names = set(files)
+        entries = {
+            r: parse_rank(self.entries[self.position[r]], names, SCHEMA_VERSION, memo)
+            for r in wanted
+        }
+        check_group_tiling(list(files.values()), entries)
+        check_group_blocks(entries.values())
+        return entries
+
+
+def index_shards(
+    top: Section, files: Sequence[FileEntry], nranks: int, load: ShardLoader | None
+) -> ShardedRanks:
+    """The shard list of an index: every file in exactly one shard, every rank in one file."""
+    by_name = {f.name: f for f in files}
+    shards: list[ShardEntry] = []
+    placed: set[str] = set()
+    for sec in top.sections("shards"):
+        name = sec.require("name", str)
+        if not filenames.is_shard_name(name) or any(s.name == name for s in shards):
+            raise ManifestError(f"{sec.path}: illegal or repeated shard name {name!r}")
+        names = sec.require("files", list)
+        if not names or not all(isinstance(n, str) and n in by_name for n in names):
+            raise ManifestError(f"{sec.path}: names a file the manifest does not list")
+        if placed.intersection(names) or len(set(names)) != len(names):
+            raise ManifestError(f"{sec.path}: a file is in two shards")
+        placed.update(names)
+        shards.append(
+            ShardEntry(
+                name,
+                sec.require("size", int, minimum=1, maximum=MAX_INT),
+                checked_checksum(sec.doc.get("checksum"), sec.path),
+                tuple(names),
+            )
+        )
+    if placed != set(by_name):
+        raise ManifestError(f"files in no shard: {sorted(set(by_name) - placed)[:4]}")
+    covered = sorted(r for f in files for r in f.ranks)
+    if covered != list(range(nranks)):
+        raise ManifestError("the files do not list every rank exactly once")
+    return ShardedRanks(nranks, shards, by_name, load)
+
+
+def load_shard(
+    read: Callable[[ShardEntry], bytes], kind: str, step: int, shard: ShardEntry
+) -> ShardDoc:
+    """A :data:`~resilient.model.manifest.ShardLoader`: ``read`` gives the shard's bytes,
+    checked against its index entry (size and checksum: it raises what the caller's I/O layer
+    raises)."""
+    try:
+        return open_shard(read(shard), kind=kind, step=step)
+    except ManifestError as exc:
+        raise ManifestError(f"{shard.name}: {exc}") from None
+
+
+def open_shard(text: str | bytes, *, kind: str, step: int) -> ShardDoc:
+    """Parse one shard of a sharded manifest (see :func:`shard_json`) and check its header:
+    format, version, kind and step, and one entry per listed rank.
+
+    Raises:
+        ManifestError: a malformed shard, or one of another checkpoint.
+    """
+    doc = json_object(text)
+    top = manifest_section(doc, "")
+    if top.require("schema_version", int) != SHARDED_SCHEMA_VERSION:
+        raise ManifestError("a shard of another schema version than its index")
+    if top.require("kind", str) != f"{kind} shard" or top.require("step", int) != step:
+        raise ManifestError(f"not a shard of this {kind} of step {step}")
+    ranks = top.require("ranks", list)
+    if not all(is_index(r, MAX_RANKS) for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ManifestError("bad or repeated rank in its rank list")
+    sections = top.sections("entries")
+    if len(sections) != len(ranks):
+        raise ManifestError(f"{len(sections)} entries for {len(ranks)} ranks")
+    return ShardDoc({r: i for i, r in enumerate(ranks)}, sections)
+
+
+def parse_shard(
+    text: str | bytes,
+    files: Mapping[str, FileEntry],
+    *,
+    kind: str,
+    step: int,
+    memo: Memo | None = None,
+) -> dict[int, RankEntry]:
+    """:func:`open_shard`, then :meth:`ShardDoc.parse` of ``files``.
+
+    Raises:
+        ManifestError: see both.
+    """
+    return open_shard(text, kind=kind, step=step).parse(files, memo)
+
+
+def shard_json(kind: str, step: int, entries: Mapping[int, RankEntry]) -> str:
+    """A shard of a sharded manifest (schema 3): the entries of some ranks (a union of whole
+    file groups), by rank, as the whole manifest of schema 2 writes them; its index
+    (:func:`~resilient.model.codec.manifest_json` of a manifest with
+    :class:`~resilient.model.manifest.ShardedRanks`) names it with its size
+    and checksum."""
+    ranks = sorted(entries)
+    doc = {
+        "format": FORMAT,
+        "schema_version": SHARDED_SCHEMA_VERSION,
+        "kind": f"{kind} shard",
+        "step": step,
+        "ranks": ranks,
+        "entries": [rank_doc(entries[r]) for r in ranks],
+    }
+    return json.dumps(doc, allow_nan=True, separators=(",", ":"))
