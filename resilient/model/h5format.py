@@ -156,6 +156,11 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     Each rank gets a group ``/rank_00003``; a dataset ``model/layer1.weight`` of that rank is
     dataset ``layer1.weight`` of group ``/rank_00003/model``. Equal arguments give equal bytes.
 
+    The steps: the groups, datasets and links of the tree; the data's offsets
+    (:func:`_place_data`); every metadata structure's address (:class:`_Addresses`); the
+    metadata's bytes, structure by structure (:func:`_write_metadata`); the pieces that, with
+    the data, tile the file (:func:`_pieces`).
+
     Args:
         layout_kind: stored as the root's ``resilient_layout`` attribute.
         ranks: per rank of the group, its rank and its array specs.
@@ -166,145 +171,264 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
             datasets of one name, a name both a group and a dataset, a rank listed twice, an
             unsupported dtype, a negative dimension or more than 32 dimensions.
     """
-    import numpy as np
-
     tree = _Tree(ranks)
     datasets = _Datasets(tree.shapes, tree.dtypes)
     links = _Links(tree)
-    n_groups = len(tree.g_parent)
-    lk, ik = _choose_k(links.counts)
-    cap = 2 * lk  # entries per symbol table node
-    n_nodes = -(-links.counts // cap)  # symbol table nodes per group
-    node_first = np.cumsum(n_nodes) - n_nodes
-    total_nodes = int(n_nodes.sum())
-
-    # --- addresses: the data first, then the metadata (every structure 8-byte aligned) ---
     offsets, data_end, first_data, gaps = _place_data(datasets.nbytes, _SUPERBLOCK)
-    base = pos = -(-data_end // 8) * 8
     special = [_group_header(tree, g, layout_kind) for g in range(tree.n_special)]
-    header_addr = np.zeros(n_groups, np.int64)
-    for g, image in enumerate(special):
-        header_addr[g] = pos
-        pos += len(image)
-    if tree.ranks_dataset:  # too many ranks for an attribute: a dataset of the root
-        ranks_header = pos
-        pos += len(_ranks_dataset(tree.ranks, 0))
-    n_plain = n_groups - tree.n_special
-    header_addr[tree.n_special :] = pos + _PLAIN_GROUP * np.arange(n_plain)
-    pos += _PLAIN_GROUP * n_plain
-    btree_words = 4 + 4 * ik  # 3 words of header, 2K+1 keys, 2K children
-    btree_addr = pos + 8 * btree_words * np.arange(n_groups)
-    pos += 8 * btree_words * n_groups
-    heap_addr = pos + 32 * np.arange(n_groups)  # local heaps' prefixes, then their data
-    pos += 32 * n_groups
-    heap_data_addr = pos + np.cumsum(links.heap_data) - links.heap_data
-    heap_data_base = pos
-    pos += int(links.heap_data.sum())
-    node_words = 1 + 5 * cap
-    node_base = pos
-    pos += 8 * node_words * total_nodes
-    class_base = []
-    for c in datasets.classes:
-        class_base.append(pos)
-        datasets.header_addr[c.members] = pos + c.size * np.arange(c.members.size)
-        pos += c.size * c.members.size
-    if tree.ranks_dataset:  # its data: with the metadata
-        ranks_data = pos
-        pos += 8 * len(tree.ranks)
-    size = pos
+    at = _Addresses.of(tree, datasets, links, special, data_end)
+    buf = _write_metadata(tree, datasets, links, special, offsets, at)
+    pieces = _pieces(at, buf, first_data, data_end, gaps)
+    by_rank = _by_rank(offsets, datasets.nbytes, tree.bounds, tree.ranks)
+    return FileMap(tuple(pieces), by_rank, at.size)
 
-    # --- the bytes: ``out`` holds the metadata, from ``base``; ``words`` from word 0 of the
-    # file (a view that starts ``base`` bytes before ``out``: absolute addresses index it).
-    # ``buf`` is ``out`` after 8 bytes, whose last ``lead`` are the zeros from the end of the
-    # data to ``base``: the tail piece is one copy of it. A new buffer per call, dropped on
-    # return: a buffer kept per thread for the next call would save faulting its pages in
-    # (~0.2 ms for the 0.7 MB of 4,000 datasets, once per structure: later saves reuse the
-    # skeleton) but stay, as large as the largest metadata, for the thread's life ---
-    lead = base - data_end
-    buf = np.zeros(8 + size - base, np.uint8)
+
+@dataclass(frozen=True, slots=True)
+class _Addresses:
+    """Where every metadata structure of a file goes: the data first, then the metadata from
+    ``base`` (every structure 8-byte aligned), in the order of the module's diagram.
+
+    Attributes:
+        lk, ik: the symbol table nodes' and the B-trees' K (:func:`_choose_k`).
+        cap: entries per symbol table node.
+        n_nodes, node_first: per group, its symbol table nodes and the index of its first.
+        base: where the metadata starts (the end of the data, 8-byte aligned).
+        header_addr: per group, its object header.
+        ranks_header, ranks_data: the root's ``ranks`` dataset (too many ranks for an
+            attribute), its header and its data; ``-1`` when there is none.
+        btree_words, btree_addr: a B-tree node's words; per group, its B-tree node.
+        heap_addr, heap_data_addr, heap_data_base: per group, its local heap's prefix and data
+            segment; where the data segments start.
+        node_words, node_base: a symbol table node's words; where the nodes start.
+        class_base: per class of dataset headers (:class:`_Datasets`), where its block starts.
+        size: the file's size.
+    """
+
+    lk: int
+    ik: int
+    cap: int
+    n_nodes: npt.NDArray[np.int64]
+    node_first: npt.NDArray[np.int64]
+    base: int
+    header_addr: npt.NDArray[np.int64]
+    ranks_header: int
+    ranks_data: int
+    btree_words: int
+    btree_addr: npt.NDArray[np.int64]
+    heap_addr: npt.NDArray[np.int64]
+    heap_data_addr: npt.NDArray[np.int64]
+    heap_data_base: int
+    node_words: int
+    node_base: int
+    class_base: list[int]
+    size: int
+
+    @property
+    def total_nodes(self) -> int:
+        """The symbol table nodes of all groups."""
+        return int(self.n_nodes.sum())
+
+    @classmethod
+    def of(
+        cls, tree: _Tree, datasets: _Datasets, links: _Links, special: list[bytes], data_end: int
+    ) -> _Addresses:
+        """The addresses of a file whose data ends at ``data_end``; ``special``: the headers of
+        the groups with attributes. Sets each dataset's header address in ``datasets``."""
+        import numpy as np
+
+        n_groups = len(tree.g_parent)
+        lk, ik = _choose_k(links.counts)
+        cap = 2 * lk  # entries per symbol table node
+        n_nodes = -(-links.counts // cap)  # symbol table nodes per group
+        node_first = np.cumsum(n_nodes) - n_nodes
+        total_nodes = int(n_nodes.sum())
+        base = pos = -(-data_end // 8) * 8
+        header_addr = np.zeros(n_groups, np.int64)
+        for g, image in enumerate(special):
+            header_addr[g] = pos
+            pos += len(image)
+        ranks_header = ranks_data = -1
+        if tree.ranks_dataset:  # too many ranks for an attribute: a dataset of the root
+            ranks_header = pos
+            pos += len(_ranks_dataset(tree.ranks, 0))
+        n_plain = n_groups - tree.n_special
+        header_addr[tree.n_special :] = pos + _PLAIN_GROUP * np.arange(n_plain)
+        pos += _PLAIN_GROUP * n_plain
+        btree_words = 4 + 4 * ik  # 3 words of header, 2K+1 keys, 2K children
+        btree_addr = pos + 8 * btree_words * np.arange(n_groups)
+        pos += 8 * btree_words * n_groups
+        heap_addr = pos + 32 * np.arange(n_groups)  # local heaps' prefixes, then their data
+        pos += 32 * n_groups
+        heap_data_addr = pos + np.cumsum(links.heap_data) - links.heap_data
+        heap_data_base = pos
+        pos += int(links.heap_data.sum())
+        node_words = 1 + 5 * cap
+        node_base = pos
+        pos += 8 * node_words * total_nodes
+        class_base = []
+        for c in datasets.classes:
+            class_base.append(pos)
+            datasets.header_addr[c.members] = pos + c.size * np.arange(c.members.size)
+            pos += c.size * c.members.size
+        if tree.ranks_dataset:  # its data: with the metadata
+            ranks_data = pos
+            pos += 8 * len(tree.ranks)
+        return cls(
+            lk, ik, cap, n_nodes, node_first, base, header_addr, ranks_header, ranks_data,
+            btree_words, btree_addr, heap_addr, heap_data_addr, heap_data_base, node_words,
+            node_base, class_base, pos,
+        )  # fmt: skip
+
+
+def _write_metadata(
+    tree: _Tree,
+    datasets: _Datasets,
+    links: _Links,
+    special: list[bytes],
+    offsets: npt.NDArray[np.int64],
+    at: _Addresses,
+) -> npt.NDArray[np.uint8]:
+    """The metadata's bytes, in a new buffer: 8 bytes, then the metadata from ``at.base`` (the
+    8 bytes' last ``at.base - data_end`` are the zeros from the end of the data to ``base``:
+    :func:`_pieces` takes the tail piece as one copy).
+
+    A new buffer per call, dropped on return: a buffer kept per thread for the next call would
+    save faulting its pages in (~0.2 ms for the 0.7 MB of 4,000 datasets, once per structure:
+    later saves reuse the skeleton) but stay, as large as the largest metadata, for the
+    thread's life.
+    """
+    import numpy as np
+
+    buf = np.zeros(8 + at.size - at.base, np.uint8)
     out = buf[8:]  # (word-aligned)
-    words = _Shifted(out.view("<u8"), base // 8)
-    superblock = _superblock(lk, ik, size, header_addr[0], btree_addr[0], heap_addr[0])
+    # ``words`` counts from word 0 of the file: absolute addresses index it
+    words = _Shifted(out.view("<u8"), at.base // 8)
+    _write_group_headers(out, words, tree, special, at)
+    _write_btrees(words, links, at)
+    _write_heaps(out, words, links, at)
+    _write_symbol_nodes(words, tree, datasets, links, at)
+    for c, start in zip(datasets.classes, at.class_base, strict=True):  # one block per class
+        c.fill(out[start - at.base : start - at.base + c.size * c.members.size], offsets,
+               datasets.nbytes)  # fmt: skip
+    return buf
+
+
+def _write_group_headers(
+    out: npt.NDArray[np.uint8], words: _Shifted, tree: _Tree, special: list[bytes], at: _Addresses
+) -> None:
+    """The groups' object headers (and the root's ``ranks`` dataset, if any): those with
+    attributes from their images, the plain ones word by word."""
+    import numpy as np
+
+    base = at.base
     if tree.ranks_dataset:
-        image = _ranks_dataset(tree.ranks, ranks_data)
-        at = ranks_header - base
-        out[at : at + len(image)] = np.frombuffer(image, np.uint8)
-        at = ranks_data - base
-        out[at : at + 8 * len(tree.ranks)] = np.array(tree.ranks, "<i8").view(np.uint8)
+        image = _ranks_dataset(tree.ranks, at.ranks_data)
+        pos = at.ranks_header - base
+        out[pos : pos + len(image)] = np.frombuffer(image, np.uint8)
+        pos = at.ranks_data - base
+        out[pos : pos + 8 * len(tree.ranks)] = np.array(tree.ranks, "<i8").view(np.uint8)
     for g, image in enumerate(special):
-        a = int(header_addr[g])
+        a = int(at.header_addr[g])
         out[a - base : a - base + len(image)] = np.frombuffer(image, np.uint8)
         # its first message is the symbol table's: after the prefix and the message header
-        words[a // 8 + 3] = btree_addr[g]
-        words[a // 8 + 4] = heap_addr[g]
+        words[a // 8 + 3] = at.btree_addr[g]
+        words[a // 8 + 4] = at.heap_addr[g]
+    n_plain = len(tree.g_parent) - tree.n_special
     if n_plain:
-        at = int(header_addr[tree.n_special]) // 8
-        w = words[at : at + 5 * n_plain].reshape(n_plain, 5)
+        pos = int(at.header_addr[tree.n_special]) // 8
+        w = words[pos : pos + 5 * n_plain].reshape(n_plain, 5)
         w[:, 0] = 1 | 1 << 16 | 1 << 32  # version 1, one message, reference count 1
         w[:, 1] = 24  # the message: its 8-byte header and 16 bytes
         w[:, 2] = _SYMBOL_TABLE | 16 << 16
-        w[:, 3] = btree_addr[tree.n_special :]
-        w[:, 4] = heap_addr[tree.n_special :]
+        w[:, 3] = at.btree_addr[tree.n_special :]
+        w[:, 4] = at.heap_addr[tree.n_special :]
 
-    # B-tree nodes: 3 words of header, then key 0, child 0, key 1, ..., child n-1, key n; key 0
-    # is "" (heap offset 0) and key i+1 the last name of child i
-    at = int(btree_addr[0]) // 8
-    bt = words[at : at + btree_words * n_groups].reshape(n_groups, btree_words)
-    bt[:, 0] = np.uint64(_TREE_WORD) | n_nodes.astype(np.uint64) << np.uint64(48)
+
+def _write_btrees(words: _Shifted, links: _Links, at: _Addresses) -> None:
+    """One B-tree node per group: 3 words of header, then key 0, child 0, key 1, ..., child
+    n-1, key n; key 0 is "" (heap offset 0) and key i+1 the last name of child i."""
+    import numpy as np
+
+    n_groups = at.btree_addr.size
+    pos = int(at.btree_addr[0]) // 8
+    bt = words[pos : pos + at.btree_words * n_groups].reshape(n_groups, at.btree_words)
+    bt[:, 0] = np.uint64(_TREE_WORD) | at.n_nodes.astype(np.uint64) << np.uint64(48)
     bt[:, 1:3] = _UNDEF  # no siblings
-    node_group = np.repeat(np.arange(n_groups), n_nodes)
-    j = np.arange(total_nodes) - node_first[node_group]  # each node's index in its group
-    last = links.first[node_group] + np.minimum((j + 1) * cap, links.counts[node_group]) - 1
-    bt[node_group, 4 + 2 * j] = node_base + 8 * node_words * np.arange(total_nodes)
+    node_group = np.repeat(np.arange(n_groups), at.n_nodes)
+    j = np.arange(at.total_nodes) - at.node_first[node_group]  # each node's index in its group
+    last = links.first[node_group] + np.minimum((j + 1) * at.cap, links.counts[node_group]) - 1
+    bt[node_group, 4 + 2 * j] = at.node_base + 8 * at.node_words * np.arange(at.total_nodes)
     bt[node_group, 5 + 2 * j] = links.heap_offset[last]
 
-    # local heaps: prefixes of 4 words; their data segments, one after the other, hold ""
-    # at offset 0, then the group's names in sorted order
-    hw = heap_addr // 8
+
+def _write_heaps(
+    out: npt.NDArray[np.uint8], words: _Shifted, links: _Links, at: _Addresses
+) -> None:
+    """The local heaps: prefixes of 4 words; their data segments, one after the other, hold ""
+    at offset 0, then the group's names in sorted order."""
+    hw = at.heap_addr // 8
     words[hw] = _HEAP_WORD
     words[hw + 1] = links.heap_data
     words[hw + 2] = _HEAP_FREE_NONE
-    words[hw + 3] = heap_data_addr
-    at = heap_data_base - base
-    out[at : at + links.heap_bytes.size] = links.heap_bytes
+    words[hw + 3] = at.heap_data_addr
+    pos = at.heap_data_base - at.base
+    out[pos : pos + links.heap_bytes.size] = links.heap_bytes
 
-    # symbol table nodes: a word of header ("SNOD", version, count), then 5 words per entry:
-    # name's heap offset, object header, cache type, and a group's B-tree and heap
-    if total_nodes:
-        in_group = np.arange(links.n) - links.first[links.parent]
-        node = node_first[links.parent] + in_group // cap
-        count = np.bincount(node, minlength=total_nodes).astype(np.uint64)
-        nw = node_base // 8 + node_words * np.arange(total_nodes)
-        words[nw] = np.uint64(_SNOD_WORD) | count << np.uint64(48)
-        ew = node_base // 8 + node_words * node + 1 + 5 * (in_group % cap)
-        group = links.order - datasets.n + 1  # a group link's group, else <= 0
-        is_dataset = group <= 0
-        is_group = ~is_dataset & (group < n_groups)
-        header = np.zeros(links.n, np.int64)
-        header[is_dataset] = datasets.header_addr[links.order[is_dataset]]
-        if tree.ranks_dataset:  # the last link
-            header[group == n_groups] = ranks_header
-        group = group[is_group]
-        header[is_group] = header_addr[group]
-        words[ew] = links.heap_offset
-        words[ew + 1] = header
-        words[ew[is_group] + 2] = _LINK_GROUP
-        words[ew[is_group] + 3] = btree_addr[group]
-        words[ew[is_group] + 4] = heap_addr[group]
 
-    # dataset headers, one block of equal records per class
-    for c, at in zip(datasets.classes, class_base, strict=True):
-        c.fill(out[at - base : at - base + c.size * c.members.size], offsets, datasets.nbytes)
+def _write_symbol_nodes(
+    words: _Shifted, tree: _Tree, datasets: _Datasets, links: _Links, at: _Addresses
+) -> None:
+    """The symbol table nodes: a word of header ("SNOD", version, count), then 5 words per
+    entry: the name's heap offset, the object header, the cache type, and a group's B-tree and
+    heap."""
+    import numpy as np
 
-    # the superblock and the zeros up to the first dataset; the zeros between datasets; the
-    # zeros after the last one (up to 8-byte alignment) and the metadata
+    total_nodes = at.total_nodes
+    if not total_nodes:
+        return
+    n_groups = at.btree_addr.size
+    in_group = np.arange(links.n) - links.first[links.parent]
+    node = at.node_first[links.parent] + in_group // at.cap
+    count = np.bincount(node, minlength=total_nodes).astype(np.uint64)
+    nw = at.node_base // 8 + at.node_words * np.arange(total_nodes)
+    words[nw] = np.uint64(_SNOD_WORD) | count << np.uint64(48)
+    ew = at.node_base // 8 + at.node_words * node + 1 + 5 * (in_group % at.cap)
+    group = links.order - datasets.n + 1  # a group link's group, else <= 0
+    is_dataset = group <= 0
+    is_group = ~is_dataset & (group < n_groups)
+    header = np.zeros(links.n, np.int64)
+    header[is_dataset] = datasets.header_addr[links.order[is_dataset]]
+    if tree.ranks_dataset:  # the last link
+        header[group == n_groups] = at.ranks_header
+    group = group[is_group]
+    header[is_group] = at.header_addr[group]
+    words[ew] = links.heap_offset
+    words[ew + 1] = header
+    words[ew[is_group] + 2] = _LINK_GROUP
+    words[ew[is_group] + 3] = at.btree_addr[group]
+    words[ew[is_group] + 4] = at.heap_addr[group]
+
+
+def _pieces(
+    at: _Addresses,
+    buf: npt.NDArray[np.uint8],
+    first_data: int,
+    data_end: int,
+    gaps: list[tuple[int, int]],
+) -> list[tuple[int, bytes]]:
+    """The bytes that are not datasets' data, by offset: the superblock and the zeros up to the
+    first dataset; the zeros between datasets; the zeros after the last one (up to 8-byte
+    alignment) and the metadata (``buf``: see :func:`_write_metadata`). One piece without
+    data."""
+    lead = at.base - data_end
+    superblock = _superblock(
+        at.lk, at.ik, at.size, int(at.header_addr[0]), int(at.btree_addr[0]), int(at.heap_addr[0])
+    )
     head = superblock + bytes(first_data - _SUPERBLOCK)
     tail = buf[8 - lead :].tobytes()
-    pieces = [(0, head), *((o, bytes(n)) for o, n in gaps), (data_end, tail)]
     if first_data == data_end:  # no data: one piece
-        pieces = [(0, head + tail)]
-    by_rank = _by_rank(offsets, datasets.nbytes, tree.bounds, tree.ranks)
-    return FileMap(tuple(pieces), by_rank, size)
+        return [(0, head + tail)]
+    return [(0, head), *((o, bytes(n)) for o, n in gaps), (data_end, tail)]
 
 
 class _Shifted:
