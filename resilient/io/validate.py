@@ -85,7 +85,7 @@ def marker_text(step: int, manifest_checksum: str) -> str:
 
 def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = None) -> Manifest:
     """Read and check the marker and manifest of a committed directory (``memo``: the caller's
-    :class:`~resilient.model.tree.Memo`, see :func:`~resilient.model.manifest.parse_manifest`).
+    :class:`~resilient.model.tree.Memo`, see :func:`~resilient.model.codec.parse_manifest`).
 
     Raises:
         InvalidCheckpointError: with the reason.
@@ -133,7 +133,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
 @dataclass(frozen=True, slots=True)
 class ShardFiles:
     """Reads the shards of a sharded manifest (schema 3) in ``directory`` for
-    :func:`~resilient.model.manifest.parse_manifest`: the bytes of one, checked against its index
+    :func:`~resilient.model.codec.parse_manifest`: the bytes of one, checked against its index
     entry (size and checksum).
 
     Raises:

@@ -35,7 +35,7 @@ records:
   group. A header message holds at most 64 KiB, so a file of more than 8,183 ranks has
   ``resilient_ranks`` as a dataset of the root instead (its data lies with the metadata).
 
-Datatypes are the ones h5py gives the numpy dtypes :func:`resilient.model.manifest.dtype_itemsize`
+Datatypes are the ones h5py gives the numpy dtypes :func:`resilient.model.entries.dtype_itemsize`
 accepts (tests compare them byte for byte with HDF5's), so h5py reads every dataset back with
 its dtype: integers and IEEE floats of either byte order; ``f16`` (``numpy.longdouble``: x87's
 80-bit format in 16 bytes on x86-64, IEEE quad elsewhere); ``b1`` as an 8-bit enum ``FALSE=0,
