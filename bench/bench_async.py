@@ -33,6 +33,7 @@ import argparse
 import datetime
 import inspect
 import json
+import mmap
 import os
 import platform
 import random
@@ -80,6 +81,18 @@ MODES: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("write",),
         "per rank: os.pwrite over the same bytes of an existing file + fsync (the limit of a "
         "save that writes over a dropped checkpoint's file)",
+    ),
+    "raw_over_direct": (
+        "write",
+        ("write",),
+        "per rank: O_DIRECT os.pwrite from a page-aligned copy of the buffer over an existing "
+        "file + fsync (the limit of a save that writes with O_DIRECT: no copy, one request)",
+    ),
+    "mover_over": (
+        "write",
+        ("write",),
+        "per rank: resilient.io.fileio.write_file over an existing file (the save's byte mover "
+        "alone: O_DIRECT through a reused 32 MiB bounce buffer, fsync)",
     ),
     "memcpy": (
         "write",
@@ -359,6 +372,8 @@ class Bench:
         self.latest: dict[str, Path] = {}
         self.disk_bytes: dict[str, int] = {}
         self.mgrs: dict[str, Any] = {}
+        self.aligned: mmap.mmap | None = None  # raw_over_direct's page-aligned copy of buf
+        self.bounce: Any = None  # mover_over's bounce buffer, reused by its runs
         self.shm: Path | None = None
         if RANK == 0:
             for m in modes:
@@ -398,6 +413,8 @@ class Bench:
     def close(self) -> None:
         for mgr in self.mgrs.values():
             mgr.close()
+        if self.bounce is not None:
+            self.bounce.close()
         if RANK == 0 and self.shm is not None:
             shutil.rmtree(self.shm, ignore_errors=True)
 
@@ -451,6 +468,38 @@ class Bench:
             os.fsync(fd)
         finally:
             os.close(fd)
+        t = time.perf_counter() - t0
+        sleep_barrier()
+        return {"write": t}
+
+    def m_raw_over_direct(self, check: bool) -> dict[str, float]:
+        path = self.base / "raw_over_direct" / f"r{RANK:05d}.bin"
+        if self.aligned is None:  # the buffer's bytes on whole pages, as O_DIRECT needs
+            self.aligned = mmap.mmap(-1, self.buf.nbytes)
+            memoryview(self.aligned)[:] = self.buf.data.cast("B")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)  # the previous run's file, if any
+        os.close(fd)
+        sleep_barrier()
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
+        try:
+            pwrite_all(fd, np.frombuffer(self.aligned, np.uint8))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        t = time.perf_counter() - t0
+        sleep_barrier()
+        return {"write": t}
+
+    def m_mover_over(self, check: bool) -> dict[str, float]:
+        from resilient.io import fileio
+
+        path = self.base / "mover_over" / f"r{RANK:05d}.bin"
+        if self.bounce is None:
+            self.bounce = fileio.Bounce()
+        sleep_barrier()
+        t0 = time.perf_counter()
+        fileio.write_file(path, [0], [self.buf], bounce=self.bounce)
         t = time.perf_counter() - t0
         sleep_barrier()
         return {"write": t}

@@ -238,10 +238,9 @@ def write_file(
     arrays: Sequence[npt.NDArray[np.generic]],
     *,
     skeleton: Callable[[], FileSkeleton] | None = None,
-    direct: bool = True,
-    sync: bool = True,
     idle: Callable[[], None] | None = None,
     bounce: Bounce | None = None,
+    sync: bool = True,
 ) -> None:
     """Write each C-contiguous array's bytes at its offset in ``path`` (``None``: an empty array,
     nothing to write), then fsync (unless ``sync`` is false: then :func:`fsync_file` must follow
@@ -249,83 +248,163 @@ def write_file(
 
     Several ranks may write parts of one file concurrently, in any order: the file is created
     if missing and never truncated by a writer. The group's leader passes ``skeleton``, which
-    gives the file's :class:`FileSkeleton` (perhaps building it): its HDF5 bytes (the cached
-    :attr:`FileSkeleton.image`) are written after the data, and the file gets its size.
+    gives the file's :class:`FileSkeleton` (perhaps building it): its HDF5 bytes are written
+    after the data, and the file gets its size.
 
-    The data is written in runs whose writeback starts at once (:func:`_pwrite_runs`); while
-    the disk works, the CPU work of the save is done between two runs: ``skeleton`` after the
-    first run, then ``idle`` after each run (the caller's CPU work, one piece per call).
+    The steps: the bytes are split by the way they reach the disk (:func:`_split`); the
+    page-aligned bodies of large arrays are written with ``O_DIRECT`` (:func:`_write_direct`,
+    through ``bounce``), the rest through the page cache in runs whose writeback starts at once
+    (:func:`_pwrite_runs`); while the disk works, the CPU work of the save is done between two
+    runs: ``skeleton`` after the first, then ``idle`` after each (:class:`_Between`); then the
+    leader's HDF5 bytes, then the fsync.
+    """
+    split = _split(offsets, arrays)
+    between = _Between(skeleton, idle)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        refused = _write_direct(path, split.direct, bounce)
+        _pwrite_runs(
+            fd,
+            [*split.starts, *(s.offset for s in refused)],
+            [*split.bufs, *(s.data for s in refused)],
+            between=between,
+        )
+        if skeleton is not None:
+            _write_metadata(fd, between.skeleton())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """Bytes to write at an offset of a file."""
+
+    offset: int
+    data: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """One rank's bytes for a file, by the way they reach the disk.
+
+    Attributes:
+        direct: the page-aligned bodies of the arrays of 1 MiB or more, for ``O_DIRECT``.
+        starts: offsets of the rest, for the page cache: the small arrays whole, the large
+            ones' unaligned heads and tails.
+        bufs: the buffers at ``starts`` (arrays, or byte views of them).
+    """
+
+    direct: tuple[_Span, ...]
+    starts: list[int]
+    bufs: list[_Buffer]
+
+
+def _split(offsets: Sequence[int | None], arrays: Sequence[npt.NDArray[np.generic]]) -> _Split:
+    """Split the bytes of ``arrays`` at ``offsets`` (``None``: empty, dropped) for
+    :func:`write_file` (no I/O; no Python per small array).
 
     Large arrays go through ``O_DIRECT`` when the filesystem allows it: buffered writers to one
     shared file are serialised by the kernel (ext4 holds the inode lock while it allocates page
     cache), which made shared-file saves bimodal here; direct writes also leave the page cache
-    alone. A page-aligned source (a staging buffer) is written as it is; any other goes through
-    ``bounce``'s page-aligned buffer (none given: one mapped for this call, whose pages are
-    faulted in as it is filled). Unaligned heads and tails, and small arrays, are written
-    through the page cache (:func:`_pwrite_runs`: no Python per array).
+    alone. ``O_DIRECT`` needs page-aligned offsets, so a large array's head before its first
+    page boundary and its tail after its last go through the page cache with the small arrays.
     """
     import numpy as np
 
+    starts = list(offsets)
     arrs = list(arrays)
-    if None in offsets:  # empty arrays: nothing to write
-        kept = [i for i, o in enumerate(offsets) if o is not None]
-        offsets, arrs = [offsets[i] for i in kept], [arrs[i] for i in kept]
-    starts = cast("list[int]", list(offsets))
-    bufs: list[_Buffer] = list(arrs)
-    sizes = np.fromiter(map(_NBYTES, bufs), np.int64, len(bufs))
-    built: list[FileSkeleton] = []  # the skeleton, once asked for
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    dfd = None
+    if None in starts:  # empty arrays: nothing to write
+        kept = [i for i, o in enumerate(starts) if o is not None]
+        starts, arrs = [starts[i] for i in kept], [arrs[i] for i in kept]
+    sizes = np.fromiter(map(_NBYTES, arrs), np.int64, len(arrs))
+    large = np.flatnonzero(sizes >= DIRECT_MIN)
+    if not large.size:
+        return _Split((), cast("list[int]", starts), list(arrs))
+    small = np.ones(len(arrs), bool)
+    small[large] = False
+    keep = np.flatnonzero(small).tolist()
+    rest_starts = [cast(int, starts[i]) for i in keep]
+    rest_bufs: list[_Buffer] = [arrs[i] for i in keep]
+    direct: list[_Span] = []
+    for i in large.tolist():
+        offset, view = cast(int, starts[i]), _bytes_view(arrs[i])
+        head = (-offset) % _ALIGN
+        end = head + (len(view) - head) // _ALIGN * _ALIGN
+        direct.append(_Span(offset + head, view[head:end]))
+        rest_starts += [offset, offset + end]
+        rest_bufs += [view[:head], view[end:]]
+    return _Split(tuple(direct), rest_starts, rest_bufs)
+
+
+def _write_direct(path: Path, spans: Sequence[_Span], bounce: Bounce | None) -> Sequence[_Span]:
+    """Write ``spans`` (page-aligned offsets and lengths) with ``O_DIRECT``; those it cannot
+    (the filesystem refuses ``O_DIRECT``: all of them) are returned, for the page cache.
+
+    A page-aligned source (a staging buffer) is written as it is; any other is copied through
+    ``bounce``'s page-aligned buffer (none given: one mapped for this call, of at most the
+    largest span, whose pages are faulted in as it is filled).
+    """
+    if not spans:
+        return ()
+    dfd = open_direct(path)
+    if dfd is None:
+        return spans
     try:
-        extra: list[tuple[int, _Buffer]] = []
-        large = np.flatnonzero(sizes >= DIRECT_MIN).tolist() if direct else []
-        if large:
-            dfd = open_direct(path)
-        if dfd is not None:
-            with contextlib.ExitStack() as lent:
-                buffer: memoryview | None = None
-                for i in large:
-                    offset, view = starts[i], _bytes_view(arrs[i])
-                    head = (-offset) % _ALIGN
-                    body = (len(view) - head) // _ALIGN * _ALIGN
-                    extra.append((offset, view[:head]))
-                    if (arrs[i].ctypes.data + head) % _ALIGN == 0:
-                        _pwrite_all(dfd, view[head : head + body], offset + head)
-                    else:
-                        if buffer is None:  # the first array that needs it
-                            need = int(sizes[large].max())
-                            buffer = lent.enter_context(_bounce(bounce, need))
-                        _write_bounced(dfd, buffer, view[head : head + body], offset + head)
-                    extra.append((offset + head + body, view[head + body :]))
-            small = np.ones(len(bufs), bool)
-            small[large] = False
-            keep = np.flatnonzero(small).tolist()
-            starts, bufs, sizes = [starts[i] for i in keep], [bufs[i] for i in keep], sizes[small]
-        if extra:
-            starts += [o for o, _ in extra]
-            bufs += [v for _, v in extra]
-            sizes = np.concatenate([sizes, np.array([v.nbytes for _, v in extra], np.int64)])
-
-        def between() -> None:
-            if skeleton is not None and not built:
-                built.append(skeleton())
-            elif idle is not None:
-                idle()
-
-        _pwrite_runs(fd, starts, bufs, sizes, between=between)
-        if skeleton is not None:
-            if not built:  # no run of data came first
-                built.append(skeleton())
-            os.ftruncate(fd, built[0].size)
-            image: list[_Buffer] = [memoryview(data) for _, data in built[0].image]
-            at = [offset for offset, _ in built[0].image]
-            _pwrite_runs(fd, at, image, np.array([len(v) for v in image], np.int64))
-        if sync:
-            os.fsync(fd)
+        with contextlib.ExitStack() as lent:
+            buffer: memoryview | None = None
+            for span in spans:
+                if _address(span.data) % _ALIGN == 0:
+                    _pwrite_all(dfd, span.data, span.offset)
+                    continue
+                if buffer is None:  # the first span that needs it
+                    need = max(len(s.data) for s in spans)
+                    buffer = lent.enter_context(_bounce(bounce, need))
+                _write_bounced(dfd, buffer, span)
     finally:
-        if dfd is not None:
-            os.close(dfd)
-        os.close(fd)
+        os.close(dfd)
+    return ()
+
+
+def _address(view: memoryview) -> int:
+    """The address of ``view``'s first byte."""
+    import numpy as np
+
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+
+class _Between:
+    """What :func:`write_file` does while the disk writes a run of data: the leader's
+    ``skeleton`` after the first run, then the caller's ``idle`` work after each."""
+
+    def __init__(
+        self, skeleton: Callable[[], FileSkeleton] | None, idle: Callable[[], None] | None
+    ) -> None:
+        self._build = skeleton
+        self._built: FileSkeleton | None = None
+        self._idle = idle
+
+    def __call__(self) -> None:
+        if self._build is not None and self._built is None:
+            self._built = self._build()
+        elif self._idle is not None:
+            self._idle()
+
+    def skeleton(self) -> FileSkeleton:
+        """The skeleton (built now if no run of data came first)."""
+        if self._built is None:
+            assert self._build is not None
+            self._built = self._build()
+        return self._built
+
+
+def _write_metadata(fd: int, skeleton: FileSkeleton) -> None:
+    """The leader's part after the data: the file's size, then HDF5's own bytes."""
+    os.ftruncate(fd, skeleton.size)
+    _pwrite_runs(
+        fd, [offset for offset, _ in skeleton.image], [memoryview(b) for _, b in skeleton.image]
+    )
 
 
 _NBYTES = operator.attrgetter("nbytes")
@@ -347,14 +426,13 @@ def _pwrite_runs(
     fd: int,
     offsets: list[int],
     bufs: list[_Buffer],
-    sizes: npt.NDArray[np.int64],
     *,
     between: Callable[[], Any] | None = None,
 ) -> None:
-    """Write each buffer (a C-contiguous array or a byte view; ``sizes``: their byte counts) at
-    its offset, one ``pwritev`` per run of adjacent ones: a state of 4,000 small arrays is a few
-    system calls, the arrays themselves the iovecs (no copy here: ~0.3 us each in the kernel),
-    and the runs are found with numpy (no Python per array).
+    """Write each buffer (a C-contiguous array or a byte view) at its offset, one ``pwritev``
+    per run of adjacent ones: a state of 4,000 small arrays is a few system calls, the arrays
+    themselves the iovecs (no copy here: ~0.3 us each in the kernel), and the runs are found
+    with numpy (no Python per array).
 
     A run holds at most IOV_MAX buffers and, unless one buffer is larger,
     :data:`_WRITEBACK_BYTES`; ``between`` is called after each. After each run the kernel is
@@ -365,6 +443,7 @@ def _pwrite_runs(
     import numpy as np
 
     start = np.array(offsets, np.int64)
+    sizes = np.fromiter(map(_NBYTES, bufs), np.int64, len(bufs))
     if not (sizes > 0).all():
         keep = np.flatnonzero(sizes > 0)
         start, sizes, bufs = start[keep], sizes[keep], [bufs[i] for i in keep.tolist()]
@@ -433,14 +512,14 @@ def _pwritev_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = Non
             bufs[first] = memoryview(bufs[first]).cast("B")[n:]  # type: ignore[arg-type]
 
 
-def _write_bounced(dfd: int, bounce: memoryview, view: memoryview, offset: int) -> None:
-    """Write an aligned-length ``view`` to aligned ``offset`` through the page-aligned
-    ``bounce``."""
-    pos = 0
-    while pos < len(view):
-        n = min(len(bounce), len(view) - pos)
-        bounce[:n] = view[pos : pos + n]
-        _pwrite_all(dfd, bounce[:n], offset + pos)
+def _write_bounced(dfd: int, bounce: memoryview, span: _Span) -> None:
+    """Write ``span`` (page-aligned offset and length) with ``O_DIRECT`` through the
+    page-aligned ``bounce``, a piece at a time: copy, then write."""
+    pos, data = 0, span.data
+    while pos < len(data):
+        n = min(len(bounce), len(data) - pos)
+        bounce[:n] = data[pos : pos + n]
+        _pwrite_all(dfd, bounce[:n], span.offset + pos)
         pos += n
 
 

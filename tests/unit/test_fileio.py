@@ -4,6 +4,7 @@ read into one buffer and returned as views, gaps, misaligned and large arrays, s
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -259,6 +260,26 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
     # the caller's arrays are left as they are
     large = sum(a.nbytes for a in arrays if a.nbytes >= 1 << 20)
     assert watcher.faulted == (large if reader == "read_new" else 0)
+
+
+def test_split_sends_whole_pages_of_large_arrays_direct_and_the_rest_through_the_cache() -> None:
+    """The bytes of a write, split without I/O: a large array's page-aligned body for
+    O_DIRECT, its unaligned head and tail and the small arrays for the page cache; empty
+    arrays dropped; together the pieces are every byte once."""
+    big = np.arange(300_000, dtype=np.float64)  # 2.4 MB, from an offset inside a page
+    small = np.arange(10, dtype=np.int32)
+    split = fileio._split([5000, None, 3_000_000], [big, np.zeros(0), small])
+    (body,) = split.direct
+    assert body.offset % mmap.PAGESIZE == 0 and len(body.data) % mmap.PAGESIZE == 0
+    pieces = [(body.offset, bytes(body.data))]
+    rest = zip(split.starts, split.bufs, strict=True)
+    pieces += [(o, b.tobytes()) for o, b in rest]
+    assert sum(len(b) for _, b in pieces) == big.nbytes + small.nbytes
+    image = bytearray(3_000_000 + small.nbytes)
+    for offset, data in pieces:
+        image[offset : offset + len(data)] = data
+    assert image[5000 : 5000 + big.nbytes] == big.tobytes()
+    assert image[3_000_000:] == small.tobytes()
 
 
 def test_work_alongside_runs_between_runs_of_data_and_the_rest_is_left(tmp_path: Path) -> None:
