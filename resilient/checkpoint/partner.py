@@ -28,8 +28,9 @@ copy of the step. A partner copy whose bytes do not match its digest is quaranti
 option is tried. Two adjacent nodes lost: the first one's files exist nowhere, so an older step
 or the shared root is used, and the plan says why.
 
-The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`. A second scheme (XOR)
-would provide the same three operations beside this one.
+The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`, as the byte
+streams of :mod:`resilient.io.wire`. A second scheme (XOR) would provide the same three
+operations beside this one.
 """
 
 from __future__ import annotations
@@ -41,15 +42,15 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
-from resilient.io import fileio, storage
+from resilient.io import storage
 from resilient.io.commit import PendingDir
 from resilient.io.validate import load_manifest
+from resilient.io.wire import CHUNK, Outgoing, new_hash, receive_files, send_files
 from resilient.model import filenames
 from resilient.model.manifest import Layout, Manifest, ManifestError, parse_manifest
 from resilient.parallel.collective import Collective
@@ -70,10 +71,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REDUNDANCY_SCHEMES = ("partner",)
-
-CHUNK = 8 << 20  # bytes per message of a file's body
-_MAX_DOC = 256 << 20  # the largest header or trailer accepted (a manifest of many ranks)
-_MAX_FILE = 1 << 50
 
 
 def check_redundancy(name: str | None) -> str | None:
@@ -190,239 +187,6 @@ class Ring:
     def ranks_of(self, leader: int) -> tuple[int, ...]:
         """The ranks of ``leader``'s node."""
         return self.ranks[self.leaders.index(leader)]
-
-
-# ---------------------------------------------------------------------- moving files
-
-
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    """A file to send: its name at the destination, where it is here, its size, and the digest
-    recorded when it was received as a partner copy (``None`` for a node's own file)."""
-
-    name: str
-    path: Path
-    size: int
-    digest: str | None
-
-
-def _send_doc(channel: Channel, dest: int, doc: Any) -> None:
-    body = json.dumps(doc).encode()
-    channel.send(dest, len(body).to_bytes(8, "little"))
-    channel.send(dest, body)
-
-
-def _recv_doc(channel: Channel, source: int) -> Any:
-    head = bytearray(8)
-    channel.recv(source, head)
-    size = int.from_bytes(head, "little")
-    if size > _MAX_DOC:
-        raise ValueError(f"rank {source} announced a message of {size} bytes")
-    body = bytearray(size)
-    channel.recv(source, body)
-    return json.loads(body)
-
-
-def _hasher() -> Any:
-    import xxhash
-
-    return xxhash.xxh3_128()
-
-
-def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, pos)
-        view, pos = view[n:], pos + n
-
-
-_ALIGN = 4096  # O_DIRECT's alignment of offsets, lengths and memory
-
-
-def _aligned(size: int) -> memoryview:
-    """A page-aligned buffer of ``size`` bytes (an anonymous map)."""
-    import mmap
-
-    return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
-
-
-def _read_exact(fd: int, view: memoryview, pos: int) -> None:
-    while view:
-        got = os.preadv(fd, [view], pos)
-        if got == 0:
-            raise EOFError(f"the file ends at byte {pos}")
-        view, pos = view[got:], pos + got
-
-
-class _Reader:
-    """Reads one file chunk by chunk, hashing it; after a problem, hands out zeros."""
-
-    def __init__(self, f: _Outgoing) -> None:
-        self.path = f.path
-        self.hash = _hasher()
-        self.problem: str | None = None
-        self.fd = -1
-        try:
-            self.fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            self.problem = f"{f.path}: {exc.strerror or exc}"
-
-    def read(self, view: memoryview, pos: int) -> memoryview:
-        if self.problem is None:
-            try:
-                _read_exact(self.fd, view, pos)
-                self.hash.update(view)
-            except (OSError, EOFError) as exc:
-                self.problem = f"{self.path}: {exc}"
-        if self.problem is not None:
-            view[:] = bytes(len(view))
-        return view
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def send_files(
-    channel: Channel, dest: int, header: Mapping[str, Any], files: Sequence[_Outgoing]
-) -> list[str]:
-    """Send ``header`` (with the files' names and sizes), each file's bytes, then a trailer with
-    their digests; returns the problems found (a file unreadable, short, or not matching its
-    recorded digest: its bytes are sent as zeros, and the trailer tells the receiver not to keep
-    them). The stream is always complete, so the receiver never waits for bytes that do not
-    come. The next chunk is read (and hashed) on a helper thread while one is being sent."""
-    _send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
-    size = min(CHUNK, max((f.size for f in files), default=0))
-    bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
-    problems: list[str] = []
-    digests: list[str] = []
-    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-read") as pool:
-        for f in files:
-            reader = _Reader(f)
-            try:
-                chunks = [(pos, min(CHUNK, f.size - pos)) for pos in range(0, f.size, CHUNK)]
-                ahead = pool.submit(reader.read, bufs[0][: chunks[0][1]], 0) if chunks else None
-                for i in range(len(chunks)):
-                    assert ahead is not None
-                    view = ahead.result()
-                    if i + 1 < len(chunks):
-                        pos, n = chunks[i + 1]
-                        ahead = pool.submit(reader.read, bufs[(i + 1) % 2][:n], pos)
-                    channel.send(dest, view)
-            finally:
-                reader.close()
-            digest, problem = reader.hash.hexdigest(), reader.problem
-            if problem is None and f.digest is not None and digest != f.digest:
-                problem = f"{f.path}: its bytes do not match the digest recorded when copied"
-            if problem is not None:
-                problems.append(problem)
-            digests.append(digest)
-    _send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
-    return problems
-
-
-@dataclass(frozen=True, slots=True)
-class _Received:
-    header: dict[str, Any]
-    sizes: dict[str, int]
-    digests: dict[str, str]
-    error: str | None
-
-
-def _check_header(header: Any, source: int) -> list[tuple[str, int]]:
-    """The ``(name, size)`` list of a header from ``source`` (which is this library's code;
-    still, nothing but a data file's name may become a path)."""
-    files = header.get("files") if isinstance(header, dict) else None
-    if not isinstance(files, list):
-        raise ValueError(f"rank {source} sent a malformed header")
-    out: list[tuple[str, int]] = []
-    for item in files:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not isinstance(item[0], str)
-            or not filenames.is_data_file_name(item[0])
-            or not isinstance(item[1], int)
-            or not 0 <= item[1] < _MAX_FILE
-        ):
-            raise ValueError(f"rank {source} sent a malformed file entry {item!r}")
-        out.append((item[0], item[1]))
-    return out
-
-
-def receive_files(
-    channel: Channel, source: int, directory: Callable[[dict[str, Any]], Path]
-) -> _Received:
-    """Receive what :func:`send_files` sends into ``directory(header)`` (created by it), each
-    file fsynced. Chunks are written (and files fsynced) on a helper thread while the next
-    chunk arrives. A failure to write (a full disk) does not stop the reception: the rest of
-    the stream is read and dropped, and the result names the error."""
-    header = _recv_doc(channel, source)
-    files = _check_header(header, source)
-    errors: list[str] = []
-    target: Path | None = None
-    try:
-        target = directory(header)
-    except OSError as exc:
-        errors.append(f"creating a directory for the copy: {exc}")
-    size = min(CHUNK, max((n for _, n in files), default=0))
-    bufs = (_aligned(size), _aligned(size))  # page-aligned: O_DIRECT writes them as they are
-    digests: dict[str, str] = {}
-
-    def write(fds: tuple[int, int | None], view: memoryview, pos: int, name: str) -> None:
-        fd, direct = fds
-        if fd >= 0 and not errors:
-            try:  # O_DIRECT where it can: no page cache to fill (and evict) on this node
-                aligned = direct is not None and pos % _ALIGN == 0 and len(view) % _ALIGN == 0
-                _pwrite_all(direct if aligned and direct is not None else fd, view, pos)
-            except OSError as exc:
-                errors.append(f"writing {name}: {exc.strerror or exc}")
-
-    def close(fds: tuple[int, int | None], name: str) -> None:
-        fd, direct = fds
-        if direct is not None:
-            os.close(direct)
-        if fd < 0:
-            return
-        try:
-            if not errors:
-                os.fsync(fd)
-        except OSError as exc:
-            errors.append(f"syncing {name}: {exc.strerror or exc}")
-        finally:
-            os.close(fd)
-
-    pending: list[Future[None]] = [Future(), Future()]
-    for f in pending:
-        f.set_result(None)
-    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-write") as writer:
-        i = 0
-        for name, nbytes in files:
-            h, fds = _hasher(), (-1, None)  # type: Any, tuple[int, int | None]
-            if not errors and target is not None:
-                try:
-                    fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    fds = (fd, fileio.open_direct(target / name) if nbytes >= CHUNK else None)
-                except OSError as exc:
-                    errors.append(f"creating {target / name}: {exc.strerror or exc}")
-            for pos in range(0, nbytes, CHUNK):
-                pending[i % 2].result()  # the buffer's previous write is done
-                view = bufs[i % 2][: min(CHUNK, nbytes - pos)]
-                channel.recv(source, view)
-                h.update(view)
-                where = str(target / name) if target else name
-                pending[i % 2] = writer.submit(write, fds, view, pos, where)
-                i += 1
-            writer.submit(close, fds, name)  # after this file's writes, in order
-            digests[name] = h.hexdigest()
-    error = errors[0] if errors else None
-    trailer = _recv_doc(channel, source)
-    theirs = trailer.get("digests") if isinstance(trailer, dict) else None
-    if isinstance(trailer, dict) and trailer.get("error"):
-        error = error or f"the sender could not read it: {trailer['error']}"
-    elif theirs != [digests[n] for n, _ in files]:
-        error = error or "the bytes received differ from the bytes sent"
-    return _Received(header, dict(files), digests, error)
 
 
 # ---------------------------------------------------------------------- what a node holds
@@ -600,7 +364,7 @@ class PartnerCopies:
             return lambda: None
         names = sorted({manifest.ranks[r].file for r in self.ring.ranks_of(self.node)})
         sizes = {f.name: f.size for f in manifest.files}
-        outgoing = [_Outgoing(n, step_dir / n, sizes[n], None) for n in names]
+        outgoing = [Outgoing(n, step_dir / n, sizes[n], None) for n in names]
         header = {"step": manifest.step, "source": self.ring.label(self.node),
                   "manifest": manifest.to_json()}  # fmt: skip
 
@@ -716,7 +480,7 @@ class PartnerCopies:
     ) -> list[str]:
         problems: list[str] = []
         for _, dest, names in sends:
-            files = [_Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
+            files = [Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
             found = send_files(self.channel, dest, {"step": plan.step}, files)
             if found and mine is not None and mine.partner_dir is not None:
                 self._quarantine(mine.partner_dir, plan.step, found[0])
@@ -839,8 +603,8 @@ def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
     return join
 
 
-def _missing(name: str) -> _Outgoing:
-    return _Outgoing(name, Path("/nonexistent") / name, 0, None)
+def _missing(name: str) -> Outgoing:
+    return Outgoing(name, Path("/nonexistent") / name, 0, None)
 
 
 def _committed_steps(directory: Path) -> list[int]:
@@ -915,7 +679,7 @@ def _copy_verified(held: Held, names: Sequence[str], directory: Path) -> str | N
     """Copy files this node holds as a partner into ``directory``, checking their digests."""
     for name in names:
         path, _, digest = held.files[name]
-        h = _hasher()
+        h = new_hash()
         try:
             with open(path, "rb") as src, open(directory / name, "xb") as dst:
                 while chunk := src.read(CHUNK):
