@@ -42,6 +42,7 @@ __all__ = [
     "quarantine",
     "remove_tree",
     "fsync_files",
+    "replace_file",
     "write_all",
     "write_durable",
 ]
@@ -87,6 +88,15 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
             os.close(fd)
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace (or create) the small file ``path`` with ``data`` at once: written durably under
+    a hidden temporary name beside it, then renamed over it (a reader sees the old bytes or
+    the new ones; the rename is durable once the caller fsyncs the directory)."""
+    tmp = path.parent / f".{path.name}.{new_token()}"
+    write_durable(tmp, data)
+    os.replace(tmp, path)
+
+
 def fsync_files(paths: list[Path]) -> None:
     """fsync each file."""
     for path in paths:
@@ -122,9 +132,7 @@ def ensure_root(root: Path) -> None:
             f"{root} is not empty and is not a resilient checkpoint root "
             f"(no {filenames.ROOT_MARKER}); refusing to write into it"
         )
-    tmp = root / f".{filenames.ROOT_MARKER}.{new_token()}"
-    write_durable(tmp, json.dumps(ROOT_FORMAT).encode())
-    os.replace(tmp, root / filenames.ROOT_MARKER)
+    replace_file(root / filenames.ROOT_MARKER, json.dumps(ROOT_FORMAT).encode())
     fsync_dir(root)
 
 

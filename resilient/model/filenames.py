@@ -64,7 +64,9 @@ QUARANTINE_INFO = "QUARANTINE.json"
 ATTEMPT_LEDGER = "attempts.jsonl"  # one line per `resilient run` attempt
 SAVE_LOG = "saves.jsonl"  # one line per committed checkpoint (step, time, cost, bytes)
 LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "path"}]
-PROGRESS_LOG = "progress.jsonl"  # the timeline a Session writes (job.timeline): samples, restore, saves, end
+PROGRESS_LOG = (
+    "progress.jsonl"  # the timeline a Session writes (job.timeline): samples, restore, saves, end
+)
 STOP_LOG = "stops.jsonl"  # one line per early stop of a Session: why, step, margins, saved?
 RUN_KEY = "run_key.json"  # the parameters that define the run whose checkpoints these are
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
@@ -115,6 +117,17 @@ def static_dir_name(content_hash: str) -> str:
 def static_tmp_dir_name(token: str) -> str:
     """Name of the temporary directory static data is written into (inside ``static/``)."""
     return f".tmp-{token}"
+
+
+def local_tier_dir_name(shared_root_name: str, path_digest: str) -> str:
+    """Name of a node-local tier's root (in ``local_dir``) for a shared root called
+    ``shared_root_name`` whose absolute path hashes to ``path_digest``."""
+    return f"{shared_root_name}-{path_digest[:12]}"
+
+
+def partner_dir_name(node: str) -> str:
+    """Name of the directory (in :data:`PARTNER_DIR`) holding the partner copies of ``node``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"
 
 
 def attempt_sidecar_name(root_name: str) -> str:
