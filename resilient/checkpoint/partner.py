@@ -38,8 +38,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,10 +45,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
-from resilient.io import storage
 from resilient.io.commit import PendingDir
-from resilient.io.validate import load_manifest
-from resilient.io.wire import CHUNK, Outgoing, new_hash, receive_files, send_files
+from resilient.io.targets import DirectoryTarget
+from resilient.io.wire import Outgoing, receive_files, send_files
 from resilient.model import filenames
 from resilient.model.manifest import Layout, Manifest, ManifestError, parse_manifest
 from resilient.parallel.collective import Collective
@@ -115,14 +112,14 @@ class Redundancy(Protocol):
 
 def make_redundancy(
     name: str,
-    root: Path,
+    local: DirectoryTarget,
     nodes: Sequence[tuple[int, str]],
     coll: Collective,
     *,
     keep: int,
     shared_root: Path,
 ) -> Redundancy:
-    """Collective: the scheme ``name`` for the local tier ``root``, given ``(first rank of its
+    """Collective: the scheme ``name`` for the local tier ``local``, given ``(first rank of its
     node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
 
     Raises:
@@ -131,7 +128,7 @@ def make_redundancy(
     check_redundancy(name)
     channel = coll.check("opening a channel for partner copies", coll.comm.channel)
     ring = Ring.of(nodes)
-    copies = PartnerCopies(root, ring, coll, channel, keep=keep)
+    copies = PartnerCopies(local, ring, coll, channel, keep=keep)
     coll.check("cleaning up partner copies", copies.open)
     if len(ring) == 1 and coll.is_coordinator:
         log.warning(
@@ -199,7 +196,7 @@ class Held:
 
     manifest: str
     files: dict[str, tuple[Path, int, str | None]]
-    partner_dir: Path | None = None  # the partner copy some of them come from
+    partner: DirectoryTarget | None = None  # the partner copies some of them come from
 
     def summary(self) -> tuple[str, dict[str, str]]:
         """What the coordinator needs: the manifest and, per file, ``own`` or ``partner``."""
@@ -300,15 +297,12 @@ def _transfers_for(
 # ---------------------------------------------------------------------- one node's copies
 
 
-def _safe_label(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", label) or "_"
-
-
 class PartnerCopies:
     """The partner copies of one node-local tier, as seen by one rank.
 
     Args:
-        root: this node's local tier root.
+        local: this node's local tier (partner copies live in its :data:`~resilient.model.
+            filenames.PARTNER_DIR`).
         ring: the nodes of the job.
         coll: the tier's ranks (collective steps of :meth:`recover`).
         channel: point-to-point transfers between the tier's ranks.
@@ -316,9 +310,10 @@ class PartnerCopies:
     """
 
     def __init__(
-        self, root: Path, ring: Ring, coll: Collective, channel: Channel, *, keep: int
+        self, local: DirectoryTarget, ring: Ring, coll: Collective, channel: Channel, *, keep: int
     ) -> None:
-        self.root = root
+        self.local = local
+        self.partners = local.child(filenames.PARTNER_DIR)
         self.ring = ring
         self.coll = coll
         self.rank = coll.rank
@@ -338,19 +333,16 @@ class PartnerCopies:
         """Whether there is a partner at all (two nodes or more)."""
         return len(self.ring) > 1
 
-    def partner_root(self, label: str) -> Path:
+    def partner_target(self, label: str) -> DirectoryTarget:
         """Where this node keeps the copies of node ``label``."""
-        return self.root / filenames.PARTNER_DIR / _safe_label(label)
+        return self.partners.child(filenames.partner_dir_name(label))
 
     def open(self) -> None:
         """Local, on a node's first rank: remove copies cut short by a crash."""
         if not self.acts:
             return
-        base = self.root / filenames.PARTNER_DIR
-        if base.is_dir() and not base.is_symlink():
-            for sub in base.iterdir():
-                if sub.is_dir() and not sub.is_symlink():
-                    storage.cleanup_leftovers(sub)
+        for sub in self.partners.children():
+            sub.open()
 
     # ------------------------------------------------------------------ protect
 
@@ -385,15 +377,15 @@ class PartnerCopies:
     def _receive_copy(self, left: int) -> str | None:
         """Receive ``left``'s node's files and commit them as its partner copy here."""
         label = self.ring.label(left)
-        base = self.partner_root(label)
+        target = self.partner_target(label)
         pending: list[PendingDir] = []
 
         def directory(header: dict[str, Any]) -> Path:
             step = header.get("step")
             if not isinstance(step, int) or step < 0:
                 raise OSError(f"a header without a step: {step!r}")
-            base.mkdir(parents=True, exist_ok=True)
-            pending.append(PendingDir.for_step(base, step).create())
+            pending.append(target.pending(step))
+            target.create(pending[0])
             return pending[0].path
 
         got = receive_files(self.channel, left, directory)
@@ -405,32 +397,28 @@ class PartnerCopies:
                 manifest = parse_manifest(str(got.header.get("manifest", "")))
                 record = {"source": label,
                           "files": {n: [got.sizes[n], got.digests[n]] for n in got.sizes}}  # fmt: skip
-                storage.write_durable(
-                    pending[0].path / filenames.PARTNER_RECORD, json.dumps(record).encode()
-                )
-                pending[0].commit(manifest, what=what)
+                target.write(pending[0], filenames.PARTNER_RECORD, json.dumps(record).encode())
+                target.commit(pending[0], manifest, what=what)
             except (OSError, ManifestError, ResilientError) as exc:
                 error = str(exc)
         if error is not None:
             if pending:
-                pending[0].rollback()
+                target.rollback(pending[0])
             return f"{what}: {error}"
         self._rotate(label)
         return None
 
     def _rotate(self, label: str) -> None:
         """Keep the newest ``keep`` copies of ``label``'s node; drop other nodes' copies."""
-        base = self.root / filenames.PARTNER_DIR
-        mine = _safe_label(label)
+        mine = self.partner_target(label)
         try:
-            for sub in base.iterdir():
-                if sub.name != mine and sub.is_dir() and not sub.is_symlink():
-                    storage.remove_tree(sub)
-            steps = sorted(_committed_steps(base / mine), reverse=True)
-            for step in steps[self.keep :]:
-                storage.remove_tree(base / mine / filenames.step_dir_name(step))
+            for sub in self.partners.children():
+                if sub != mine:
+                    sub.drop()
+            for step in sorted(mine.steps(), reverse=True)[self.keep :]:
+                mine.remove(step)
         except OSError as exc:
-            log.warning("could not rotate the partner copies in %s: %s", base, exc)
+            log.warning("could not rotate the partner copies in %s: %s", self.partners.root, exc)
 
     # ------------------------------------------------------------------ rebuild
 
@@ -439,21 +427,18 @@ class PartnerCopies:
         (``own_steps``, in ``root``) and its partner copies, whose sizes check out."""
         held: dict[int, Held] = {}
         for step in own_steps:
-            found = _held_in(self.root / filenames.step_dir_name(step), current, None)
+            found = _held_in(self.local, step, current, None)
             if found is not None:
                 held[step] = found
-        base = self.root / filenames.PARTNER_DIR
-        subs = sorted(base.iterdir()) if base.is_dir() and not base.is_symlink() else []
-        for sub in subs:
-            for step in _committed_steps(sub):
-                path = sub / filenames.step_dir_name(step)
-                record = _partner_record(path)
-                found = _held_in(path, current, record) if record is not None else None
+        for sub in self.partners.children():
+            for step in sub.steps():
+                record = _partner_record(sub, step)
+                found = _held_in(sub, step, current, record) if record is not None else None
                 if found is None:
                     continue
                 if step in held:  # add what the node's own copy lacks
                     files = {**found.files, **held[step].files}
-                    held[step] = Held(held[step].manifest, files, path)
+                    held[step] = Held(held[step].manifest, files, sub)
                 else:
                     held[step] = found
         return held
@@ -482,8 +467,8 @@ class PartnerCopies:
         for _, dest, names in sends:
             files = [Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
             found = send_files(self.channel, dest, {"step": plan.step}, files)
-            if found and mine is not None and mine.partner_dir is not None:
-                self._quarantine(mine.partner_dir, plan.step, found[0])
+            if found and mine is not None and mine.partner is not None:
+                self._quarantine(mine.partner, plan.step, found[0])
             problems += found
         return problems
 
@@ -492,29 +477,32 @@ class PartnerCopies:
     ) -> str | None:
         """Build this node's copy of the step in a temporary directory: link the files it has,
         copy those it holds as a partner, receive the rest; commit it if all went well."""
-        pending = PendingDir.for_step(self.root, plan.step).create()
+        pending = self.local.pending(plan.step)
+        self.local.create(pending)
         error: str | None = None
         try:
             needed = {n for t in receives for n in t[2]}
             if mine is not None:
                 for name, (path, _, digest) in mine.files.items():
                     if digest is None and name not in needed and path.parent != pending.path:
-                        _link_or_copy(path, pending.path / name)
+                        self.local.link(pending, name, path)
             for src, _, names in receives:
                 if src == self.node:  # held here as a partner copy: verify while copying
                     assert mine is not None
-                    error = error or _copy_verified(mine, names, pending.path)
-                    if error and mine.partner_dir is not None:
-                        self._quarantine(mine.partner_dir, plan.step, error)
+                    error = error or self._copy_verified(mine, names, pending)
+                    if error and mine.partner is not None:
+                        self._quarantine(mine.partner, plan.step, error)
                     continue
                 got = receive_files(self.channel, src, lambda _h: pending.path)
                 error = error or got.error
             if error is None:
-                pending.commit(parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}")
+                self.local.commit(
+                    pending, parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}"
+                )
         except (OSError, ManifestError, ResilientError) as exc:
             error = error or str(exc)
         if error is not None:
-            pending.rollback()
+            self.local.rollback(pending)
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
 
@@ -539,7 +527,7 @@ class PartnerCopies:
                     try:
                         held = partner.inventory(own_steps(), current)
                     except OSError as exc:
-                        log.warning("could not list the local tier %s: %s", self.root, exc)
+                        log.warning("could not list the local tier %s: %s", self.local.root, exc)
                 return self.rank, {s: h.summary() for s, h in held.items()}
 
             def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
@@ -574,10 +562,23 @@ class PartnerCopies:
                 log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
             excluded.add(plan.step)
 
-    def _quarantine(self, path: Path, step: int, reason: str) -> None:
+    def _copy_verified(self, held: Held, names: Sequence[str], pending: PendingDir) -> str | None:
+        """Copy files this node holds as a partner into ``pending``, checking their digests."""
+        for name in names:
+            path, _, digest = held.files[name]
+            try:
+                copied = self.local.copy(pending, name, path)
+            except OSError as exc:
+                return f"copying {path}: {exc.strerror or exc}"
+            if digest is not None and copied != digest:
+                return f"{path}: its bytes do not match the digest recorded when it was copied"
+        return None
+
+    def _quarantine(self, partner: DirectoryTarget, step: int, reason: str) -> None:
+        path = partner.path(step)
         log.warning("partner copy %s is corrupt, quarantined: %s", path, reason)
         try:
-            storage.quarantine(path, step, reason)
+            partner.quarantine(step, reason)
         except OSError as exc:
             log.warning("could not quarantine %s: %s", path, exc)
 
@@ -607,18 +608,10 @@ def _missing(name: str) -> Outgoing:
     return Outgoing(name, Path("/nonexistent") / name, 0, None)
 
 
-def _committed_steps(directory: Path) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [s for s in map(filenames.parse_step_dir, names) if s is not None]
-
-
-def _partner_record(path: Path) -> dict[str, tuple[int, str]] | None:
+def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, str]] | None:
     """``{file: (size, digest)}`` of a partner copy's record (``None`` if unreadable)."""
     try:
-        doc = json.loads((path / filenames.PARTNER_RECORD).read_bytes())
+        doc = json.loads(target.read(step, filenames.PARTNER_RECORD))
     except (OSError, ValueError):
         return None
     files = doc.get("files") if isinstance(doc, dict) else None
@@ -637,15 +630,18 @@ def _partner_record(path: Path) -> dict[str, tuple[int, str]] | None:
     return out
 
 
-def _held_in(path: Path, current: Layout, record: dict[str, tuple[int, str]] | None) -> Held | None:
-    """The files of a committed step directory whose size matches its manifest."""
+def _held_in(
+    target: DirectoryTarget, step: int, current: Layout, record: dict[str, tuple[int, str]] | None
+) -> Held | None:
+    """The files of a committed step whose size matches its manifest."""
     try:
-        manifest = load_manifest(path)
+        manifest = target.manifest(step)
     except InvalidCheckpointError as exc:
-        log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
+        log.warning("local checkpoint %s is not usable: %s", exc.path, exc.reason)
         return None
     if manifest.layout != current:
         return None
+    path = target.path(step)
     files: dict[str, tuple[Path, int, str | None]] = {}
     for f in manifest.files:
         digest = None
@@ -653,42 +649,9 @@ def _held_in(path: Path, current: Layout, record: dict[str, tuple[int, str]] | N
             if f.name not in record or record[f.name][0] != f.size:
                 continue
             digest = record[f.name][1]
-        try:
-            if os.lstat(path / f.name).st_size == f.size:
-                files[f.name] = (path / f.name, f.size, digest)
-        except FileNotFoundError:
-            continue
+        if target.size(step, f.name) == f.size:
+            files[f.name] = (path / f.name, f.size, digest)
     if not files:
         return None
-    return Held(
-        (path / filenames.MANIFEST).read_text(), files, path if record is not None else None
-    )
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, dst)
-        storage.fsync_files([dst])
-
-
-def _copy_verified(held: Held, names: Sequence[str], directory: Path) -> str | None:
-    """Copy files this node holds as a partner into ``directory``, checking their digests."""
-    for name in names:
-        path, _, digest = held.files[name]
-        h = new_hash()
-        try:
-            with open(path, "rb") as src, open(directory / name, "xb") as dst:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-        except OSError as exc:
-            return f"copying {path}: {exc.strerror or exc}"
-        if digest is not None and h.hexdigest() != digest:
-            return f"{path}: its bytes do not match the digest recorded when it was copied"
-    return None
+    text = target.read(step, filenames.MANIFEST).decode()
+    return Held(text, files, target if record is not None else None)

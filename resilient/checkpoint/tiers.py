@@ -133,7 +133,7 @@ class LocalTier:
         self.redundancy: Redundancy | None = None
         if redundancy is not None:
             self.redundancy = make_redundancy(
-                redundancy, self.root, [(v.leader, v.label) for v in self.views],
+                redundancy, self.target, [(v.leader, v.label) for v in self.views],
                 self._coll, keep=keep, shared_root=shared_root,
             )  # fmt: skip
 

@@ -37,6 +37,8 @@ What a crash between two calls leaves:
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +47,7 @@ from resilient.errors import InvalidCheckpointError
 from resilient.io import storage
 from resilient.io.commit import PendingDir
 from resilient.io.validate import MAX_MANIFEST_BYTES, load_manifest, marker_text
+from resilient.io.wire import CHUNK, new_hash
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.manifest import Manifest, ManifestError, parse_manifest
@@ -162,6 +165,8 @@ class DirectoryTarget:
 
     def children(self) -> list[DirectoryTarget]:
         """The targets in subdirectories (symlinks not followed)."""
+        if self.root.is_symlink():
+            return []
         subs = [self.root / n for n in sorted(self.names())]
         return [DirectoryTarget(p) for p in subs if p.is_dir() and not p.is_symlink()]
 
@@ -185,6 +190,33 @@ class DirectoryTarget:
     def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
         """See :meth:`Target.commit`."""
         pending.commit(manifest, what=what)
+
+    def link(self, pending: PendingDir, name: str, source: Path) -> None:
+        """The file ``source`` (of another step on this filesystem) as ``name`` of the pending
+        copy: hard-linked (no bytes moved), or copied and fsynced where links are refused."""
+        dst = pending.path / name
+        try:
+            os.link(source, dst)
+        except OSError:
+            shutil.copyfile(source, dst)
+            storage.fsync_files([dst])
+
+    def copy(self, pending: PendingDir, name: str, source: Path) -> str:
+        """Copy the file ``source`` as ``name`` of the pending copy, durably; returns the
+        xxh3-128 digest of the bytes copied (:func:`resilient.io.wire.new_hash`).
+
+        Raises:
+            OSError: ``source`` unreadable, ``name`` exists, or the write failed.
+        """
+        h = new_hash()
+        with open(source, "rb") as src, open(pending.path / name, "xb") as dst:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        digest: str = h.hexdigest()
+        return digest
 
     def rollback(self, pending: PendingDir) -> None:
         """See :meth:`Target.rollback`."""

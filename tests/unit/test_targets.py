@@ -19,11 +19,19 @@ import pytest
 from resilient.errors import InvalidCheckpointError
 from resilient.io.commit import PendingDir
 from resilient.io.targets import DirectoryTarget, MemoryTarget, Target
+from resilient.io.wire import new_hash
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from tests.unit.test_manifest import sample_manifest
 
 DATA = b"0123456789" * 1000
+
+
+def _digest(data: bytes) -> str:
+    h = new_hash()
+    h.update(data)
+    digest: str = h.hexdigest()
+    return digest
 
 
 def manifest_of(step: int) -> Manifest:
@@ -261,6 +269,23 @@ class TestDirectoryTarget(TargetTests):
         (tmp_path / "big").write_bytes(DATA)
         (target.path(1) / "rank_00001.h5").symlink_to(tmp_path / "big")
         assert target.size(1, "rank_00001.h5") != len(DATA)
+
+    def test_link_and_copy_move_a_committed_file_into_a_pending_copy(
+        self, target: Target, tmp_path: Path
+    ) -> None:
+        assert isinstance(target, DirectoryTarget)
+        self.save(target, 1)
+        other = DirectoryTarget(tmp_path / "other")
+        pending = other.pending(1)
+        other.create(pending)
+        source = target.path(1) / "rank_00000.h5"
+        other.link(pending, "rank_00000.h5", source)
+        digest = other.copy(pending, "rank_00001.h5", source)
+        with pytest.raises(FileExistsError):
+            other.copy(pending, "rank_00001.h5", source)
+        other.commit(pending, manifest_of(1), what="a rebuilt step")
+        assert other.read(1, "rank_00000.h5") == other.read(1, "rank_00001.h5") == DATA
+        assert digest == _digest(DATA)
 
     def test_a_missing_root_is_created_by_the_first_pending_copy(self, target: Target) -> None:
         assert isinstance(target, DirectoryTarget)
