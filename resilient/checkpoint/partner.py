@@ -129,7 +129,7 @@ def make_redundancy(
     channel = coll.check("opening a channel for partner copies", coll.comm.channel)
     ring = Ring.of(nodes)
     copies = PartnerCopies(local, ring, coll, channel, keep=keep)
-    coll.check("cleaning up partner copies", copies.open)
+    coll.check("cleaning up partner copies", copies.clean_up)
     if len(ring) == 1 and coll.is_coordinator:
         log.warning(
             "redundancy='partner' on one node (%s): there is no other node to keep a copy, so "
@@ -337,12 +337,12 @@ class PartnerCopies:
         """Where this node keeps the copies of node ``label``."""
         return self.partners.child(filenames.partner_dir_name(label))
 
-    def open(self) -> None:
+    def clean_up(self) -> None:
         """Local, on a node's first rank: remove copies cut short by a crash."""
         if not self.acts:
             return
         for sub in self.partners.children():
-            sub.open()
+            sub.clean_up()
 
     # ------------------------------------------------------------------ protect
 

@@ -162,7 +162,7 @@ class LocalTier:
     def _open(self) -> None:
         if self.is_node_leader:
             storage.ensure_root(self.root)
-            self.target.open()
+            self.target.clean_up()
 
     # ------------------------------------------------------------------ saving
 

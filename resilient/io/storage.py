@@ -42,6 +42,8 @@ __all__ = [
     "quarantine",
     "remove_tree",
     "fsync_files",
+    "names_in",
+    "remove_file",
     "replace_file",
     "write_all",
     "write_durable",
@@ -86,6 +88,19 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
                 view = view[n:]
         finally:
             os.close(fd)
+
+
+def remove_file(path: Path) -> None:
+    """Remove the file ``path`` if it is there (a half-written one, before a retry)."""
+    path.unlink(missing_ok=True)
+
+
+def names_in(directory: Path) -> list[str]:
+    """The names of the entries of ``directory`` (none if it is missing)."""
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -9,7 +9,7 @@ implementation passes one conformance suite (``tests/unit/test_targets.py``).
 
 Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's first rank)::
 
-    target.open()                                # once: drop what crashes left
+    target.clean_up()                            # once: drop what crashes left
     pending = target.pending(step, token=token)  # pure: names only (every rank may call it)
     target.create(pending)                       # the step's pending place; readers ignore it
     target.write(pending, name, data)            # small files, each durable (data files are
@@ -26,12 +26,12 @@ Readers: :meth:`~Target.steps` lists the committed steps; :meth:`~Target.manifes
 What a crash between two calls leaves:
 
 * after ``create`` or during ``write``: a pending step (a torn file in it, perhaps), never
-  listed; the next ``open`` removes it (a directory: ``step_*.tmp-*``; memory: nothing).
+  listed; the next ``clean_up`` removes it (a directory: ``step_*.tmp-*``; memory: nothing).
 * during ``commit``: the manifest and marker are written and made durable in the pending step,
   then the step appears under its name in one rename: either the previous state or the whole
   new step (a re-commit of a step keeps the old copy until the new one replaces it).
 * during ``remove``: the step is gone from the listing (renamed to ``.trash-*`` first); the
-  next ``open`` deletes the rest.
+  next ``clean_up`` deletes the rest.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Target(Protocol):
     """Where checkpoints live: committed steps of named files (see the module for the order
     of calls and what a crash between two leaves). Local: no call communicates."""
 
-    def open(self) -> None:
+    def clean_up(self) -> None:
         """Remove what crashes left (pending steps, trash); a missing target stays missing
         (:meth:`create` makes it)."""
         ...
@@ -139,8 +139,8 @@ class DirectoryTarget:
 
     root: Path
 
-    def open(self) -> None:
-        """See :meth:`Target.open`."""
+    def clean_up(self) -> None:
+        """See :meth:`Target.clean_up`."""
         if self.root.is_dir() and not self.root.is_symlink():
             storage.cleanup_leftovers(self.root)
 
@@ -150,10 +150,7 @@ class DirectoryTarget:
 
     def names(self) -> list[str]:
         """The names of the entries in :attr:`root` (none if it is missing)."""
-        try:
-            return [p.name for p in self.root.iterdir()]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        return storage.names_in(self.root)
 
     def path(self, step: int) -> Path:
         """The directory of the committed ``step`` (for the data files' readers and copiers)."""
@@ -256,8 +253,8 @@ class MemoryTarget:
 
     dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
-    def open(self) -> None:
-        """See :meth:`Target.open`."""
+    def clean_up(self) -> None:
+        """See :meth:`Target.clean_up`."""
         for name in [n for n in self.dirs if filenames.parse_tmp_dir(n) is not None]:
             del self.dirs[name]
 

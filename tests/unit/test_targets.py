@@ -70,11 +70,11 @@ class TargetTests:
 
     def test_an_empty_target_lists_nothing(self, target: Target) -> None:
         assert target.steps() == []
-        target.open()
+        target.clean_up()
         assert target.steps() == []
 
     def test_a_committed_step_is_listed_and_reads_back(self, target: Target) -> None:
-        target.open()
+        target.clean_up()
         self.save(target, 7, {"rank_00000.h5": DATA, "rank_00001.h5": b""})
         assert target.steps() == [7]
         assert target.manifest(7) == manifest_of(7)
@@ -130,7 +130,7 @@ class TargetTests:
         target.remove(1)
         target.quarantine(2, "a checksum did not match")
         assert target.steps() == [3]
-        target.open()
+        target.clean_up()
         assert target.steps() == [3]
 
     # ------------------------------------------------------------------ crashes and faults
@@ -144,7 +144,7 @@ class TargetTests:
         target.write(pending, "rank_00000.h5", DATA)
         after = self.restart(target)  # the process died here
         assert after.steps() == [1]
-        after.open()  # the next start cleans up
+        after.clean_up()  # the next start cleans up
         assert after.steps() == [1]
         self.save(after, 2)
         assert sorted(after.steps()) == [1, 2]
@@ -152,7 +152,7 @@ class TargetTests:
     def test_a_crash_after_create_leaves_nothing_listed(self, target: Target) -> None:
         target.create(target.pending(9))
         after = self.restart(target)
-        after.open()
+        after.clean_up()
         assert after.steps() == []
 
     @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
@@ -190,7 +190,7 @@ class TargetTests:
         monkeypatch.undo()
         after = self.restart(target)
         assert after.steps() == [2]
-        after.open()
+        after.clean_up()
         assert after.steps() == [2]
 
     def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,13 +231,13 @@ class TestDirectoryTarget(TargetTests):
 
         monkeypatch.setattr(shutil, "rmtree", killed)
 
-    def test_leftovers_go_at_open_and_not_before(self, target: Target) -> None:
+    def test_leftovers_go_at_clean_up_and_not_before(self, target: Target) -> None:
         assert isinstance(target, DirectoryTarget)
         self.save(target, 1)
         target.create(target.pending(2))
         names = target.names()
         assert any(filenames.parse_tmp_dir(n) == 2 for n in names)
-        target.open()
+        target.clean_up()
         assert sorted(target.names()) == [filenames.step_dir_name(1)]
 
     def test_quarantine_keeps_the_files_and_the_reason(self, target: Target) -> None:
@@ -289,7 +289,7 @@ class TestDirectoryTarget(TargetTests):
 
     def test_a_missing_root_is_created_by_the_first_pending_copy(self, target: Target) -> None:
         assert isinstance(target, DirectoryTarget)
-        target.open()
+        target.clean_up()
         assert not target.root.exists()
         self.save(target, 1)
         assert target.steps() == [1]
