@@ -12,7 +12,7 @@ the shared root. On the receiving node the copy lives beside its own checkpoints
                                                             PARTNER.json (size and digest
                                                             of each file)
 
-*Protect* (:meth:`PartnerCopies.protect_job`): after every local commit, on the writer thread of
+*Copy* (:meth:`PartnerCopies.copy_job`): after every local commit, on the writer thread of
 each node's first rank, with no collective: send this node's files to the next node and receive
 the previous node's into a temporary directory, hashed as they are read and as they arrive,
 fsynced and committed by the same protocol as every checkpoint (:class:`~resilient.io.commit.
@@ -58,10 +58,10 @@ __all__ = [
     "Held",
     "PartnerCopies",
     "Rebuild",
-    "Redundancy",
+    "CopyScheme",
     "Ring",
     "check_redundancy",
-    "make_redundancy",
+    "make_copy_scheme",
     "plan_rebuild",
 ]
 
@@ -83,21 +83,22 @@ def check_redundancy(name: str | None) -> str | None:
     )
 
 
-class Redundancy(Protocol):
-    """A redundancy scheme of the node-local tier: :class:`PartnerCopies` (XOR, which keeps
-    less, would be a second one). Made collectively by :func:`make_redundancy`."""
+class CopyScheme(Protocol):
+    """How the node-local tier keeps copies of a node's files elsewhere (what ``redundancy=``
+    names): :class:`PartnerCopies` (XOR, which keeps less, would be a second one). Made
+    collectively by :func:`make_copy_scheme`."""
 
     @property
-    def protecting(self) -> bool:
-        """Whether the scheme protects anything here (``partner``: two nodes or more)."""
+    def has_partner(self) -> bool:
+        """Whether the scheme copies anything here (``partner``: two nodes or more)."""
         ...
 
-    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
-        """This rank's part of protecting a committed local checkpoint (no collective: it runs
-        on the writer thread); the job returns why it is not protected (``None``: it is)."""
+    def copy_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of copying a committed local checkpoint (no collective: it runs
+        on the writer thread); the job returns why it is not copied (``None``: it is)."""
         ...
 
-    def recover(
+    def rebuild_newest(
         self,
         own_steps: Callable[[], list[int]],
         current: Layout,
@@ -110,7 +111,7 @@ class Redundancy(Protocol):
         ...
 
 
-def make_redundancy(
+def make_copy_scheme(
     name: str,
     local: DirectoryTarget,
     nodes: Sequence[tuple[int, str]],
@@ -118,7 +119,7 @@ def make_redundancy(
     *,
     keep: int,
     shared_root: Path,
-) -> Redundancy:
+) -> CopyScheme:
     """Collective: the scheme ``name`` for the local tier ``local``, given ``(first rank of its
     node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
 
@@ -304,7 +305,7 @@ class PartnerCopies:
         local: this node's local tier (partner copies live in its :data:`~resilient.model.
             filenames.PARTNER_DIR`).
         ring: the nodes of the job.
-        coll: the tier's ranks (collective steps of :meth:`recover`).
+        coll: the tier's ranks (collective steps of :meth:`rebuild_newest`).
         channel: point-to-point transfers between the tier's ranks.
         keep: partner copies kept per node of origin (the tier's ``local_keep``).
     """
@@ -329,7 +330,7 @@ class PartnerCopies:
         return self.rank == self.node
 
     @property
-    def protecting(self) -> bool:
+    def has_partner(self) -> bool:
         """Whether there is a partner at all (two nodes or more)."""
         return len(self.ring) > 1
 
@@ -344,15 +345,15 @@ class PartnerCopies:
         for sub in self.partners.children():
             sub.clean_up()
 
-    # ------------------------------------------------------------------ protect
+    # ------------------------------------------------------------------ copy
 
-    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
-        """This rank's part of protecting the committed local checkpoint ``step_dir``: on a
+    def copy_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of copying the committed local checkpoint ``step_dir``: on a
         node's first rank, send the node's files to the next node and receive the previous
         node's; elsewhere nothing. No collective (it runs on the writer thread). The returned
         function returns what went wrong with the copy this node received (``None``: it is
         committed) and raises only if the transfer itself broke."""
-        if not self.acts or not self.protecting:
+        if not self.acts or not self.has_partner:
             return lambda: None
         names = sorted({manifest.ranks[r].file for r in self.ring.ranks_of(self.node)})
         sizes = {f.name: f.size for f in manifest.files}
@@ -506,7 +507,7 @@ class PartnerCopies:
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
 
-    def recover(
+    def rebuild_newest(
         self,
         own_steps: Callable[[], list[int]],
         current: Layout,

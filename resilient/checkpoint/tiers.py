@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.partner import Redundancy, make_redundancy
+from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
@@ -130,9 +130,9 @@ class LocalTier:
         self.root = local_root_of(node_dir, shared_root)
         self.target = DirectoryTarget(self.root)
         self._coll.check(f"opening the local tier {self.root}", self._open)
-        self.redundancy: Redundancy | None = None
+        self.copies: CopyScheme | None = None
         if redundancy is not None:
-            self.redundancy = make_redundancy(
+            self.copies = make_copy_scheme(
                 redundancy, self.target, [(v.leader, v.label) for v in self.views],
                 self._coll, keep=keep, shared_root=shared_root,
             )  # fmt: skip
@@ -205,13 +205,13 @@ class LocalTier:
             except OSError as exc:
                 log.warning("could not remove local checkpoint %d in %s: %s", step, self.root, exc)
 
-    def protect_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
-        """This rank's part of protecting a committed local checkpoint (see
-        :meth:`~resilient.checkpoint.partner.Redundancy.protect_job`; no collective), or ``None`` without
-        redundancy (or without another node)."""
-        if self.redundancy is None or not self.redundancy.protecting:
+    def partner_copy_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
+        """This rank's part of copying a committed local checkpoint to its partner (see
+        :meth:`~resilient.checkpoint.partner.CopyScheme.copy_job`; no collective), or ``None``
+        without copies (or without another node)."""
+        if self.copies is None or not self.copies.has_partner:
             return None
-        return self.redundancy.protect_job(checkpoint.path, checkpoint.manifest)
+        return self.copies.copy_job(checkpoint.path, checkpoint.manifest)
 
     # ------------------------------------------------------------------ flushing
 
@@ -264,8 +264,8 @@ class LocalTier:
         Quick checks only (marker, manifest, this rank's file size, same layout); the restore
         verifies every checksum it reads.
         """
-        if self.redundancy is not None and self.redundancy.protecting:
-            self.redundancy.recover(self.target.steps, current, step=step, at_least=at_least)
+        if self.copies is not None and self.copies.has_partner:
+            self.copies.rebuild_newest(self.target.steps, current, step=step, at_least=at_least)
         steps, other = self._intact_steps(current, step)
         mine = [s for s in steps if at_least is None or s >= at_least]
 
