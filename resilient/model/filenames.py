@@ -64,9 +64,7 @@ QUARANTINE_INFO = "QUARANTINE.json"
 ATTEMPT_LEDGER = "attempts.jsonl"  # one line per `resilient run` attempt
 SAVE_LOG = "saves.jsonl"  # one line per committed checkpoint (step, time, cost, bytes)
 LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "path"}]
-PROGRESS_LOG = (
-    "progress.jsonl"  # the timeline a Session writes (job.timeline): samples, restore, saves, end
-)
+PROGRESS_LOG = "progress.jsonl"  # the timeline a Session writes (job.timeline): samples, restore, saves, end
 STOP_LOG = "stops.jsonl"  # one line per early stop of a Session: why, step, margins, saved?
 RUN_KEY = "run_key.json"  # the parameters that define the run whose checkpoints these are
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
