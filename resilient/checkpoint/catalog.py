@@ -9,7 +9,6 @@ thousand checkpoints. The root's lock guarantees that no other job changes it me
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import InvalidCheckpointError
 from resilient.io import storage
+from resilient.io.targets import DirectoryTarget
 from resilient.io.validate import load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
@@ -60,10 +60,7 @@ class Catalog:
         does not know (an older library, a log line lost in a crash) is validated once. Static
         references of quarantined and invalid checkpoints come from their manifests.
         """
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            names = []
+        names = DirectoryTarget(self.root).names()
         logged = _logged_entries(self.root / filenames.SAVE_LOG)
         found: dict[int, _Entry] = {}
         for name in names:

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import logging
 import operator
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -446,7 +445,7 @@ def _plan_file(
         storage.retry_io(
             lambda: fileio.create_file(path),
             what=f"creating {path}",
-            cleanup=lambda: path.unlink(missing_ok=True),
+            cleanup=lambda: storage.remove_file(path),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
@@ -622,7 +621,7 @@ def _shard_round(
         storage.retry_io(
             lambda: storage.write_all([(path, text)]),
             what=f"writing {path}",
-            cleanup=lambda: path.unlink(missing_ok=True),
+            cleanup=lambda: storage.remove_file(path),
         )
         if sync:
             storage.retry_io(lambda: storage.fsync_files([path]), what=f"writing {path}")
@@ -759,16 +758,20 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
     offsets = {r: t.offsets for r, t in tables.items()}
     cache.group_specs = specs
     cache.skeleton = None
+    image: list[tuple[int, bytes]] = []
     try:
-        fd = os.open(directory / entry.name, os.O_RDONLY | os.O_NOFOLLOW)
+        reader = fileio.FileReader(directory / entry.name)
         try:
-            image = tuple((s.offset, os.pread(fd, s.length, s.offset)) for s in entry.meta_segments)
+            for s in entry.meta_segments:
+                piece = bytearray(s.length)
+                reader.read(memoryview(piece), s.offset)
+                image.append((s.offset, bytes(piece)))
         finally:
-            os.close(fd)
-    except OSError:
+            reader.close()
+    except (OSError, EOFError):
         return
     if all(
         digest_bytes(b) == s.checksum for (_, b), s in zip(image, entry.meta_segments, strict=True)
     ):
-        built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, image)
+        built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, tuple(image))
         cache.skeleton = Skeleton.of(built)

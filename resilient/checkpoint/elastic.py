@@ -212,7 +212,7 @@ def read_elastic(
 
     def fd_of(name: str) -> int:
         if name not in files:
-            files[name] = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW)
+            files[name] = fileio.open_read(directory / name)
             stats.files.add(name)
         return files[name]
 
@@ -343,7 +343,7 @@ def read_stored_block(directory: Path, sb: StoredBlock, *, stats: ReadStats) -> 
     import numpy as np
 
     out = np.empty(sb.spec.shape, dtype=np.dtype(sb.dataset.dtype))
-    fd = os.open(directory / sb.file, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = fileio.open_read(directory / sb.file)
     try:
         _copy_overlap(fd, sb, sb.spec, out, stats, directory, sb.dataset.name)
     except EOFError as exc:

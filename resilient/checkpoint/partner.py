@@ -12,7 +12,7 @@ the shared root. On the receiving node the copy lives beside its own checkpoints
                                                             PARTNER.json (size and digest
                                                             of each file)
 
-*Protect* (:meth:`PartnerCopies.protect_job`): after every local commit, on the writer thread of
+*Copy* (:meth:`PartnerCopies.copy_job`): after every local commit, on the writer thread of
 each node's first rank, with no collective: send this node's files to the next node and receive
 the previous node's into a temporary directory, hashed as they are read and as they arrive,
 fsynced and committed by the same protocol as every checkpoint (:class:`~resilient.io.commit.
@@ -28,8 +28,9 @@ copy of the step. A partner copy whose bytes do not match its digest is quaranti
 option is tried. Two adjacent nodes lost: the first one's files exist nowhere, so an older step
 or the shared root is used, and the plan says why.
 
-The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`. A second scheme (XOR)
-would provide the same three operations beside this one.
+The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`, as the byte
+streams of :mod:`resilient.io.wire`. A second scheme (XOR) would provide the same three
+operations beside this one.
 """
 
 from __future__ import annotations
@@ -37,19 +38,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
-from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
-from resilient.io.validate import load_manifest
+from resilient.io.targets import DirectoryTarget
+from resilient.io.wire import Outgoing, receive_files, send_files
 from resilient.model import filenames
 from resilient.model.codec import manifest_json, parse_manifest
 from resilient.model.layout import Layout
@@ -62,20 +60,16 @@ __all__ = [
     "Held",
     "PartnerCopies",
     "Rebuild",
-    "Redundancy",
+    "CopyScheme",
     "Ring",
     "check_redundancy",
-    "make_redundancy",
+    "make_copy_scheme",
     "plan_rebuild",
 ]
 
 log = logging.getLogger(__name__)
 
 REDUNDANCY_SCHEMES = ("partner",)
-
-CHUNK = 8 << 20  # bytes per message of a file's body
-_MAX_DOC = 256 << 20  # the largest header or trailer accepted (a manifest of many ranks)
-_MAX_FILE = 1 << 50
 
 
 def check_redundancy(name: str | None) -> str | None:
@@ -91,21 +85,22 @@ def check_redundancy(name: str | None) -> str | None:
     )
 
 
-class Redundancy(Protocol):
-    """A redundancy scheme of the node-local tier: :class:`PartnerCopies` (XOR, which keeps
-    less, would be a second one). Made collectively by :func:`make_redundancy`."""
+class CopyScheme(Protocol):
+    """How the node-local tier keeps copies of a node's files elsewhere (what ``redundancy=``
+    names): :class:`PartnerCopies` (XOR, which keeps less, would be a second one). Made
+    collectively by :func:`make_copy_scheme`."""
 
     @property
-    def protecting(self) -> bool:
-        """Whether the scheme protects anything here (``partner``: two nodes or more)."""
+    def has_partner(self) -> bool:
+        """Whether the scheme copies anything here (``partner``: two nodes or more)."""
         ...
 
-    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
-        """This rank's part of protecting a committed local checkpoint (no collective: it runs
-        on the writer thread); the job returns why it is not protected (``None``: it is)."""
+    def copy_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of copying a committed local checkpoint (no collective: it runs
+        on the writer thread); the job returns why it is not copied (``None``: it is)."""
         ...
 
-    def recover(
+    def rebuild_newest(
         self,
         own_steps: Callable[[], list[int]],
         current: Layout,
@@ -118,16 +113,16 @@ class Redundancy(Protocol):
         ...
 
 
-def make_redundancy(
+def make_copy_scheme(
     name: str,
-    root: Path,
+    local: DirectoryTarget,
     nodes: Sequence[tuple[int, str]],
     coll: Collective,
     *,
     keep: int,
     shared_root: Path,
-) -> Redundancy:
-    """Collective: the scheme ``name`` for the local tier ``root``, given ``(first rank of its
+) -> CopyScheme:
+    """Collective: the scheme ``name`` for the local tier ``local``, given ``(first rank of its
     node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
 
     Raises:
@@ -136,8 +131,8 @@ def make_redundancy(
     check_redundancy(name)
     channel = coll.check("opening a channel for partner copies", coll.comm.channel)
     ring = Ring.of(nodes)
-    copies = PartnerCopies(root, ring, coll, channel, keep=keep)
-    coll.check("cleaning up partner copies", copies.open)
+    copies = PartnerCopies(local, ring, coll, channel, keep=keep)
+    coll.check("cleaning up partner copies", copies.clean_up)
     if len(ring) == 1 and coll.is_coordinator:
         log.warning(
             "redundancy='partner' on one node (%s): there is no other node to keep a copy, so "
@@ -194,239 +189,6 @@ class Ring:
         return self.ranks[self.leaders.index(leader)]
 
 
-# ---------------------------------------------------------------------- moving files
-
-
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    """A file to send: its name at the destination, where it is here, its size, and the digest
-    recorded when it was received as a partner copy (``None`` for a node's own file)."""
-
-    name: str
-    path: Path
-    size: int
-    digest: str | None
-
-
-def _send_doc(channel: Channel, dest: int, doc: Any) -> None:
-    body = json.dumps(doc).encode()
-    channel.send(dest, len(body).to_bytes(8, "little"))
-    channel.send(dest, body)
-
-
-def _recv_doc(channel: Channel, source: int) -> Any:
-    head = bytearray(8)
-    channel.recv(source, head)
-    size = int.from_bytes(head, "little")
-    if size > _MAX_DOC:
-        raise ValueError(f"rank {source} announced a message of {size} bytes")
-    body = bytearray(size)
-    channel.recv(source, body)
-    return json.loads(body)
-
-
-def _hasher() -> Any:
-    import xxhash
-
-    return xxhash.xxh3_128()
-
-
-def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, pos)
-        view, pos = view[n:], pos + n
-
-
-_ALIGN = 4096  # O_DIRECT's alignment of offsets, lengths and memory
-
-
-def _aligned(size: int) -> memoryview:
-    """A page-aligned buffer of ``size`` bytes (an anonymous map)."""
-    import mmap
-
-    return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
-
-
-def _read_exact(fd: int, view: memoryview, pos: int) -> None:
-    while view:
-        got = os.preadv(fd, [view], pos)
-        if got == 0:
-            raise EOFError(f"the file ends at byte {pos}")
-        view, pos = view[got:], pos + got
-
-
-class _Reader:
-    """Reads one file chunk by chunk, hashing it; after a problem, hands out zeros."""
-
-    def __init__(self, f: _Outgoing) -> None:
-        self.path = f.path
-        self.hash = _hasher()
-        self.problem: str | None = None
-        self.fd = -1
-        try:
-            self.fd = os.open(f.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as exc:
-            self.problem = f"{f.path}: {exc.strerror or exc}"
-
-    def read(self, view: memoryview, pos: int) -> memoryview:
-        if self.problem is None:
-            try:
-                _read_exact(self.fd, view, pos)
-                self.hash.update(view)
-            except (OSError, EOFError) as exc:
-                self.problem = f"{self.path}: {exc}"
-        if self.problem is not None:
-            view[:] = bytes(len(view))
-        return view
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def send_files(
-    channel: Channel, dest: int, header: Mapping[str, Any], files: Sequence[_Outgoing]
-) -> list[str]:
-    """Send ``header`` (with the files' names and sizes), each file's bytes, then a trailer with
-    their digests; returns the problems found (a file unreadable, short, or not matching its
-    recorded digest: its bytes are sent as zeros, and the trailer tells the receiver not to keep
-    them). The stream is always complete, so the receiver never waits for bytes that do not
-    come. The next chunk is read (and hashed) on a helper thread while one is being sent."""
-    _send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
-    size = min(CHUNK, max((f.size for f in files), default=0))
-    bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
-    problems: list[str] = []
-    digests: list[str] = []
-    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-read") as pool:
-        for f in files:
-            reader = _Reader(f)
-            try:
-                chunks = [(pos, min(CHUNK, f.size - pos)) for pos in range(0, f.size, CHUNK)]
-                ahead = pool.submit(reader.read, bufs[0][: chunks[0][1]], 0) if chunks else None
-                for i in range(len(chunks)):
-                    assert ahead is not None
-                    view = ahead.result()
-                    if i + 1 < len(chunks):
-                        pos, n = chunks[i + 1]
-                        ahead = pool.submit(reader.read, bufs[(i + 1) % 2][:n], pos)
-                    channel.send(dest, view)
-            finally:
-                reader.close()
-            digest, problem = reader.hash.hexdigest(), reader.problem
-            if problem is None and f.digest is not None and digest != f.digest:
-                problem = f"{f.path}: its bytes do not match the digest recorded when copied"
-            if problem is not None:
-                problems.append(problem)
-            digests.append(digest)
-    _send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
-    return problems
-
-
-@dataclass(frozen=True, slots=True)
-class _Received:
-    header: dict[str, Any]
-    sizes: dict[str, int]
-    digests: dict[str, str]
-    error: str | None
-
-
-def _check_header(header: Any, source: int) -> list[tuple[str, int]]:
-    """The ``(name, size)`` list of a header from ``source`` (which is this library's code;
-    still, nothing but a data file's name may become a path)."""
-    files = header.get("files") if isinstance(header, dict) else None
-    if not isinstance(files, list):
-        raise ValueError(f"rank {source} sent a malformed header")
-    out: list[tuple[str, int]] = []
-    for item in files:
-        if (
-            not isinstance(item, list)
-            or len(item) != 2
-            or not isinstance(item[0], str)
-            or not filenames.is_data_file_name(item[0])
-            or not isinstance(item[1], int)
-            or not 0 <= item[1] < _MAX_FILE
-        ):
-            raise ValueError(f"rank {source} sent a malformed file entry {item!r}")
-        out.append((item[0], item[1]))
-    return out
-
-
-def receive_files(
-    channel: Channel, source: int, directory: Callable[[dict[str, Any]], Path]
-) -> _Received:
-    """Receive what :func:`send_files` sends into ``directory(header)`` (created by it), each
-    file fsynced. Chunks are written (and files fsynced) on a helper thread while the next
-    chunk arrives. A failure to write (a full disk) does not stop the reception: the rest of
-    the stream is read and dropped, and the result names the error."""
-    header = _recv_doc(channel, source)
-    files = _check_header(header, source)
-    errors: list[str] = []
-    target: Path | None = None
-    try:
-        target = directory(header)
-    except OSError as exc:
-        errors.append(f"creating a directory for the copy: {exc}")
-    size = min(CHUNK, max((n for _, n in files), default=0))
-    bufs = (_aligned(size), _aligned(size))  # page-aligned: O_DIRECT writes them as they are
-    digests: dict[str, str] = {}
-
-    def write(fds: tuple[int, int | None], view: memoryview, pos: int, name: str) -> None:
-        fd, direct = fds
-        if fd >= 0 and not errors:
-            try:  # O_DIRECT where it can: no page cache to fill (and evict) on this node
-                aligned = direct is not None and pos % _ALIGN == 0 and len(view) % _ALIGN == 0
-                _pwrite_all(direct if aligned and direct is not None else fd, view, pos)
-            except OSError as exc:
-                errors.append(f"writing {name}: {exc.strerror or exc}")
-
-    def close(fds: tuple[int, int | None], name: str) -> None:
-        fd, direct = fds
-        if direct is not None:
-            os.close(direct)
-        if fd < 0:
-            return
-        try:
-            if not errors:
-                os.fsync(fd)
-        except OSError as exc:
-            errors.append(f"syncing {name}: {exc.strerror or exc}")
-        finally:
-            os.close(fd)
-
-    pending: list[Future[None]] = [Future(), Future()]
-    for f in pending:
-        f.set_result(None)
-    with ThreadPoolExecutor(1, thread_name_prefix="resilient-partner-write") as writer:
-        i = 0
-        for name, nbytes in files:
-            h, fds = _hasher(), (-1, None)  # type: Any, tuple[int, int | None]
-            if not errors and target is not None:
-                try:
-                    fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    fds = (fd, fileio.open_direct(target / name) if nbytes >= CHUNK else None)
-                except OSError as exc:
-                    errors.append(f"creating {target / name}: {exc.strerror or exc}")
-            for pos in range(0, nbytes, CHUNK):
-                pending[i % 2].result()  # the buffer's previous write is done
-                view = bufs[i % 2][: min(CHUNK, nbytes - pos)]
-                channel.recv(source, view)
-                h.update(view)
-                where = str(target / name) if target else name
-                pending[i % 2] = writer.submit(write, fds, view, pos, where)
-                i += 1
-            writer.submit(close, fds, name)  # after this file's writes, in order
-            digests[name] = h.hexdigest()
-    error = errors[0] if errors else None
-    trailer = _recv_doc(channel, source)
-    theirs = trailer.get("digests") if isinstance(trailer, dict) else None
-    if isinstance(trailer, dict) and trailer.get("error"):
-        error = error or f"the sender could not read it: {trailer['error']}"
-    elif theirs != [digests[n] for n, _ in files]:
-        error = error or "the bytes received differ from the bytes sent"
-    return _Received(header, dict(files), digests, error)
-
-
 # ---------------------------------------------------------------------- what a node holds
 
 
@@ -437,7 +199,7 @@ class Held:
 
     manifest: str
     files: dict[str, tuple[Path, int, str | None]]
-    partner_dir: Path | None = None  # the partner copy some of them come from
+    partner: DirectoryTarget | None = None  # the partner copies some of them come from
 
     def summary(self) -> tuple[str, dict[str, str]]:
         """What the coordinator needs: the manifest and, per file, ``own`` or ``partner``."""
@@ -538,25 +300,23 @@ def _transfers_for(
 # ---------------------------------------------------------------------- one node's copies
 
 
-def _safe_label(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", label) or "_"
-
-
 class PartnerCopies:
     """The partner copies of one node-local tier, as seen by one rank.
 
     Args:
-        root: this node's local tier root.
+        local: this node's local tier (partner copies live in its :data:`~resilient.model.
+            filenames.PARTNER_DIR`).
         ring: the nodes of the job.
-        coll: the tier's ranks (collective steps of :meth:`recover`).
+        coll: the tier's ranks (collective steps of :meth:`rebuild_newest`).
         channel: point-to-point transfers between the tier's ranks.
         keep: partner copies kept per node of origin (the tier's ``local_keep``).
     """
 
     def __init__(
-        self, root: Path, ring: Ring, coll: Collective, channel: Channel, *, keep: int
+        self, local: DirectoryTarget, ring: Ring, coll: Collective, channel: Channel, *, keep: int
     ) -> None:
-        self.root = root
+        self.local = local
+        self.partners = local.child(filenames.PARTNER_DIR)
         self.ring = ring
         self.coll = coll
         self.rank = coll.rank
@@ -572,37 +332,34 @@ class PartnerCopies:
         return self.rank == self.node
 
     @property
-    def protecting(self) -> bool:
+    def has_partner(self) -> bool:
         """Whether there is a partner at all (two nodes or more)."""
         return len(self.ring) > 1
 
-    def partner_root(self, label: str) -> Path:
+    def partner_target(self, label: str) -> DirectoryTarget:
         """Where this node keeps the copies of node ``label``."""
-        return self.root / filenames.PARTNER_DIR / _safe_label(label)
+        return self.partners.child(filenames.partner_dir_name(label))
 
-    def open(self) -> None:
+    def clean_up(self) -> None:
         """Local, on a node's first rank: remove copies cut short by a crash."""
         if not self.acts:
             return
-        base = self.root / filenames.PARTNER_DIR
-        if base.is_dir() and not base.is_symlink():
-            for sub in base.iterdir():
-                if sub.is_dir() and not sub.is_symlink():
-                    storage.cleanup_leftovers(sub)
+        for sub in self.partners.children():
+            sub.clean_up()
 
-    # ------------------------------------------------------------------ protect
+    # ------------------------------------------------------------------ copy
 
-    def protect_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
-        """This rank's part of protecting the committed local checkpoint ``step_dir``: on a
+    def copy_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
+        """This rank's part of copying the committed local checkpoint ``step_dir``: on a
         node's first rank, send the node's files to the next node and receive the previous
         node's; elsewhere nothing. No collective (it runs on the writer thread). The returned
         function returns what went wrong with the copy this node received (``None``: it is
         committed) and raises only if the transfer itself broke."""
-        if not self.acts or not self.protecting:
+        if not self.acts or not self.has_partner:
             return lambda: None
         names = sorted({manifest.ranks[r].file for r in self.ring.ranks_of(self.node)})
         sizes = {f.name: f.size for f in manifest.files}
-        outgoing = [_Outgoing(n, step_dir / n, sizes[n], None) for n in names]
+        outgoing = [Outgoing(n, step_dir / n, sizes[n], None) for n in names]
         header = {"step": manifest.step, "source": self.ring.label(self.node),
                   "manifest": manifest_json(manifest)}  # fmt: skip
 
@@ -623,15 +380,15 @@ class PartnerCopies:
     def _receive_copy(self, left: int) -> str | None:
         """Receive ``left``'s node's files and commit them as its partner copy here."""
         label = self.ring.label(left)
-        base = self.partner_root(label)
+        target = self.partner_target(label)
         pending: list[PendingDir] = []
 
         def directory(header: dict[str, Any]) -> Path:
             step = header.get("step")
             if not isinstance(step, int) or step < 0:
                 raise OSError(f"a header without a step: {step!r}")
-            base.mkdir(parents=True, exist_ok=True)
-            pending.append(PendingDir.for_step(base, step).create())
+            pending.append(target.pending(step))
+            target.create(pending[0])
             return pending[0].path
 
         got = receive_files(self.channel, left, directory)
@@ -643,32 +400,28 @@ class PartnerCopies:
                 manifest = parse_manifest(str(got.header.get("manifest", "")))
                 record = {"source": label,
                           "files": {n: [got.sizes[n], got.digests[n]] for n in got.sizes}}  # fmt: skip
-                storage.write_durable(
-                    pending[0].path / filenames.PARTNER_RECORD, json.dumps(record).encode()
-                )
-                pending[0].commit(manifest, what=what)
+                target.write(pending[0], filenames.PARTNER_RECORD, json.dumps(record).encode())
+                target.commit(pending[0], manifest, what=what)
             except (OSError, ManifestError, ResilientError) as exc:
                 error = str(exc)
         if error is not None:
             if pending:
-                pending[0].rollback()
+                target.rollback(pending[0])
             return f"{what}: {error}"
         self._rotate(label)
         return None
 
     def _rotate(self, label: str) -> None:
         """Keep the newest ``keep`` copies of ``label``'s node; drop other nodes' copies."""
-        base = self.root / filenames.PARTNER_DIR
-        mine = _safe_label(label)
+        mine = self.partner_target(label)
         try:
-            for sub in base.iterdir():
-                if sub.name != mine and sub.is_dir() and not sub.is_symlink():
-                    storage.remove_tree(sub)
-            steps = sorted(_committed_steps(base / mine), reverse=True)
-            for step in steps[self.keep :]:
-                storage.remove_tree(base / mine / filenames.step_dir_name(step))
+            for sub in self.partners.children():
+                if sub != mine:
+                    sub.drop()
+            for step in sorted(mine.steps(), reverse=True)[self.keep :]:
+                mine.remove(step)
         except OSError as exc:
-            log.warning("could not rotate the partner copies in %s: %s", base, exc)
+            log.warning("could not rotate the partner copies in %s: %s", self.partners.root, exc)
 
     # ------------------------------------------------------------------ rebuild
 
@@ -677,21 +430,18 @@ class PartnerCopies:
         (``own_steps``, in ``root``) and its partner copies, whose sizes check out."""
         held: dict[int, Held] = {}
         for step in own_steps:
-            found = _held_in(self.root / filenames.step_dir_name(step), current, None)
+            found = _held_in(self.local, step, current, None)
             if found is not None:
                 held[step] = found
-        base = self.root / filenames.PARTNER_DIR
-        subs = sorted(base.iterdir()) if base.is_dir() and not base.is_symlink() else []
-        for sub in subs:
-            for step in _committed_steps(sub):
-                path = sub / filenames.step_dir_name(step)
-                record = _partner_record(path)
-                found = _held_in(path, current, record) if record is not None else None
+        for sub in self.partners.children():
+            for step in sub.steps():
+                record = _partner_record(sub, step)
+                found = _held_in(sub, step, current, record) if record is not None else None
                 if found is None:
                     continue
                 if step in held:  # add what the node's own copy lacks
                     files = {**found.files, **held[step].files}
-                    held[step] = Held(held[step].manifest, files, path)
+                    held[step] = Held(held[step].manifest, files, sub)
                 else:
                     held[step] = found
         return held
@@ -718,10 +468,10 @@ class PartnerCopies:
     ) -> list[str]:
         problems: list[str] = []
         for _, dest, names in sends:
-            files = [_Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
+            files = [Outgoing(n, *mine.files[n]) if mine else _missing(n) for n in names]
             found = send_files(self.channel, dest, {"step": plan.step}, files)
-            if found and mine is not None and mine.partner_dir is not None:
-                self._quarantine(mine.partner_dir, plan.step, found[0])
+            if found and mine is not None and mine.partner is not None:
+                self._quarantine(mine.partner, plan.step, found[0])
             problems += found
         return problems
 
@@ -730,33 +480,36 @@ class PartnerCopies:
     ) -> str | None:
         """Build this node's copy of the step in a temporary directory: link the files it has,
         copy those it holds as a partner, receive the rest; commit it if all went well."""
-        pending = PendingDir.for_step(self.root, plan.step).create()
+        pending = self.local.pending(plan.step)
+        self.local.create(pending)
         error: str | None = None
         try:
             needed = {n for t in receives for n in t[2]}
             if mine is not None:
                 for name, (path, _, digest) in mine.files.items():
                     if digest is None and name not in needed and path.parent != pending.path:
-                        _link_or_copy(path, pending.path / name)
+                        self.local.link(pending, name, path)
             for src, _, names in receives:
                 if src == self.node:  # held here as a partner copy: verify while copying
                     assert mine is not None
-                    error = error or _copy_verified(mine, names, pending.path)
-                    if error and mine.partner_dir is not None:
-                        self._quarantine(mine.partner_dir, plan.step, error)
+                    error = error or self._copy_verified(mine, names, pending)
+                    if error and mine.partner is not None:
+                        self._quarantine(mine.partner, plan.step, error)
                     continue
                 got = receive_files(self.channel, src, lambda _h: pending.path)
                 error = error or got.error
             if error is None:
-                pending.commit(parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}")
+                self.local.commit(
+                    pending, parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}"
+                )
         except (OSError, ManifestError, ResilientError) as exc:
             error = error or str(exc)
         if error is not None:
-            pending.rollback()
+            self.local.rollback(pending)
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
 
-    def recover(
+    def rebuild_newest(
         self,
         own_steps: Callable[[], list[int]],
         current: Layout,
@@ -777,7 +530,7 @@ class PartnerCopies:
                     try:
                         held = partner.inventory(own_steps(), current)
                     except OSError as exc:
-                        log.warning("could not list the local tier %s: %s", self.root, exc)
+                        log.warning("could not list the local tier %s: %s", self.local.root, exc)
                 return self.rank, {s: h.summary() for s, h in held.items()}
 
             def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
@@ -812,10 +565,23 @@ class PartnerCopies:
                 log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
             excluded.add(plan.step)
 
-    def _quarantine(self, path: Path, step: int, reason: str) -> None:
+    def _copy_verified(self, held: Held, names: Sequence[str], pending: PendingDir) -> str | None:
+        """Copy files this node holds as a partner into ``pending``, checking their digests."""
+        for name in names:
+            path, _, digest = held.files[name]
+            try:
+                copied = self.local.copy(pending, name, path)
+            except OSError as exc:
+                return f"copying {path}: {exc.strerror or exc}"
+            if digest is not None and copied != digest:
+                return f"{path}: its bytes do not match the digest recorded when it was copied"
+        return None
+
+    def _quarantine(self, partner: DirectoryTarget, step: int, reason: str) -> None:
+        path = partner.path(step)
         log.warning("partner copy %s is corrupt, quarantined: %s", path, reason)
         try:
-            storage.quarantine(path, step, reason)
+            partner.quarantine(step, reason)
         except OSError as exc:
             log.warning("could not quarantine %s: %s", path, exc)
 
@@ -841,22 +607,14 @@ def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
     return join
 
 
-def _missing(name: str) -> _Outgoing:
-    return _Outgoing(name, Path("/nonexistent") / name, 0, None)
+def _missing(name: str) -> Outgoing:
+    return Outgoing(name, Path("/nonexistent") / name, 0, None)
 
 
-def _committed_steps(directory: Path) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [s for s in map(filenames.parse_step_dir, names) if s is not None]
-
-
-def _partner_record(path: Path) -> dict[str, tuple[int, str]] | None:
+def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, str]] | None:
     """``{file: (size, digest)}`` of a partner copy's record (``None`` if unreadable)."""
     try:
-        doc = json.loads((path / filenames.PARTNER_RECORD).read_bytes())
+        doc = json.loads(target.read(step, filenames.PARTNER_RECORD))
     except (OSError, ValueError):
         return None
     files = doc.get("files") if isinstance(doc, dict) else None
@@ -875,15 +633,18 @@ def _partner_record(path: Path) -> dict[str, tuple[int, str]] | None:
     return out
 
 
-def _held_in(path: Path, current: Layout, record: dict[str, tuple[int, str]] | None) -> Held | None:
-    """The files of a committed step directory whose size matches its manifest."""
+def _held_in(
+    target: DirectoryTarget, step: int, current: Layout, record: dict[str, tuple[int, str]] | None
+) -> Held | None:
+    """The files of a committed step whose size matches its manifest."""
     try:
-        manifest = load_manifest(path)
+        manifest = target.manifest(step)
     except InvalidCheckpointError as exc:
-        log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
+        log.warning("local checkpoint %s is not usable: %s", exc.path, exc.reason)
         return None
     if manifest.layout != current:
         return None
+    path = target.path(step)
     files: dict[str, tuple[Path, int, str | None]] = {}
     for f in manifest.files:
         digest = None
@@ -891,42 +652,9 @@ def _held_in(path: Path, current: Layout, record: dict[str, tuple[int, str]] | N
             if f.name not in record or record[f.name][0] != f.size:
                 continue
             digest = record[f.name][1]
-        try:
-            if os.lstat(path / f.name).st_size == f.size:
-                files[f.name] = (path / f.name, f.size, digest)
-        except FileNotFoundError:
-            continue
+        if target.size(step, f.name) == f.size:
+            files[f.name] = (path / f.name, f.size, digest)
     if not files:
         return None
-    return Held(
-        (path / filenames.MANIFEST).read_text(), files, path if record is not None else None
-    )
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, dst)
-        storage.fsync_files([dst])
-
-
-def _copy_verified(held: Held, names: Sequence[str], directory: Path) -> str | None:
-    """Copy files this node holds as a partner into ``directory``, checking their digests."""
-    for name in names:
-        path, _, digest = held.files[name]
-        h = _hasher()
-        try:
-            with open(path, "rb") as src, open(directory / name, "xb") as dst:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-        except OSError as exc:
-            return f"copying {path}: {exc.strerror or exc}"
-        if digest is not None and h.hexdigest() != digest:
-            return f"{path}: its bytes do not match the digest recorded when it was copied"
-    return None
+    text = target.read(step, filenames.MANIFEST).decode()
+    return Held(text, files, target if record is not None else None)

@@ -297,7 +297,7 @@ def _read_verified(
         pending = set(upload.pending)
         on = {i: n for i, n in enumerate(names) if n in pending}
         checks = _Checks(digests, upload, on, table.checksums)
-    fd = os.open(directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = fileio.open_read(directory / entry.file)
     try:
         new = fileio.read_new(
             fd,

@@ -339,7 +339,7 @@ class SavePipeline:
             return
         flush_due = self._local_commits % self.flush_every == 0
         checkpoint = LocalCheckpoint(pending.final, _made(manifest))
-        protect = local.protect_job(checkpoint)
+        protect = local.partner_copy_job(checkpoint)
         if protect is not None:
             task = self._writer.submit(protect)
             self._in_flight = _ProtectFlight(checkpoint, task, self._clock(), flush_due)
@@ -353,7 +353,7 @@ class SavePipeline:
         background (nothing else in flight). A lost node's partner copies were lost with it,
         and a job on another node set has another ring: until this is done, a second loss
         would find nothing."""
-        job = self.local.protect_job(checkpoint) if self.local is not None else None
+        job = self.local.partner_copy_job(checkpoint) if self.local is not None else None
         if job is None or self._in_flight is not None:
             return
         self._in_flight = _ProtectFlight(checkpoint, self._writer.submit(job), self._clock(), False)

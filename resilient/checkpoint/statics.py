@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from resilient._version import __version__
@@ -106,16 +105,9 @@ class StaticStore:
         if self._pinned or not self.dir.is_dir() or self.dir.is_symlink():
             return []
         trash = []
-        for name in _names(self.dir):
+        for name in storage.names_in(self.dir):
             if filenames.is_static_dir(name) and self._refs[name] <= 0:
                 trash.append(storage.move_to_trash(self.dir / name, durable=False))
                 self._known_good.discard(name)
                 log.info("deleted unreferenced static data %s", name)
         return trash
-
-
-def _names(directory: Path) -> Iterable[str]:
-    try:
-        return os.listdir(directory)
-    except FileNotFoundError:
-        return []

@@ -1,9 +1,10 @@
 """The node-local tier: checkpoints written on each node's fast storage, flushed to the shared root.
 
 On every node, ``<local_dir>/<name of the shared root>-<hash of its path>/`` is a checkpoint
-root of its own holding, per step, the data files of that node's ranks plus the manifest and
-the ``COMMITTED`` marker (the same manifest the shared copy gets). Every file group must lie on
-one node (``checkpoint_comm`` ``self`` or ``node``; ``world`` only on one node).
+root of its own (a :class:`~resilient.io.targets.DirectoryTarget`) holding, per step, the data
+files of that node's ranks plus the manifest and the ``COMMITTED`` marker (the same manifest the
+shared copy gets). Every file group must lie on one node (``checkpoint_comm`` ``self`` or
+``node``; ``world`` only on one node).
 
 A node is what the communicator says it is (:meth:`~resilient.parallel.comm.Comm.split_node`), not a
 host name: several nodes may share a host. ``local_dir`` is expanded on each node by its own
@@ -36,11 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.partner import Redundancy, make_redundancy
+from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
-from resilient.io.validate import load_manifest
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.layout import Layout
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 def local_root_of(local_dir: str | os.PathLike[str], shared_root: Path) -> Path:
     """The local tier's root under ``local_dir`` for the shared root ``shared_root`` (pure)."""
     absolute = os.path.abspath(shared_root)
-    return Path(local_dir) / f"{Path(absolute).name}-{hash128(absolute)[:12]}"
+    return Path(local_dir) / filenames.local_tier_dir_name(Path(absolute).name, hash128(absolute))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +129,12 @@ class LocalTier:
         )
         self._coll.check("checking the local tier's layout", self._check_nodes)
         self.root = local_root_of(node_dir, shared_root)
+        self.target = DirectoryTarget(self.root)
         self._coll.check(f"opening the local tier {self.root}", self._open)
-        self.redundancy: Redundancy | None = None
+        self.copies: CopyScheme | None = None
         if redundancy is not None:
-            self.redundancy = make_redundancy(
-                redundancy, self.root, [(v.leader, v.label) for v in self.views],
+            self.copies = make_copy_scheme(
+                redundancy, self.target, [(v.leader, v.label) for v in self.views],
                 self._coll, keep=keep, shared_root=shared_root,
             )  # fmt: skip
 
@@ -161,18 +163,18 @@ class LocalTier:
     def _open(self) -> None:
         if self.is_node_leader:
             storage.ensure_root(self.root)
-            storage.cleanup_leftovers(self.root)
+            self.target.clean_up()
 
     # ------------------------------------------------------------------ saving
 
     def create_pending(self, step: int) -> PendingDir:
         """Collective: name a temporary directory for ``step``; every node's leader creates it."""
         token = self._coll.broadcast("naming a local temporary directory", storage.new_token)
-        pending = PendingDir.for_step(self.root, step, token=token)  # this node's directory
+        pending = self.target.pending(step, token=token)  # this node's directory
 
         def create() -> None:
             if self.is_node_leader:
-                pending.create()
+                self.target.create(pending)
 
         self._coll.check(f"creating {pending.path} on every node", create)
         return pending
@@ -182,7 +184,7 @@ class LocalTier:
 
         def commit_here() -> None:
             if self.is_node_leader:
-                pending.commit(manifest, what=f"local copy of step {manifest.step}")
+                self.target.commit(pending, manifest, what=f"local copy of step {manifest.step}")
                 self._rotate()
 
         try:
@@ -194,30 +196,23 @@ class LocalTier:
     def rollback(self, pending: PendingDir) -> None:
         """Local: this node's leader removes its temporary directory (no communication)."""
         if self.is_node_leader:
-            pending.rollback()
+            self.target.rollback(pending)
 
     def _rotate(self) -> None:
-        steps = sorted(self._committed_steps(), reverse=True)
+        steps = sorted(self.target.steps(), reverse=True)
         for step in steps[self.keep :]:
             try:
-                storage.remove_tree(self.root / filenames.step_dir_name(step))
+                self.target.remove(step)
             except OSError as exc:
                 log.warning("could not remove local checkpoint %d in %s: %s", step, self.root, exc)
 
-    def _committed_steps(self) -> list[int]:
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
-        return [s for s in map(filenames.parse_step_dir, names) if s is not None]
-
-    def protect_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
-        """This rank's part of protecting a committed local checkpoint (see
-        :meth:`~resilient.checkpoint.partner.Redundancy.protect_job`; no collective), or ``None`` without
-        redundancy (or without another node)."""
-        if self.redundancy is None or not self.redundancy.protecting:
+    def partner_copy_job(self, checkpoint: LocalCheckpoint) -> Callable[[], str | None] | None:
+        """This rank's part of copying a committed local checkpoint to its partner (see
+        :meth:`~resilient.checkpoint.partner.CopyScheme.copy_job`; no collective), or ``None``
+        without copies (or without another node)."""
+        if self.copies is None or not self.copies.has_partner:
             return None
-        return self.redundancy.protect_job(checkpoint.path, checkpoint.manifest)
+        return self.copies.copy_job(checkpoint.path, checkpoint.manifest)
 
     # ------------------------------------------------------------------ flushing
 
@@ -270,8 +265,8 @@ class LocalTier:
         Quick checks only (marker, manifest, this rank's file size, same layout); the restore
         verifies every checksum it reads.
         """
-        if self.redundancy is not None and self.redundancy.protecting:
-            self.redundancy.recover(self._committed_steps, current, step=step, at_least=at_least)
+        if self.copies is not None and self.copies.has_partner:
+            self.copies.rebuild_newest(self.target.steps, current, step=step, at_least=at_least)
         steps, other = self._intact_steps(current, step)
         mine = [s for s in steps if at_least is None or s >= at_least]
 
@@ -280,7 +275,7 @@ class LocalTier:
             if not common:
                 return next((note for _, note in found if note), None)
             newest = max(common)  # the same manifest on every node: the coordinator's copy
-            return newest, load_manifest(self.root / filenames.step_dir_name(newest))
+            return newest, self.target.manifest(newest)
 
         picked = self._coll.all_reduce("finding local checkpoints", lambda: (mine, other), pick)
         if isinstance(picked, str):
@@ -290,21 +285,20 @@ class LocalTier:
         if picked is None:
             return None
         newest, manifest = picked
-        return LocalCheckpoint(self.root / filenames.step_dir_name(newest), manifest)
+        return LocalCheckpoint(self.target.path(newest), manifest)
 
     def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
         """Steps whose local copy holds this rank's file intact (local: a few stats), and
         why the newest committed one is unusable when its ranks sit otherwise on the nodes."""
         rank, other = self.topo.comm.rank, ""
         found: list[int] = []
-        for s in sorted(self._committed_steps(), reverse=True):
+        for s in sorted(self.target.steps(), reverse=True):
             if step is not None and s != step:
                 continue
-            path = self.root / filenames.step_dir_name(s)
             try:
-                manifest = load_manifest(path)
+                manifest = self.target.manifest(s)
             except InvalidCheckpointError as exc:
-                log.warning("local checkpoint %s is not usable: %s", path, exc.reason)
+                log.warning("local checkpoint %s is not usable: %s", exc.path, exc.reason)
                 continue
             if manifest.layout != current or rank >= len(manifest.ranks):
                 if not other and not found:
@@ -317,11 +311,8 @@ class LocalTier:
                 continue
             name = manifest.ranks[rank].file
             size = next((f.size for f in manifest.files if f.name == name), -1)
-            try:
-                if os.lstat(path / name).st_size == size:
-                    found.append(s)
-            except FileNotFoundError:
-                continue
+            if self.target.size(s, name) == size:
+                found.append(s)
         return found, other
 
     def discard(self, checkpoint: LocalCheckpoint, reason: str) -> None:
@@ -329,7 +320,7 @@ class LocalTier:
         if not self.is_node_leader:
             return
         try:
-            storage.quarantine(checkpoint.path, checkpoint.manifest.step, reason)
+            self.target.quarantine(checkpoint.manifest.step, reason)
         except OSError as exc:
             log.warning("could not quarantine %s: %s", checkpoint.path, exc)
 
@@ -351,9 +342,9 @@ def record_local_tiers(shared_root: Path, tiers: Sequence[tuple[str, str, Path]]
     new = known | {(n, h, str(p)) for n, h, p in tiers}
     if new != known:
         doc = [{"node": n, "host": h, "path": p} for n, h, p in sorted(new)]
-        tmp = shared_root / f".{filenames.LOCAL_TIERS}.{storage.new_token()}"
-        storage.write_durable(tmp, json.dumps(doc, indent=1).encode())
-        os.replace(tmp, shared_root / filenames.LOCAL_TIERS)
+        storage.replace_file(
+            shared_root / filenames.LOCAL_TIERS, json.dumps(doc, indent=1).encode()
+        )
 
 
 def known_local_roots(shared_root: Path, *, node: str | None = None) -> list[Path]:

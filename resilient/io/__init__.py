@@ -10,7 +10,9 @@ Owns:
     :mod:`.background` (one piece of local work on a thread, its outcome kept),
     :mod:`.digests` (checksums of file ranges as they are read, and of arrays on a helper
     thread),
-    :mod:`.runkey` (a run's identity, recorded in its root).
+    :mod:`.runkey` (a run's identity, recorded in its root),
+    :mod:`.wire` (files sent and received over a channel: partner copies and their rebuild),
+    :mod:`.targets` (where checkpoints live: the storage target protocol and its implementations).
 
 May import: :mod:`resilient.model` and :mod:`resilient.errors`. Never a communicator: what
 happens here happens on one rank; agreeing on it is :mod:`resilient.parallel`'s, above.

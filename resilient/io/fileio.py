@@ -59,6 +59,9 @@ __all__ = [
     "read_many",
     "read_new",
     "write_file",
+    "FileReader",
+    "FileWriter",
+    "open_read",
 ]
 
 _ALIGN = h5format.PAGE  # O_DIRECT's alignment: every dataset written through it starts on a page
@@ -885,3 +888,76 @@ def _preadv_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = None
 def _bytes_view(arr: npt.NDArray[np.generic]) -> memoryview:
     """A flat byte view of a C-contiguous array (no copy)."""
     return memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- whole files, piece by piece
+# (what a partner copy moves: see resilient.io.wire)
+
+
+def open_read(path: Path) -> int:
+    """``path`` opened for reading (never through a symlink); the caller closes it."""
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+
+
+class FileReader:
+    """A file read piece by piece at the offsets asked for. Local; the caller closes it.
+
+    Raises:
+        OSError: ``path`` cannot be opened.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.fd = open_read(path)
+
+    def read(self, view: memoryview, pos: int) -> None:
+        """Fill ``view`` with the file's bytes from ``pos`` on.
+
+        Raises:
+            EOFError: the file ends first.
+        """
+        while view:
+            got = os.preadv(self.fd, [view], pos)
+            if got == 0:
+                raise EOFError(f"the file ends at byte {pos}")
+            view, pos = view[got:], pos + got
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class FileWriter:
+    """A new file written piece by piece at the offsets given, then fsynced. Local.
+
+    With ``direct``, page-aligned pieces from page-aligned memory go through ``O_DIRECT`` where
+    the filesystem allows it: no page cache to fill (and evict) on the receiving node.
+
+    Raises:
+        OSError: ``path`` exists or cannot be created.
+    """
+
+    def __init__(self, path: Path, *, direct: bool) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._direct = open_direct(path) if direct else None
+
+    def write(self, view: memoryview, pos: int) -> None:
+        """Write ``view`` at ``pos``."""
+        aligned = self._direct is not None and pos % _ALIGN == 0 and len(view) % _ALIGN == 0
+        _pwrite_all(self._direct if aligned and self._direct is not None else self.fd, view, pos)
+
+    def close(self, *, sync: bool) -> None:
+        """fsync the file (with ``sync``), then close it, even if the fsync fails.
+
+        Raises:
+            OSError: the fsync failed.
+        """
+        if self._direct is not None:
+            os.close(self._direct)
+            self._direct = None
+        try:
+            if sync:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)

@@ -42,6 +42,9 @@ __all__ = [
     "quarantine",
     "remove_tree",
     "fsync_files",
+    "names_in",
+    "remove_file",
+    "replace_file",
     "write_all",
     "write_durable",
 ]
@@ -87,6 +90,28 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
             os.close(fd)
 
 
+def remove_file(path: Path) -> None:
+    """Remove the file ``path`` if it is there (a half-written one, before a retry)."""
+    path.unlink(missing_ok=True)
+
+
+def names_in(directory: Path) -> list[str]:
+    """The names of the entries of ``directory`` (none if it is missing)."""
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace (or create) the small file ``path`` with ``data`` at once: written durably under
+    a hidden temporary name beside it, then renamed over it (a reader sees the old bytes or
+    the new ones; the rename is durable once the caller fsyncs the directory)."""
+    tmp = path.parent / f".{path.name}.{new_token()}"
+    write_durable(tmp, data)
+    os.replace(tmp, path)
+
+
 def fsync_files(paths: list[Path]) -> None:
     """fsync each file."""
     for path in paths:
@@ -122,9 +147,7 @@ def ensure_root(root: Path) -> None:
             f"{root} is not empty and is not a resilient checkpoint root "
             f"(no {filenames.ROOT_MARKER}); refusing to write into it"
         )
-    tmp = root / f".{filenames.ROOT_MARKER}.{new_token()}"
-    write_durable(tmp, json.dumps(ROOT_FORMAT).encode())
-    os.replace(tmp, root / filenames.ROOT_MARKER)
+    replace_file(root / filenames.ROOT_MARKER, json.dumps(ROOT_FORMAT).encode())
     fsync_dir(root)
 
 

@@ -117,6 +117,17 @@ def static_tmp_dir_name(token: str) -> str:
     return f".tmp-{token}"
 
 
+def local_tier_dir_name(shared_root_name: str, path_digest: str) -> str:
+    """Name of a node-local tier's root (in ``local_dir``) for a shared root called
+    ``shared_root_name`` whose absolute path hashes to ``path_digest``."""
+    return f"{shared_root_name}-{path_digest[:12]}"
+
+
+def partner_dir_name(node: str) -> str:
+    """Name of the directory (in :data:`PARTNER_DIR`) holding the partner copies of ``node``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"
+
+
 def attempt_sidecar_name(root_name: str) -> str:
     """Name of ``resilient run``'s record beside the root ``root_name`` (in its parent)."""
     if not root_name or root_name in (".", "..") or "/" in root_name:

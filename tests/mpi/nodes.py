@@ -69,14 +69,14 @@ def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> N
     import errno
     import os
 
-    from resilient.checkpoint import partner
+    from resilient.io import fileio
 
     if node_label() == "nodeB":
 
-        def full(*_: Any) -> int:
+        def full(*_: Any) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        partner._pwrite_all = full  # type: ignore[assignment]
+        fileio.FileWriter.write = full  # type: ignore[method-assign,assignment]
     m = manager(root, local_dir, "partner", *how, flush_every=100)
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))

@@ -141,3 +141,23 @@ def f():
         "2: threading", "3: concurrent.futures", "4: os.getenv", "7: multiprocessing",
         "8: ?.environ",
     ]  # fmt: skip
+
+
+FILE_EFFECTS = re.compile(
+    r"os\.(open|rename|replace|fsync|pwrite|write|link|listdir)|\bopen\(|\.rename\(|\.unlink\("
+    r"|\.mkdir\(|shutil\."
+)
+
+
+def test_the_checkpoint_data_path_moves_no_bytes_itself() -> None:
+    """``model``, ``parallel`` and ``checkpoint`` open, rename, write, fsync and list no file:
+    :mod:`resilient.io` does (its storage targets, fileio, wire)."""
+    package = Path(resilient.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for name in ("model", "parallel", "checkpoint")
+        for path in sorted((package / name).glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if FILE_EFFECTS.search(line)
+    ]
+    assert found == []

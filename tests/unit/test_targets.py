@@ -1,0 +1,346 @@
+"""One conformance suite for every storage target (zarr's ``StoreTests``), with injected faults.
+
+:class:`TargetTests` states what every :class:`~resilient.io.targets.Target` does, including
+what a crash or a failed write between two calls leaves; each implementation's class only says
+how to make one, how to "restart" over the same storage, and how to break its writes or tear
+one of its files, then adds what it alone does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resilient.errors import InvalidCheckpointError
+from resilient.io.commit import PendingDir
+from resilient.io.targets import DirectoryTarget, MemoryTarget, Target
+from resilient.io.wire import new_hash
+from resilient.model import filenames
+from resilient.model.manifest import Manifest
+from tests.unit.test_manifest import sample_manifest
+
+DATA = b"0123456789" * 1000
+
+
+def _digest(data: bytes) -> str:
+    h = new_hash()
+    h.update(data)
+    digest: str = h.hexdigest()
+    return digest
+
+
+def manifest_of(step: int) -> Manifest:
+    return dataclasses.replace(sample_manifest(), step=step)
+
+
+class TargetTests:
+    """What every target does. Subclasses provide the fixtures and the fault injectors."""
+
+    @pytest.fixture
+    def target(self) -> Target:
+        raise NotImplementedError
+
+    def restart(self, target: Target) -> Target:
+        """The same storage as a new process would find it after a crash."""
+        raise NotImplementedError
+
+    def break_writes(self, monkeypatch: pytest.MonkeyPatch, target: Target, code: int) -> None:
+        """Make every later write store half its bytes, then fail with ``code``."""
+        raise NotImplementedError
+
+    def tear(self, target: Target, step: int, name: str) -> None:
+        """Cut the committed file ``name`` of ``step`` in half."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+
+    def save(self, target: Target, step: int, files: dict[str, bytes] | None = None) -> None:
+        pending = target.pending(step)
+        target.create(pending)
+        for name, data in (files or {"rank_00000.h5": DATA}).items():
+            target.write(pending, name, data)
+        target.commit(pending, manifest_of(step), what=f"step {step}")
+
+    # ------------------------------------------------------------------ the call order
+
+    def test_an_empty_target_lists_nothing(self, target: Target) -> None:
+        assert target.steps() == []
+        target.clean_up()
+        assert target.steps() == []
+
+    def test_a_committed_step_is_listed_and_reads_back(self, target: Target) -> None:
+        target.clean_up()
+        self.save(target, 7, {"rank_00000.h5": DATA, "rank_00001.h5": b""})
+        assert target.steps() == [7]
+        assert target.manifest(7) == manifest_of(7)
+        assert target.read(7, "rank_00000.h5") == DATA
+        assert target.size(7, "rank_00000.h5") == len(DATA)
+        assert target.size(7, "rank_00001.h5") == 0
+        assert target.size(7, "rank_00002.h5") is None
+        with pytest.raises(FileNotFoundError):
+            target.read(7, "rank_00002.h5")
+        with pytest.raises(FileNotFoundError):
+            target.read(8, "rank_00000.h5")
+
+    def test_the_same_token_names_the_same_pending_copy(self, target: Target) -> None:
+        assert target.pending(3, token="abc") == target.pending(3, token="abc")
+        assert target.pending(3).path != target.pending(3).path
+        assert target.pending(3).final == target.pending(3, token="x").final
+
+    def test_a_pending_step_is_never_listed(self, target: Target) -> None:
+        pending = target.pending(5)
+        target.create(pending)
+        target.write(pending, "rank_00000.h5", DATA)
+        assert target.steps() == []
+        with pytest.raises(InvalidCheckpointError):
+            target.manifest(5)
+
+    def test_a_rollback_leaves_nothing(self, target: Target) -> None:
+        self.save(target, 1)
+        pending = target.pending(2)
+        target.create(pending)
+        target.write(pending, "rank_00000.h5", DATA)
+        target.rollback(pending)
+        target.rollback(pending)  # idempotent
+        assert target.steps() == [1]
+        assert target.read(1, "rank_00000.h5") == DATA
+
+    def test_a_file_is_written_once(self, target: Target) -> None:
+        pending = target.pending(1)
+        target.create(pending)
+        target.write(pending, "rank_00000.h5", DATA)
+        with pytest.raises(FileExistsError):
+            target.write(pending, "rank_00000.h5", DATA)
+
+    def test_a_recommit_replaces_the_step_whole(self, target: Target) -> None:
+        self.save(target, 4, {"rank_00000.h5": b"old", "rank_00001.h5": b"old"})
+        self.save(target, 4, {"rank_00000.h5": b"new"})
+        assert target.steps() == [4]
+        assert target.read(4, "rank_00000.h5") == b"new"
+        assert target.size(4, "rank_00001.h5") is None
+
+    def test_remove_and_quarantine_take_a_step_out_of_the_listing(self, target: Target) -> None:
+        for step in (1, 2, 3):
+            self.save(target, step)
+        target.remove(1)
+        target.quarantine(2, "a checksum did not match")
+        assert target.steps() == [3]
+        target.clean_up()
+        assert target.steps() == [3]
+
+    # ------------------------------------------------------------------ crashes and faults
+
+    def test_a_crash_between_write_and_commit_leaves_the_previous_state(
+        self, target: Target
+    ) -> None:
+        self.save(target, 1)
+        pending = target.pending(2)
+        target.create(pending)
+        target.write(pending, "rank_00000.h5", DATA)
+        after = self.restart(target)  # the process died here
+        assert after.steps() == [1]
+        after.clean_up()  # the next start cleans up
+        assert after.steps() == [1]
+        self.save(after, 2)
+        assert sorted(after.steps()) == [1, 2]
+
+    def test_a_crash_after_create_leaves_nothing_listed(self, target: Target) -> None:
+        target.create(target.pending(9))
+        after = self.restart(target)
+        after.clean_up()
+        assert after.steps() == []
+
+    @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+    def test_a_write_that_fails_midway_is_never_listed(
+        self, target: Target, monkeypatch: pytest.MonkeyPatch, code: int
+    ) -> None:
+        self.save(target, 1)
+        pending = target.pending(2)
+        target.create(pending)
+        self.break_writes(monkeypatch, target, code)
+        with pytest.raises(OSError) as caught:
+            target.write(pending, "rank_00000.h5", DATA)
+        assert caught.value.errno == code
+        monkeypatch.undo()
+        assert target.steps() == [1]
+        target.rollback(pending)
+        assert target.steps() == [1]
+        assert target.read(1, "rank_00000.h5") == DATA
+
+    def test_a_torn_file_shows_in_its_size(self, target: Target) -> None:
+        self.save(target, 3)
+        self.tear(target, 3, "rank_00000.h5")
+        assert target.steps() == [3]  # listing is quick: the size check is the reader's
+        assert target.size(3, "rank_00000.h5") == len(DATA) // 2
+        assert target.read(3, "rank_00000.h5") == DATA[: len(DATA) // 2]
+
+    def test_listing_after_a_crash_in_remove_omits_the_step(
+        self, target: Target, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for step in (1, 2):
+            self.save(target, step)
+        self.crash_in_remove(monkeypatch)
+        with pytest.raises(OSError):
+            target.remove(1)
+        monkeypatch.undo()
+        after = self.restart(target)
+        assert after.steps() == [2]
+        after.clean_up()
+        assert after.steps() == [2]
+
+    def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make a removal fail after the step left the listing."""
+        raise NotImplementedError
+
+
+class TestDirectoryTarget(TargetTests):
+    """A directory: the shared root, a node-local tier, a partner copy."""
+
+    @pytest.fixture
+    def target(self, tmp_path: Path) -> Target:
+        return DirectoryTarget(tmp_path / "root")
+
+    def restart(self, target: Target) -> Target:
+        assert isinstance(target, DirectoryTarget)
+        return DirectoryTarget(target.root)
+
+    def break_writes(self, monkeypatch: pytest.MonkeyPatch, target: Target, code: int) -> None:
+        real = os.write
+
+        def half(fd: int, data: Any) -> int:
+            real(fd, bytes(data)[: len(data) // 2])
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "write", half)
+
+    def tear(self, target: Target, step: int, name: str) -> None:
+        assert isinstance(target, DirectoryTarget)
+        path = target.path(step) / name
+        os.truncate(path, path.stat().st_size // 2)
+
+    def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import shutil
+
+        def killed(*_: Any, **__: Any) -> None:
+            raise OSError(errno.EINTR, "killed while deleting")
+
+        monkeypatch.setattr(shutil, "rmtree", killed)
+
+    def test_leftovers_go_at_clean_up_and_not_before(self, target: Target) -> None:
+        assert isinstance(target, DirectoryTarget)
+        self.save(target, 1)
+        target.create(target.pending(2))
+        names = target.names()
+        assert any(filenames.parse_tmp_dir(n) == 2 for n in names)
+        target.clean_up()
+        assert sorted(target.names()) == [filenames.step_dir_name(1)]
+
+    def test_quarantine_keeps_the_files_and_the_reason(self, target: Target) -> None:
+        assert isinstance(target, DirectoryTarget)
+        self.save(target, 1)
+        target.quarantine(1, "bad bytes")
+        (name,) = target.names()
+        assert filenames.parse_quarantined(name) == 1
+        kept = target.root / name
+        assert (kept / "rank_00000.h5").read_bytes() == DATA
+        assert b"bad bytes" in (kept / filenames.QUARANTINE_INFO).read_bytes()
+
+    def test_children_are_targets_of_their_own(self, target: Target) -> None:
+        assert isinstance(target, DirectoryTarget)
+        node = target.child(filenames.PARTNER_DIR).child("nodeA")
+        self.save(node, 5)
+        assert node.steps() == [5]
+        assert target.steps() == []
+        (child,) = target.children()
+        assert child.children() == [node]
+        node.drop()
+        assert child.children() == []
+
+    def test_a_symlinked_step_file_is_not_followed_for_its_size(
+        self, target: Target, tmp_path: Path
+    ) -> None:
+        assert isinstance(target, DirectoryTarget)
+        self.save(target, 1, {"rank_00000.h5": b"x"})
+        (tmp_path / "big").write_bytes(DATA)
+        (target.path(1) / "rank_00001.h5").symlink_to(tmp_path / "big")
+        assert target.size(1, "rank_00001.h5") != len(DATA)
+
+    def test_link_and_copy_move_a_committed_file_into_a_pending_copy(
+        self, target: Target, tmp_path: Path
+    ) -> None:
+        assert isinstance(target, DirectoryTarget)
+        self.save(target, 1)
+        other = DirectoryTarget(tmp_path / "other")
+        pending = other.pending(1)
+        other.create(pending)
+        source = target.path(1) / "rank_00000.h5"
+        other.link(pending, "rank_00000.h5", source)
+        digest = other.copy(pending, "rank_00001.h5", source)
+        with pytest.raises(FileExistsError):
+            other.copy(pending, "rank_00001.h5", source)
+        other.commit(pending, manifest_of(1), what="a rebuilt step")
+        assert other.read(1, "rank_00000.h5") == other.read(1, "rank_00001.h5") == DATA
+        assert digest == _digest(DATA)
+
+    def test_a_missing_root_is_created_by_the_first_pending_copy(self, target: Target) -> None:
+        assert isinstance(target, DirectoryTarget)
+        target.clean_up()
+        assert not target.root.exists()
+        self.save(target, 1)
+        assert target.steps() == [1]
+
+
+class _FaultyMemory(MemoryTarget):
+    """A memory target whose writes can be broken (half the bytes kept, then an error)."""
+
+    __slots__ = ("fault",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fault: int | None = None
+
+    def write(self, pending: PendingDir, name: str, data: bytes) -> None:
+        if self.fault is None:
+            super().write(pending, name, data)
+            return
+        super().write(pending, name, data[: len(data) // 2])
+        raise OSError(self.fault, os.strerror(self.fault))
+
+
+class TestMemoryTarget(TargetTests):
+    """A dictionary (tests)."""
+
+    @pytest.fixture
+    def target(self) -> Target:
+        return _FaultyMemory()
+
+    def restart(self, target: Target) -> Target:
+        return target  # what the crash left is in the dictionary still
+
+    def break_writes(self, monkeypatch: pytest.MonkeyPatch, target: Target, code: int) -> None:
+        assert isinstance(target, _FaultyMemory)
+        monkeypatch.setattr(target, "fault", code)
+
+    def tear(self, target: Target, step: int, name: str) -> None:
+        assert isinstance(target, MemoryTarget)
+        files = target.dirs[filenames.step_dir_name(step)]
+        files[name] = files[name][: len(files[name]) // 2]
+
+    def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def killed(self: MemoryTarget, step: int) -> None:
+            self.dirs.pop(filenames.step_dir_name(step))
+            raise OSError(errno.EINTR, "killed while deleting")
+
+        monkeypatch.setattr(MemoryTarget, "remove", killed)
+
+    def test_a_garbled_marker_is_refused(self, target: Target) -> None:
+        assert isinstance(target, MemoryTarget)
+        self.save(target, 1)
+        target.dirs[filenames.step_dir_name(1)][filenames.COMMITTED] = b"{"
+        with pytest.raises(InvalidCheckpointError, match="garbled"):
+            target.manifest(1)
