@@ -101,7 +101,7 @@ def instrument(rec: Recorder) -> None:
     patch(checkpointer.WriteJob, "describe", "describe")
     patch(checksum, "digest_arrays", "checksum")  # the helper's and the write's tasks
     patch(checkpointer, "digest_arrays", "checksum")
-    patch(saving, "finish_set", "finish")
+    patch(saving.SavePipeline, "_finish_save", "finish")
     patch(mpi.MPIComm, "barrier", "barrier")
     patch(PendingDir, "prepare", "manifest")
     patch(PendingDir, "publish", "publish")

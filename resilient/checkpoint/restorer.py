@@ -197,24 +197,23 @@ class Restorer:
         was wrong with this rank's arguments (raised on every rank in the first round)."""
         self.passed_over = []
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
-        whole: list[_Candidate] = []  # the coordinator's candidate, whole
-        mine = dict(blocks or {})
-
-        def ask() -> dict[str, BlockSpec]:
-            if refused is not None:
-                raise refused
-            return mine
-
-        def choose(asked: list[dict[str, BlockSpec]]) -> list[tuple[_Candidate, bool]]:
-            whole[:] = [next(candidates)]
-            elastic = whole[0].elastic or any(
-                _needs_elastic(whole[0], r, b) for r, b in enumerate(asked)
-            )
-            return [(part, elastic) for part in _parts(whole[0], self.layout)]
-
+        mine: dict[str, BlockSpec] | Exception = refused or dict(blocks or {})
         while True:  # one round: every rank's blocks up, its part of a candidate down
-            part, elastic = self.coll.exchange(
-                "checking the restore's arguments and choosing a checkpoint", ask, choose
+            gathered = self.coll.gather(mine)
+            whole: _Candidate | None = None  # the coordinator's candidate, whole
+            parts: list[tuple[_Candidate, bool]] | Exception | None = None
+            if gathered is not None:
+                try:
+                    asked = gathered.values()
+                    whole = next(candidates)
+                    elastic = whole.elastic or any(
+                        _needs_elastic(whole, r, b) for r, b in enumerate(asked)
+                    )
+                    parts = [(part, elastic) for part in _parts(whole, self.layout)]
+                except Exception as exc:
+                    parts = exc
+            part, elastic = self.coll.deal(
+                "checking the restore's arguments and choosing a checkpoint", parts
             )
             plan, chosen = self._plan(self._receive(part), elastic, whole)
             state: dict[str, Any] = {}
@@ -295,20 +294,19 @@ class Restorer:
         )
 
     def _plan(
-        self, chosen: _Candidate, elastic: bool, whole: list[_Candidate]
+        self, chosen: _Candidate, elastic: bool, whole: _Candidate | None
     ) -> tuple[_Elastic | None, _Candidate]:
         """Collective: the candidate's elastic plans (if it is read ``elastic``-ally), or
         ``None`` for a plain read; and the candidate to read (for an elastic restore, which
-        reads other ranks' entries, the whole one, broadcast from ``whole`` on the coordinator).
+        reads other ranks' entries, the whole one, ``whole`` on the coordinator, sent to all).
 
         Raises:
             LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
         """
         if not elastic:
             return None, chosen
-        chosen = self.coll.broadcast(
-            f"sending the whole manifest of {chosen.path.name} for an elastic restore",
-            lambda: whole[0],
+        chosen = self.coll.announce(
+            f"sending the whole manifest of {chosen.path.name} for an elastic restore", whole
         )
         current = self.layout.describe()
 
