@@ -87,7 +87,7 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
     from resilient.checkpoint import checkpointer, saving
-    from resilient.io import staging, storage
+    from resilient.io import fileio, staging, storage
     from resilient.io.commit import PendingDir
     from resilient.model import checksum
     from resilient.parallel import mpi
@@ -97,7 +97,7 @@ def instrument(rec: Recorder) -> None:
 
     patch(staging.StagingArea, "stage", "copy")
     patch(checkpointer.WriteJob, "write", "write")
-    patch(checkpointer.WriteJob, "sync", "fsync")
+    patch(fileio, "fsync_file", "fsync")
     patch(checkpointer.WriteJob, "describe", "describe")
     patch(checksum, "digest_arrays", "checksum")  # the helper's and the write's tasks
     patch(checkpointer, "digest_arrays", "checksum")

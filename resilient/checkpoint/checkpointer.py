@@ -25,13 +25,13 @@ exception on every rank, never a hang.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import logging
 import operator
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
+from resilient.io.idle import IdleWork
+from resilient.io.skeleton import Skeleton
 from resilient.model import filenames, h5format
 from resilient.model.blocks import stripe_rows
 from resilient.model.checksum import (
@@ -73,7 +75,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileWritten",
-    "IdleWork",
     "Planned",
     "RankPlan",
     "RankWritten",
@@ -90,26 +91,6 @@ __all__ = [
     "seed_cache",
     "write_shard",
 ]
-
-
-class IdleWork:
-    """CPU work to do while the disk writes: :meth:`WriteJob.write` hands :meth:`run_one` to
-    :func:`fileio.write_file` as its ``idle``, called after each run of data the kernel writes
-    back without the CPU; the tasks not reached then are the owner's to :meth:`finish` (while
-    the fsync runs). In order, each once, on the calling thread."""
-
-    def __init__(self, tasks: Iterable[Callable[[], None]]) -> None:
-        self._tasks = collections.deque(tasks)
-
-    def run_one(self) -> None:
-        """Run the next task, if one is left."""
-        if self._tasks:
-            self._tasks.popleft()()
-
-    def finish(self) -> None:
-        """Run every task left."""
-        while self._tasks:
-            self.run_one()
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,41 +207,6 @@ class _Skeleton:
     offsets: Mapping[int, tuple[int | None, ...]] | None  # in each rank's order
 
 
-class Skeleton:
-    """A file's skeleton on its group's leader: built when first asked for (a new structure's,
-    by the leader's write, between two runs of data, while the disk is busy), then kept for
-    the later saves of the same structure. A build that failed fails again when asked."""
-
-    def __init__(self, build: Callable[[], fileio.FileSkeleton]) -> None:
-        self._build: Callable[[], fileio.FileSkeleton] | None = build
-        self._built: fileio.FileSkeleton | None = None
-
-    @classmethod
-    def of(cls, skeleton: fileio.FileSkeleton) -> Skeleton:
-        """An already built skeleton."""
-        done = cls(lambda: skeleton)
-        done.get()
-        return done
-
-    def get(self) -> fileio.FileSkeleton:
-        """The skeleton (built now, if it is not yet).
-
-        Raises:
-            RuntimeError: its build failed before (that failure raised its own error).
-        """
-        if self._built is None:
-            if self._build is None:
-                raise RuntimeError("this file's skeleton could not be built")
-            build, self._build = self._build, None
-            self._built = build()  # if this raises, the skeleton is never used again
-        return self._built
-
-    @property
-    def usable(self) -> bool:
-        """Whether it is built, or not tried yet (a failed build is not reused)."""
-        return self._built is not None or self._build is not None
-
-
 @dataclass(frozen=True, slots=True)
 class WriteJob:
     """One rank's part of a save, planned: runs here or on a background thread.
@@ -318,34 +264,29 @@ class WriteJob:
 
         def task(part: Sequence[int]) -> Callable[[], None]:
             if isinstance(part, range):  # all small: slices, no Python per array
-                return lambda: digests.put(part, digest_arrays(arrays[part.start : part.stop]))
-            return lambda: digests.put(part, digest_arrays([arrays[i] for i in part]))
+                return functools.partial(digests.take, part, arrays[part.start : part.stop])
+            return functools.partial(digests.take, part, [arrays[i] for i in part])
 
         tasks = [task(index[lo : lo + step]) for lo in range(0, len(index), step)]
         return IdleWork(tasks), digests
 
     def write(self, *, sync: bool = True, alongside: IdleWork | None = None) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
-        fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
+        fsync (or not: then :attr:`fsync` must follow); ``alongside``: CPU work to do while the
         disk writes (see :func:`fileio.write_file`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
-        storage.retry_io(
-            lambda: fileio.write_file(
-                self.path,
-                self.offsets,
-                arrays,
-                skeleton=skeleton,
-                sync=sync,
-                idle=alongside.run_one if alongside is not None else None,
-                bounce=self.bounce,
-            ),
-            what=f"writing {self.path}",
-        )
+        write = functools.partial(
+            fileio.write_file, self.path, self.offsets, arrays, skeleton=skeleton, sync=sync,
+            idle=alongside.run_one if alongside is not None else None, bounce=self.bounce,
+        )  # fmt: skip
+        storage.retry_io(write, what=f"writing {self.path}")
 
-    def sync(self) -> None:
-        """fsync what :meth:`write` wrote with ``sync=False``."""
-        storage.retry_io(lambda: fileio.fsync_file(self.path), what=f"writing {self.path}")
+    @property
+    def fsync(self) -> Callable[[], None]:
+        """What fsyncs what :meth:`write` wrote with ``sync=False`` (for any thread)."""
+        sync = functools.partial(fileio.fsync_file, self.path)
+        return functools.partial(storage.retry_io, sync, what=f"writing {self.path}")
 
 
 def plan_rank(topo: Topology, data: LocalData, cache: SkeletonCache) -> int | None:
@@ -469,13 +410,13 @@ def _plan_file(
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
     if not claimed:
         storage.retry_io(
-            lambda: fileio.create_file(path),
+            functools.partial(fileio.create_file, path),
             what=f"creating {path}",
-            cleanup=lambda: path.unlink(missing_ok=True),
+            cleanup=functools.partial(path.unlink, missing_ok=True),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
-    cache.skeleton = Skeleton(lambda: fileio.build_skeleton(kind, members))
+    cache.skeleton = Skeleton(functools.partial(fileio.build_skeleton, kind, members))
     return _Skeleton(cache.generation, offsets)
 
 
@@ -595,11 +536,11 @@ def _write_shard_file(
     files = _file_entries(entries, written)
     text = shard_json(kind, step, entries).encode()
     storage.retry_io(
-        lambda: storage.write_all([(path, text)]),
+        functools.partial(storage.write_all, [(path, text)]),
         what=f"writing {path}",
-        cleanup=lambda: path.unlink(missing_ok=True),
+        cleanup=functools.partial(path.unlink, missing_ok=True),
     )
-    storage.retry_io(lambda: storage.fsync_files([path]), what=f"writing {path}")
+    storage.retry_io(functools.partial(storage.fsync_files, [path]), what=f"writing {path}")
     entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
     return ShardWritten(entry, files)
 

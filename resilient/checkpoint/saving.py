@@ -410,7 +410,7 @@ class SavePipeline:
                 staged = self._staging.stage(job.arrays, private=request.data.staged)
                 job = dataclasses.replace(job, arrays=staged)
             task = self._writer.submit(functools.partial(_write_described, job, _nothing))
-            written = self._writer.submit(job.sync)
+            written = self._writer.submit(job.fsync)
             self._in_flight = _SaveFlight(request, ready.static, pending, task, start, written)
         return pending.final
 
@@ -422,7 +422,7 @@ class SavePipeline:
         syncing: _Syncing | None = None
         try:
             job = plan.result()
-            syncing = _Syncing(self._writer, job.sync)
+            syncing = _Syncing(self._writer, job.fsync)
             task.set_result(_write_described(job, syncing.start))
         except Exception as exc:
             task.set_exception(exc)
@@ -561,28 +561,44 @@ class SavePipeline:
         shared root if so, else warn (once per run: the next save tries again)."""
         step = flight.checkpoint.manifest.step
         try:
-            problems: list[str] = self._coll.all_reduce(
-                f"protecting step {step}", flight.task.result, lambda f: [p for p in f if p]
-            )
+            mine: str | Exception | None = flight.task.result()
+        except Exception as exc:
+            mine = exc
+        gathered = self._coll.gather(mine)
+        answer: tuple[list[str], Exception | None] | Exception | None = None
+        if gathered is not None:
+            try:
+                problems = [p for p in gathered.values() if p]
+            except Exception as exc:
+                answer = exc
+            else:
+                answer = (problems, None if problems else self._log_protect(flight))
+        try:
+            problems, failed = self._coll.announce(f"protecting step {step}", answer)
         except ResilientError as exc:
-            problems = [str(exc)]
-        if not problems:
-            took = round(self._clock() - flight.start, 6)
-            self._coll.broadcast(
-                "recording the partner copies",
-                lambda: storage.append_log(
-                    self.root / filenames.PROTECT_LOG,
-                    {"time": time.time(), "step": step, "protect_s": took,
-                     "bytes": flight.checkpoint.manifest.nbytes},
-                ),
-            )  # fmt: skip
-        elif self._coll.is_coordinator:
+            problems, failed = [str(exc)], None
+        if failed is not None:  # the copies are committed, but their log could not be written
+            raise failed
+        if problems and self._coll.is_coordinator:
             level = logging.DEBUG if self._unprotected_said else logging.WARNING
             log.log(level, "local checkpoint step %d is valid but not protected (the next save "
                     "tries again): %s", step, problems[0])  # fmt: skip
         self._unprotected_said = self._unprotected_said or bool(problems)
         if flight.flush_due:
             self._start_flush()
+
+    def _log_protect(self, flight: _ProtectFlight) -> Exception | None:
+        """Coordinator: record that every node's partner copy is committed; the error every
+        rank then raises if that failed."""
+        manifest = flight.checkpoint.manifest
+        took = round(self._clock() - flight.start, 6)
+        record = {"time": time.time(), "step": manifest.step, "protect_s": took,
+                  "bytes": manifest.nbytes}  # fmt: skip
+        try:
+            storage.append_log(self.root / filenames.PROTECT_LOG, record)
+        except Exception as exc:
+            return _failed_after_commit("recording the partner copies", exc)
+        return None
 
     # ------------------------------------------------------------------ flushing
 
@@ -591,9 +607,14 @@ class SavePipeline:
         assert self.local is not None and self._unflushed is not None
         checkpoint, self._unflushed = self._unflushed, None
         step = checkpoint.manifest.step
-        pending = self._coll.broadcast(
-            f"creating a temporary directory in {self.root}",
-            lambda: PendingDir.for_step(self.root, step).create(),
+        made: PendingDir | Exception | None = None
+        if self._coll.is_coordinator:
+            try:
+                made = PendingDir.for_step(self.root, step).create()
+            except Exception as exc:
+                made = exc
+        pending: PendingDir = self._coll.announce(
+            f"creating a temporary directory in {self.root}", made
         )
         task = self._writer.submit(
             self.local.flush_job(checkpoint, pending.path, bounce=self._bounce)
