@@ -216,15 +216,15 @@ class Restorer:
                 "checking the restore's arguments and choosing a checkpoint", parts
             )
             plan, chosen = self._plan(self._receive(part), elastic, whole)
-            state: dict[str, Any] = {}
-            accepted = self.coll.all_reduce(
-                f"restore of {chosen.path.name}",
-                functools.partial(
-                    self._try_read, chosen, validate, state, into or {}, plan, blocks or {}
-                ),
-                functools.partial(self._judge, chosen),
-            )
-            if accepted:
+            state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
+            reads = self.coll.gather(why)
+            verdict: bool | Exception | None = None
+            if reads is not None:
+                try:
+                    verdict = self._judge(chosen, reads.values())
+                except Exception as exc:
+                    verdict = exc
+            if self.coll.announce(f"restore of {chosen.path.name}", verdict):
                 self.last_restored = (chosen.path, chosen.manifest)
                 return chosen.manifest.step, state
             if step is not None:
@@ -261,12 +261,15 @@ class Restorer:
         chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
-        state: dict[str, Any] = {}
-        reasons = self.coll.all_reduce(
-            f"restore of {path}",
-            functools.partial(self._try_read, chosen, validate, state, into or {}, None, {}),
-            lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
-        )
+        state, why = self._try_read(chosen, validate, into or {}, None, {})
+        gathered = self.coll.gather(why)
+        found: list[str] | Exception | None = None
+        if gathered is not None:
+            try:
+                found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
+            except Exception as exc:
+                found = exc
+        reasons: list[str] = self.coll.announce(f"restore of {path}", found)
         if reasons:
             return None, reasons
         self.last_restored = (path, manifest)
@@ -284,14 +287,18 @@ class Restorer:
         rank whose new blocks differ from its saved ones)."""
         if chosen.elastic:
             return True
-        rank = self.coll.rank
-        return bool(
-            self.coll.all_reduce(
-                "deciding on an elastic restore",
-                lambda: _needs_elastic(chosen, rank, blocks),
-                any,
-            )
-        )
+        try:
+            mine: bool | Exception = _needs_elastic(chosen, self.coll.rank, blocks)
+        except Exception as exc:
+            mine = exc
+        gathered = self.coll.gather(mine)
+        answer: bool | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = any(gathered.values())
+            except Exception as exc:
+                answer = exc
+        return bool(self.coll.announce("deciding on an elastic restore", answer))
 
     def _plan(
         self, chosen: _Candidate, elastic: bool, whole: _Candidate | None
@@ -365,32 +372,28 @@ class Restorer:
         self,
         chosen: _Candidate,
         validate: StateValidator | None,
-        state: dict[str, Any],
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> str | None:
-        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``.
-
-        Raises:
-            ConfigError: the caller's ``blocks`` or ``into`` do not fit an elastic restore (not
-                the checkpoint's fault: nothing is quarantined).
-        """
+    ) -> tuple[dict[str, Any], str | ConfigError | None]:
+        """Every rank: read this rank's piece; the state read (empty if it was not) and what is
+        wrong with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
+        ``into`` do not fit: not the checkpoint's fault, nothing is quarantined), for the
+        read's round."""
         try:
             if into and plan is None:
                 self._check_template(chosen, into)
-            state.update(self._read(chosen, validate, into, plan, blocks))
-        except ConfigError:
-            raise
+            return self._read(chosen, validate, into, plan, blocks), None
+        except ConfigError as exc:
+            return {}, exc
         except InvalidCheckpointError as exc:
-            return exc.reason
+            return {}, exc.reason
         except ManifestError as exc:  # its shard of a sharded manifest
-            return f"bad manifest: {exc}"
+            return {}, f"bad manifest: {exc}"
         except _Rejected as exc:
-            return str(exc)
+            return {}, str(exc)
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint
-            return describe_error(exc)
-        return None
+            return {}, describe_error(exc)
 
     def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
         """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""
