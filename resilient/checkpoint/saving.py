@@ -496,21 +496,24 @@ class SavePipeline:
         # last rank finished), every node's leader commits, and everyone learns who failed
         try:
             done = self._coll.share(what, _stamped(written))
-            manifest = commit_set(
-                self.topo, [w for w, _ in done], step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__, at=max(t for _, t in done),
-            )  # fmt: skip
+            copied: Manifest | Exception
             try:
-                local.commit(pending, manifest)
-                copied: Exception | None = None
+                copied = commit_set(
+                    self.topo, [w for w, _ in done], step=request.step, static=flight.static,
+                    metrics=request.metrics, library_version=__version__,
+                    at=max(t for _, t in done),
+                )  # fmt: skip
+                local.commit(pending, copied)
             except Exception as exc:
                 copied = exc
-            self._coll.share(f"committing the local copies of step {request.step}", copied)
+            failed = copied if isinstance(copied, Exception) else None
+            self._coll.share(f"committing the local copies of step {request.step}", failed)
         except Exception:
             local.rollback(pending)
             raise
+        assert not isinstance(copied, Exception)
         self._static_known = flight.static  # (in the shared root: rotated by flushes only)
-        checkpoint = LocalCheckpoint(pending.final, manifest)
+        checkpoint = LocalCheckpoint(pending.final, copied)
         self._unflushed = checkpoint
         self._local_commits += 1
         self._committed(self._clock() - flight.start)
