@@ -539,9 +539,9 @@ class SavePipeline:
             return exc
         try:
             recycled = self._after_commit(manifest, flight.start)
+            return _Committed(recycled, self._still_stored(flight.static))
         except Exception as exc:
             return _failed_after_commit("recording the save", exc)
-        return _Committed(recycled, self._still_stored(flight.static))
 
     def _still_stored(self, static: str | None) -> bool:
         """Coordinator, after rotation: whether the static content ``static`` is stored."""
