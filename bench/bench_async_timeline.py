@@ -87,7 +87,7 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
     from resilient.checkpoint import checkpointer, saving
-    from resilient.io import digests, staging, storage
+    from resilient.io import digests, fileio, staging, storage
     from resilient.io.commit import PendingDir
     from resilient.parallel import mpi
 
@@ -96,11 +96,11 @@ def instrument(rec: Recorder) -> None:
 
     patch(staging.StagingArea, "stage", "copy")
     patch(checkpointer.WriteJob, "write", "write")
-    patch(checkpointer.WriteJob, "sync", "fsync")
+    patch(fileio, "fsync_file", "fsync")
     patch(checkpointer.WriteJob, "describe", "describe")
     patch(digests, "digest_arrays", "checksum")  # the helper's and the write's tasks
     patch(checkpointer, "digest_arrays", "checksum")
-    patch(saving, "finish_set", "finish")
+    patch(saving.SavePipeline, "_finish_save", "finish")
     patch(mpi.MPIComm, "barrier", "barrier")
     patch(PendingDir, "prepare", "manifest")
     patch(PendingDir, "publish", "publish")

@@ -152,8 +152,9 @@ PHASES: dict[str, str] = {
     "try_read": "Restorer._try_read: this rank's piece read, verified, judged",
     "read_rank": "reading.read_rank: allocate, read, verify",
     "h5.preadv": "os.preadv in fileio.read_new/read_many (page faults of new arrays included)",
+    "ready": "SavePipeline.ready (temporary directory, local plan, the save's first allgather)",
     "save_set": "SavePipeline.start (plan, write, fsync, gather, commit, for a blocking save)",
-    "digest": "xxh3 of the rank's arrays (checkpointer.digest_arrays)",
+    "digest": "xxh3 of the rank's arrays (checkpointer.digest_arrays, checksum.digest_arrays)",
     "skeleton": "fileio.build_skeleton: HDF5 metadata made by h5format (leader, during its write)",
     "h5.pwrite": "os.pwrite in fileio (O_DIRECT writes of large arrays)",
     "h5.pwritev": "os.pwritev in fileio.write_file (small arrays: copy into the page cache)",
@@ -175,6 +176,7 @@ def install_profiler(timer: PhaseTimer) -> None:
     import resilient.checkpoint.manager as man
     import resilient.io.fileio as h5mod
     import resilient.io.storage as storage
+    import resilient.model.checksum as checksum
     import resilient.parallel.mpi as rmpi
     from resilient.checkpoint import restorer
     from resilient.checkpoint.catalog import Catalog
@@ -189,9 +191,11 @@ def install_profiler(timer: PhaseTimer) -> None:
     patch(man.CheckpointManager, "restore", "restore")
     patch(SavePipeline, "_after_commit", "rotate")
     patch(Restorer, "_try_read", "try_read")
+    patch(SavePipeline, "ready", "ready")
     patch(SavePipeline, "start", "save_set")
     patch(restorer, "read_rank", "read_rank")
     patch(ckpt, "digest_arrays", "digest")
+    patch(checksum, "digest_arrays", "digest")
     patch(PendingDir, "prepare", "commit")
     patch(PendingDir, "publish", "publish")
     patch(h5mod, "build_skeleton", "skeleton")

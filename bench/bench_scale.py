@@ -8,14 +8,15 @@ Run::
 What a save's commit and a restore do with every rank's description, driven through the
 library's own functions, fed with synthetic descriptions shaped like what the gather delivers:
 
-* every rank's message is what :func:`resilient.checkpoint.checkpointer.finish_set` gathers, ``(True,
-  RankWritten)``: its :class:`~resilient.model.manifest.RankEntry` (a
+* every rank's message is what :meth:`resilient.parallel.collective.Collective.gather` sends
+  for :class:`resilient.checkpoint.saving.SavePipeline`, ``(True, RankWritten)``: its
+  :class:`~resilient.model.manifest.RankEntry` (a
   :class:`~resilient.model.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
   file's leader, a :class:`~resilient.checkpoint.checkpointer.FileWritten` with the segments of the real
   HDF5 skeleton (:func:`resilient.io.fileio.build_skeleton`), pickled as mpi4py's lowercase
   collectives pickle it (protocol 5, one message per rank);
-* **commit**: rank 0 runs the real ``finish_set`` as :class:`resilient.checkpoint.saving.SavePipeline`
-  calls it (``prepare`` while the data syncs, ``publish`` in a second round) over
+* **commit**: rank 0 runs the real gather, ``commit_set`` and announce as
+  :class:`resilient.checkpoint.saving.SavePipeline` runs them (every rank's data durable) over
   :class:`RootComm`, a stand-in for rank 0 of an MPI communicator (``gather`` receives every
   rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). So the
   commit is: unpickle N descriptions, ``build_manifest``, ``PendingDir.prepare`` (JSON,
@@ -66,8 +67,8 @@ from resilient.checkpoint.checkpointer import (
     FileWritten,
     RankPlan,
     RankWritten,
-    _shard_round,
-    finish_set,
+    commit_set,
+    write_shard,
 )
 from resilient.checkpoint.elastic import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
@@ -228,7 +229,7 @@ class RootComm:
 @dataclass
 class TimedPending:
     """A :class:`PendingDir` whose two steps add their time to ``seconds`` (keys ``prepare``,
-    ``publish``): the :class:`~resilient.checkpoint.checkpointer.Publisher` ``finish_set`` commits into."""
+    ``publish``), which ``commit_set`` commits into."""
 
     pending: PendingDir
     seconds: dict[str, float]
@@ -246,6 +247,13 @@ class TimedPending:
         t0 = time.perf_counter()
         self.pending.publish(what=what)
         self._add("publish", t0)
+
+    def commit(self, manifest: Manifest, *, what: str) -> None:
+        self.prepare(manifest, what=what)
+        self.publish(what=what)
+
+    def rollback(self) -> None:
+        self.pending.rollback()
 
     def _add(self, step: str, t0: float) -> None:
         self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
@@ -292,11 +300,10 @@ def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> 
         topo = topology(None, ranks, per_file, comm, held, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
-        got = _shard_round(
-            topo, lambda o=own: o, scratch, kind="checkpoint", step=STEP, what="", sync=False
-        )
+        got = write_shard(topo, own, scratch, kind="checkpoint", step=STEP)
         took.append(time.perf_counter() - t0)
-        world[held[0]] = pickle.dumps((True, got.result()), PROTOCOL)
+        assert not isinstance(got, Exception), got
+        world[held[0]] = pickle.dumps((True, got), PROTOCOL)
     written = {p.name: p.read_bytes() for p in scratch.iterdir()}
     shutil.rmtree(scratch, ignore_errors=True)
     return Sharding(shard_ranks, members, world, took, written)
@@ -306,8 +313,8 @@ def commit(
     inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None
 ) -> tuple[Manifest, RootComm, float]:
     """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
-    ``SavePipeline._finish_save`` runs it (the real ``finish_set``, ``prepare``/``publish``
-    of a real :class:`PendingDir`, timed: :class:`TimedPending`). With ``sharding``, rank 0
+    ``SavePipeline._finish_save`` runs it (the real gather, ``commit_set`` and announce,
+    ``prepare``/``publish`` of a real :class:`PendingDir`, timed: :class:`TimedPending`). With ``sharding``, rank 0
     leads shard 0 (gathers its shard's messages and writes its shard), then gathers the
     shards' summaries (the other leaders' work is done before, by :func:`leaders`). Returns
     the manifest, the world comm (bytes, times)
@@ -329,10 +336,16 @@ def commit(
     # there (the table says when the library refuses it)
     validate.MAX_MANIFEST_BYTES = 1 << 40
     t0 = time.perf_counter()
-    manifest = finish_set(
-        topo, lambda: own, step=STEP, metrics={"loss": 1.0}, library_version=__version__,
-        pending=TimedPending(pending, comm.seconds), durable=lambda: None,
+    shards = own if sharding is None else write_shard(topo, own, pending.path,
+                                                      kind="checkpoint", step=STEP)  # fmt: skip
+    coll = Collective(comm)
+    gathered = coll.gather(shards)
+    assert gathered is not None
+    manifest = commit_set(
+        topo, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__,
+        pending=TimedPending(pending, comm.seconds),  # type: ignore[arg-type]
     )  # fmt: skip
+    coll.announce("save", None)
     took = time.perf_counter() - t0
     validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     assert manifest is not None  # (rank 0: the coordinator keeps it)

@@ -1,44 +1,46 @@
 """One save of a set of per-rank arrays: plan -> write -> finish. Collective. (One rank's read
 of a checkpoint is :mod:`resilient.checkpoint.reading`.)
 
-Used by :class:`resilient.checkpoint.manager.CheckpointManager` for checkpoints (synchronous and
-asynchronous) and by :class:`resilient.checkpoint.statics.StaticStore` for static data. Call order (DCP's
-``_save_state_dict``: plan, write, finish; NVRx's async ``plan``/``finalize``)::
+Used by :class:`resilient.checkpoint.saving.SavePipeline` for checkpoints (synchronous and
+asynchronous) and by :class:`resilient.checkpoint.statics.StaticStore` for static data (through
+:func:`save_set`). Call order (DCP's ``_save_state_dict``: plan, write, finish)::
 
-    every rank   plan_write()       collective over the file's group: names, shapes, dtypes;
-                                    the leader plans the file's HDF5 metadata (h5format), or
-                                    reuses the skeleton of the previous save when the structure
-                                    is unchanged
-    every rank   WriteJob.run()     local, here or on a background thread: checksums, its
-                                    bytes at its offsets, fsync (no communication); a blocking
-                                    save writes, hands the fsync to a thread, then checksums
-    every rank   finish_set()       collective: every rank's outcome to the coordinator, which
-                                    builds the manifest and commits (a blocking save: prepares
-                                    the commit, then publishes it in a second round once every
-                                    rank's fsync is done)
+    every rank    plan_rank()       local: names, shapes, dtypes; whether the cached skeleton
+                                    of the previous save fits (the caller tells every rank of
+                                    the group, in a round it holds anyway)
+    every rank    plan_write()      local when the group's structure is unchanged (the cached
+                                    skeleton is reused); else collective over the file's group:
+                                    the leader plans the file's HDF5 metadata (h5format)
+    every rank    WriteJob.run()    local, here or on a background thread: checksums, its
+                                    bytes at its offsets, fsync (no communication)
+    shard ranks   write_shard()     with a sharded manifest: collective over the shard, whose
+                                    leader writes the shard
+    coordinator   commit_set()      after the caller gathered every rank's outcome: builds the
+                                    manifest and commits it; the caller announces the outcome
 
-Every phase goes through :class:`~resilient.parallel.collective.Collective`, so a failure anywhere
-becomes the same exception on every rank, never a hang.
+The caller moves the values (and each rank's error) with
+:class:`~resilient.parallel.collective.Collective`, so a failure anywhere becomes the same
+exception on every rank, never a hang.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import functools
 import logging
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
 from resilient.io.digests import Digests
+from resilient.io.idle import IdleWork
+from resilient.io.skeleton import Skeleton
 from resilient.model import filenames, h5format
 from resilient.model.blocks import stripe_rows
 from resilient.model.checksum import (
@@ -72,9 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileWritten",
-    "IdleWork",
     "Planned",
-    "Publisher",
     "RankPlan",
     "RankWritten",
     "ShardWritten",
@@ -82,31 +82,14 @@ __all__ = [
     "WriteJob",
     "build_index",
     "build_manifest",
-    "finish_set",
+    "claim_files",
+    "commit_set",
+    "plan_rank",
     "plan_write",
     "save_set",
     "seed_cache",
+    "write_shard",
 ]
-
-
-class IdleWork:
-    """CPU work to do while the disk writes: :meth:`WriteJob.write` hands :meth:`run_one` to
-    :func:`fileio.write_file` as its ``idle``, called after each run of data the kernel writes
-    back without the CPU; the tasks not reached then are the owner's to :meth:`finish` (while
-    the fsync runs). In order, each once, on the calling thread."""
-
-    def __init__(self, tasks: Iterable[Callable[[], None]]) -> None:
-        self._tasks = collections.deque(tasks)
-
-    def run_one(self) -> None:
-        """Run the next task, if one is left."""
-        if self._tasks:
-            self._tasks.popleft()()
-
-    def finish(self) -> None:
-        """Run every task left."""
-        while self._tasks:
-            self.run_one()
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,48 +206,13 @@ class _Skeleton:
     offsets: Mapping[int, tuple[int | None, ...]] | None  # in each rank's order
 
 
-class Skeleton:
-    """A file's skeleton on its group's leader: built when first asked for (a new structure's,
-    by the leader's write, between two runs of data, while the disk is busy), then kept for
-    the later saves of the same structure. A build that failed fails again when asked."""
-
-    def __init__(self, build: Callable[[], fileio.FileSkeleton]) -> None:
-        self._build: Callable[[], fileio.FileSkeleton] | None = build
-        self._built: fileio.FileSkeleton | None = None
-
-    @classmethod
-    def of(cls, skeleton: fileio.FileSkeleton) -> Skeleton:
-        """An already built skeleton."""
-        done = cls(lambda: skeleton)
-        done.get()
-        return done
-
-    def get(self) -> fileio.FileSkeleton:
-        """The skeleton (built now, if it is not yet).
-
-        Raises:
-            RuntimeError: its build failed before (that failure raised its own error).
-        """
-        if self._built is None:
-            if self._build is None:
-                raise RuntimeError("this file's skeleton could not be built")
-            build, self._build = self._build, None
-            self._built = build()  # if this raises, the skeleton is never used again
-        return self._built
-
-    @property
-    def usable(self) -> bool:
-        """Whether it is built, or not tried yet (a failed build is not reused)."""
-        return self._built is not None or self._build is not None
-
-
 @dataclass(frozen=True, slots=True)
 class WriteJob:
     """One rank's part of a save, planned: runs here or on a background thread.
 
     :meth:`run` (:meth:`write`, then :meth:`describe`) does no communication, so it may run on
-    any thread; its outcome (or its exception) goes to :func:`finish_set`. A blocking save
-    writes here, hands the fsync to a thread and describes meanwhile.
+    any thread; its outcome (or its exception) goes to the coordinator (:func:`commit_set`).
+    A blocking save writes here, hands the fsync to a thread and describes meanwhile.
     """
 
     path: Path
@@ -315,34 +263,48 @@ class WriteJob:
 
         def task(part: Sequence[int]) -> Callable[[], None]:
             if isinstance(part, range):  # all small: slices, no Python per array
-                return lambda: digests.put(part, digest_arrays(arrays[part.start : part.stop]))
-            return lambda: digests.put(part, digest_arrays([arrays[i] for i in part]))
+                return functools.partial(digests.take, part, arrays[part.start : part.stop])
+            return functools.partial(digests.take, part, [arrays[i] for i in part])
 
         tasks = [task(index[lo : lo + step]) for lo in range(0, len(index), step)]
         return IdleWork(tasks), digests
 
     def write(self, *, sync: bool = True, alongside: IdleWork | None = None) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
-        fsync (or not: then :meth:`sync` must follow); ``alongside``: CPU work to do while the
+        fsync (or not: then :attr:`fsync` must follow); ``alongside``: CPU work to do while the
         disk writes (see :func:`fileio.write_file`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
-        storage.retry_io(
-            lambda: fileio.write_file(
-                self.path,
-                self.offsets,
-                arrays,
-                skeleton=skeleton,
-                sync=sync,
-                idle=alongside.run_one if alongside is not None else None,
-                bounce=self.bounce,
-            ),
-            what=f"writing {self.path}",
-        )
+        write = functools.partial(
+            fileio.write_file, self.path, self.offsets, arrays, skeleton=skeleton, sync=sync,
+            idle=alongside.run_one if alongside is not None else None, bounce=self.bounce,
+        )  # fmt: skip
+        storage.retry_io(write, what=f"writing {self.path}")
 
-    def sync(self) -> None:
-        """fsync what :meth:`write` wrote with ``sync=False``."""
-        storage.retry_io(lambda: fileio.fsync_file(self.path), what=f"writing {self.path}")
+    @property
+    def fsync(self) -> Callable[[], None]:
+        """What fsyncs what :meth:`write` wrote with ``sync=False`` (for any thread)."""
+        sync = functools.partial(fileio.fsync_file, self.path)
+        return functools.partial(storage.retry_io, sync, what=f"writing {self.path}")
+
+
+def plan_rank(topo: Topology, data: LocalData, cache: SkeletonCache) -> int | None:
+    """Local: plan this rank's part of a save (kept in ``cache.plan``; no I/O but a restored
+    skeleton's, see :func:`seed_cache`).
+
+    Returns:
+        The generation of the cached skeleton this rank can write into unchanged (its names,
+        shapes and dtypes are the last save's; on the leader, its skeleton is usable), or
+        ``None`` when its group must plan its file again (:func:`plan_write`).
+    """
+    if cache.seed is not None:  # the first save after a restore: its file's skeleton
+        seed = cache.seed
+        cache.seed = None
+        seed_cache(cache, topo, *seed)
+    plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
+    cache.plan = plan
+    usable = topo.group.rank != 0 or (cache.skeleton is not None and cache.skeleton.usable)
+    return cache.generation if usable and cache.specs == plan.specs else None
 
 
 def plan_write(
@@ -352,51 +314,53 @@ def plan_write(
     *,
     step: int,
     cache: SkeletonCache,
+    reuse: bool,
+    claimed: bool = False,
+    failed: Exception | None = None,
     bounce: fileio.Bounce | None = None,
     digester: Executor | None = None,
-    recycled: Path | None = None,
 ) -> WriteJob:
-    """Collective over ``topo.group`` (the ranks sharing this rank's file): plan this rank's
-    part of a save into ``directory`` (its write goes through ``bounce`` and its checksums
-    through ``digester``, the caller's, if given: see :class:`resilient.io.fileio.Bounce` and
-    :class:`resilient.io.digests.Digests`). With ``recycled``, a checkpoint directory that
-    rotation dropped, the leader takes the file of the same name from it to write over
-    (:func:`resilient.io.fileio.claim_file`) instead of creating one.
+    """This rank's write of a save into ``directory``, planned by :func:`plan_rank` (its write
+    goes through ``bounce`` and its checksums through ``digester``, the caller's, if given: see
+    :class:`resilient.io.fileio.Bounce` and :class:`resilient.io.digests.Digests`).
 
-    The leader creates the file and lays out the data (:func:`resilient.model.h5format.place_data`);
-    its write builds HDF5's metadata (:func:`resilient.io.fileio.build_skeleton`), unless
-    every rank's structure (names, shapes, dtypes) is the one of the previous save: then the
-    cached skeleton is reused and nothing touches the disk here. ``data`` must stay unchanged until the job has run.
+    With ``reuse`` (every rank of the group offered the same generation, see
+    :func:`plan_rank`) it is local: the cached skeleton is reused and nothing touches the disk.
+    Otherwise it is collective over ``topo.group`` (the ranks sharing this rank's file; one
+    gather, one broadcast): the leader lays out the data (:func:`resilient.model.h5format.place_data`)
+    and creates the file, unless ``claimed`` (the coordinator moved a dropped checkpoint's file
+    there to write over: :func:`resilient.io.fileio.claim_file`); its write builds HDF5's
+    metadata (:func:`resilient.io.fileio.build_skeleton`). ``failed``: the error that kept this
+    rank from planning, raised on every rank of the group. ``data`` must stay unchanged until
+    the job has run.
     """
     path = directory / topo.file_name
     leader = topo.group.rank == 0
-    # this rank's own work comes first; what fails in it fails the group's round below on
-    # every member alike (a member that left before the round would leave the others in it)
-    try:
-        if cache.seed is not None:  # the first save after a restore: its file's skeleton
-            seed = cache.seed
-            cache.seed = None
-            seed_cache(cache, topo, *seed)
-        plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
-        cache.plan = plan
-        unchanged = cache.specs == plan.specs
-        offer = _Offer(plan.rank, cache.generation, None if unchanged else plan.specs)
-        failed: Exception | None = None
-    except Exception as exc:
-        failed = exc
-    claimed = (
-        failed is None and leader and recycled is not None
-        and _claimed(recycled / topo.file_name, path)
-    )  # fmt: skip
-    answer = Collective(topo.group).all_reduce(
-        f"planning {topo.file_name} of step {step}",
-        lambda: _offered(offer, failed),
-        lambda offers: _plan_file(path, topo.kind, offers, cache, claimed=claimed),
-    )
-    if answer.offsets is not None:
-        cache.specs = plan.specs
-        cache.offsets = answer.offsets[plan.rank]
-    cache.generation = answer.generation
+    plan = cache.plan
+    if not reuse:
+        group = Collective(topo.group)
+        offer: _Offer | Exception
+        if failed is not None:
+            offer = failed
+        else:
+            assert plan is not None
+            offer = _Offer(
+                plan.rank, cache.generation, None if cache.specs == plan.specs else plan.specs
+            )
+        gathered = group.gather(offer)
+        answer: _Skeleton | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = _plan_file(path, topo.kind, gathered.values(), cache, claimed=claimed)
+            except Exception as exc:
+                answer = exc
+        planned = group.announce(f"planning {topo.file_name} of step {step}", answer)
+        assert plan is not None
+        if planned.offsets is not None:
+            cache.specs = plan.specs
+            cache.offsets = planned.offsets[plan.rank]
+        cache.generation = planned.generation
+    assert plan is not None
     skeleton = cache.skeleton if leader else None
     assert skeleton is not None or not leader
     members = topo.members if leader else ()
@@ -405,11 +369,13 @@ def plan_write(
     )
 
 
-def _offered(offer: _Offer, failed: Exception | None) -> _Offer:
-    """This rank's offer, or the error that kept it from making one."""
-    if failed is not None:
-        raise failed
-    return offer
+def claim_files(topo: Topology, recycled: Path, directory: Path) -> frozenset[str]:
+    """Coordinator: move every data file of this set from ``recycled``, a checkpoint that
+    rotation dropped, into ``directory`` for the save to write over
+    (:func:`resilient.io.fileio.claim_file`); the names of those it took (a failure only costs
+    the speed-up)."""
+    names = (filenames.file_name(topo.kind, i) for i in range(len(topo.groups)))
+    return frozenset(n for n in names if _claimed(recycled / n, directory / n))
 
 
 def _claimed(source: Path, path: Path) -> bool:
@@ -443,13 +409,13 @@ def _plan_file(
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
     if not claimed:
         storage.retry_io(
-            lambda: fileio.create_file(path),
+            functools.partial(fileio.create_file, path),
             what=f"creating {path}",
-            cleanup=lambda: storage.remove_file(path),
+            cleanup=functools.partial(storage.remove_file, path),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
-    cache.skeleton = Skeleton(lambda: fileio.build_skeleton(kind, members))
+    cache.skeleton = Skeleton(functools.partial(fileio.build_skeleton, kind, members))
     return _Skeleton(cache.generation, offsets)
 
 
@@ -457,7 +423,7 @@ def _plan_file(
 class Planned:
     """This rank's planned write, or the error that kept it from planning.
 
-    A rank whose planning failed must still take part in :func:`finish_set` (other groups
+    A rank whose planning failed must still take part in the save's gather (other groups
     planned fine and are waiting there): its error travels as that rank's outcome.
     """
 
@@ -484,95 +450,41 @@ class Planned:
         return self.job
 
 
-def finish_set(
+def commit_set(
     topo: Topology,
-    outcome: Callable[[], RankWritten],
+    written: Sequence[RankWritten | ShardWritten | None],
     *,
     step: int,
     kind: str = "checkpoint",
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
-    pending: Publisher | None = None,
-    durable: Callable[[], None] | None = None,
-    everywhere: bool = False,
-) -> Manifest | None:
-    """Collective over ``topo.comm``: gather every rank's :meth:`WriteJob.run` outcome (``outcome``
-    returns it or raises the job's error), build the manifest and commit it into ``pending`` on
-    the coordinator: :meth:`Publisher.prepare`, then :meth:`Publisher.publish` once every
-    rank's data is durable (``pending=None``: the caller commits, e.g. each node of a
-    node-local tier its own copy).
+    pending: PendingDir | None = None,
+    at: float | None = None,
+) -> Manifest:
+    """Coordinator: the manifest of a set whose every rank's data is durable (``written``, by
+    rank: each rank's outcome, or with ``topo.shard`` what :func:`write_shard` returned), and
+    its commit into ``pending`` (``None``: the caller commits, e.g. each node of a node-local
+    tier its own copy). ``at``: the manifest's time (default: now); every rank that builds
+    the manifest from the same values and time builds the same.
 
-    With ``durable`` (returns once this rank's :meth:`WriteJob.write` is done, or raises its
-    error), the data may still be on its way to disk when ``outcome`` returns (only described):
-    the coordinator prepares the commit meanwhile, and a second round, once every rank's data
-    is durable, publishes it. Without it the data is durable already: prepared and published
-    in one round.
-
-    With ``topo.shard`` (a sharded manifest, schema 3), a first round over each shard has its
-    leader gather only its shard's outcomes and write its shard into ``pending`` (durable
-    before the commit is published); the coordinator then gathers the shards' summaries, not
-    the ranks' entries, and commits the index (:func:`build_index`).
-
-    Returns:
-        The manifest on the coordinator; on every rank with ``everywhere`` (a node-local
-        tier, whose every node commits its own copy). Otherwise the other ranks get ``None``:
-        the manifest grows with ranks x datasets, and sending it to every rank at every save
-        would move ranks x that over the network.
+    Raises:
+        CommitError: the commit failed (``pending`` is the caller's to roll back).
     """
-    coll = Collective(topo.comm)
     what = f"save of {kind} step {step}"
-    gathered: Callable[[], Any] = outcome
-    if topo.shard is not None:
-        if pending is None or everywhere:
-            raise ValueError("a sharded manifest is written into the save's directory")
-        shard = _shard_round(
-            topo, outcome, pending.path, kind=kind, step=step, what=what, sync=durable is None
+    if topo.shard is None:
+        manifest = build_manifest(
+            topo, [w for w in written if isinstance(w, RankWritten)], step=step, kind=kind,
+            static=static, metrics=metrics or {}, library_version=library_version, at=at,
         )  # fmt: skip
-        gathered = shard.result
-        if durable is not None and shard.path is not None:
-            durable = functools.partial(_durable_with, durable, shard.path)
-
-    def combine(written: list[Any]) -> Manifest:
-        build = build_manifest if topo.shard is None else build_index
-        manifest = build(
-            topo, [w for w in written if w is not None], step=step, kind=kind, static=static,
-            metrics=metrics or {}, library_version=library_version,
+    else:
+        manifest = build_index(
+            topo, [w for w in written if isinstance(w, ShardWritten)], step=step, kind=kind,
+            static=static, metrics=metrics or {}, library_version=library_version,
         )  # fmt: skip
-        if pending is not None:
-            pending.prepare(manifest, what=what)
-            if durable is None:
-                pending.publish(what=what)
-        return manifest
-
-    try:
-        manifest = coll.all_reduce(what, gathered, combine, everywhere=everywhere)
-    except Exception:
-        if durable is not None:  # no writer thread may outlive the save
-            with contextlib.suppress(Exception):
-                durable()
-        raise
-    if durable is not None:
-        coll.all_reduce(what, durable, lambda _: pending.publish(what=what) if pending else None)
+    if pending is not None:
+        pending.commit(manifest, what=what)
     return manifest
-
-
-class Publisher(Protocol):
-    """Where the coordinator commits a save, in two named steps (a
-    :class:`~resilient.io.commit.PendingDir`)."""
-
-    @property
-    def path(self) -> Path:
-        """The directory being written (a sharded manifest's shards go there too)."""
-        ...
-
-    def prepare(self, manifest: Manifest, *, what: str) -> None:
-        """Write the manifest and the marker (not yet durable)."""
-        ...
-
-    def publish(self, *, what: str) -> None:
-        """Make them durable and publish the directory (every rank's data is durable)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,62 +495,53 @@ class ShardWritten:
     files: tuple[FileEntry, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _ShardOutcome:
-    """This rank's outcome of the shard round: the shard (its leader), nothing (a member) or
-    the round's error (every rank of the shard)."""
-
-    written: ShardWritten | None
-    error: Exception | None
-    path: Path | None  # the shard file, on its leader
-
-    def result(self) -> ShardWritten | None:
-        if self.error is not None:
-            raise self.error
-        return self.written
-
-
-def _shard_round(
+def write_shard(
     topo: Topology,
-    outcome: Callable[[], RankWritten],
+    written: RankWritten | Exception,
     directory: Path,
     *,
     kind: str,
     step: int,
-    what: str,
-    sync: bool,
-) -> _ShardOutcome:
-    """Collective over ``topo.shard``: its leader gathers the shard's outcomes and writes the
-    shard (durable with ``sync``, else later: :func:`_durable_with`); a failure becomes every
-    shard rank's outcome of the next round."""
+) -> ShardWritten | Exception | None:
+    """Collective over ``topo.shard`` (one gather, one broadcast): its leader gathers the
+    shard's outcomes (``written``: this rank's, its data durable) and writes the shard durably
+    into ``directory``.
+
+    Returns:
+        This rank's value for the set's gather: the shard on its leader, ``None`` on the other
+        ranks, or the shard's error on every rank of the shard.
+    """
     assert topo.shard is not None
+    shard = Collective(topo.shard)
     path = directory / filenames.shard_name(topo.shard_index)
-
-    def write(written: list[RankWritten]) -> ShardWritten:
-        entries = dict(zip(topo.shard_members, (w.entry for w in written), strict=True))
-        files = _file_entries(entries, written)
-        text = shard_json(kind, step, entries).encode()
-        storage.retry_io(
-            lambda: storage.write_all([(path, text)]),
-            what=f"writing {path}",
-            cleanup=lambda: storage.remove_file(path),
-        )
-        if sync:
-            storage.retry_io(lambda: storage.fsync_files([path]), what=f"writing {path}")
-        entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
-        return ShardWritten(entry, files)
-
+    gathered = shard.gather(written)
+    answer: ShardWritten | Exception | None = None
+    if gathered is not None:
+        try:
+            answer = _write_shard_file(path, topo, gathered.values(), kind=kind, step=step)
+        except Exception as exc:
+            answer = exc
     try:
-        written = Collective(topo.shard).all_reduce(what, outcome, write, everywhere=False)
+        return shard.announce(f"save of {kind} step {step}", answer, everywhere=False)
     except Exception as exc:
-        return _ShardOutcome(None, exc, None)
-    return _ShardOutcome(written, None, path if written is not None else None)
+        return exc
 
 
-def _durable_with(durable: Callable[[], None], shard: Path) -> None:
-    """``durable``, then the shard its leader wrote made durable too."""
-    durable()
-    storage.fsync_files([shard])
+def _write_shard_file(
+    path: Path, topo: Topology, written: Sequence[RankWritten], *, kind: str, step: int
+) -> ShardWritten:
+    """Shard leader: write the shard of ``written`` (its ranks' outcomes) durably at ``path``."""
+    entries = dict(zip(topo.shard_members, (w.entry for w in written), strict=True))
+    files = _file_entries(entries, written)
+    text = shard_json(kind, step, entries).encode()
+    storage.retry_io(
+        functools.partial(storage.write_all, [(path, text)]),
+        what=f"writing {path}",
+        cleanup=functools.partial(storage.remove_file, path),
+    )
+    storage.retry_io(functools.partial(storage.fsync_files, [path]), what=f"writing {path}")
+    entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
+    return ShardWritten(entry, files)
 
 
 def save_set(
@@ -654,24 +557,43 @@ def save_set(
     library_version: str = "",
 ) -> None:
     """Collective over ``topo.comm``: call on all ranks. Write ``data`` of every rank into
-    ``pending`` and commit it (:func:`plan_write`, :meth:`WriteJob.run`, :func:`finish_set`).
+    ``pending`` and commit it (:func:`plan_rank`, :func:`plan_write`, :meth:`WriteJob.run`,
+    :func:`commit_set`).
 
     The coordinator has already created ``pending``. On any failure every rank raises the same
     error and ``pending`` is rolled back; everything else is untouched.
     """
     coll = Collective(topo.comm)
+    cache = cache or SkeletonCache()
     try:
-        plan = Planned.of(
-            lambda: plan_write(topo, pending.path, data, step=step, cache=cache or SkeletonCache())
+        plan_rank(topo, data, cache)
+        failed: Exception | None = None
+    except Exception as exc:
+        failed = exc
+    planned = Planned.of(
+        lambda: plan_write(
+            topo, pending.path, data, step=step, cache=cache, reuse=False, failed=failed
         )
-        finish_set(
-            topo, lambda: plan.result().run(), step=step, kind=kind, static=static, metrics=metrics,
-            library_version=library_version, pending=pending,
-        )  # fmt: skip
-    except Exception:
-        if coll.is_coordinator:
+    )
+    try:
+        written: RankWritten | Exception = planned.result().run()
+    except Exception as exc:
+        written = exc
+    shards: RankWritten | ShardWritten | Exception | None = written
+    if topo.shard is not None:
+        shards = write_shard(topo, written, pending.path, kind=kind, step=step)
+    gathered = coll.gather(shards)
+    answer: Manifest | Exception | None = None
+    if gathered is not None:
+        try:
+            answer = commit_set(
+                topo, gathered.values(), step=step, kind=kind, static=static, metrics=metrics,
+                library_version=library_version, pending=pending,
+            )  # fmt: skip
+        except Exception as exc:
             pending.rollback()
-        raise
+            answer = exc
+    coll.announce(f"save of {kind} step {step}", answer, everywhere=False)
 
 
 def build_manifest(
@@ -683,11 +605,13 @@ def build_manifest(
     static: str | None,
     metrics: Mapping[str, Any],
     library_version: str,
+    at: float | None = None,
 ) -> Manifest:
-    """The manifest of a written set; each file's checksum over its segments' checksums."""
+    """The manifest of a written set at time ``at`` (default: now); each file's checksum over
+    its segments' checksums."""
     ranks = tuple(w.entry for w in written)
     return Manifest(
-        step=step, time=time.time(), layout=topo.layout,
+        step=step, time=time.time() if at is None else at, layout=topo.layout,
         files=_file_entries(dict(enumerate(ranks)), written), ranks=ranks, kind=kind,
         static=static, metrics=dict(metrics), library_version=library_version,
     )  # fmt: skip

@@ -17,7 +17,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -34,8 +33,7 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.io import storage
-from resilient.io.commit import PendingDir
-from resilient.io.runkey import check_run_key, normalize_run_key, record_run_key
+from resilient.io.runkey import check_run_key, normalize_run_key
 from resilient.io.validate import latest_valid
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
@@ -205,7 +203,8 @@ class CheckpointManager:
                 self._lock.release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.topology, catalog=self._catalog, deleter=self._deleter, keep=keep,
+            self.root, self.topology, catalog=self._catalog, statics=self._statics,
+            run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
         self._restorer = Restorer(
@@ -354,49 +353,17 @@ class CheckpointManager:
         self._check_open()
         self.wait()
         start = self._clock()
-        built: list[SaveRequest] = []
-
-        def check_arguments() -> tuple[int, object | None]:
-            built.append(
-                SaveRequest.build(
-                    step, state, static, metrics, memo=self._memo, device=self._pipeline.devices
-                )
+        try:
+            request: SaveRequest | Exception = SaveRequest.build(
+                step, state, static, metrics, memo=self._memo, device=self._pipeline.devices
             )
-            return built[0].step, StaticStore.describe(built[0].static)
-
-        # one round for every question before the write: the arguments, the run key (at the
-        # first save), the static data, and the checkpoint's temporary directory (each round
-        # costs a sleeping barrier's wake-ups on every rank: bench_async_timeline.py)
-        first = self._saves_started == 0
-        ahead = self._coll.all_reduce(
-            f"save of step {step}",
-            check_arguments,
-            lambda asked: self._before_writing(step, asked, record_key=first),
-        )
+        except Exception as exc:  # raised on every rank by the save's first round
+            request = exc
+        ready = self._pipeline.ready(step, request, first=self._saves_started == 0)
         self._saves_started += 1
-        request = built[0]
-        if ahead.static is not None and not ahead.static_stored:
-            self._statics.write(self.topology, request.step, request.static, ahead.static)
-        self._last_saved_step = request.step
+        self._last_saved_step = ready.request.step
         self._last_saved_time = self._clock()
-        return self._pipeline.start(
-            request, ahead.static, blocking=blocking, copy=copy, start=start,
-            pending=ahead.pending,
-        )  # fmt: skip
-
-    def _before_writing(
-        self, step: int, asked: list[tuple[int, object | None]], *, record_key: bool
-    ) -> _Ahead:
-        """Coordinator: the answers of a save's first round (see :meth:`save`)."""
-        _same_step([s for s, _ in asked])
-        if record_key and self.run_key is not None:
-            record_run_key(self.root, self.run_key)
-        kind = self.topology.layout.kind
-        content, stored = self._statics.lookup(kind, [d for _, d in asked])
-        # the checkpoint's directory now, unless static data must be written first (a save
-        # that fails there must leave no directory behind)
-        pending = self._pipeline.create_dir(step) if stored else None
-        return _Ahead(content, stored, pending)
+        return self._pipeline.start(ready, blocking=blocking, copy=copy, start=start)
 
     def wait(self) -> None:
         """Collective: finish what is in flight, if anything: wait for every rank's background
@@ -527,7 +494,7 @@ class CheckpointManager:
             step, validate=validate, into=leaves, blocks=specs, refused=refused
         )
         if self._restorer.last_restored is not None:  # a restart's first save skips planning
-            self._pipeline.reuse_skeleton(*self._restorer.last_restored)
+            self._pipeline.after_restore(*self._restorer.last_restored)
         if self._restorer.absent_devices:  # one line per restore (state and static data)
             where = self._restorer.last_restored
             log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
@@ -590,21 +557,3 @@ def _block_spec(path: str, value: Any) -> BlockSpec:
 def _reraise(error: Exception | None) -> None:
     if error is not None:
         raise error
-
-
-@dataclass(frozen=True, slots=True)
-class _Ahead:
-    """What the coordinator answers every rank before a save writes: the static data's
-    content hash (``None``: none) and whether it is stored, and the checkpoint's temporary
-    directory if it made it already (``None`` when static data is written first, or with a
-    node-local tier)."""
-
-    static: str | None
-    static_stored: bool
-    pending: PendingDir | None
-
-
-def _same_step(steps: list[int]) -> None:
-    """Coordinator: every rank must save the same step."""
-    if len(set(steps)) > 1:
-        raise ConfigError(f"ranks disagree on the step: {sorted(set(steps))}")

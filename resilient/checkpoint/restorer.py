@@ -198,35 +198,34 @@ class Restorer:
         was wrong with this rank's arguments (raised on every rank in the first round)."""
         self.passed_over = []
         candidates = self._candidates(step) if self.coll.rank == 0 else iter(())
-        whole: list[_Candidate] = []  # the coordinator's candidate, whole
-        mine = dict(blocks or {})
-
-        def ask() -> dict[str, BlockSpec]:
-            if refused is not None:
-                raise refused
-            return mine
-
-        def choose(asked: list[dict[str, BlockSpec]]) -> list[tuple[_Candidate, bool]]:
-            whole[:] = [next(candidates)]
-            elastic = whole[0].elastic or any(
-                _needs_elastic(whole[0], r, b) for r, b in enumerate(asked)
-            )
-            return [(part, elastic) for part in _parts(whole[0], self.layout)]
-
+        mine: dict[str, BlockSpec] | Exception = refused or dict(blocks or {})
         while True:  # one round: every rank's blocks up, its part of a candidate down
-            part, elastic = self.coll.exchange(
-                "checking the restore's arguments and choosing a checkpoint", ask, choose
+            gathered = self.coll.gather(mine)
+            whole: _Candidate | None = None  # the coordinator's candidate, whole
+            parts: list[tuple[_Candidate, bool]] | Exception | None = None
+            if gathered is not None:
+                try:
+                    asked = gathered.values()
+                    whole = next(candidates)
+                    elastic = whole.elastic or any(
+                        _needs_elastic(whole, r, b) for r, b in enumerate(asked)
+                    )
+                    parts = [(part, elastic) for part in _parts(whole, self.layout)]
+                except Exception as exc:
+                    parts = exc
+            part, elastic = self.coll.deal(
+                "checking the restore's arguments and choosing a checkpoint", parts
             )
             plan, chosen = self._plan(self._receive(part), elastic, whole)
-            state: dict[str, Any] = {}
-            accepted = self.coll.all_reduce(
-                f"restore of {chosen.path.name}",
-                functools.partial(
-                    self._try_read, chosen, validate, state, into or {}, plan, blocks or {}
-                ),
-                functools.partial(self._judge, chosen),
-            )
-            if accepted:
+            state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
+            reads = self.coll.gather(why)
+            verdict: bool | Exception | None = None
+            if reads is not None:
+                try:
+                    verdict = self._judge(chosen, reads.values())
+                except Exception as exc:
+                    verdict = exc
+            if self.coll.announce(f"restore of {chosen.path.name}", verdict):
                 self.last_restored = (chosen.path, chosen.manifest)
                 return chosen.manifest.step, state
             if step is not None:
@@ -263,12 +262,15 @@ class Restorer:
         chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
-        state: dict[str, Any] = {}
-        reasons = self.coll.all_reduce(
-            f"restore of {path}",
-            functools.partial(self._try_read, chosen, validate, state, into or {}, None, {}),
-            lambda found: [f"rank {r}: {why}" for r, why in enumerate(found) if why is not None],
-        )
+        state, why = self._try_read(chosen, validate, into or {}, None, {})
+        gathered = self.coll.gather(why)
+        found: list[str] | Exception | None = None
+        if gathered is not None:
+            try:
+                found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
+            except Exception as exc:
+                found = exc
+        reasons: list[str] = self.coll.announce(f"restore of {path}", found)
         if reasons:
             return None, reasons
         self.last_restored = (path, manifest)
@@ -286,30 +288,33 @@ class Restorer:
         rank whose new blocks differ from its saved ones)."""
         if chosen.elastic:
             return True
-        rank = self.coll.rank
-        return bool(
-            self.coll.all_reduce(
-                "deciding on an elastic restore",
-                lambda: _needs_elastic(chosen, rank, blocks),
-                any,
-            )
-        )
+        try:
+            mine: bool | Exception = _needs_elastic(chosen, self.coll.rank, blocks)
+        except Exception as exc:
+            mine = exc
+        gathered = self.coll.gather(mine)
+        answer: bool | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = any(gathered.values())
+            except Exception as exc:
+                answer = exc
+        return bool(self.coll.announce("deciding on an elastic restore", answer))
 
     def _plan(
-        self, chosen: _Candidate, elastic: bool, whole: list[_Candidate]
+        self, chosen: _Candidate, elastic: bool, whole: _Candidate | None
     ) -> tuple[_Elastic | None, _Candidate]:
         """Collective: the candidate's elastic plans (if it is read ``elastic``-ally), or
         ``None`` for a plain read; and the candidate to read (for an elastic restore, which
-        reads other ranks' entries, the whole one, broadcast from ``whole`` on the coordinator).
+        reads other ranks' entries, the whole one, ``whole`` on the coordinator, sent to all).
 
         Raises:
             LayoutMismatchError: per-rank data that is not declared (naming it), on every rank.
         """
         if not elastic:
             return None, chosen
-        chosen = self.coll.broadcast(
-            f"sending the whole manifest of {chosen.path.name} for an elastic restore",
-            lambda: whole[0],
+        chosen = self.coll.announce(
+            f"sending the whole manifest of {chosen.path.name} for an elastic restore", whole
         )
         current = self.layout.describe()
 
@@ -368,32 +373,28 @@ class Restorer:
         self,
         chosen: _Candidate,
         validate: StateValidator | None,
-        state: dict[str, Any],
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> str | None:
-        """Every rank: read this rank's piece into ``state``; what is wrong with it, or ``None``.
-
-        Raises:
-            ConfigError: the caller's ``blocks`` or ``into`` do not fit an elastic restore (not
-                the checkpoint's fault: nothing is quarantined).
-        """
+    ) -> tuple[dict[str, Any], str | ConfigError | None]:
+        """Every rank: read this rank's piece; the state read (empty if it was not) and what is
+        wrong with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
+        ``into`` do not fit: not the checkpoint's fault, nothing is quarantined), for the
+        read's round."""
         try:
             if into and plan is None:
                 self._check_template(chosen, into)
-            state.update(self._read(chosen, validate, into, plan, blocks))
-        except ConfigError:
-            raise
+            return self._read(chosen, validate, into, plan, blocks), None
+        except ConfigError as exc:
+            return {}, exc
         except InvalidCheckpointError as exc:
-            return exc.reason
+            return {}, exc.reason
         except ManifestError as exc:  # its shard of a sharded manifest
-            return f"bad manifest: {exc}"
+            return {}, f"bad manifest: {exc}"
         except _Rejected as exc:
-            return str(exc)
+            return {}, str(exc)
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint
-            return describe_error(exc)
-        return None
+            return {}, describe_error(exc)
 
     def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
         """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""

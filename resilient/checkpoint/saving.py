@@ -8,25 +8,32 @@ node-local tier (:mod:`resilient.checkpoint.tiers`) a save is committed on every
 way. Logging and rotation run only after a commit in the shared root: a checkpoint is never
 deleted before a newer one is durable (KempnerForge#102).
 
-Call order of one asynchronous save (NVRx's ``save_state_dict_async_plan`` / ``finalize``)::
+A blocking save reads as a script of three collective operations when the structure of every
+file group and the static data are those of the previous save (more otherwise: a group that
+plans its file again, new static data, a sharded manifest's shards, the first save)::
 
-    save()    every rank    the state split; its device tensors copied once into the pinned
-                            arena of :attr:`SavePipeline.devices` (the manager asks for it)
-    start()   every rank    temporary directory (shared root, or every node's local root)
-              file group    plan_write: the leader creates the file's skeleton or reuses it
-              every rank    one small allreduce: did every rank plan?
-              every rank    copy the host arrays into staging buffers (not the device
-                            tensors' copies: private already); submit the write; return
-    ... the program computes; the writer thread writes (checksumming between the runs of the
-        write), describes, then fsyncs (a second job queued behind the first) ...
-    wait()    every rank    finish_set: every rank's description to the coordinator, manifest
-                            and marker prepared while the fsyncs run; a second small round once
-                            every rank's data is durable publishes it; then the save log and
-                            rotation (or the local commit and, every flush_every saves, the
-                            start of a flush)
+    save()    every rank    the state split and checked; its device tensors copied once into
+                            the pinned arena of :attr:`SavePipeline.devices`
+    ready()   coordinator   the temporary directory created (shared root), the dropped
+                            checkpoint's files claimed to write over
+              every rank    plan_rank: its part planned, locally
+              every rank    1. allgather: the step, the static data, who can reuse its file's
+                            skeleton, the directory (or, with a node-local tier, its name,
+                            which every node's ranks then create)
+    start()   every rank    plan_write (locally, the skeleton reused), write, checksum, fsync
+    wait()    every rank    2. gather: every rank's outcome (or error) to the coordinator
+              coordinator   commit_set: the manifest built and committed; the save log and
+                            rotation
+              every rank    3. broadcast: the outcome (what rotation dropped, to write over
+                            next time), or the one error every rank raises
 
-A blocking save does the same but writes its bytes on the caller's thread and hands their fsync
-to the writer thread, checksumming what the write left meanwhile.
+With a node-local tier, 2. and 3. are allgathers: every rank builds the manifest, every node's
+leader commits its copy, and everyone learns whether every node did; every ``flush_every``
+commits a flush (three more operations) starts, and with partner copies a protection.
+
+An asynchronous save runs the same steps, but its bytes are written on the writer thread (the
+host arrays copied into staging buffers first; one small allreduce before: did every rank
+plan?), and 2. and 3. happen when the save is waited for or polled.
 """
 
 from __future__ import annotations
@@ -35,38 +42,100 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from resilient._version import __version__
 from resilient.checkpoint.catalog import Catalog, save_record
 from resilient.checkpoint.checkpointer import (
     Planned,
     RankWritten,
+    ShardWritten,
     SkeletonCache,
     WriteJob,
-    finish_set,
+    claim_files,
+    commit_set,
+    plan_rank,
     plan_write,
+    write_shard,
 )
+from resilient.checkpoint.statics import StaticStore
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
-from resilient.errors import ResilientError
+from resilient.errors import CollectiveError, ConfigError, ResilientError
 from resilient.io import storage
 from resilient.io.background import BackgroundWriter
 from resilient.io.commit import PendingDir
 from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
+from resilient.io.runkey import record_run_key
 from resilient.io.staging import StagingArea
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
 from resilient.model.policies import KeepPolicyLike
-from resilient.parallel.collective import Collective
+from resilient.parallel.collective import Collective, Gathered, failure_of
 from resilient.parallel.topology import Topology
 
 __all__ = ["SavePipeline"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Made:
+    """What the coordinator made before a save's first round: the shared root's temporary
+    directory and the data files it claimed there (:func:`claim_files`), or, with a node-local
+    tier, the token that names every node's own."""
+
+    pending: PendingDir | None
+    claimed: frozenset[str]
+    token: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ask:
+    """What each rank tells every other in a save's first round: its step, its static data's
+    description, the skeleton generation it can write into unchanged (``None``: its group
+    plans again), and on the coordinator what it made."""
+
+    step: int
+    static: object | None
+    generation: int | None
+    made: _Made | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ready:
+    """A save every rank may write (after :meth:`SavePipeline.ready`).
+
+    Attributes:
+        request: this rank's checked arguments.
+        static: the static data's content hash (``None``: none).
+        pending: the checkpoint's temporary directory (this node's, with a node-local tier).
+        reuse: this rank's group writes into its cached skeleton (no planning round).
+        claimed: this rank's file was claimed from a dropped checkpoint (to write over).
+        failed: the error that keeps this rank from writing (it could not create its node's
+            directory); raised on every rank once every rank has written.
+    """
+
+    request: SaveRequest
+    static: str | None
+    pending: PendingDir
+    reuse: bool
+    claimed: bool
+    failed: Exception | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Committed:
+    """What the coordinator announces after a commit in the shared root: the newest
+    checkpoint that rotation dropped (its files for the next save to write over), and whether
+    the static data the checkpoint refers to is still known to be stored."""
+
+    recycled: Path | None
+    static_known: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,6 +190,8 @@ class SavePipeline:
         root: the shared checkpoint root.
         topo: who writes which file.
         catalog: the shared root's history, for rotation.
+        statics: the shared root's static data.
+        run_key: recorded in the shared root at the first save (``None``: none).
         deleter: deletes what rotation drops, in the background.
         keep: keep policy of the shared root (``None`` keeps everything).
         local: the node-local tier, if any.
@@ -135,6 +206,8 @@ class SavePipeline:
         topo: Topology,
         *,
         catalog: Catalog,
+        statics: StaticStore,
+        run_key: Mapping[str, Any] | None,
         deleter: storage.BackgroundDeleter,
         keep: KeepPolicyLike | None,
         local: LocalTier | None,
@@ -149,6 +222,8 @@ class SavePipeline:
         self.flush_every = flush_every
         self._coll = Collective(topo.comm)
         self._catalog = catalog
+        self._statics = statics
+        self._run_key = run_key
         self._deleter = deleter
         self._clock = clock
         self._committed = committed
@@ -167,20 +242,25 @@ class SavePipeline:
         # a checkpoint that rotation dropped, whose data files the next save writes over
         # (:func:`resilient.io.fileio.claim_file`); the same on every rank
         self._recycled: Path | None = None
+        # the static content the last save referred to, known stored by every rank
+        self._static_known: str | None = None
 
     @property
     def in_flight(self) -> bool:
         """Whether a save or a flush is in flight (local, no communication)."""
         return self._in_flight is not None
 
-    def reuse_skeleton(self, directory: Path, manifest: Manifest) -> None:
+    def after_restore(self, directory: Path, manifest: Manifest) -> None:
         """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
         same structure reuse its file's skeleton (see :func:`~resilient.checkpoint.checkpointer.seed_cache`;
         the planning of that save checks that every rank of the group agrees). Nothing is read
         until that save: a restore that is not followed by one pays nothing for it. A manager
-        that has saved already keeps its own skeleton (the restore of its own checkpoint)."""
+        that has saved already keeps its own skeleton (the restore of its own checkpoint).
+        The static data it refers to was just read: the next save of the same needs no
+        look-up."""
         if self._skeletons.specs is None:
             self._skeletons.seed = (directory, manifest)
+        self._static_known = manifest.static
 
     def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
         """A restored local checkpoint that is not in the shared root yet: flush it at the
@@ -189,59 +269,149 @@ class SavePipeline:
 
     # ------------------------------------------------------------------ saving
 
-    def start(
-        self,
-        request: SaveRequest,
-        static: str | None,
-        *,
-        blocking: bool,
-        copy: bool,
-        start: float,
-        pending: PendingDir | None = None,
-    ) -> Path:
-        """Collective: plan a save of ``request`` and start writing it (or write and commit it,
-        with ``blocking``). Nothing may be in flight. Returns the checkpoint's directory.
+    def ready(self, step: int, request: SaveRequest | Exception, *, first: bool) -> Ready:
+        """Collective: a save's first round (one allgather). Every rank plans its part
+        (:func:`plan_rank`); the coordinator first creates the temporary directory in the shared
+        root and claims the files of a checkpoint that rotation dropped (or, with a node-local
+        tier, names the directory every node's ranks create). Every rank learns the step (the
+        same on every rank), the static data and which file groups must plan again.
 
-        ``pending``: the temporary directory :meth:`create_dir` made already (the same on
-        every rank; ``None``: made here, in one more round)."""
-        assert self._in_flight is None, "finish the save in flight first"
-        step = request.step
+        The first save also records the run key (if any), and static data the last save (or
+        restore) did not refer to is looked up (and written if new): one more round (and a
+        save of it).
+
+        Args:
+            step: the step as the caller gave it (for the error's text).
+            request: this rank's checked arguments, or the error of its check.
+            first: whether this is the manager's first save (the same on every rank).
+
+        Raises:
+            ResilientError: the same error on every rank (the temporary directory removed).
+        """
+        mine: _Ask | Exception
+        try:
+            if isinstance(request, Exception):
+                raise request
+            generation = plan_rank(self.topo, request.data, self._skeletons)
+            mine = _Ask(request.step, StaticStore.describe(request.static), generation)
+        except Exception as exc:
+            mine = exc
+        if self._coll.is_coordinator and isinstance(mine, _Ask):
+            try:
+                mine = dataclasses.replace(mine, made=self._make_dir(mine.step))
+            except Exception as exc:
+                mine = exc
+        made = mine.made if isinstance(mine, _Ask) else None
+        what = f"save of step {step}"
+        try:
+            asked = self._coll.share(what, mine)
+            _same_step([a.step for a in asked])
+        except Exception:
+            if made is not None and made.pending is not None:
+                made.pending.rollback()
+            raise
+        assert isinstance(request, SaveRequest)
+        made = asked[0].made
+        assert made is not None
+        pending = made.pending
+        if pending is None:
+            assert self.local is not None
+            pending = self.local.target.pending(request.step, token=made.token)
+        static = StaticStore.content(self.topo.kind, [a.static for a in asked])
+        try:
+            record_key = first and self._run_key is not None
+            if record_key or (static is not None and static != self._static_known):
+                self._store_static(what, request, static, record_key=record_key)
+        except Exception:
+            if made.pending is not None and self._coll.is_coordinator:
+                made.pending.rollback()
+            raise
+        failed = None
         if self.local is not None:
-            pending = self.local.create_pending(step)
-        elif pending is None:
-            pending = self._coll.broadcast(
-                f"creating a temporary directory in {self.root}",
-                lambda: PendingDir.for_step(self.root, step).create(),
-            )
-        plan = Planned.of(
-            lambda: plan_write(
-                self.topo,
-                pending.path,
-                request.data,
-                step=step,
-                cache=self._skeletons,
-                bounce=self._bounce,
-                digester=self.digester,
-                recycled=self._recycled if self.local is None else None,
-            )
+            try:
+                self.local.target.create(pending, shared=True)
+            except Exception as exc:
+                failed = exc
+        generations = {asked[r].generation for r in self.topo.members}
+        return Ready(
+            request, static, pending, reuse=None not in generations and len(generations) == 1,
+            claimed=self.topo.file_name in made.claimed, failed=failed,
+        )  # fmt: skip
+
+    def _make_dir(self, step: int) -> _Made:
+        """Coordinator: the temporary directory of a save of ``step`` in the shared root, with
+        the dropped checkpoint's files claimed (or, with a node-local tier, only its token)."""
+        token = storage.new_token()
+        if self.local is not None:
+            return _Made(None, frozenset(), token)
+        pending = PendingDir.for_step(self.root, step, token=token).create()
+        recycled = self._recycled
+        claimed = (
+            frozenset() if recycled is None else claim_files(self.topo, recycled, pending.path)
         )
+        return _Made(pending, claimed, token)
+
+    def _store_static(
+        self, what: str, request: SaveRequest, static: str | None, *, record_key: bool
+    ) -> None:
+        """Collective: the coordinator records the run key (``record_key``) and looks ``static``
+        up; every rank writes it if it is not stored."""
+        answer: bool | Exception | None = None
+        if self._coll.is_coordinator:
+            try:
+                if record_key:
+                    assert self._run_key is not None
+                    record_run_key(self.root, self._run_key)
+                answer = static is None or self._statics.is_stored(static)
+            except Exception as exc:
+                answer = exc
+        if not self._coll.announce(what, answer):
+            assert static is not None
+            self._statics.write(self.topo, request.step, request.static, static)
+
+    def start(self, ready: Ready, *, blocking: bool, copy: bool, start: float) -> Path:
+        """Collective: start writing a save every rank is :meth:`ready` for (or write and
+        commit it, with ``blocking``). Nothing may be in flight. Returns the checkpoint's
+        directory.
+
+        A blocking save whose file groups reuse their skeletons communicates no more here
+        than in its commit (:meth:`wait`: one gather, one broadcast)."""
+        assert self._in_flight is None, "finish the save in flight first"
+        request, pending = ready.request, ready.pending
+        if ready.failed is not None and ready.reuse:
+            plan = Planned(None, ready.failed)
+        else:
+            plan = Planned.of(
+                functools.partial(
+                    plan_write,
+                    self.topo,
+                    pending.path,
+                    request.data,
+                    step=request.step,
+                    cache=self._skeletons,
+                    reuse=ready.reuse,
+                    claimed=ready.claimed,
+                    failed=ready.failed,
+                    bounce=self._bounce,
+                    digester=self.digester,
+                )
+            )
         if not blocking and self.topo.comm.any_true(plan.failed):
             blocking = True  # a rank could not plan: finish now, so every rank raises its error
         if blocking:  # the bytes are written here, checksummed between the runs of the
             # write (while the disk works), then fsynced on the writer thread while the
-            # manifest is made here
+            # rest is checksummed
             task, written = self._write_here(plan)
-            self._in_flight = _SaveFlight(request, static, pending, task, start, written)
+            self._in_flight = _SaveFlight(request, ready.static, pending, task, start, written)
             self.wait()
-        else:  # the same on the writer thread, the fsync queued behind it there: whoever
-            # waits for the save makes the manifest while the fsync runs
+        else:  # the same on the writer thread, the fsync queued behind it there
             job = plan.result()  # (every rank planned)
             if copy:  # the last step of the caller's wait: a local memcpy
                 staged = self._staging.stage(job.arrays, private=request.data.staged)
                 job = dataclasses.replace(job, arrays=staged)
             task = self._writer.submit(functools.partial(_write_described, job, _nothing))
-            written = self._writer.submit(job.sync)
-            self._in_flight = _SaveFlight(request, static, pending, task, start, written)
+            written = self._writer.submit(job.fsync)
+            self._in_flight = _SaveFlight(request, ready.static, pending, task, start, written)
         return pending.final
 
     def _write_here(self, plan: Planned) -> tuple[Future[RankWritten], Future[None] | None]:
@@ -252,16 +422,11 @@ class SavePipeline:
         syncing: _Syncing | None = None
         try:
             job = plan.result()
-            syncing = _Syncing(self._writer, job.sync)
+            syncing = _Syncing(self._writer, job.fsync)
             task.set_result(_write_described(job, syncing.start))
         except Exception as exc:
             task.set_exception(exc)
         return task, None if syncing is None else syncing.future
-
-    def create_dir(self, step: int) -> PendingDir | None:
-        """Coordinator: the temporary directory of a save of ``step`` in the shared root, for
-        :meth:`start` (``None`` with a node-local tier, where every node makes its own)."""
-        return None if self.local is not None else PendingDir.for_step(self.root, step).create()
 
     def wait(self) -> None:
         """Collective: finish what is in flight, including a flush that a commit starts."""
@@ -310,41 +475,77 @@ class SavePipeline:
             self._finish_save(flight)
 
     def _finish_save(self, flight: _SaveFlight) -> None:
+        """Collective: every rank's outcome (its data durable) to the coordinator, which
+        commits; then everyone learns the outcome (the same error on every rank)."""
         request, pending, local = flight.request, flight.pending, self.local
-        try:
-            manifest = finish_set(
-                self.topo, flight.task.result, step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__,
-                pending=None if local else pending,
-                durable=None if flight.written is None else flight.written.result,
-                everywhere=local is not None,
-            )  # fmt: skip
-        except Exception:
-            if local is not None:
-                local.rollback(pending)
-            elif self._coll.is_coordinator:
-                pending.rollback()
-            raise
-        if local is None:  # the manifest is the coordinator's alone (see finish_set)
-            self._recycled = self._coll.broadcast(
-                "recording the save",
-                lambda: self._after_commit(_made(manifest), flight.start),
-            )
-        else:
-            local.commit(pending, _made(manifest))
-            self._unflushed = LocalCheckpoint(pending.final, _made(manifest))
-            self._local_commits += 1
-        self._committed(self._clock() - flight.start)
+        what = f"save of checkpoint step {request.step}"
+        written = _written(flight)
         if local is None:
+            shards: RankWritten | ShardWritten | Exception | None = written
+            if self.topo.shard is not None:  # each shard's leader writes its shard first
+                shards = write_shard(self.topo, written, pending.path, kind="checkpoint",
+                                     step=request.step)  # fmt: skip
+            gathered = self._coll.gather(shards)
+            answer = None if gathered is None else self._commit(gathered, flight)
+            committed: _Committed = self._coll.announce(what, answer)
+            self._recycled = committed.recycled
+            self._static_known = flight.static if committed.static_known else None
+            self._committed(self._clock() - flight.start)
             return
+        # every node commits its own copy: every rank builds the manifest (at the time the
+        # last rank finished), every node's leader commits, and everyone learns who failed
+        try:
+            done = self._coll.share(what, _stamped(written))
+            copied: Manifest | Exception
+            try:
+                copied = commit_set(
+                    self.topo, [w for w, _ in done], step=request.step, static=flight.static,
+                    metrics=request.metrics, library_version=__version__,
+                    at=max(t for _, t in done),
+                )  # fmt: skip
+                local.commit(pending, copied)
+            except Exception as exc:
+                copied = exc
+            failed = copied if isinstance(copied, Exception) else None
+            self._coll.share(f"committing the local copies of step {request.step}", failed)
+        except Exception:
+            local.rollback(pending)
+            raise
+        assert not isinstance(copied, Exception)
+        self._static_known = flight.static  # (in the shared root: rotated by flushes only)
+        checkpoint = LocalCheckpoint(pending.final, copied)
+        self._unflushed = checkpoint
+        self._local_commits += 1
+        self._committed(self._clock() - flight.start)
         flush_due = self._local_commits % self.flush_every == 0
-        checkpoint = LocalCheckpoint(pending.final, _made(manifest))
         protect = local.partner_copy_job(checkpoint)
         if protect is not None:
             task = self._writer.submit(protect)
             self._in_flight = _ProtectFlight(checkpoint, task, self._clock(), flush_due)
         elif flush_due:
             self._start_flush()
+
+    def _commit(self, gathered: Gathered[Any], flight: _SaveFlight) -> _Committed | Exception:
+        """Coordinator: commit a save in the shared root (or roll it back), log it and rotate;
+        what to announce."""
+        request = flight.request
+        try:
+            manifest = commit_set(
+                self.topo, gathered.values(), step=request.step, static=flight.static,
+                metrics=request.metrics, library_version=__version__, pending=flight.pending,
+            )  # fmt: skip
+        except Exception as exc:
+            flight.pending.rollback()
+            return exc
+        try:
+            recycled = self._after_commit(manifest, flight.start)
+            return _Committed(recycled, self._still_stored(flight.static))
+        except Exception as exc:
+            return _failed_after_commit("recording the save", exc)
+
+    def _still_stored(self, static: str | None) -> bool:
+        """Coordinator, after rotation: whether the static content ``static`` is stored."""
+        return static is not None and self._statics.is_stored(static)
 
     # ------------------------------------------------------------------ partner copies
 
@@ -363,28 +564,44 @@ class SavePipeline:
         shared root if so, else warn (once per run: the next save tries again)."""
         step = flight.checkpoint.manifest.step
         try:
-            problems: list[str] = self._coll.all_reduce(
-                f"protecting step {step}", flight.task.result, lambda f: [p for p in f if p]
-            )
+            mine: str | Exception | None = flight.task.result()
+        except Exception as exc:
+            mine = exc
+        gathered = self._coll.gather(mine)
+        answer: tuple[list[str], Exception | None] | Exception | None = None
+        if gathered is not None:
+            try:
+                problems = [p for p in gathered.values() if p]
+            except Exception as exc:
+                answer = exc
+            else:
+                answer = (problems, None if problems else self._log_protect(flight))
+        try:
+            problems, failed = self._coll.announce(f"protecting step {step}", answer)
         except ResilientError as exc:
-            problems = [str(exc)]
-        if not problems:
-            took = round(self._clock() - flight.start, 6)
-            self._coll.broadcast(
-                "recording the partner copies",
-                lambda: storage.append_log(
-                    self.root / filenames.PROTECT_LOG,
-                    {"time": time.time(), "step": step, "protect_s": took,
-                     "bytes": flight.checkpoint.manifest.nbytes},
-                ),
-            )  # fmt: skip
-        elif self._coll.is_coordinator:
+            problems, failed = [str(exc)], None
+        if failed is not None:  # the copies are committed, but their log could not be written
+            raise failed
+        if problems and self._coll.is_coordinator:
             level = logging.DEBUG if self._unprotected_said else logging.WARNING
             log.log(level, "local checkpoint step %d is valid but not protected (the next save "
                     "tries again): %s", step, problems[0])  # fmt: skip
         self._unprotected_said = self._unprotected_said or bool(problems)
         if flight.flush_due:
             self._start_flush()
+
+    def _log_protect(self, flight: _ProtectFlight) -> Exception | None:
+        """Coordinator: record that every node's partner copy is committed; the error every
+        rank then raises if that failed."""
+        manifest = flight.checkpoint.manifest
+        took = round(self._clock() - flight.start, 6)
+        record = {"time": time.time(), "step": manifest.step, "protect_s": took,
+                  "bytes": manifest.nbytes}  # fmt: skip
+        try:
+            storage.append_log(self.root / filenames.PROTECT_LOG, record)
+        except Exception as exc:
+            return _failed_after_commit("recording the partner copies", exc)
+        return None
 
     # ------------------------------------------------------------------ flushing
 
@@ -393,9 +610,14 @@ class SavePipeline:
         assert self.local is not None and self._unflushed is not None
         checkpoint, self._unflushed = self._unflushed, None
         step = checkpoint.manifest.step
-        pending = self._coll.broadcast(
-            f"creating a temporary directory in {self.root}",
-            lambda: PendingDir.for_step(self.root, step).create(),
+        made: PendingDir | Exception | None = None
+        if self._coll.is_coordinator:
+            try:
+                made = PendingDir.for_step(self.root, step).create()
+            except Exception as exc:
+                made = exc
+        pending: PendingDir = self._coll.announce(
+            f"creating a temporary directory in {self.root}", made
         )
         task = self._writer.submit(
             self.local.flush_job(checkpoint, pending.path, bounce=self._bounce)
@@ -403,20 +625,31 @@ class SavePipeline:
         self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
 
     def _finish_flush(self, flight: _FlushFlight) -> None:
+        """Collective: every rank's copy (durable) to the coordinator, which commits it in the
+        shared root, logs and rotates; then everyone learns the outcome."""
         manifest, pending = flight.checkpoint.manifest, flight.pending
         what = f"flush of checkpoint step {manifest.step} to {self.root}"
         try:
-            self._coll.all_reduce(
-                what, flight.task.result, lambda _: pending.commit(manifest, what=what)
-            )
-        except Exception:
-            if self._coll.is_coordinator:
+            copied: Exception | None = flight.task.result()
+        except Exception as exc:
+            copied = exc
+        gathered = self._coll.gather(copied)
+        answer: bool | Exception | None = None
+        if gathered is not None:
+            try:
+                gathered.values()
+                pending.commit(manifest, what=what)
+            except Exception as exc:
                 pending.rollback()
-            raise
-        self._coll.broadcast(
-            "recording the flush",
-            lambda: self._after_commit(manifest, flight.start, flushed=True),
-        )
+                answer = exc
+            else:
+                try:
+                    self._after_commit(manifest, flight.start, flushed=True)
+                    answer = self._still_stored(self._static_known)
+                except Exception as exc:
+                    answer = _failed_after_commit("recording the flush", exc)
+        if not self._coll.announce(what, answer):  # rotation may have dropped the static data
+            self._static_known = None
 
     # ------------------------------------------------------------------ after a commit
 
@@ -479,7 +712,35 @@ class _Syncing:
         self.future = self._writer.submit(self._sync, started=True)
 
 
-def _made(manifest: Manifest | None) -> Manifest:
-    """The manifest a commit returned where it returns one."""
-    assert manifest is not None, "finish_set returns the manifest here"
-    return manifest
+def _written(flight: _SaveFlight) -> RankWritten | Exception:
+    """This rank's outcome of a save once its data is durable (or the write's error); no
+    writer thread's work outlives it."""
+    try:
+        done: RankWritten | Exception = flight.task.result()
+    except Exception as exc:
+        done = exc
+    if flight.written is not None:
+        try:
+            flight.written.result()
+        except Exception as exc:
+            done = done if isinstance(done, Exception) else exc
+    return done
+
+
+def _stamped(written: RankWritten | Exception) -> tuple[RankWritten, float] | Exception:
+    """This rank's outcome with the time it is durable (or the write's error)."""
+    return written if isinstance(written, Exception) else (written, time.time())
+
+
+def _failed_after_commit(what: str, exc: Exception) -> Exception:
+    """Coordinator: the error every rank raises when logging or rotating after a commit
+    failed (the checkpoint is committed: nothing is rolled back)."""
+    if isinstance(exc, ResilientError):
+        return exc
+    return CollectiveError(what, {0: failure_of(exc, 0)})
+
+
+def _same_step(steps: list[int]) -> None:
+    """Every rank must save the same step."""
+    if len(set(steps)) > 1:
+        raise ConfigError(f"ranks disagree on the step: {sorted(set(steps))}")

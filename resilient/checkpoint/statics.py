@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 class StaticStore:
     """The static data of one checkpoint root.
 
-    :meth:`write` is collective, :meth:`lookup` the coordinator's (a save asks it in the same
-    round as its other questions); the reference counts and :meth:`collect` are the coordinator's
-    (filled by :class:`resilient.checkpoint.catalog.Catalog` from what it finds on disk).
+    :meth:`write` is collective, :meth:`is_stored` the coordinator's (a save asks it when
+    the content is not what its previous save kept); the reference counts and :meth:`collect`
+    are the coordinator's (filled by :class:`resilient.checkpoint.catalog.Catalog` from what it finds on disk).
     """
 
     def __init__(self, root: Path) -> None:
@@ -47,21 +47,21 @@ class StaticStore:
 
     @staticmethod
     def describe(data: LocalData | None) -> object | None:
-        """Local: what :meth:`lookup` needs of this rank's static data (``None``: none)."""
+        """Local: what :meth:`content` needs of this rank's static data (``None``: none)."""
         return None if data is None else data.describe()
 
-    def lookup(self, kind: str, descs: Sequence[object | None]) -> tuple[str | None, bool]:
-        """Coordinator: the content hash of every rank's static data (``descs``, by rank, from
-        :meth:`describe`) and whether a valid copy of it exists; ``(None, True)`` if no rank
+    @staticmethod
+    def content(kind: str, descs: Sequence[object | None]) -> str | None:
+        """Local: the content hash of every rank's static data (``descs``, by rank, from
+        :meth:`describe`; every rank that has them computes the same), ``None`` if no rank
         gave any."""
         if all(d is None for d in descs):
-            return None, True
-        content = hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
-        return content, self.is_stored(content)
+            return None
+        return hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
 
     def write(self, topo: Topology, step: int, data: LocalData | None, content: str) -> None:
         """Collective over ``topo.comm``: write every rank's static data as ``content`` (what
-        :meth:`lookup` found missing)."""
+        :meth:`is_stored` found missing)."""
         coll = Collective(topo.comm)
         pending = coll.broadcast(
             "creating a temporary directory for static data",

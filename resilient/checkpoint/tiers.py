@@ -167,31 +167,12 @@ class LocalTier:
 
     # ------------------------------------------------------------------ saving
 
-    def create_pending(self, step: int) -> PendingDir:
-        """Collective: name a temporary directory for ``step``; every node's leader creates it."""
-        token = self._coll.broadcast("naming a local temporary directory", storage.new_token)
-        pending = self.target.pending(step, token=token)  # this node's directory
-
-        def create() -> None:
-            if self.is_node_leader:
-                self.target.create(pending)
-
-        self._coll.check(f"creating {pending.path} on every node", create)
-        return pending
-
     def commit(self, pending: PendingDir, manifest: Manifest) -> None:
-        """Collective: every node's leader commits its copy, then keeps the newest ``keep``."""
-
-        def commit_here() -> None:
-            if self.is_node_leader:
-                self.target.commit(pending, manifest, what=f"local copy of step {manifest.step}")
-                self._rotate()
-
-        try:
-            self._coll.check(f"committing the local copies of step {manifest.step}", commit_here)
-        except Exception:
-            self.rollback(pending)
-            raise
+        """Local: this node's leader commits its copy, then keeps the newest ``keep`` (the
+        caller learns whether every node did)."""
+        if self.is_node_leader:
+            self.target.commit(pending, manifest, what=f"local copy of step {manifest.step}")
+            self._rotate()
 
     def rollback(self, pending: PendingDir) -> None:
         """Local: this node's leader removes its temporary directory (no communication)."""

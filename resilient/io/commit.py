@@ -69,10 +69,13 @@ class PendingDir:
             parent / filenames.static_dir_name(content_hash),
         )
 
-    def create(self) -> PendingDir:
-        """Create the temporary directory (and its parent, for static data); returns ``self``."""
+    def create(self, *, shared: bool = False) -> PendingDir:
+        """Create the temporary directory (and its parent, for static data); returns ``self``.
+
+        ``shared``: several writers create it (the ranks of one node, each with the same
+        name): the one that comes second finds it made."""
         self.path.parent.mkdir(exist_ok=True)
-        self.path.mkdir()
+        self.path.mkdir(exist_ok=shared)
         return self
 
     def commit(self, manifest: Manifest, *, what: str) -> None:

@@ -60,7 +60,7 @@ class Digests:
     def add(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
         """Checksum ``arrays`` (complete now, unchanged until :meth:`result`) as the digests
         at ``positions``."""
-        self._jobs.append(self._submit(self._put, positions, arrays))
+        self._jobs.append(self._submit(self.take, positions, arrays))
 
     def add_piece(self, position: int, data: memoryview, last: bool) -> None:
         """Checksum the next bytes of the array at ``position`` (unchanged until
@@ -80,7 +80,8 @@ class Digests:
         :meth:`result`, which ends the thread)."""
         return self._submit(fn)
 
-    def _put(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
+    def take(self, positions: Sequence[int], arrays: Sequence[npt.NDArray[np.generic]]) -> None:
+        """Checksum ``arrays`` now, on the calling thread, as the digests at ``positions``."""
         self.put(positions, digest_arrays(list(arrays)))
 
     def put(self, positions: Sequence[int], digests: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's fi
     target.clean_up()                            # once: drop what crashes left
     pending = target.pending(step, token=token)  # pure: names only (every rank may call it)
     target.create(pending)                       # the step's pending place; readers ignore it
+                                                 # (shared=True: every rank of a node may)
     target.write(pending, name, data)            # small files, each durable (data files are
                                                  # written by resilient.io.fileio or io.wire
                                                  # into pending.path of a DirectoryTarget)
@@ -74,8 +75,9 @@ class Target(Protocol):
         temporary name, the same on every rank that passes the same one)."""
         ...
 
-    def create(self, pending: PendingDir) -> None:
-        """Create the pending copy, empty."""
+    def create(self, pending: PendingDir, *, shared: bool = False) -> None:
+        """Create the pending copy, empty. ``shared``: several writers create it (the ranks of
+        one node, each with the same token): the one that comes second finds it made."""
         ...
 
     def write(self, pending: PendingDir, name: str, data: bytes) -> None:
@@ -176,10 +178,10 @@ class DirectoryTarget:
         """See :meth:`Target.pending`."""
         return PendingDir.for_step(self.root, step, token=token)
 
-    def create(self, pending: PendingDir) -> None:
+    def create(self, pending: PendingDir, *, shared: bool = False) -> None:
         """See :meth:`Target.create` (creates :attr:`root` too, if missing)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        pending.create()
+        pending.create(shared=shared)
 
     def write(self, pending: PendingDir, name: str, data: bytes) -> None:
         """See :meth:`Target.write`."""
@@ -267,9 +269,11 @@ class MemoryTarget:
         """See :meth:`Target.pending` (the paths only name keys)."""
         return PendingDir.for_step(Path("/memory"), step, token=token)
 
-    def create(self, pending: PendingDir) -> None:
+    def create(self, pending: PendingDir, *, shared: bool = False) -> None:
         """See :meth:`Target.create`."""
         if pending.path.name in self.dirs:
+            if shared:
+                return
             raise FileExistsError(str(pending.path))
         self.dirs[pending.path.name] = {}
 

@@ -571,21 +571,14 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     make_output_folders(opts.outputs)
 
     handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-    current: list[_Attempt] = []  # the attempt running now, if any
-    unheard: list[int] = []  # stop signals that came while no program ran
-
-    def forward(signum: int, frame: Any) -> None:
-        if current:
-            current[0].on_signal(signum, frame)
-        else:
-            unheard.append(signum)
-
+    signals = _Signals()
+    unheard = signals.unheard
     job = slurm_job or _job_facts(env)
     nodelist = nodeloss.job_nodelist(env, known=job.nodelist if job else None)
-    previous = {s: signal.signal(s, forward) for s in handled}
+    previous = {s: signal.signal(s, signals.forward) for s in handled}
     try:
         while True:
-            code, record, attempt = _run_job(opts, env, current, invocation, fresh, nodelist)
+            code, record, attempt = _run_job(opts, env, signals, invocation, fresh, nodelist)
             if slurm_job is not None:
                 return _requeue_on_slurm(opts, slurm_job, ready, (code, record, attempt), unheard)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
@@ -713,10 +706,26 @@ def _stopped_by_walltime(code: int, record: AttemptRecord, attempt: _Attempt) ->
     return code == EXIT_RESUME or record.signal is not None or record.program_stop is not None
 
 
+class _Signals:
+    """Where the stop signals ``resilient run`` handles go: to the attempt running now
+    (:attr:`attempt`), else into :attr:`unheard` (they came while no program ran)."""
+
+    def __init__(self) -> None:
+        self.attempt: _Attempt | None = None
+        self.unheard: list[int] = []
+
+    def forward(self, signum: int, frame: Any) -> None:
+        """The signal handler."""
+        if self.attempt is not None:
+            self.attempt.on_signal(signum, frame)
+        else:
+            self.unheard.append(signum)
+
+
 def _run_job(
     opts: RunOptions,
     env: dict[str, str],
-    current: list[_Attempt],
+    signals: _Signals,
     invocation: Invocation,
     fresh: list[str],
     nodelist: str,
@@ -751,9 +760,9 @@ def _run_job(
             **invocation.to_record(),
         )
         attempt = _Attempt(opts, env, deadline)
-        current[:] = [attempt]
+        signals.attempt = attempt
         status, sent = attempt.run()
-        current.clear()
+        signals.attempt = None
         record.end = time.time()
         record.exit_status = status
         record.signal = sent

@@ -6,8 +6,16 @@ rank raises (not only this library's), turns it into data (:class:`~resilient.er
 rank, message, errno), moves that data with the same collectives the success path uses, and
 raises one error on every rank. So no rank ever waits for a peer that has left on an exception.
 
-Four shapes cover the library:
+Values, not callbacks: a step's own work stays in the caller, between these operations.
 
+* :meth:`Collective.share` -- every rank passes its value (or its exception); every rank gets
+  every value, or the same error ("every rank says it is ready to write").
+* :meth:`Collective.gather` then :meth:`Collective.announce` -- every rank passes its value (or
+  its exception) to the coordinator, which does its work with them (or with the error of
+  :meth:`Gathered.values`) and announces the outcome; every rank gets it or the same error
+  ("every rank writes its bytes, rank 0 commits").
+* :meth:`Collective.gather` then :meth:`Collective.deal` -- the same, but the coordinator
+  answers each rank its own value ("every rank's blocks up, its part of a checkpoint down").
 * :meth:`Collective.broadcast` -- the coordinator (rank 0) runs ``fn``; every rank gets its
   result or the same exception ("rank 0 creates the temporary directory").
 * :meth:`Collective.scatter` -- the coordinator runs ``fn``, which returns one value per rank;
@@ -16,8 +24,7 @@ Four shapes cover the library:
 * :meth:`Collective.check` -- every rank runs ``fn``; everyone learns who failed ("every rank
   checks its input").
 * :meth:`Collective.all_reduce` -- every rank runs ``local``; the coordinator combines the
-  results; everyone gets the combination or the same exception ("every rank writes its bytes,
-  rank 0 commits").
+  results (a gather and an announce).
 
 Which error is raised: the coordinator's own :class:`~resilient.errors.ResilientError` as it is
 (e.g. :class:`~resilient.errors.CheckpointNotFoundError`), the same resilient error when every
@@ -27,18 +34,17 @@ rank raised it (e.g. a :class:`~resilient.errors.LayoutMismatchError` seen by al
 
 from __future__ import annotations
 
-import functools
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from resilient.errors import CollectiveError, RankFailure, ResilientError
 
 if TYPE_CHECKING:
     from resilient.parallel.comm import Comm
 
-__all__ = ["Collective", "describe_error", "failure_of"]
+__all__ = ["Collective", "Gathered", "describe_error", "failure_of"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -164,42 +170,6 @@ class Collective:
             _raise(what, [value], 1)
         return value  # type: ignore[return-value]
 
-    def exchange(
-        self, what: str, local: Callable[[], T], answer: Callable[[list[T]], Sequence[R]]
-    ) -> R:
-        """Collective over ``comm``: call on all ranks. Every rank runs ``local``; the
-        coordinator runs ``answer`` on the results of all ranks (in rank order), which returns
-        one value per rank; each rank receives only its own. Two operations (a gather and a
-        scatter), where :meth:`check` then :meth:`scatter` would take three.
-
-        ``answer`` runs only when every ``local`` succeeded.
-
-        Returns:
-            This rank's value of ``answer``'s result, on every rank.
-
-        Raises:
-            ResilientError: the same error on every rank if any ``local`` or ``answer`` raised
-                (or ``answer`` did not return one value per rank).
-        """
-        gathered = self.comm.gather(self._outcome(local), root=0)
-        replies: list[tuple[str, Any]] | None = None
-        if self.is_coordinator:
-            assert gathered is not None
-            status, values = self._decide(gathered, functools.partial(self._per_rank, answer))
-            replies = (
-                [(status, v) for v in values]
-                if status == "ok"
-                else [(status, values)] * self.comm.size
-            )
-        status, value = self.comm.scatter(replies, root=0)
-        return self._settle(what, status, value)  # type: ignore[no-any-return]
-
-    def _per_rank(self, answer: Callable[[list[T]], Sequence[R]], results: list[T]) -> Sequence[R]:
-        values = answer(results)
-        if len(values) != self.comm.size:
-            raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
-        return values
-
     def check(self, what: str, fn: Callable[[], T]) -> T:
         """Collective over ``comm``: call on all ranks. Every rank runs ``fn``.
 
@@ -219,6 +189,93 @@ class Collective:
         if failed:
             _raise(what, failed, self.comm.size)
         return result  # type: ignore[return-value]
+
+    def share(self, what: str, value: T | Exception) -> list[T]:
+        """Collective over ``comm`` (one allgather): call on all ranks, each with its value or
+        the exception that kept it from making one.
+
+        Returns:
+            Every rank's value (in rank order), on every rank.
+
+        Raises:
+            ResilientError: the same error on every rank if any rank passed an exception.
+        """
+        mine = _payload(value, self.rank) if isinstance(value, Exception) else None
+        sent = self.comm.allgather((mine, None if mine is not None else value))
+        failed = [p for p, _ in sent if p is not None]
+        if failed:
+            _raise(what, failed, self.comm.size)
+        return [v for _, v in sent]  # type: ignore[misc]
+
+    def gather(self, value: T | Exception) -> Gathered[T] | None:
+        """Collective over ``comm`` (one gather): call on all ranks, each with its value or the
+        exception that kept it from making one. Raises nothing: the coordinator must then
+        :meth:`announce` what it made of them (another rank's error included).
+
+        Returns:
+            On the coordinator, what every rank sent; ``None`` on the other ranks.
+        """
+        mine = (
+            (False, _payload(value, self.rank)) if isinstance(value, Exception) else (True, value)
+        )
+        gathered = self.comm.gather(mine, root=0)
+        return None if gathered is None else Gathered(tuple(gathered))
+
+    def announce(self, what: str, answer: T | Exception | None, *, everywhere: bool = True) -> T:
+        """Collective over ``comm`` (one broadcast): call on all ranks. The coordinator passes
+        its answer (what it made of :meth:`gather`'s values) or the exception that kept it from
+        making one (:meth:`Gathered.values`'s included); the other ranks pass ``None``.
+
+        Returns:
+            The coordinator's answer, on every rank; with ``everywhere=False`` on the
+            coordinator only (the others get ``None``: a large answer is not sent to every rank).
+
+        Raises:
+            ResilientError: the same error on every rank: the ranks' errors that
+                :meth:`Gathered.values` raised, or the coordinator's own.
+        """
+        reply: tuple[str, Any] = ("ok", None)  # ("ok", answer) or (who failed, payloads)
+        if self.is_coordinator:
+            if isinstance(answer, _RanksFailed):
+                reply = ("local", answer.payloads)
+            elif isinstance(answer, Exception):
+                reply = ("combine", [_payload(answer, self.rank)])
+            else:
+                reply = ("ok", answer if everywhere else None)
+        status, value = self.comm.bcast(reply, root=0)
+        self._settle(what, status, value)
+        return answer if self.is_coordinator else value  # type: ignore[return-value]
+
+    def deal(self, what: str, answers: Sequence[T] | Exception | None) -> T:
+        """Collective over ``comm`` (one scatter): call on all ranks. The coordinator passes
+        one answer per rank (rank order; what it made of :meth:`gather`'s values) or the
+        exception that kept it from making them (:meth:`Gathered.values`'s included); the other
+        ranks pass ``None``. Each rank receives only its own answer.
+
+        Returns:
+            This rank's answer, on every rank.
+
+        Raises:
+            ResilientError: the same error on every rank: the ranks' errors that
+                :meth:`Gathered.values` raised, the coordinator's own, or answers that are not
+                one per rank.
+        """
+        replies: list[tuple[str, Any]] | None = None
+        if self.is_coordinator:
+            size = self.comm.size
+            if isinstance(answers, _RanksFailed):
+                replies = [("local", answers.payloads)] * size
+            elif isinstance(answers, Exception):
+                replies = [("combine", [_payload(answers, self.rank)])] * size
+            elif answers is None or len(answers) != size:
+                wrong = ValueError(
+                    f"{0 if answers is None else len(answers)} values for {size} ranks"
+                )
+                replies = [("combine", [_payload(wrong, self.rank)])] * size
+            else:
+                replies = [("ok", v) for v in answers]
+        status, value = self.comm.scatter(replies, root=0)
+        return self._settle(what, status, value)  # type: ignore[no-any-return]
 
     @overload
     def all_reduce(
@@ -249,49 +306,30 @@ class Collective:
         everywhere: bool = True,
     ) -> R | None:
         """Collective over ``comm``: call on all ranks. Every rank runs ``local``; then the
-        coordinator runs ``combine`` on the results of all ranks (in rank order).
+        coordinator runs ``combine`` on the results of all ranks (in rank order): a
+        :meth:`gather`, then an :meth:`announce`.
 
         ``combine`` runs only when every ``local`` succeeded.
 
         Returns:
             ``combine``'s result, on every rank; with ``everywhere=False`` on the coordinator
-            only (the others get ``None``: a large result is not sent to every rank).
+            only (the others get ``None``).
 
         Raises:
             ResilientError: the same error on every rank if any ``local`` or ``combine`` raised.
         """
-        gathered = self.comm.gather(self._outcome(local), root=0)
-        reply: tuple[str, Any] = ("ok", None)  # ("ok", result) or (who failed, payloads)
-        if self.is_coordinator:
-            assert gathered is not None
-            reply = self._decide(gathered, combine)
-        kept = reply[1]
-        if not everywhere and reply[0] == "ok":
-            reply = ("ok", None)
-        status, value = self.comm.bcast(reply, root=0)
-        value = self._settle(what, status, value)
-        result: R | None = kept if self.is_coordinator else value
-        return result
-
-    def _outcome(self, fn: Callable[[], T]) -> tuple[bool, T | _Payload]:
-        """``fn``'s result, or its failure as data, to send to the coordinator."""
         try:
-            return True, fn()
+            mine: T | Exception = local()
         except Exception as exc:
-            return False, _payload(exc, self.rank)
-
-    def _decide(
-        self, gathered: list[tuple[bool, Any]], combine: Callable[[list[Any]], Any]
-    ) -> tuple[str, Any]:
-        """Coordinator: ``("ok", combine(results))``, or who failed (``"local"``: ranks'
-        payloads; ``"combine"``: the coordinator's own)."""
-        failed = [v for ok, v in gathered if not ok]
-        if failed:
-            return "local", failed
-        try:
-            return "ok", combine([v for _, v in gathered])
-        except Exception as exc:
-            return "combine", [_payload(exc, self.rank)]
+            mine = exc
+        gathered = self.gather(mine)
+        answer: R | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = combine(gathered.values())
+            except Exception as exc:
+                answer = exc
+        return self.announce(what, answer, everywhere=everywhere)
 
     def _settle(self, what: str, status: str, value: Any) -> Any:
         """``value``, or the error every rank raises for the failures it carries."""
@@ -300,3 +338,32 @@ class Collective:
         if status == "combine":
             _raise(what, value, 1)
         return value
+
+
+class Gathered(Generic[T]):
+    """The coordinator's view of a :meth:`Collective.gather`: every rank's value or failure."""
+
+    __slots__ = ("_sent",)
+
+    def __init__(self, sent: tuple[tuple[bool, Any], ...]) -> None:
+        self._sent = sent
+
+    def values(self) -> list[T]:
+        """Every rank's value, in rank order.
+
+        Raises:
+            Exception: some rank sent an exception (pass it to :meth:`Collective.announce`).
+        """
+        failed = [v for ok, v in self._sent if not ok]
+        if failed:
+            raise _RanksFailed(failed)
+        return [v for _, v in self._sent]
+
+
+class _RanksFailed(Exception):
+    """Some ranks' exceptions, as :meth:`Gathered.values` raises them for
+    :meth:`Collective.announce`."""
+
+    def __init__(self, payloads: list[_Payload]) -> None:
+        super().__init__(f"{len(payloads)} ranks failed")
+        self.payloads = payloads

@@ -407,6 +407,85 @@ def scenario_reply(root: str, kind: str) -> None:
     result(ok=True, got=got, everywhere=everywhere, size=coll.comm.size, error=error)
 
 
+class CountingComm:
+    """A communicator that counts every raw collective call of itself and of the
+    communicators split from it (one shared tally)."""
+
+    COUNTED = ("allgather", "gather", "bcast", "scatter", "barrier", "any_true")
+
+    def __init__(self, inner: Any, calls: list[str] | None = None) -> None:
+        self.inner = inner
+        self.calls: list[str] = [] if calls is None else calls
+
+    @property
+    def rank(self) -> int:
+        return int(self.inner.rank)
+
+    @property
+    def size(self) -> int:
+        return int(self.inner.size)
+
+    def allgather(self, obj: Any) -> Any:
+        self.calls.append("allgather")
+        return self.inner.allgather(obj)
+
+    def gather(self, obj: Any, root: int = 0) -> Any:
+        self.calls.append("gather")
+        return self.inner.gather(obj, root)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        self.calls.append("bcast")
+        return self.inner.bcast(obj, root)
+
+    def scatter(self, objs: Any, root: int = 0) -> Any:
+        self.calls.append("scatter")
+        return self.inner.scatter(objs, root)
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+        self.inner.barrier()
+
+    def any_true(self, flag: bool) -> bool:
+        self.calls.append("any_true")
+        return bool(self.inner.any_true(flag))
+
+    def split_node(self) -> CountingComm:
+        return CountingComm(self.inner.split_node(), self.calls)
+
+    def split(self, color: int) -> CountingComm:
+        return CountingComm(self.inner.split(color), self.calls)
+
+    def channel(self) -> Any:
+        return self.inner.channel()
+
+
+def scenario_rounds(root: str, kind: str, tier: str) -> None:
+    """Count the raw collective calls (on the save's communicator and every one split from it)
+    of blocking saves with an unchanged structure and unchanged static data, after a first
+    save, and of the first save after a restart (restored, then saved with the restored
+    file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush)."""
+    from resilient.parallel.mpi import MPIComm
+
+    counting = CountingComm(MPIComm(world))
+    group: Any = kind
+    if kind == "split":
+        group = CountingComm(MPIComm(world.Split(rank // 2, rank)), counting.calls)
+    local = str(Path(root) / "local") if tier == "local" else None
+    per_save = []
+    for steps in ((1, 2, 3, 4), (6,)):  # then a restart: restore, save (the skeleton reused)
+        with resilient.CheckpointManager(
+            Path(root) / "shared", comm=counting, checkpoint_comm=group, keep=KeepLast(2),
+            local_dir=local, flush_every=1000,
+        ) as m:  # fmt: skip
+            if steps[0] > 1:
+                assert m.restore()[0] == 4
+            for step in steps:
+                del counting.calls[:]
+                m.save(step, make_state(1), static=make_static(), metrics={"loss": 1.0 / step})
+                per_save.append(list(counting.calls))
+    result(ok=True, calls=per_save)
+
+
 def main() -> None:
     scenario, root, kind = sys.argv[1:4]
     arg = sys.argv[4] if len(sys.argv) > 4 else ""

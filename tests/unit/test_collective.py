@@ -141,7 +141,9 @@ def test_every_shape_succeeds_on_every_rank(size: int) -> None:
             coll.check("c", lambda: r * 2),
             coll.all_reduce("a", lambda: r, total),
             coll.all_reduce("k", lambda: r, total, everywhere=False),
-            coll.exchange("x", lambda: r, lambda got: [g + 100 for g in got]),
+            exchanged(coll, "x", lambda: r, lambda got: [g + 100 for g in got]),
+            coll.share("h", r * 3),
+            announced(coll, "n", lambda: r, total),
         )
 
     outcomes = on_ranks(size, body)
@@ -155,13 +157,16 @@ def test_every_shape_succeeds_on_every_rank(size: int) -> None:
             everyone,
             everyone if r == 0 else None,
             r + 100,
+            [k * 3 for k in range(size)],
+            everyone,
         )
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> None:
-    """check, all_reduce and exchange: whichever ranks raise, whatever they raise (a
-    ResilientError, an OSError with errno, an exception that cannot be pickled), every rank
+    """check, share, all_reduce, gather then announce, and gather then deal: whichever ranks
+    raise, whatever they raise (a ResilientError, an OSError with errno, an exception that
+    cannot be pickled), every rank
     raises the same error, naming every failing rank; the next collective still works."""
     errors: list[Callable[[], BaseException]] = [
         lambda: ValueError("bad value"),
@@ -173,7 +178,9 @@ def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> Non
         lambda coll, local: coll.check("checking", local),
         lambda coll, local: coll.all_reduce("reducing", local, len),
         lambda coll, local: coll.all_reduce("keeping", local, len, everywhere=False),
-        lambda coll, local: coll.exchange("exchanging", local, lambda got: list(got)),
+        lambda coll, local: exchanged(coll, "exchanging", local, lambda got: list(got)),
+        lambda coll, local: coll.share("sharing", outcome(local)),
+        lambda coll, local: announced(coll, "announcing", local, len),
     ]
     for failing, make, shape in itertools.product(failing_sets(size), errors, shapes):
 
@@ -204,7 +211,7 @@ def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> Non
 
 @pytest.mark.parametrize("size", SIZES)
 def test_a_coordinator_step_failing_is_one_error_everywhere(size: int) -> None:
-    """broadcast, scatter and the combine of all_reduce/exchange raise on the coordinator
+    """broadcast, scatter and the coordinator's work after a gather raise on the coordinator
     only (or return the wrong number of parts): every rank raises the same error. The
     coordinator's own ResilientError is raised as it is."""
     cases: list[tuple[Callable[[Collective], Any], type[BaseException]]] = [
@@ -223,7 +230,13 @@ def test_a_coordinator_step_failing_is_one_error_everywhere(size: int) -> None:
             lambda c: c.all_reduce("a", lambda: 1, _raises(ValueError("kept")), everywhere=False),
             CollectiveError,
         ),
-        (lambda c: c.exchange("x", lambda: 1, lambda got: [0] * (len(got) - 1)), CollectiveError),
+        (lambda c: exchanged(c, "x", lambda: 1, lambda got: [0] * (len(got) - 1)), CollectiveError),
+        (lambda c: exchanged(c, "x", lambda: 1, _raises(KeyError("k"))), CollectiveError),
+        (lambda c: announced(c, "n", lambda: 1, _raises(RuntimeError("commit"))), CollectiveError),
+        (
+            lambda c: announced(c, "n", lambda: 1, _raises(CheckpointNotFoundError("none"))),
+            CheckpointNotFoundError,
+        ),
     ]
     for step, expected in cases:
         err = same_error_everywhere(on_ranks(size, step))
@@ -232,6 +245,36 @@ def test_a_coordinator_step_failing_is_one_error_everywhere(size: int) -> None:
 
 def total(values: list[int]) -> int:
     return sum(values)
+
+
+def outcome(local: Callable[[], Any]) -> Any:
+    """``local()``, or the exception it raised (what a rank passes to a value collective)."""
+    try:
+        return local()
+    except Exception as exc:
+        return exc
+
+
+def announced(
+    coll: Collective, what: str, local: Callable[[], Any], work: Callable[[list[Any]], Any]
+) -> Any:
+    """Every rank's value to the coordinator, its work on them announced to every rank."""
+    gathered = coll.gather(outcome(local))
+    answer = None
+    if gathered is not None:
+        answer = outcome(lambda: work(gathered.values()))
+    return coll.announce(what, answer)
+
+
+def exchanged(
+    coll: Collective, what: str, local: Callable[[], Any], answer: Callable[[list[Any]], Any]
+) -> Any:
+    """Every rank's value to the coordinator, which deals each rank its own answer."""
+    gathered = coll.gather(outcome(local))
+    answers = None
+    if gathered is not None:
+        answers = outcome(lambda: answer(gathered.values()))
+    return coll.deal(what, answers)
 
 
 def _raises(exc: BaseException) -> Callable[..., Any]:

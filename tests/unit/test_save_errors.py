@@ -405,7 +405,7 @@ def test_a_checksum_failure_while_writing_loses_nothing(
     def broken(arrays: Any) -> list[str]:
         raise RuntimeError("checksum unit on fire")
 
-    monkeypatch.setattr("resilient.checkpoint.checkpointer.digest_arrays", broken)
+    monkeypatch.setattr("resilient.io.digests.digest_arrays", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3))
     monkeypatch.undo()

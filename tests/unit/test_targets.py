@@ -149,6 +149,19 @@ class TargetTests:
         self.save(after, 2)
         assert sorted(after.steps()) == [1, 2]
 
+    def test_a_pending_copy_is_created_once_or_shared_by_the_ranks_of_a_node(
+        self, target: Target
+    ) -> None:
+        pending = target.pending(3, token="t")
+        target.create(pending)
+        with pytest.raises(FileExistsError):
+            target.create(target.pending(3, token="t"))
+        target.create(target.pending(3, token="t"), shared=True)  # a second rank of the node
+        target.write(pending, "rank_00000.h5", DATA)
+        target.commit(pending, manifest_of(3), what="step 3")
+        assert target.steps() == [3]
+        assert target.read(3, "rank_00000.h5") == DATA
+
     def test_a_crash_after_create_leaves_nothing_listed(self, target: Target) -> None:
         target.create(target.pending(9))
         after = self.restart(target)

@@ -1,0 +1,37 @@
+"""How many collective operations a blocking save costs, counted on real MPI ranks.
+
+A blocking save whose structure and static data are those of the previous save reads as a
+script of three raw collective calls: every rank says it is ready (one allgather, the
+coordinator's temporary directory included), every rank writes and fsyncs its bytes, every
+rank's outcome goes to the coordinator (one gather), which commits and announces the outcome
+(one broadcast). With a node-local tier every rank builds the manifest and every node commits
+its own copy: three allgathers. So does the first save after a restart, with the restored
+file's skeleton. The calls of every communicator split from the save's (a file group's, a
+manifest shard's) count too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mpirun import results, run_mpi
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+SCENARIO = "tests/mpi/scenario.py"
+
+
+@pytest.mark.parametrize("tier", ["shared", "local"])
+@pytest.mark.parametrize("kind", ["self", "node", "world", "split"])
+def test_a_blocking_save_of_an_unchanged_structure_takes_three_operations(
+    tmp_path: Path, kind: str, tier: str
+) -> None:
+    got = results(run_mpi(3, [SCENARIO, "rounds", str(tmp_path / "ck"), kind, tier]))
+    assert len(got) == 3 and all(r["ok"] for r in got)
+    for r in got:
+        later = r["calls"][1:]  # the first save plans its files and stores the static data
+        assert len(later) == 4, later  # three saves, then the first after a restart
+        assert all(len(calls) <= 3 for calls in later), (kind, tier, r["rank"], later)
+    assert got[0]["calls"][1:] == [got[0]["calls"][1]] * 4  # the same script every time
