@@ -85,7 +85,7 @@ from resilient.model.payload import split_state
 from resilient.model.tree import leaf_paths
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import SerialComm
-from resilient.parallel.topology import Topology, shard_groups
+from resilient.parallel.setcomms import SetComms, shard_groups
 
 LIBRARY_LIMIT = validate.MAX_MANIFEST_BYTES  # the largest manifest the library commits
 
@@ -275,11 +275,11 @@ class Sharding:
     written: dict[str, bytes]  # the other leaders' shards, by name
 
 
-def topology(comm: Any, ranks: int, per_file: int, shard: Any = None,
-             members: tuple[int, ...] = (), index: int = 0) -> Topology:  # fmt: skip
-    """Rank 0's topology (or shard ``index``'s leader's), files of ``per_file`` ranks."""
+def set_comms(comm: Any, ranks: int, per_file: int, shard: Any = None,
+             members: tuple[int, ...] = (), index: int = 0) -> SetComms:  # fmt: skip
+    """Rank 0's SetComms (or shard ``index``'s leader's), files of ``per_file`` ranks."""
     groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
-    return Topology(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,
+    return SetComms(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,
                     group_index=0, shard=shard, shard_index=index, shard_members=members)  # fmt: skip
 
 
@@ -297,10 +297,10 @@ def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> 
     took = []
     for index, held in enumerate(members[1:], start=1):
         comm = RootComm(len(held), [inbox[r] for r in held])
-        topo = topology(None, ranks, per_file, comm, held, index)
+        comms = set_comms(None, ranks, per_file, comm, held, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
-        got = write_shard(topo, own, scratch, kind="checkpoint", step=STEP)
+        got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
         took.append(time.perf_counter() - t0)
         assert not isinstance(got, Exception), got
         world[held[0]] = pickle.dumps((True, got), PROTOCOL)
@@ -322,11 +322,11 @@ def commit(
     ranks = len(inbox)
     if sharding is None:
         comm = RootComm(ranks, list(inbox))
-        topo = topology(comm, ranks, per_file)
+        comms = set_comms(comm, ranks, per_file)
     else:
         held = sharding.members[0]
         comm = RootComm(ranks, list(sharding.world_inbox))
-        topo = topology(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
+        comms = set_comms(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
     pending = PendingDir.for_step(root, STEP).create()
     for name, text in sharding.written.items() if sharding is not None else ():
         (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
@@ -336,13 +336,13 @@ def commit(
     # there (the table says when the library refuses it)
     validate.MAX_MANIFEST_BYTES = 1 << 40
     t0 = time.perf_counter()
-    shards = own if sharding is None else write_shard(topo, own, pending.path,
+    shards = own if sharding is None else write_shard(comms, own, pending.path,
                                                       kind="checkpoint", step=STEP)  # fmt: skip
     coll = Collective(comm)
     gathered = coll.gather(shards)
     assert gathered is not None
     manifest = commit_set(
-        topo, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__,
+        comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__,
         pending=TimedPending(pending, comm.seconds),  # type: ignore[arg-type]
     )  # fmt: skip
     coll.announce("save", None)

@@ -99,7 +99,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         *("manifest", "arrays", "payload", "policies", "rotation"),
     ),
     "io": ("fileio", "hdf5", "storage", "staging", "background", "validate", "commit", "runkey"),
-    "parallel": ("comm", "mpi", "torchdist", "collective", "topology"),
+    "parallel": ("comm", "mpi", "torchdist", "collective", "topology", "setcomms"),
     "checkpoint": (
         *("checkpointer", "reading", "elastic", "statics", "catalog", "restorer", "partner"),
         *("tiers", "saving", "manager"),

@@ -64,7 +64,7 @@ from resilient.model.payload import LocalData
 from resilient.model.shards import shard_json
 from resilient.model.tiling import file_checksum_text
 from resilient.parallel.collective import Collective
-from resilient.parallel.topology import Topology
+from resilient.parallel.setcomms import SetComms
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class WriteJob:
         return functools.partial(storage.retry_io, sync, what=f"writing {self.path}")
 
 
-def plan_rank(topo: Topology, data: LocalData, cache: SkeletonCache) -> int | None:
+def plan_rank(comms: SetComms, data: LocalData, cache: SkeletonCache) -> int | None:
     """Local: plan this rank's part of a save (kept in ``cache.plan``; no I/O but a restored
     skeleton's, see :func:`seed_cache`).
 
@@ -300,15 +300,15 @@ def plan_rank(topo: Topology, data: LocalData, cache: SkeletonCache) -> int | No
     if cache.seed is not None:  # the first save after a restore: its file's skeleton
         seed = cache.seed
         cache.seed = None
-        seed_cache(cache, topo, *seed)
-    plan = RankPlan.of(topo.comm.rank, data, like=cache.plan)
+        seed_cache(cache, comms, *seed)
+    plan = RankPlan.of(comms.comm.rank, data, like=cache.plan)
     cache.plan = plan
-    usable = topo.group.rank != 0 or (cache.skeleton is not None and cache.skeleton.usable)
+    usable = comms.group.rank != 0 or (cache.skeleton is not None and cache.skeleton.usable)
     return cache.generation if usable and cache.specs == plan.specs else None
 
 
 def plan_write(
-    topo: Topology,
+    comms: SetComms,
     directory: Path,
     data: LocalData,
     *,
@@ -326,7 +326,7 @@ def plan_write(
 
     With ``reuse`` (every rank of the group offered the same generation, see
     :func:`plan_rank`) it is local: the cached skeleton is reused and nothing touches the disk.
-    Otherwise it is collective over ``topo.group`` (the ranks sharing this rank's file; one
+    Otherwise it is collective over ``comms.group`` (the ranks sharing this rank's file; one
     gather, one broadcast): the leader lays out the data (:func:`resilient.model.h5format.place_data`)
     and creates the file, unless ``claimed`` (the coordinator moved a dropped checkpoint's file
     there to write over: :func:`resilient.io.fileio.claim_file`); its write builds HDF5's
@@ -334,11 +334,11 @@ def plan_write(
     rank from planning, raised on every rank of the group. ``data`` must stay unchanged until
     the job has run.
     """
-    path = directory / topo.file_name
-    leader = topo.group.rank == 0
+    path = directory / comms.file_name
+    leader = comms.group.rank == 0
     plan = cache.plan
     if not reuse:
-        group = Collective(topo.group)
+        group = Collective(comms.group)
         offer: _Offer | Exception
         if failed is not None:
             offer = failed
@@ -351,10 +351,10 @@ def plan_write(
         answer: _Skeleton | Exception | None = None
         if gathered is not None:
             try:
-                answer = _plan_file(path, topo.kind, gathered.values(), cache, claimed=claimed)
+                answer = _plan_file(path, comms.kind, gathered.values(), cache, claimed=claimed)
             except Exception as exc:
                 answer = exc
-        planned = group.announce(f"planning {topo.file_name} of step {step}", answer)
+        planned = group.announce(f"planning {comms.file_name} of step {step}", answer)
         assert plan is not None
         if planned.offsets is not None:
             cache.specs = plan.specs
@@ -363,18 +363,18 @@ def plan_write(
     assert plan is not None
     skeleton = cache.skeleton if leader else None
     assert skeleton is not None or not leader
-    members = topo.members if leader else ()
+    members = comms.members if leader else ()
     return WriteJob(
         path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce, digester
     )
 
 
-def claim_files(topo: Topology, recycled: Path, directory: Path) -> frozenset[str]:
+def claim_files(comms: SetComms, recycled: Path, directory: Path) -> frozenset[str]:
     """Coordinator: move every data file of this set from ``recycled``, a checkpoint that
     rotation dropped, into ``directory`` for the save to write over
     (:func:`resilient.io.fileio.claim_file`); the names of those it took (a failure only costs
     the speed-up)."""
-    names = (filenames.file_name(topo.kind, i) for i in range(len(topo.groups)))
+    names = (filenames.file_name(comms.kind, i) for i in range(len(comms.groups)))
     return frozenset(n for n in names if _claimed(recycled / n, directory / n))
 
 
@@ -451,7 +451,7 @@ class Planned:
 
 
 def commit_set(
-    topo: Topology,
+    comms: SetComms,
     written: Sequence[RankWritten | ShardWritten | None],
     *,
     step: int,
@@ -463,7 +463,7 @@ def commit_set(
     at: float | None = None,
 ) -> Manifest:
     """Coordinator: the manifest of a set whose every rank's data is durable (``written``, by
-    rank: each rank's outcome, or with ``topo.shard`` what :func:`write_shard` returned), and
+    rank: each rank's outcome, or with ``comms.shard`` what :func:`write_shard` returned), and
     its commit into ``pending`` (``None``: the caller commits, e.g. each node of a node-local
     tier its own copy). ``at``: the manifest's time (default: now); every rank that builds
     the manifest from the same values and time builds the same.
@@ -472,14 +472,14 @@ def commit_set(
         CommitError: the commit failed (``pending`` is the caller's to roll back).
     """
     what = f"save of {kind} step {step}"
-    if topo.shard is None:
+    if comms.shard is None:
         manifest = build_manifest(
-            topo, [w for w in written if isinstance(w, RankWritten)], step=step, kind=kind,
+            comms, [w for w in written if isinstance(w, RankWritten)], step=step, kind=kind,
             static=static, metrics=metrics or {}, library_version=library_version, at=at,
         )  # fmt: skip
     else:
         manifest = build_index(
-            topo, [w for w in written if isinstance(w, ShardWritten)], step=step, kind=kind,
+            comms, [w for w in written if isinstance(w, ShardWritten)], step=step, kind=kind,
             static=static, metrics=metrics or {}, library_version=library_version,
         )  # fmt: skip
     if pending is not None:
@@ -496,14 +496,14 @@ class ShardWritten:
 
 
 def write_shard(
-    topo: Topology,
+    comms: SetComms,
     written: RankWritten | Exception,
     directory: Path,
     *,
     kind: str,
     step: int,
 ) -> ShardWritten | Exception | None:
-    """Collective over ``topo.shard`` (one gather, one broadcast): its leader gathers the
+    """Collective over ``comms.shard`` (one gather, one broadcast): its leader gathers the
     shard's outcomes (``written``: this rank's, its data durable) and writes the shard durably
     into ``directory``.
 
@@ -511,14 +511,14 @@ def write_shard(
         This rank's value for the set's gather: the shard on its leader, ``None`` on the other
         ranks, or the shard's error on every rank of the shard.
     """
-    assert topo.shard is not None
-    shard = Collective(topo.shard)
-    path = directory / filenames.shard_name(topo.shard_index)
+    assert comms.shard is not None
+    shard = Collective(comms.shard)
+    path = directory / filenames.shard_name(comms.shard_index)
     gathered = shard.gather(written)
     answer: ShardWritten | Exception | None = None
     if gathered is not None:
         try:
-            answer = _write_shard_file(path, topo, gathered.values(), kind=kind, step=step)
+            answer = _write_shard_file(path, comms, gathered.values(), kind=kind, step=step)
         except Exception as exc:
             answer = exc
     try:
@@ -528,10 +528,10 @@ def write_shard(
 
 
 def _write_shard_file(
-    path: Path, topo: Topology, written: Sequence[RankWritten], *, kind: str, step: int
+    path: Path, comms: SetComms, written: Sequence[RankWritten], *, kind: str, step: int
 ) -> ShardWritten:
     """Shard leader: write the shard of ``written`` (its ranks' outcomes) durably at ``path``."""
-    entries = dict(zip(topo.shard_members, (w.entry for w in written), strict=True))
+    entries = dict(zip(comms.shard_members, (w.entry for w in written), strict=True))
     files = _file_entries(entries, written)
     text = shard_json(kind, step, entries).encode()
     storage.retry_io(
@@ -545,7 +545,7 @@ def _write_shard_file(
 
 
 def save_set(
-    topo: Topology,
+    comms: SetComms,
     pending: PendingDir,
     *,
     step: int,
@@ -556,23 +556,23 @@ def save_set(
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
 ) -> None:
-    """Collective over ``topo.comm``: call on all ranks. Write ``data`` of every rank into
+    """Collective over ``comms.comm``: call on all ranks. Write ``data`` of every rank into
     ``pending`` and commit it (:func:`plan_rank`, :func:`plan_write`, :meth:`WriteJob.run`,
     :func:`commit_set`).
 
     The coordinator has already created ``pending``. On any failure every rank raises the same
     error and ``pending`` is rolled back; everything else is untouched.
     """
-    coll = Collective(topo.comm)
+    coll = Collective(comms.comm)
     cache = cache or SkeletonCache()
     try:
-        plan_rank(topo, data, cache)
+        plan_rank(comms, data, cache)
         failed: Exception | None = None
     except Exception as exc:
         failed = exc
     planned = Planned.of(
         lambda: plan_write(
-            topo, pending.path, data, step=step, cache=cache, reuse=False, failed=failed
+            comms, pending.path, data, step=step, cache=cache, reuse=False, failed=failed
         )
     )
     try:
@@ -580,14 +580,14 @@ def save_set(
     except Exception as exc:
         written = exc
     shards: RankWritten | ShardWritten | Exception | None = written
-    if topo.shard is not None:
-        shards = write_shard(topo, written, pending.path, kind=kind, step=step)
+    if comms.shard is not None:
+        shards = write_shard(comms, written, pending.path, kind=kind, step=step)
     gathered = coll.gather(shards)
     answer: Manifest | Exception | None = None
     if gathered is not None:
         try:
             answer = commit_set(
-                topo, gathered.values(), step=step, kind=kind, static=static, metrics=metrics,
+                comms, gathered.values(), step=step, kind=kind, static=static, metrics=metrics,
                 library_version=library_version, pending=pending,
             )  # fmt: skip
         except Exception as exc:
@@ -597,7 +597,7 @@ def save_set(
 
 
 def build_manifest(
-    topo: Topology,
+    comms: SetComms,
     written: Sequence[RankWritten],
     *,
     step: int,
@@ -611,14 +611,14 @@ def build_manifest(
     its segments' checksums."""
     ranks = tuple(w.entry for w in written)
     return Manifest(
-        step=step, time=time.time() if at is None else at, layout=topo.layout,
+        step=step, time=time.time() if at is None else at, layout=comms.layout,
         files=_file_entries(dict(enumerate(ranks)), written), ranks=ranks, kind=kind,
         static=static, metrics=dict(metrics), library_version=library_version,
     )  # fmt: skip
 
 
 def build_index(
-    topo: Topology,
+    comms: SetComms,
     shards: Sequence[ShardWritten],
     *,
     step: int,
@@ -631,9 +631,9 @@ def build_index(
     and every shard's, no rank's (they are in the shards)."""
     files = tuple(f for s in shards for f in s.files)
     by_name = {f.name: f for f in files}
-    ranks = ShardedRanks(topo.comm.size, [s.shard for s in shards], by_name, None)
+    ranks = ShardedRanks(comms.comm.size, [s.shard for s in shards], by_name, None)
     return Manifest(
-        step=step, time=time.time(), layout=topo.layout, files=files, ranks=ranks,
+        step=step, time=time.time(), layout=comms.layout, files=files, ranks=ranks,
         kind=kind, static=static, metrics=dict(metrics), library_version=library_version,
         schema_version=SHARDED_SCHEMA_VERSION,
     )  # fmt: skip
@@ -653,7 +653,7 @@ def _file_entries(
     return tuple(out)
 
 
-def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: Manifest) -> None:
+def seed_cache(cache: SkeletonCache, comms: SetComms, directory: Path, manifest: Manifest) -> None:
     """Local: after a restore, remember the restored file's skeleton, so that the first save of
     the same structure (the usual first save after a restart) skips planning altogether.
 
@@ -662,40 +662,40 @@ def seed_cache(cache: SkeletonCache, topo: Topology, directory: Path, manifest: 
     and checks them against the manifest; if it cannot, it keeps only the structure, and its
     first save creates a new skeleton as usual.
     """
-    entry = next((f for f in manifest.files if f.name == topo.file_name), None)
+    entry = next((f for f in manifest.files if f.name == comms.file_name), None)
     if (
-        manifest.layout.groups != topo.groups
-        or manifest.layout.kind != topo.kind
+        manifest.layout.groups != comms.groups
+        or manifest.layout.kind != comms.kind
         or entry is None
-        or entry.ranks != topo.members
+        or entry.ranks != comms.members
     ):
         return
-    rank = topo.comm.rank
+    rank = comms.comm.rank
     own = manifest.ranks[rank].datasets  # (a member holds only its own entry: the leader all)
     cache.generation += 1
     cache.specs = tuple(zip(own.names, own.shapes, own.dtypes, strict=True))
     cache.offsets = own.offsets
-    if topo.group.rank != 0:
+    if comms.group.rank != 0:
         return
-    tables = {r: manifest.ranks[r].datasets for r in topo.members}
+    tables = {r: manifest.ranks[r].datasets for r in comms.members}
     specs = {r: tuple(zip(t.names, t.shapes, t.dtypes, strict=True)) for r, t in tables.items()}
     offsets = {r: t.offsets for r, t in tables.items()}
     cache.group_specs = specs
     cache.skeleton = None
-    image: list[tuple[int, bytes]] = []
+    meta_bytes: list[tuple[int, bytes]] = []
     try:
         reader = fileio.FileReader(directory / entry.name)
         try:
             for s in entry.meta_segments:
                 piece = bytearray(s.length)
                 reader.read(memoryview(piece), s.offset)
-                image.append((s.offset, bytes(piece)))
+                meta_bytes.append((s.offset, bytes(piece)))
         finally:
             reader.close()
     except (OSError, EOFError):
         return
     if all(
-        digest_bytes(b) == s.checksum for (_, b), s in zip(image, entry.meta_segments, strict=True)
+        digest_bytes(b) == s.checksum for (_, b), s in zip(meta_bytes, entry.meta_segments, strict=True)
     ):
-        built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, tuple(image))
+        built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, tuple(meta_bytes))
         cache.skeleton = Skeleton.of(built)

@@ -42,7 +42,7 @@ from resilient.model.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm, as_comm
-from resilient.parallel.topology import make_topology
+from resilient.parallel.setcomms import make_set_comms
 
 __all__ = ["CheckpointManager"]
 
@@ -183,7 +183,7 @@ class CheckpointManager:
                 f"manifest_shard_ranks must be a positive integer or None, got "
                 f"{manifest_shard_ranks!r}"
             )
-        self.topology = make_topology(
+        self.set_comms = make_set_comms(
             self.comm, checkpoint_comm,
             shard_ranks=manifest_shard_ranks if local_dir is None else None,
         )  # fmt: skip
@@ -193,7 +193,7 @@ class CheckpointManager:
         if local_dir is not None:
             try:
                 self._local = LocalTier(
-                    local_dir, self.root, self.topology, keep=local_keep, redundancy=redundancy
+                    local_dir, self.root, self.set_comms, keep=local_keep, redundancy=redundancy
                 )
                 tiers = self._local.listing()
                 self._coll.broadcast(
@@ -203,12 +203,12 @@ class CheckpointManager:
                 self._lock.release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.topology, catalog=self._catalog, statics=self._statics,
+            self.root, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
         self._restorer = Restorer(
-            self.root, self._coll, self._catalog, layout=self.topology.layout,
+            self.root, self._coll, self._catalog, layout=self.set_comms.layout,
             memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
         )  # fmt: skip
 
@@ -257,7 +257,7 @@ class CheckpointManager:
     @property
     def layout(self) -> Layout:
         """The layout this manager writes."""
-        return self.topology.layout
+        return self.set_comms.layout
 
     # ------------------------------------------------------------------ queries
 

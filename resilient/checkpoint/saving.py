@@ -76,7 +76,7 @@ from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
 from resilient.model.policies import KeepPolicyLike
 from resilient.parallel.collective import Collective, Gathered, failure_of
-from resilient.parallel.topology import Topology
+from resilient.parallel.setcomms import SetComms
 
 __all__ = ["SavePipeline"]
 
@@ -184,11 +184,11 @@ class _FlushFlight:
 
 class SavePipeline:
     """The saves of one manager. Every method but :attr:`in_flight` and :meth:`shutdown` is
-    collective over ``topo.comm``.
+    collective over ``comms.comm``.
 
     Args:
         root: the shared checkpoint root.
-        topo: who writes which file.
+        comms: who writes which file.
         catalog: the shared root's history, for rotation.
         statics: the shared root's static data.
         run_key: recorded in the shared root at the first save (``None``: none).
@@ -203,7 +203,7 @@ class SavePipeline:
     def __init__(
         self,
         root: Path,
-        topo: Topology,
+        comms: SetComms,
         *,
         catalog: Catalog,
         statics: StaticStore,
@@ -216,11 +216,11 @@ class SavePipeline:
         committed: Callable[[float], None],
     ) -> None:
         self.root = root
-        self.topo = topo
+        self.comms = comms
         self.keep = keep
         self.local = local
         self.flush_every = flush_every
-        self._coll = Collective(topo.comm)
+        self._coll = Collective(comms.comm)
         self._catalog = catalog
         self._statics = statics
         self._run_key = run_key
@@ -292,7 +292,7 @@ class SavePipeline:
         try:
             if isinstance(request, Exception):
                 raise request
-            generation = plan_rank(self.topo, request.data, self._skeletons)
+            generation = plan_rank(self.comms, request.data, self._skeletons)
             mine = _Ask(request.step, StaticStore.describe(request.static), generation)
         except Exception as exc:
             mine = exc
@@ -317,7 +317,7 @@ class SavePipeline:
         if pending is None:
             assert self.local is not None
             pending = self.local.target.pending(request.step, token=made.token)
-        static = StaticStore.content(self.topo.kind, [a.static for a in asked])
+        static = StaticStore.content(self.comms.kind, [a.static for a in asked])
         try:
             record_key = first and self._run_key is not None
             if record_key or (static is not None and static != self._static_known):
@@ -332,10 +332,10 @@ class SavePipeline:
                 self.local.target.create(pending, shared=True)
             except Exception as exc:
                 failed = exc
-        generations = {asked[r].generation for r in self.topo.members}
+        generations = {asked[r].generation for r in self.comms.members}
         return Ready(
             request, static, pending, reuse=None not in generations and len(generations) == 1,
-            claimed=self.topo.file_name in made.claimed, failed=failed,
+            claimed=self.comms.file_name in made.claimed, failed=failed,
         )  # fmt: skip
 
     def _make_dir(self, step: int) -> _Made:
@@ -347,7 +347,7 @@ class SavePipeline:
         pending = PendingDir.for_step(self.root, step, token=token).create()
         recycled = self._recycled
         claimed = (
-            frozenset() if recycled is None else claim_files(self.topo, recycled, pending.path)
+            frozenset() if recycled is None else claim_files(self.comms, recycled, pending.path)
         )
         return _Made(pending, claimed, token)
 
@@ -367,7 +367,7 @@ class SavePipeline:
                 answer = exc
         if not self._coll.announce(what, answer):
             assert static is not None
-            self._statics.write(self.topo, request.step, request.static, static)
+            self._statics.write(self.comms, request.step, request.static, static)
 
     def start(self, ready: Ready, *, blocking: bool, copy: bool, start: float) -> Path:
         """Collective: start writing a save every rank is :meth:`ready` for (or write and
@@ -384,7 +384,7 @@ class SavePipeline:
             plan = Planned.of(
                 functools.partial(
                     plan_write,
-                    self.topo,
+                    self.comms,
                     pending.path,
                     request.data,
                     step=request.step,
@@ -396,7 +396,7 @@ class SavePipeline:
                     digester=self.digester,
                 )
             )
-        if not blocking and self.topo.comm.any_true(plan.failed):
+        if not blocking and self.comms.comm.any_true(plan.failed):
             blocking = True  # a rank could not plan: finish now, so every rank raises its error
         if blocking:  # the bytes are written here, checksummed between the runs of the
             # write (while the disk works), then fsynced on the writer thread while the
@@ -439,7 +439,7 @@ class SavePipeline:
         nothing is in flight any more."""
         if self._in_flight is None:
             return True
-        if self.topo.comm.any_true(not self._in_flight.done()):
+        if self.comms.comm.any_true(not self._in_flight.done()):
             return False
         flight, self._in_flight = self._in_flight, None
         self._finish(flight)
@@ -482,8 +482,8 @@ class SavePipeline:
         written = _written(flight)
         if local is None:
             shards: RankWritten | ShardWritten | Exception | None = written
-            if self.topo.shard is not None:  # each shard's leader writes its shard first
-                shards = write_shard(self.topo, written, pending.path, kind="checkpoint",
+            if self.comms.shard is not None:  # each shard's leader writes its shard first
+                shards = write_shard(self.comms, written, pending.path, kind="checkpoint",
                                      step=request.step)  # fmt: skip
             gathered = self._coll.gather(shards)
             answer = None if gathered is None else self._commit(gathered, flight)
@@ -499,7 +499,7 @@ class SavePipeline:
             copied: Manifest | Exception
             try:
                 copied = commit_set(
-                    self.topo, [w for w, _ in done], step=request.step, static=flight.static,
+                    self.comms, [w for w, _ in done], step=request.step, static=flight.static,
                     metrics=request.metrics, library_version=__version__,
                     at=max(t for _, t in done),
                 )  # fmt: skip
@@ -531,7 +531,7 @@ class SavePipeline:
         request = flight.request
         try:
             manifest = commit_set(
-                self.topo, gathered.values(), step=request.step, static=flight.static,
+                self.comms, gathered.values(), step=request.step, static=flight.static,
                 metrics=request.metrics, library_version=__version__, pending=flight.pending,
             )  # fmt: skip
         except Exception as exc:

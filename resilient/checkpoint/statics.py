@@ -23,7 +23,7 @@ from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
 from resilient.parallel.collective import Collective
-from resilient.parallel.topology import Topology
+from resilient.parallel.setcomms import SetComms
 
 __all__ = ["StaticStore"]
 
@@ -59,16 +59,16 @@ class StaticStore:
             return None
         return hash128(json.dumps([kind, len(descs), descs], sort_keys=True))
 
-    def write(self, topo: Topology, step: int, data: LocalData | None, content: str) -> None:
-        """Collective over ``topo.comm``: write every rank's static data as ``content`` (what
+    def write(self, comms: SetComms, step: int, data: LocalData | None, content: str) -> None:
+        """Collective over ``comms.comm``: write every rank's static data as ``content`` (what
         :meth:`is_stored` found missing)."""
-        coll = Collective(topo.comm)
+        coll = Collective(comms.comm)
         pending = coll.broadcast(
             "creating a temporary directory for static data",
             lambda: PendingDir.for_static(self.root, content).create(),
         )
         save_set(
-            topo, pending, step=step, data=data or LocalData({}, {}), kind="static",
+            comms, pending, step=step, data=data or LocalData({}, {}), kind="static",
             library_version=__version__,
         )  # fmt: skip
         self._known_good.add(content)

@@ -49,7 +49,7 @@ from resilient.model.manifest import Manifest
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm
 from resilient.parallel.nodes import expand_node_path, node_label
-from resilient.parallel.topology import Topology
+from resilient.parallel.setcomms import SetComms
 
 __all__ = [
     "LocalCheckpoint",
@@ -92,13 +92,13 @@ class LocalCheckpoint:
 
 
 class LocalTier:
-    """The local tier of one manager. Construction is collective over ``topo.comm``.
+    """The local tier of one manager. Construction is collective over ``comms.comm``.
 
     Args:
         local_dir: node-local storage (``$SLURM_TMPDIR``, NVMe, ``/dev/shm``), expanded on
             each node (``/scratch/$SLURMD_NODENAME``).
         shared_root: the shared checkpoint root this tier caches.
-        topo: who writes which file.
+        comms: who writes which file.
         keep: local checkpoints kept per node (the newest ones).
         redundancy: ``"partner"``: keep a copy of each node's files on the next node.
 
@@ -111,20 +111,20 @@ class LocalTier:
         self,
         local_dir: str | os.PathLike[str],
         shared_root: Path,
-        topo: Topology,
+        comms: SetComms,
         *,
         keep: int,
         redundancy: str | None = None,
     ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"local_keep must be a positive integer, got {keep!r}")
-        self.topo = topo
+        self.comms = comms
         self.keep = keep
-        self._coll = Collective(topo.comm)
-        self.node: Comm = self._coll.check("grouping ranks by node", topo.comm.split_node)
+        self._coll = Collective(comms.comm)
+        self.node: Comm = self._coll.check("grouping ranks by node", comms.comm.split_node)
         own_dir = expand_node_path(local_dir)
-        leader, label, node_dir = self.node.bcast((topo.comm.rank, node_label(), own_dir))
-        self.views: list[NodeView] = topo.comm.allgather(
+        leader, label, node_dir = self.node.bcast((comms.comm.rank, node_label(), own_dir))
+        self.views: list[NodeView] = comms.comm.allgather(
             NodeView(leader, label, socket.gethostname(), own_dir, node_dir)
         )
         self._coll.check("checking the local tier's layout", self._check_nodes)
@@ -144,12 +144,12 @@ class LocalTier:
         return self.node.rank == 0
 
     def _check_nodes(self) -> None:
-        for group in self.topo.groups:
+        for group in self.comms.groups:
             nodes = {self.views[r].leader: self.views[r].label for r in group}
             if len(nodes) > 1:
                 raise ConfigError(
                     f"local_dir needs every checkpoint file on one node, but checkpoint_comm="
-                    f"{self.topo.kind!r} puts ranks of nodes {sorted(nodes.values())[:3]} in "
+                    f"{self.comms.kind!r} puts ranks of nodes {sorted(nodes.values())[:3]} in "
                     "one file: use 'self' or 'node'"
                 )
         for rank, view in enumerate(self.views):
@@ -206,7 +206,7 @@ class LocalTier:
         The returned function does no communication (it may run on a background thread); it
         raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
         """
-        manifest, rank = checkpoint.manifest, self.topo.comm.rank
+        manifest, rank = checkpoint.manifest, self.comms.comm.rank
         entry = manifest.ranks[rank]
         file = next(f for f in manifest.files if f.name == entry.file)
         ranges: list[tuple[int, int, str, str]] = [
@@ -214,7 +214,7 @@ class LocalTier:
             for d in entry.datasets
             if d.offset is not None and d.nbytes
         ]
-        leader = self.topo.group.rank == 0
+        leader = self.comms.group.rank == 0
         if leader:
             ranges += [
                 (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
@@ -271,7 +271,7 @@ class LocalTier:
     def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
         """Steps whose local copy holds this rank's file intact (local: a few stats), and
         why the newest committed one is unusable when its ranks sit otherwise on the nodes."""
-        rank, other = self.topo.comm.rank, ""
+        rank, other = self.comms.comm.rank, ""
         found: list[int] = []
         for s in sorted(self.target.steps(), reverse=True):
             if step is not None and s != step:

@@ -73,19 +73,19 @@ class FileSkeleton:
 
     The skeleton depends only on the structure (every rank's names, shapes and dtypes): equal
     structures give byte-identical skeletons, and a later save of the same structure writes
-    :attr:`image` again without planning (seed 002's metadata cache).
+    :attr:`meta_bytes` again without planning (seed 002's metadata cache).
 
     Attributes:
         offsets: per rank, each dataset's byte offset (``None`` for empty ones).
         meta_segments: HDF5's own byte ranges (everything but the datasets) with checksums.
         size: the file's size.
-        image: the bytes of ``meta_segments``, as ``(offset, bytes)``.
+        meta_bytes: the bytes of ``meta_segments``, as ``(offset, bytes)``.
     """
 
     offsets: Mapping[int, tuple[int | None, ...]]
     meta_segments: tuple[Segment, ...]
     size: int
-    image: tuple[tuple[int, bytes], ...] = ()
+    meta_bytes: tuple[tuple[int, bytes], ...] = ()
 
 
 def build_skeleton(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> FileSkeleton:
@@ -103,9 +103,9 @@ def build_skeleton(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]
             :func:`resilient.model.h5format.plan_file`).
     """
     planned = h5format.plan_file(layout_kind, ranks)
-    meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in planned.pieces)
+    meta = tuple(Segment(o, len(b), digest_bytes(b)) for o, b in planned.meta_bytes)
     return FileSkeleton(
-        offsets=planned.offsets, meta_segments=meta, size=planned.size, image=planned.pieces
+        offsets=planned.offsets, meta_segments=meta, size=planned.size, meta_bytes=planned.meta_bytes
     )
 
 
@@ -406,7 +406,7 @@ def _write_metadata(fd: int, skeleton: FileSkeleton) -> None:
     """The leader's part after the data: the file's size, then HDF5's own bytes."""
     os.ftruncate(fd, skeleton.size)
     _pwrite_runs(
-        fd, [offset for offset, _ in skeleton.image], [memoryview(b) for _, b in skeleton.image]
+        fd, [offset for offset, _ in skeleton.meta_bytes], [memoryview(b) for _, b in skeleton.meta_bytes]
     )
 
 

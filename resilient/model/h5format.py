@@ -136,7 +136,7 @@ class FileMap:
     :class:`~resilient.model.layout.Layout`, which groups ranks into files).
 
     Attributes:
-        pieces: the bytes that are not datasets' data, as ``(offset, bytes)`` sorted by offset:
+        meta_bytes: the bytes that are not datasets' data, as ``(offset, bytes)`` sorted by offset:
             the superblock (and zeros up to the first dataset), the zeros between datasets, if
             any, and the rest of the metadata (from the end of the data to the end of the
             file). Pieces and non-empty datasets tile the file.
@@ -145,7 +145,7 @@ class FileMap:
         size: the file's size.
     """
 
-    pieces: tuple[tuple[int, bytes], ...]
+    meta_bytes: tuple[tuple[int, bytes], ...]
     offsets: dict[int, tuple[int | None, ...]]
     size: int
 
@@ -158,8 +158,8 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
 
     The steps: the groups, datasets and links of the tree; the data's offsets
     (:func:`_place_data`); every metadata structure's address (:class:`_Addresses`); the
-    metadata's bytes, structure by structure (:func:`_write_metadata`); the pieces that, with
-    the data, tile the file (:func:`_pieces`).
+    metadata's bytes, structure by structure (:func:`_write_metadata`); the metadata bytes that,
+    with the data, tile the file (:func:`_meta_bytes`).
 
     Args:
         layout_kind: stored as the root's ``resilient_layout`` attribute.
@@ -178,9 +178,9 @@ def plan_file(layout_kind: str, ranks: Sequence[tuple[int, Sequence[Spec]]]) -> 
     special = [_group_header(tree, g, layout_kind) for g in range(tree.n_special)]
     at = _Addresses.of(tree, datasets, links, special, data_end)
     buf = _write_metadata(tree, datasets, links, special, offsets, at)
-    pieces = _pieces(at, buf, first_data, data_end, gaps)
+    meta_bytes = _meta_bytes(at, buf, first_data, data_end, gaps)
     by_rank = _by_rank(offsets, datasets.nbytes, tree.bounds, tree.ranks)
-    return FileMap(tuple(pieces), by_rank, at.size)
+    return FileMap(tuple(meta_bytes), by_rank, at.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +290,7 @@ def _write_metadata(
 ) -> npt.NDArray[np.uint8]:
     """The metadata's bytes, in a new buffer: 8 bytes, then the metadata from ``at.base`` (the
     8 bytes' last ``at.base - data_end`` are the zeros from the end of the data to ``base``:
-    :func:`_pieces` takes the tail piece as one copy).
+    :func:`_meta_bytes` takes the tail piece as one copy).
 
     A new buffer per call, dropped on return: a buffer kept per thread for the next call would
     save faulting its pages in (~0.2 ms for the 0.7 MB of 4,000 datasets, once per structure:
@@ -409,7 +409,7 @@ def _write_symbol_nodes(
     words[ew[is_group] + 4] = at.heap_addr[group]
 
 
-def _pieces(
+def _meta_bytes(
     at: _Addresses,
     buf: npt.NDArray[np.uint8],
     first_data: int,

@@ -4,7 +4,7 @@ Owns:
     :mod:`.comm` (:class:`~.comm.Comm`: serial, MPI or torch.distributed, chosen at run time),
     :mod:`.mpi` (the sole mpi4py user), :mod:`.torchdist` (the sole torch.distributed user),
     :mod:`.collective` (:class:`~.collective.Collective`: every step succeeds on all ranks or
-    raises the same error on all), :mod:`.topology` (which ranks write which file: the layout),
+    raises the same error on all), :mod:`.setcomms` (which ranks write which file: the layout),
     :mod:`.nodes` (what a node is called, from the launcher's environment, and its node-local
     paths).
 

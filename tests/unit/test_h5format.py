@@ -130,7 +130,7 @@ def check_tiling(
     skeleton: fileio.FileSkeleton, data: dict[int, dict[str, npt.NDArray[Any]]]
 ) -> None:
     """Metadata pieces and non-empty datasets cover the file exactly once; alignment."""
-    pieces = [(o, len(b)) for o, b in skeleton.image]
+    pieces = [(o, len(b)) for o, b in skeleton.meta_bytes]
     assert [(s.offset, s.length) for s in skeleton.meta_segments] == pieces
     for r, arrays in data.items():
         for offset, arr in zip(skeleton.offsets[r], arrays.values(), strict=True):
@@ -296,7 +296,7 @@ def test_small_datasets_are_one_run_of_data(tmp_path: Path) -> None:
     the rest of the metadata as one piece, to the end of the file."""
     data = {0: {f"model/w{i}": sample("<f8", (512,), i) for i in range(4000)}}
     skeleton = write(tmp_path / "file.h5", data)
-    (head_at, head), (meta_at, meta) = skeleton.image
+    (head_at, head), (meta_at, meta) = skeleton.meta_bytes
     offsets = sorted(o for o in skeleton.offsets[0] if o is not None)
     assert head_at == 0 and head[:8] == b"\x89HDF\r\n\x1a\n" and offsets[0] == len(head) == 128
     assert np.all(np.diff(offsets) == 4096)
@@ -322,8 +322,8 @@ def test_place_data_gives_the_offsets_of_plan_file() -> None:
 def test_odd_sizes_leave_zero_pieces_between_datasets(tmp_path: Path) -> None:
     data = {0: {f"v{i}": sample("<i4", (i + 1,), i) for i in range(40)}}
     skeleton = write(tmp_path / "file.h5", data)
-    assert all(set(b) <= {0} for _, b in skeleton.image[1:-1])  # between superblock, metadata
-    assert len(skeleton.image) > 2
+    assert all(set(b) <= {0} for _, b in skeleton.meta_bytes[1:-1])  # between superblock, metadata
+    assert len(skeleton.meta_bytes) > 2
     check_tiling(skeleton, data)
     check_h5py(tmp_path / "file.h5", data, "self")
 
@@ -522,7 +522,7 @@ def test_equal_structures_give_equal_bytes(tmp_path: Path) -> None:
         "from tests.unit.test_h5format import structure;"
         "from resilient.model.h5format import plan_file;"
         "l = plan_file('node', structure());"
-        "print(hashlib.sha256(repr((l.pieces, l.offsets, l.size)).encode()).hexdigest())"
+        "print(hashlib.sha256(repr((l.meta_bytes, l.offsets, l.size)).encode()).hexdigest())"
     )
     root = str(Path(__file__).resolve().parents[2])
     digests = {
@@ -533,7 +533,7 @@ def test_equal_structures_give_equal_bytes(tmp_path: Path) -> None:
         ).stdout.strip()
         for seed in (1, 2)
     }  # fmt: skip
-    assert digests == {hashlib.sha256(repr((a.pieces, a.offsets, a.size)).encode()).hexdigest()}
+    assert digests == {hashlib.sha256(repr((a.meta_bytes, a.offsets, a.size)).encode()).hexdigest()}
 
 
 def test_very_long_names_take_the_slow_path_to_the_same_bytes(

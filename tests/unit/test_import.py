@@ -92,7 +92,7 @@ def test_import_resilient_loads_neither_mpi4py_nor_h5py_nor_torch() -> None:
         before = set(sys.modules)
         import resilient
         import resilient.checkpoint.manager, resilient.io.validate, resilient.model.policies, resilient.job.session
-        import resilient.parallel.comm, resilient.parallel.topology
+        import resilient.parallel.comm, resilient.parallel.setcomms
         new = set(sys.modules) - before
         heavy = ("mpi4py", "h5py", "snakemake", "parsl", "torch")
         print(json.dumps({

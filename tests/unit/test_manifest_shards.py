@@ -19,7 +19,7 @@ from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest
 from resilient.model.manifest import Manifest, ManifestError, ShardedRanks, ShardEntry
 from resilient.model.shards import parse_shard, shard_json
-from resilient.parallel.topology import shard_groups
+from resilient.parallel.setcomms import shard_groups
 from tests.unit.test_manifest import sample_manifest
 
 # sample_manifest: node_00000.h5 holds ranks 0 and 1, node_00001.h5 rank 2

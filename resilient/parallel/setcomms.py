@@ -1,4 +1,8 @@
-"""Who writes which file: the groups of ranks of a checkpoint set (``checkpoint_comm``)."""
+"""The communicators of a checkpoint set (``checkpoint_comm``): who writes which file.
+
+The grouping itself is the set's *layout* (:class:`resilient.model.layout.Layout`, what a
+manifest records); :class:`SetComms` is that layout with the communicators that carry it out.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,13 @@ from resilient.model.layout import Layout
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm, SerialComm, as_comm
 
-__all__ = ["Topology", "make_topology", "shard_groups"]
+__all__ = ["SetComms", "make_set_comms", "shard_groups"]
 
 
 @dataclass(frozen=True, slots=True)
-class Topology:
-    """Who writes which file. Built once per manager (collectively).
+class SetComms:
+    """The communicators of a set's layout: who writes which file. Built once per manager
+    (collectively).
 
     Attributes:
         comm: all ranks of the checkpoint set; its rank 0 coordinates.
@@ -82,7 +87,7 @@ def shard_groups(groups: Sequence[Sequence[int]], shard_ranks: int) -> list[int]
     return out
 
 
-def make_topology(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None) -> Topology:
+def make_set_comms(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None) -> SetComms:
     """Collective over ``comm``: call on all ranks. Resolve ``checkpoint_comm`` into groups.
 
     With ``shard_ranks``, a set of more ranks than that writes a sharded manifest: each shard
@@ -107,11 +112,11 @@ def make_topology(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None =
 
     coll.check("checkpoint_comm setup", check_partition)
     index = groups.index(members)
-    topo = Topology(comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=index)
+    comms = SetComms(comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=index)
     shards = shard_groups(groups, shard_ranks) if shard_ranks and comm.size > shard_ranks else []
     if len(set(shards)) < 2:
-        return topo
+        return comms
     mine = shards[index]
     shard = coll.check("manifest shard setup", lambda: comm.split(mine))
     together = sorted(r for g, s in zip(groups, shards, strict=True) if s == mine for r in g)
-    return dataclasses.replace(topo, shard=shard, shard_index=mine, shard_members=tuple(together))
+    return dataclasses.replace(comms, shard=shard, shard_index=mine, shard_members=tuple(together))
