@@ -11,6 +11,8 @@ Owns:
     :mod:`.digests` (checksums of file ranges as they are read, and of arrays on a helper
     thread),
     :mod:`.runkey` (a run's identity, recorded in its root),
+    :mod:`.skeleton` (a data file's HDF5 bytes, built once on its group's leader and kept),
+    :mod:`.idle` (CPU work done between the runs of a write),
     :mod:`.wire` (files sent and received over a channel: partner copies and their rebuild),
     :mod:`.targets` (where checkpoints live: the storage target protocol and its implementations).
 
