@@ -5,7 +5,8 @@ Call order of :meth:`Restorer.restore` (every step through
 
     coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
                   checkpoints that fail quick validation; layout checked: another rank count
-                  or layout needs a checkpoint that can be restored elastically)
+                  or layout needs a checkpoint that can be restored elastically, every entry
+                  of a sharded manifest loaded for it: validate.load_entries)
     scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
                   own entry, its group's for a file group's leader, their files, the header;
                   the layout's groups only when they differ from this run's): what a rank
@@ -13,8 +14,10 @@ Call order of :meth:`Restorer.restore` (every step through
     every rank    elastic or not: another layout, or a rank whose new blocks differ from its
                   saved ones (one small allreduce)
     broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
-    every rank    read its piece and its static data (or, elastically, its new blocks and the
-                  replicated values: resilient.checkpoint.elastic), verify checksums, run the validate hook
+    every rank    load its own entries (of a sharded manifest: its own shard only, through
+                  validate.load_entries; a lookup never reads a file), read its piece and its
+                  static data (or, elastically, its new blocks and the replicated values:
+                  resilient.checkpoint.elastic), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
 """
 
