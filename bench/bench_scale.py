@@ -76,7 +76,7 @@ from resilient.checkpoint.restorer import _Candidate, _parts, _received
 from resilient.io import validate
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
-from resilient.io.validate import load_manifest
+from resilient.io.validate import load_entries, load_manifest
 from resilient.model import filenames
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
@@ -385,12 +385,13 @@ def coordinator_restore(
 
 def rank_restore(received: bytes, rank: int, current: Layout) -> tuple[float, int]:
     """One rank's part of a restore before it reads its data: unpickle its part of the
-    candidate, put its layout back, look at its own entry (of a sharded manifest: read, check
-    and parse its shard). Returns the time and the bytes of the shard it read (0: none)."""
+    candidate, put its layout back, load its own entry (of a sharded manifest: read, check
+    and parse its shard: :func:`load_entries`) and look at it. Returns the time and the bytes
+    of the shard it read (0: none)."""
     t0 = time.perf_counter()
     ok, candidate = pickle.loads(received)
     assert ok
-    manifest = _received(candidate.manifest, current)
+    manifest = load_entries(candidate.path, _received(candidate.manifest, current), [rank])
     needs_elastic(manifest.ranks[rank], {})
     sharded = manifest.sharded
     read = 0 if sharded is None else sharded.shard_of(rank).size

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError
 from resilient.io import fileio
-from resilient.io.validate import latest_valid, load_manifest, validate_checkpoint
+from resilient.io.validate import latest_valid, load_entries, load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.checksum import digest_array
 from resilient.model.filenames import rank_group_name
-from resilient.model.manifest import Manifest
+from resilient.model.manifest import Manifest, ManifestError
 from resilient.model.tiling import block_of
 from resilient.model.tree import elastic_kinds, leaf_paths
 
@@ -168,6 +168,10 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
     datasets: list[GlobalDataset] = []
     skipped: list[str] = []
     for directory, m in sets:
+        try:
+            m = load_entries(directory, m)  # every rank's entry
+        except ManifestError as exc:
+            raise InvalidCheckpointError(str(directory), f"bad manifest: {exc}") from None
         datasets += _datasets(directory.resolve(), m, copy=copy, stats=stats, skipped=skipped)
     write_global_file(
         out, datasets, attrs={"step": manifest.step, "checkpoint": str(path.resolve())}

@@ -65,3 +65,14 @@ def test_a_sharded_manifest_restores_on_other_rank_counts(tmp_path: Path, kind: 
     args = [SCRIPT, "corrupt", str(root), kind, "700"]
     assert all(r["ok"] for r in results(run_mpi(4, args, SCENARIO_SHARD_RANKS="1")))
     assert [p.name for p in root.iterdir() if ".quarantined-" in p.name]
+
+
+def test_a_sharded_checkpoint_exports_every_shard_and_refuses_a_changed_one(
+    tmp_path: Path,
+) -> None:
+    """Export loads every shard's entries through io (a shard per rank here), and a shard
+    whose bytes changed refuses the export, naming it."""
+    got = results(run_mpi(2, ["tests/mpi/sharded_export.py", str(tmp_path / "ck")]))
+    assert got[0]["shards"] == ["manifest-00000.json", "manifest-00001.json"]
+    assert got[0]["same"] and sorted(got[0]["datasets"]) == ["k", "u"]
+    assert "manifest shard manifest-00001.json does not match its checksum" in got[0]["refused"]

@@ -631,7 +631,7 @@ def build_index(
     and every shard's, no rank's (they are in the shards)."""
     files = tuple(f for s in shards for f in s.files)
     by_name = {f.name: f for f in files}
-    ranks = ShardedRanks(comms.comm.size, [s.shard for s in shards], by_name, None)
+    ranks = ShardedRanks(comms.comm.size, [s.shard for s in shards], by_name)
     return Manifest(
         step=step, time=time.time(), layout=comms.layout, files=files, ranks=ranks,
         kind=kind, static=static, metrics=dict(metrics), library_version=library_version,

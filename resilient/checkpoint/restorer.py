@@ -5,7 +5,8 @@ Call order of :meth:`Restorer.restore` (every step through
 
     coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
                   checkpoints that fail quick validation; layout checked: another rank count
-                  or layout needs a checkpoint that can be restored elastically)
+                  or layout needs a checkpoint that can be restored elastically, every entry
+                  of a sharded manifest loaded for it: validate.load_entries)
     scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
                   own entry, its group's for a file group's leader, their files, the header;
                   the layout's groups only when they differ from this run's): what a rank
@@ -13,17 +14,20 @@ Call order of :meth:`Restorer.restore` (every step through
     every rank    elastic or not: another layout, or a rank whose new blocks differ from its
                   saved ones (one small allreduce)
     broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
-    every rank    read its piece and its static data (or, elastically, its new blocks and the
-                  replicated values: resilient.checkpoint.elastic), verify checksums, run the validate hook
+    every rank    load its own entries (of a sharded manifest: its own shard only, through
+                  validate.load_entries; a lookup never reads a file), read its piece and its
+                  static data (or, elastically, its new blocks and the replicated values:
+                  resilient.checkpoint.elastic), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +43,7 @@ from resilient.errors import (
 )
 from resilient.io import storage
 from resilient.io.devicecopy import DeviceStaging
-from resilient.io.validate import iter_checkpoints, load_manifest
+from resilient.io.validate import iter_checkpoints, load_entries, load_manifest
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
@@ -116,20 +120,25 @@ def _received(manifest: Manifest, current: Layout) -> Manifest:
     return manifest
 
 
+def _holds(manifest: Manifest, rank: int) -> bool:
+    """Whether ``manifest`` holds ``rank``'s entry (a sharded one: loaded, see
+    :meth:`Restorer._load`)."""
+    sharded = manifest.sharded
+    return sharded is None or sharded.loaded(rank)
+
+
 def _needs_elastic(chosen: _Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
     """Whether ``rank``, with ``blocks`` as its new blocks, must read ``chosen`` elastically
-    (``chosen`` holds that rank's entries, or reads them: a shard of a sharded manifest).
+    (``chosen`` holds that rank's entries, loaded by :meth:`Restorer._load`).
 
-    A shard that cannot be read says no here: the rank's read then fails on it, and the
-    checkpoint is quarantined as for any other corruption."""
-    if not blocks:
+    An entry whose shard could not be loaded says no here: the rank's read then fails on it,
+    and the checkpoint is quarantined as for any other corruption."""
+    static = chosen.static
+    if not blocks or not _holds(chosen.manifest, rank):
         return False
-    try:
-        if needs_elastic(chosen.manifest.ranks[rank], blocks):
-            return True
-        return chosen.static is not None and needs_elastic(chosen.static.ranks[rank], blocks)
-    except (InvalidCheckpointError, ManifestError):
-        return False
+    if needs_elastic(chosen.manifest.ranks[rank], blocks):
+        return True
+    return static is not None and _holds(static, rank) and needs_elastic(static.ranks[rank], blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +215,7 @@ class Restorer:
             if gathered is not None:
                 try:
                     asked = gathered.values()
-                    whole = next(candidates)
-                    elastic = whole.elastic or any(
-                        _needs_elastic(whole, r, b) for r, b in enumerate(asked)
-                    )
+                    whole, elastic = self._asks_elastic(next(candidates), asked)
                     parts = [(part, elastic) for part in _parts(whole, self.layout)]
                 except Exception as exc:
                     parts = exc
@@ -217,7 +223,7 @@ class Restorer:
                 "checking the restore's arguments and choosing a checkpoint", parts
             )
             plan, chosen = self._plan(self._receive(part), elastic, whole)
-            state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
+            chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
             reads = self.coll.gather(why)
             verdict: bool | Exception | None = None
             if reads is not None:
@@ -260,9 +266,12 @@ class Restorer:
         if static is not None:
             static = _received(static, self.layout)
         chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
+        # a shard that cannot be loaded: this rank's read below fails on it, saying why
+        with contextlib.suppress(InvalidCheckpointError, ManifestError):
+            chosen = self._load(chosen, (self.coll.rank,))
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
-        state, why = self._try_read(chosen, validate, into or {}, None, {})
+        chosen, state, why = self._try_read(chosen, validate, into or {}, None, {})
         gathered = self.coll.gather(why)
         found: list[str] | Exception | None = None
         if gathered is not None:
@@ -273,8 +282,44 @@ class Restorer:
         reasons: list[str] = self.coll.announce(f"restore of {path}", found)
         if reasons:
             return None, reasons
-        self.last_restored = (path, manifest)
+        self.last_restored = (path, chosen.manifest)
         return state, []
+
+    def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
+        """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
+        manifest and its static data's (:func:`~resilient.io.validate.load_entries`: the shards
+        of a sharded manifest holding them; their file groups' entries). Not collective.
+
+        Raises:
+            InvalidCheckpointError, ManifestError: a shard that is missing, changed or malformed.
+        """
+        manifest = load_entries(chosen.path, chosen.manifest, ranks, memo=self.memo)
+        static = chosen.static
+        if static is not None:
+            n = len(static.ranks)
+            static = load_entries(
+                self._static_dir(chosen.manifest), static,
+                None if ranks is None else [r for r in ranks if r < n], memo=self.memo,
+            )  # fmt: skip
+        return dataclasses.replace(chosen, manifest=manifest, static=static)
+
+    def _asks_elastic(self, whole: _Candidate, asked: Iterable[Any]) -> tuple[_Candidate, bool]:
+        """Coordinator: whether some rank's new blocks (``asked``, every rank's) differ from its
+        saved ones, or the layout does; and ``whole`` with the entries this looked at loaded
+        (all of them for an elastic restore, which sends the whole manifest to every rank).
+
+        A shard that cannot be loaded says no here: the reads of its ranks then fail on it."""
+        asked = list(asked)
+        wanted = [r for r, blocks in enumerate(asked) if blocks]
+        if whole.elastic or not wanted:
+            return whole, whole.elastic
+        try:
+            whole = self._load(whole, wanted)
+        except (InvalidCheckpointError, ManifestError):
+            return whole, False
+        if not any(_needs_elastic(whole, r, b) for r, b in enumerate(asked)):
+            return whole, False
+        return self._load(whole, None), True
 
     def _receive(self, part: _Candidate) -> _Candidate:
         """This rank's part of a candidate, its layout put back."""
@@ -339,26 +384,31 @@ class Restorer:
             saved = record.manifest.layout
             static = self._static_manifest(record.manifest)
             elastic = saved.nranks != current.nranks or saved.kind != current.kind
+            candidate = _Candidate(record.path, record.manifest, static, elastic)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:
-                    ElasticPlan.of(record.manifest, current=current.describe())
-                    if static is not None:
-                        ElasticPlan.of(static, current=current.describe())
-                except (InvalidCheckpointError, ManifestError) as exc:  # a shard, when read
+                    candidate = self._load(candidate, None)  # (every entry: the whole is sent)
+                    ElasticPlan.of(candidate.manifest, current=current.describe())
+                    if candidate.static is not None:
+                        ElasticPlan.of(candidate.static, current=current.describe())
+                except (InvalidCheckpointError, ManifestError) as exc:  # a shard
                     why = exc.reason if isinstance(exc, InvalidCheckpointError) else str(exc)
                     storage.quarantine(record.path, record.step, why)
                     self.catalog.quarantined(record.step)
                     self.passed_over.append(record.step)
                     continue
-            yield _Candidate(record.path, record.manifest, static, elastic)
+            yield candidate
         where = f"of step {step} " if step is not None else ""
         raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
 
     def _static_manifest(self, manifest: Manifest) -> Manifest | None:
         if manifest.static is None:
             return None
-        path = self.root / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
-        return load_manifest(path, kind="static")
+        return load_manifest(self._static_dir(manifest), kind="static")
+
+    def _static_dir(self, manifest: Manifest) -> Path:
+        """The directory of ``manifest``'s static data (in :attr:`root`)."""
+        return self.root / filenames.STATIC_DIR / filenames.static_dir_name(str(manifest.static))
 
     def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
         """This rank: check that its template fits, before reading (not the checkpoint's fault:
@@ -376,25 +426,28 @@ class Restorer:
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> tuple[dict[str, Any], str | ConfigError | None]:
-        """Every rank: read this rank's piece; the state read (empty if it was not) and what is
-        wrong with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
+    ) -> tuple[_Candidate, dict[str, Any], str | ConfigError | None]:
+        """Every rank: load this rank's entries (a plain read: :meth:`_load`) and read its
+        piece; the candidate as loaded, the state read (empty if it was not) and what is wrong
+        with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
         ``into`` do not fit: not the checkpoint's fault, nothing is quarantined), for the
         read's round."""
         try:
-            if into and plan is None:
-                self._check_template(chosen, into)
-            return self._read(chosen, validate, into, plan, blocks), None
+            if plan is None:
+                chosen = self._load(chosen, (self.coll.rank,))
+                if into:
+                    self._check_template(chosen, into)
+            return chosen, self._read(chosen, validate, into, plan, blocks), None
         except ConfigError as exc:
-            return {}, exc
+            return chosen, {}, exc
         except InvalidCheckpointError as exc:
-            return {}, exc.reason
+            return chosen, {}, exc.reason
         except ManifestError as exc:  # its shard of a sharded manifest
-            return {}, f"bad manifest: {exc}"
+            return chosen, {}, f"bad manifest: {exc}"
         except _Rejected as exc:
-            return {}, str(exc)
+            return chosen, {}, str(exc)
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint
-            return {}, describe_error(exc)
+            return chosen, {}, describe_error(exc)
 
     def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
         """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""
@@ -413,7 +466,6 @@ class Restorer:
     ) -> dict[str, Any]:
         """Every rank: read and check this rank's piece; raise on anything wrong with it."""
         rank = self.coll.rank
-        static_dir = self.root / filenames.STATIC_DIR / str(chosen.manifest.static)
         if plan is not None:
             stats = ReadStats()
             self.last_read = stats
@@ -422,7 +474,7 @@ class Restorer:
             )
             state = elastic(chosen.path, plan.state)
             if plan.static is not None:
-                state.update(elastic(static_dir, plan.static))
+                state.update(elastic(self._static_dir(chosen.manifest), plan.static))
         else:
             read = functools.partial(
                 read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
@@ -430,7 +482,7 @@ class Restorer:
             )  # fmt: skip
             state = read(chosen.path, chosen.manifest)
             if chosen.static is not None:
-                state.update(read(static_dir, chosen.static))
+                state.update(read(self._static_dir(chosen.manifest), chosen.static))
         if validate is None:
             return state
         try:

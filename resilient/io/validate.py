@@ -7,10 +7,11 @@ matching the marker) and that every data file is a regular file of the recorded 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,17 +21,18 @@ from resilient.io.storage import read_jsonl
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes, digest_text
 from resilient.model.codec import parse_manifest
-from resilient.model.manifest import FileEntry, Manifest, ManifestError, ShardEntry
+from resilient.model.manifest import FileEntry, Manifest, ManifestError, RankEntry, ShardEntry
+from resilient.model.shards import open_shard
 from resilient.model.tiling import combine_checksums, file_segments, segment_label
 from resilient.model.tree import Memo
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
-    "ShardFiles",
     "iter_checkpoints",
     "latest_valid",
     "list_checkpoints",
+    "load_entries",
     "load_manifest",
     "protected_steps",
     "resumable_step",
@@ -118,7 +120,7 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
             where, "manifest.json does not match its checksum in COMMITTED"
         )
     try:
-        manifest = parse_manifest(text, memo=memo, read_shard=ShardFiles(path))
+        manifest = parse_manifest(text, memo=memo)
     except ManifestError as exc:
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
     if manifest.kind != kind:
@@ -130,34 +132,74 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
     return manifest
 
 
-@dataclass(frozen=True, slots=True)
-class ShardFiles:
-    """Reads the shards of a sharded manifest (schema 3) in ``directory`` for
-    :func:`~resilient.model.codec.parse_manifest`: the bytes of one, checked against its index
-    entry (size and checksum).
+def _read_shard(directory: Path, shard: ShardEntry) -> bytes:
+    """The bytes of one shard of a sharded manifest (schema 3) in ``directory``, checked
+    against its index entry (size and checksum).
 
     Raises:
         InvalidCheckpointError: the shard is missing, or not the one the index describes.
     """
+    where = str(directory)
+    try:
+        text = _read_small(directory / shard.name, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+    if len(text) != shard.size:
+        raise InvalidCheckpointError(
+            where,
+            f"manifest shard {shard.name} has {len(text)} bytes, its index says {shard.size}",
+        )
+    if digest_bytes(text) != shard.checksum:
+        raise InvalidCheckpointError(
+            where, f"manifest shard {shard.name} does not match its checksum in the index"
+        )
+    return text
 
-    directory: Path
 
-    def __call__(self, shard: ShardEntry) -> bytes:
-        where = str(self.directory)
+def load_entries(
+    directory: Path,
+    manifest: Manifest,
+    ranks: Iterable[int] | None = None,
+    *,
+    memo: Memo | None = None,
+) -> Manifest:
+    """``manifest`` (of the checkpoint in ``directory``) with the entries of ``ranks`` loaded:
+    of a sharded manifest (schema 3), the shards holding those ranks not loaded yet are read
+    (each once), checked against the index and parsed, the entries of the ranks' file groups
+    kept; any other manifest holds its entries already and is returned as it is. ``ranks``:
+    ``None``, every rank of the files the manifest (or part) lists. Not collective: a
+    restoring rank asks for its own rank only, an elastic restore or an export for all.
+
+    Raises:
+        InvalidCheckpointError: a shard is missing or not the one the index describes.
+        ManifestError: a shard is malformed, of another checkpoint, or its entries are.
+    """
+    sharded = manifest.sharded
+    if sharded is None:
+        return manifest
+    wanted = [r for f in manifest.files for r in f.ranks] if ranks is None else list(ranks)
+    files: dict[str, dict[str, FileEntry]] = {}  # shard -> the files to parse in it
+    by_name: dict[str, ShardEntry] = {}
+    for r in wanted:
+        if sharded.loaded(r):
+            continue
+        shard = sharded.shard_of(r)
+        file = sharded.file_of(r)
+        by_name[shard.name] = shard
+        files.setdefault(shard.name, {})[file.name] = file
+    if not files:
+        return manifest
+    memo = Memo() if memo is None else memo
+    entries: dict[int, RankEntry] = {}
+    for name, of_shard in files.items():
+        shard = by_name[name]
+        text = _read_shard(directory, shard)
         try:
-            text = _read_small(self.directory / shard.name, MAX_MANIFEST_BYTES)
-        except FileNotFoundError:
-            raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
-        if len(text) != shard.size:
-            raise InvalidCheckpointError(
-                where,
-                f"manifest shard {shard.name} has {len(text)} bytes, its index says {shard.size}",
-            )
-        if digest_bytes(text) != shard.checksum:
-            raise InvalidCheckpointError(
-                where, f"manifest shard {shard.name} does not match its checksum in the index"
-            )
-        return text
+            doc = open_shard(text, kind=manifest.kind, step=manifest.step)
+            entries.update(doc.parse(of_shard, memo))
+        except ManifestError as exc:
+            raise ManifestError(f"{shard.name}: {exc}") from None
+    return dataclasses.replace(manifest, ranks=sharded.with_entries(entries))
 
 
 def _check_shards(path: Path, manifest: Manifest) -> None:
@@ -182,13 +224,25 @@ def _check_shards(path: Path, manifest: Manifest) -> None:
         raise InvalidCheckpointError(where, f"manifest shard {extra[0]} is not in the index")
 
 
-def _check_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
+def _check_files(
+    path: Path, manifest: Manifest, *, full: bool, node_local: bool, memo: Memo | None
+) -> Manifest:
+    """Check the shards and data files; the manifest, with every entry a full validation
+    needed loaded (those of the files present, for a node-local copy)."""
     where = str(path)
     _check_shards(path, manifest)
     try:
+        if full:
+            present = None  # every file: a missing one fails below
+            if node_local:
+                present = [
+                    r for f in manifest.files if os.path.lexists(path / f.name) for r in f.ranks
+                ]
+            manifest = load_entries(path, manifest, present, memo=memo)
         _check_data_files(path, manifest, full=full, node_local=node_local)
     except ManifestError as exc:  # a shard read by a full validation
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+    return manifest
 
 
 def _check_data_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
@@ -279,7 +333,7 @@ def validate_checkpoint(
         InvalidCheckpointError: with the reason.
     """
     manifest = load_manifest(path, kind=kind, memo=memo)
-    _check_files(path, manifest, full=full, node_local=node_local)
+    manifest = _check_files(path, manifest, full=full, node_local=node_local, memo=memo)
     if manifest.static is not None:
         parent = path.parent if static_root is None else static_root
         static_path = parent / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)

@@ -10,10 +10,9 @@ offsets and sizes that fit inside their file, and raises
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from resilient.model import filenames
@@ -38,10 +37,9 @@ from resilient.model.manifest import (
     ManifestError,
     RankEntry,
     Segment,
-    ShardEntry,
 )
 from resilient.model.schema import Section
-from resilient.model.shards import index_shards, load_shard
+from resilient.model.shards import index_shards
 from resilient.model.tiling import check_blocks, check_tiling
 from resilient.model.tree import Memo
 
@@ -155,15 +153,13 @@ def parse_manifest(
     text: str | bytes,
     *,
     memo: Memo | None = None,
-    read_shard: Callable[[ShardEntry], bytes] | None = None,
 ) -> Manifest:
     """Parse and check a manifest read from disk. Its ranks' trees and names are checked with
     ``memo`` (the caller's :class:`~resilient.model.tree.Memo`; ``None``: one for this parse, so that
     the names every rank repeats are checked once).
 
-    A sharded manifest (schema 3) is its index: its ranks are a :class:`ShardedRanks` whose
-    shards are read with ``read_shard`` when first needed (their bytes, given their index
-    entry, checked against it: size and checksum) and parsed (:func:`parse_shard`).
+    A sharded manifest (schema 3) is its index: its ranks are a :class:`ShardedRanks` with no
+    entry loaded (its shards are read through :func:`resilient.io.validate.load_entries`).
 
     Raises:
         ManifestError: the text is not a well-formed manifest of a supported version.
@@ -198,10 +194,7 @@ def parse_manifest(
     if version == SHARDED_SCHEMA_VERSION:
         if "ranks" in doc:
             raise ManifestError("a sharded manifest (schema 3) lists its ranks in its shards")
-        load = (
-            None if read_shard is None else functools.partial(load_shard, read_shard, kind, step)
-        )
-        ranks = index_shards(top, files, lay.nranks, load)
+        ranks = index_shards(top, files, lay.nranks)
     else:
         rank_sections = top.sections("ranks")
         if len(rank_sections) != lay.nranks:

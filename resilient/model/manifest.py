@@ -9,12 +9,11 @@ the checks that its segments tile each file and its blocks each global array are
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, overload
+from typing import Any, NamedTuple, overload
 
 from resilient.model.layout import Layout
-from resilient.model.tree import Memo
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -26,12 +25,10 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "ManifestError",
-    "OpenShard",
     "PartialRanks",
     "RankEntry",
     "Segment",
     "ShardEntry",
-    "ShardLoader",
     "ShardedRanks",
     "Stripes",
 ]
@@ -288,46 +285,25 @@ class ShardEntry:
     files: tuple[str, ...]
 
 
-class OpenShard(Protocol):
-    """A shard as read, its header checked (:class:`resilient.model.shards.ShardDoc`)."""
-
-    def parse(self, files: Mapping[str, FileEntry], memo: Memo) -> Mapping[int, RankEntry]:
-        """The entries of the ranks of ``files``, parsed and checked.
-
-        Raises:
-            ManifestError: a rank missing from the shard, or a malformed or misplaced entry.
-        """
-        ...
-
-
-ShardLoader = Callable[[ShardEntry], OpenShard]
-"""Reads one shard, checked against its index entry (size, checksum), and opens it
-(:func:`resilient.model.shards.open_shard`); raises if the shard is missing, changed or
-malformed."""
-
-
 class ShardedRanks(_ByRank):
-    """The ranks' entries of a sharded manifest (schema 3), read when first looked at: the
-    shard holding a rank is read (once; the last one read is kept) and the entries of that
-    rank's file group are parsed and checked (:meth:`OpenShard.parse`). A restoring rank reads
-    its own shard only. Indexed by rank like the whole tuple.
+    """The ranks' entries of a sharded manifest (schema 3): the index (which shard holds which
+    files, which file which ranks) and the entries loaded so far. The entries are loaded
+    through :func:`resilient.io.validate.load_entries` (which reads the shards holding the
+    ranks asked for: a restoring rank its own only); looking up an entry that was not loaded
+    raises :class:`LookupError` naming the rank (it never reads a file). Indexed by rank like
+    the whole tuple.
 
     A part (:meth:`Manifest.part`) holds some file groups only: a rank of another group raises
-    :class:`LookupError`. Pickles as its shards, its files, the entries read so far and its
-    loader.
+    :class:`LookupError`. Pickles as its shards, its files and its loaded entries.
     """
 
-    __slots__ = (
-        "_entries", "_file_of", "_files", "_last", "_load", "_memo", "_owner", "is_part",
-        "shards",
-    )  # fmt: skip
+    __slots__ = ("_entries", "_file_of", "_files", "_owner", "is_part", "shards")
 
     def __init__(
         self,
         size: int,
         shards: Sequence[ShardEntry],
         files: Mapping[str, FileEntry],
-        load: ShardLoader | None,
         *,
         entries: Mapping[int, RankEntry] | None = None,
         is_part: bool = False,
@@ -340,11 +316,8 @@ class ShardedRanks(_ByRank):
             r: s for s in self.shards for name in s.files if name in self._files
             for r in self._files[name].ranks
         }  # fmt: skip
-        self._load = load
         self._entries = dict(entries or {})
         self.is_part = is_part
-        self._last: tuple[str, OpenShard] | None = None
-        self._memo = Memo()
 
     def shard_of(self, rank: int) -> ShardEntry:
         """The shard holding ``rank``'s entry."""
@@ -356,31 +329,40 @@ class ShardedRanks(_ByRank):
                 f"(shards {[s.name for s in self.shards[:4]]})"
             ) from None
 
+    def file_of(self, rank: int) -> FileEntry:
+        """The file holding ``rank``'s data (from the index: no entry needed)."""
+        self.shard_of(rank)  # (LookupError: not in this part)
+        return self._file_of[rank]
+
+    def loaded(self, rank: int) -> bool:
+        """Whether ``rank``'s entry is loaded."""
+        return rank in self._entries
+
+    def with_entries(self, entries: Mapping[int, RankEntry]) -> ShardedRanks:
+        """These ranks with ``entries`` loaded too."""
+        return ShardedRanks(
+            self._size, self.shards, self._files, entries={**self._entries, **entries},
+            is_part=self.is_part,
+        )  # fmt: skip
+
     def part(self, ranks: Sequence[int]) -> ShardedRanks:
-        """The file groups of ``ranks`` (with what was read of them), as a part."""
+        """The file groups of ``ranks`` (with what was loaded of them), as a part."""
         names = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
         files = {self._file_of[r].name: self._file_of[r] for r in ranks}
         held = {r for f in files.values() for r in f.ranks}
         entries = {r: e for r, e in self._entries.items() if r in held}
         keep = [s for s in self.shards if s.name in names]
-        return ShardedRanks(self._size, keep, files, self._load, entries=entries, is_part=True)
+        return ShardedRanks(self._size, keep, files, entries=entries, is_part=True)
 
     def _entry(self, r: int) -> RankEntry:
         entry = self._entries.get(r)
         if entry is not None:
             return entry
         shard = self.shard_of(r)
-        if self._load is None:
-            raise LookupError(f"rank {r}'s entry is in {shard.name}, which is not read here")
-        if self._last is None or self._last[0] != shard.name:
-            self._last = None  # (one shard's JSON alive at a time)
-            self._last = (shard.name, self._load(shard))
-        file = self._file_of[r]
-        try:
-            self._entries.update(self._last[1].parse({file.name: file}, self._memo))
-        except ManifestError as exc:
-            raise ManifestError(f"{shard.name}: {exc}") from None
-        return self._entries[r]
+        raise LookupError(
+            f"rank {r}'s entry is in {shard.name}, which was not loaded "
+            "(resilient.io.validate.load_entries)"
+        )
 
     def __iter__(self) -> Iterator[RankEntry]:
         return (self[r] for r in range(self._size))
@@ -398,22 +380,21 @@ class ShardedRanks(_ByRank):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _sharded_ranks,
-            (self._size, self.shards, self._files, self._load, self._entries, self.is_part),
+            (self._size, self.shards, self._files, self._entries, self.is_part),
         )
 
     def __repr__(self) -> str:
-        return f"ShardedRanks({self._size}, {len(self.shards)} shards, {len(self._entries)} read)"
+        return f"ShardedRanks({self._size}, {len(self.shards)} shards, {len(self._entries)} loaded)"
 
 
 def _sharded_ranks(
     size: int,
     shards: tuple[ShardEntry, ...],
     files: Mapping[str, FileEntry],
-    load: ShardLoader | None,
     entries: Mapping[int, RankEntry],
     is_part: bool,
 ) -> ShardedRanks:
-    return ShardedRanks(size, shards, files, load, entries=entries, is_part=is_part)
+    return ShardedRanks(size, shards, files, entries=entries, is_part=is_part)
 
 
 @dataclass(frozen=True, slots=True)

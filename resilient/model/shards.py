@@ -6,7 +6,7 @@ their sizes and checksums. Pure (no I/O): the bytes of a shard come from the cal
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from resilient.model import filenames
@@ -29,7 +29,6 @@ from resilient.model.manifest import (
     RankEntry,
     ShardedRanks,
     ShardEntry,
-    ShardLoader,
 )
 from resilient.model.schema import Section
 from resilient.model.tiling import check_group_blocks, check_group_tiling
@@ -38,7 +37,6 @@ from resilient.model.tree import Memo
 __all__ = [
     "ShardDoc",
     "index_shards",
-    "load_shard",
     "open_shard",
     "parse_shard",
     "shard_json",
@@ -52,8 +50,9 @@ class ShardDoc(NamedTuple):
     position: Mapping[int, int]  # rank -> index in entries
     entries: Sequence[Section]
 
-
-    def parse(self, files: Mapping[str, FileEntry], memo: Memo | None = None) -> dict[int, RankEntry]:
+    def parse(
+        self, files: Mapping[str, FileEntry], memo: Memo | None = None
+    ) -> dict[int, RankEntry]:
         """The entries of the ranks of ``files`` in this shard, parsed and checked: each names
         its file, and together they tile their files (their blocks agree with each other).
 
@@ -75,9 +74,7 @@ class ShardDoc(NamedTuple):
         return entries
 
 
-def index_shards(
-    top: Section, files: Sequence[FileEntry], nranks: int, load: ShardLoader | None
-) -> ShardedRanks:
+def index_shards(top: Section, files: Sequence[FileEntry], nranks: int) -> ShardedRanks:
     """The shard list of an index: every file in exactly one shard, every rank in one file."""
     by_name = {f.name: f for f in files}
     shards: list[ShardEntry] = []
@@ -105,19 +102,7 @@ def index_shards(
     covered = sorted(r for f in files for r in f.ranks)
     if covered != list(range(nranks)):
         raise ManifestError("the files do not list every rank exactly once")
-    return ShardedRanks(nranks, shards, by_name, load)
-
-
-def load_shard(
-    read: Callable[[ShardEntry], bytes], kind: str, step: int, shard: ShardEntry
-) -> ShardDoc:
-    """A :data:`~resilient.model.manifest.ShardLoader`: ``read`` gives the shard's bytes,
-    checked against its index entry (size and checksum: it raises what the caller's I/O layer
-    raises)."""
-    try:
-        return open_shard(read(shard), kind=kind, step=step)
-    except ManifestError as exc:
-        raise ManifestError(f"{shard.name}: {exc}") from None
+    return ShardedRanks(nranks, shards, by_name)
 
 
 def open_shard(text: str | bytes, *, kind: str, step: int) -> ShardDoc:

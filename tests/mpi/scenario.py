@@ -294,6 +294,8 @@ def check_part(m: resilient.CheckpointManager) -> None:
         assert SHARD_RANKS and len(sharded.shards) == 1, sharded
         holds = {r for f in sharded.shards[0].files for r in m.layout.groups[_file_index(f)]}
         assert set(group) <= holds and len(holds) < size, (holds, group)
+        mine = {r for f in part.files for r in f.ranks}  # its file group's entries only loaded
+        assert [r for r in range(size) if sharded.loaded(r)] == sorted(mine), mine
         return
     held = part.ranks.held  # type: ignore[attr-defined]
     assert held == (group if group[0] == rank else (rank,)), (held, group)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io.validate import load_manifest, marker_text, validate_checkpoint
+from resilient.io.validate import load_entries, load_manifest, marker_text, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest
@@ -36,7 +36,7 @@ def write_sharded(directory: Path, whole: Manifest) -> Manifest:
         shards.append(ShardEntry(filenames.shard_name(i), len(text), digest_bytes(text), (f.name,)))
         with open(directory / f.name, "wb") as fh:
             fh.truncate(f.size)
-    ranks = ShardedRanks(len(whole.ranks), shards, {f.name: f for f in whole.files}, None)
+    ranks = ShardedRanks(len(whole.ranks), shards, {f.name: f for f in whole.files})
     index = dataclasses.replace(whole, ranks=ranks, schema_version=3, static=None)
     text = manifest_json(index).encode()
     (directory / filenames.MANIFEST).write_bytes(text)
@@ -44,20 +44,31 @@ def write_sharded(directory: Path, whole: Manifest) -> Manifest:
     return index
 
 
-def test_a_sharded_manifest_reads_each_shard_when_first_needed(tmp_path: Path) -> None:
+def test_a_sharded_manifest_loads_the_shards_of_the_ranks_asked_for(tmp_path: Path) -> None:
     whole = sample_manifest()
-    write_sharded(tmp_path / "ck", whole)
-    doc = json.loads((tmp_path / "ck" / filenames.MANIFEST).read_text())
+    ck = tmp_path / "ck"
+    write_sharded(ck, whole)
+    doc = json.loads((ck / filenames.MANIFEST).read_text())
     assert doc["schema_version"] == 3 and "ranks" not in doc
     assert [s["files"] for s in doc["shards"]] == [["node_00000.h5"], ["node_00001.h5"]]
-    loaded = load_manifest(tmp_path / "ck")
-    sharded = loaded.sharded
-    assert sharded is not None and repr(sharded).endswith("0 read)")
-    assert loaded.files == whole.files and loaded.nbytes == whole.nbytes
-    assert loaded.ranks[2] == whole.ranks[2] and repr(sharded).endswith("1 read)")
-    assert list(loaded.ranks) == list(whole.ranks)
+    index = load_manifest(ck)
+    sharded = index.sharded
+    assert sharded is not None and repr(sharded).endswith("0 loaded)")
+    assert index.files == whole.files and index.nbytes == whole.nbytes
+    with pytest.raises(LookupError, match=r"rank 2.s entry is in manifest-00001\.json, which was not"):
+        index.ranks[2]  # a lookup never reads a file
+    shard0 = (ck / filenames.shard_name(0)).read_bytes()
+    (ck / filenames.shard_name(0)).unlink()  # rank 2's shard is the only one read
+    two = load_entries(ck, index, [2])
+    assert two.ranks[2] == whole.ranks[2] and repr(two.sharded).endswith("1 loaded)")
+    assert load_entries(ck, two, [2]) is two  # nothing more to read
+    with pytest.raises(InvalidCheckpointError, match=r"manifest-00000\.json is missing"):
+        load_entries(ck, two)
+    (ck / filenames.shard_name(0)).write_bytes(shard0)
+    assert list(load_entries(ck, two).ranks) == list(whole.ranks)
+    assert load_entries(ck, whole) is whole  # a manifest of schema 2 holds its entries
     with pytest.raises(IndexError):
-        loaded.ranks[3]
+        index.ranks[3]
 
 
 def test_a_part_holds_its_shard_only_and_pickles_small(tmp_path: Path) -> None:
@@ -65,8 +76,9 @@ def test_a_part_holds_its_shard_only_and_pickles_small(tmp_path: Path) -> None:
     loaded = load_manifest(tmp_path / "ck")
     part = loaded.part((2,))
     assert part.is_part and not loaded.is_part and [f.name for f in part.files] == ["node_00001.h5"]
-    again = pickle.loads(pickle.dumps(part))
-    assert again.ranks[2] == sample_manifest().ranks[2]  # read on the receiving side
+    again = load_entries(tmp_path / "ck", pickle.loads(pickle.dumps(part)))  # (its files only)
+    assert again.ranks[2] == sample_manifest().ranks[2]  # loaded on the receiving side
+    assert again.is_part and repr(again.sharded).endswith("1 loaded)")
     with pytest.raises(LookupError, match="not in this part"):
         again.ranks[0]
     with pytest.raises(ValueError, match="cannot be written"):
@@ -82,7 +94,7 @@ def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
     shard.write_bytes(text.replace(b'"step":1200', b'"step":1201'))  # same size, other bytes
     validate_checkpoint(ck, full=False)  # quick: sizes only
     with pytest.raises(InvalidCheckpointError, match="does not match its checksum in the index"):
-        list(load_manifest(ck).ranks)
+        load_entries(ck, load_manifest(ck))
     shard.write_bytes(text + b" ")
     with pytest.raises(InvalidCheckpointError, match="not the file its index describes"):
         validate_checkpoint(ck)
@@ -101,7 +113,7 @@ def _index(**change: object) -> str:
         ShardEntry(filenames.shard_name(i), 10, "0" * 16, (f.name,))
         for i, f in enumerate(whole.files)
     ]
-    ranks = ShardedRanks(3, shards, {f.name: f for f in whole.files}, None)
+    ranks = ShardedRanks(3, shards, {f.name: f for f in whole.files})
     doc = json.loads(manifest_json(dataclasses.replace(whole, ranks=ranks)))
     for key, value in change.items():
         doc["shards"][0][key] = value
