@@ -125,8 +125,9 @@ class PendingDir:
             storage.retry_io(self._publish, what=f"committing {self.final}")
 
     def _publish(self) -> None:
-        storage.fsync_files([self.path / filenames.MANIFEST, self.path / filenames.COMMITTED])
-        storage.fsync_dir(self.path)
+        storage.fsync_together(
+            [self.path / filenames.MANIFEST, self.path / filenames.COMMITTED, self.path]
+        )
         old: Path | None = None
         if self.final.exists() or self.final.is_symlink():
             old = storage.move_to_trash(self.final)

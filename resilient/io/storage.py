@@ -34,6 +34,7 @@ __all__ = [
     "cleanup_leftovers",
     "ensure_root",
     "fsync_dir",
+    "fsync_together",
     "is_permanent_storage_error",
     "is_root",
     "is_transient",
@@ -120,6 +121,40 @@ def fsync_files(paths: list[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def fsync_together(paths: list[Path]) -> None:
+    """fsync each file or directory of ``paths`` at the same time (one helper thread each but
+    the first, which this thread fsyncs): on a journaling filesystem (ext4, XFS) fsyncs that
+    run together share one journal commit, where one after the other each waits for its own
+    (the three fsyncs of a commit: 5-7 ms here, 2-3 ms together). Returns once every fsync
+    has returned.
+
+    Raises:
+        OSError: the first path's error whose fsync failed (every fsync has returned).
+    """
+    errors: list[OSError | None] = [None] * len(paths)
+
+    def one(i: int) -> None:
+        try:
+            if paths[i].is_dir():
+                fsync_dir(paths[i])
+            else:
+                fsync_files([paths[i]])
+        except OSError as exc:
+            errors[i] = exc
+
+    helpers = [threading.Thread(target=one, args=(i,), name="resilient-fsync")
+               for i in range(1, len(paths))]  # fmt: skip
+    for helper in helpers:
+        helper.start()
+    if paths:
+        one(0)
+    for helper in helpers:
+        helper.join()
+    for exc in errors:
+        if exc is not None:
+            raise exc
 
 
 def is_root(root: Path) -> bool:

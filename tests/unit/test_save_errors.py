@@ -224,6 +224,35 @@ def test_transient_commit_rename_failure_is_retried(
     validate_checkpoint(root / "step_00000003", full=True)
 
 
+@pytest.mark.parametrize("name", ["COMMITTED", "manifest.json", ".step_"])
+def test_eio_from_a_commit_fsync_is_a_commit_error(
+    two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # the manifest, the marker and their directory are fsynced at the same time (helper
+    # threads): an error from any of them fails the commit before the rename, after retries
+    root, m = two_steps
+    before = entries(root)
+    real = os.fsync
+    failed: list[str] = []
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.basename(path).startswith(name):
+            failed.append(path)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr("resilient.io.storage.os.fsync", fsync)
+    with pytest.raises(CommitError, match="Input/output error") as info:
+        m.save(3, state_of(3), static=static_of(1))
+    monkeypatch.undo()
+    assert "save of checkpoint step 3: commit failed" in str(info.value)
+    assert len(failed) > 1  # EIO is transient: retried
+    assert leftovers(root) == []
+    assert entries(root) == before
+    assert_step_2_restores(root, m)
+
+
 def test_failed_commit_of_a_resave_keeps_the_old_checkpoint(
     two_steps: tuple[Path, CheckpointManager], monkeypatch: pytest.MonkeyPatch
 ) -> None:
