@@ -251,22 +251,31 @@ class LocalTier:
         steps, other = self._intact_steps(current, step)
         mine = [s for s in steps if at_least is None or s >= at_least]
 
-        def pick(found: Sequence[tuple[list[int], str]]) -> tuple[int, Manifest] | str | None:
-            common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
-            if not common:
-                return next((note for _, note in found if note), None)
-            newest = max(common)  # the same manifest on every node: the coordinator's copy
-            return newest, self.target.manifest(newest)
-
-        picked = self._coll.all_reduce("finding local checkpoints", lambda: (mine, other), pick)
-        if isinstance(picked, str):
-            if self._coll.is_coordinator:
-                log.warning("%s", picked)
-            return None
+        gathered = self._coll.gather((mine, other))
+        answer: tuple[tuple[int, Manifest] | None, str] | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = self._pick(gathered.values())
+            except Exception as exc:
+                answer = exc
+        picked, note = self._coll.announce("finding local checkpoints", answer)
+        if note and self._coll.is_coordinator:
+            log.warning("%s", note)
         if picked is None:
             return None
         newest, manifest = picked
         return LocalCheckpoint(self.target.path(newest), manifest)
+
+    def _pick(
+        self, found: Sequence[tuple[list[int], str]]
+    ) -> tuple[tuple[int, Manifest] | None, str]:
+        """Coordinator: the newest step every rank found intact, with its manifest (``None``:
+        none), and why none is usable (the first rank's note; empty if it says nothing)."""
+        common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
+        if not common:
+            return None, next((note for _, note in found if note), "")
+        newest = max(common)  # the same manifest on every node: the coordinator's copy
+        return (newest, self.target.manifest(newest)), ""
 
     def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
         """Steps whose local copy holds this rank's file intact (local: a few stats), and
