@@ -71,6 +71,7 @@ from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
 from resilient.io.runkey import record_run_key
 from resilient.io.staging import StagingArea
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
@@ -216,6 +217,7 @@ class SavePipeline:
         committed: Callable[[float], None],
     ) -> None:
         self.root = root
+        self.shared = DirectoryTarget(root)
         self.comms = comms
         self.keep = keep
         self.local = local
@@ -344,7 +346,8 @@ class SavePipeline:
         token = storage.new_token()
         if self.local is not None:
             return _Made(None, frozenset(), token)
-        pending = PendingDir.for_step(self.root, step, token=token).create()
+        pending = self.shared.pending(step, token=token)
+        self.shared.create(pending)
         recycled = self._recycled
         claimed = (
             frozenset() if recycled is None else claim_files(self.comms, recycled, pending.path)
@@ -613,15 +616,14 @@ class SavePipeline:
         made: PendingDir | Exception | None = None
         if self._coll.is_coordinator:
             try:
-                made = PendingDir.for_step(self.root, step).create()
+                made = self.shared.pending(step)
+                self.shared.create(made)
             except Exception as exc:
                 made = exc
         pending: PendingDir = self._coll.announce(
             f"creating a temporary directory in {self.root}", made
         )
-        task = self._writer.submit(
-            self.local.flush_job(checkpoint, pending.path, bounce=self._bounce)
-        )
+        task = self._writer.submit(self.local.flush_job(checkpoint, pending, bounce=self._bounce))
         self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
 
     def _finish_flush(self, flight: _FlushFlight) -> None:
@@ -638,9 +640,9 @@ class SavePipeline:
         if gathered is not None:
             try:
                 gathered.values()
-                pending.commit(manifest, what=what)
+                self.shared.commit(pending, manifest, what=what)
             except Exception as exc:
-                pending.rollback()
+                self.shared.rollback(pending)
                 answer = exc
             else:
                 try:

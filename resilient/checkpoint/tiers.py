@@ -29,6 +29,7 @@ SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
+from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.checksum import hash128
@@ -198,10 +200,15 @@ class LocalTier:
     # ------------------------------------------------------------------ flushing
 
     def flush_job(
-        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: fileio.Bounce | None = None
+        self,
+        checkpoint: LocalCheckpoint,
+        pending: PendingDir,
+        *,
+        bounce: fileio.Bounce | None = None,
     ) -> Callable[[], None]:
-        """This rank's part of copying ``checkpoint`` into the shared directory ``shared``
-        (through ``bounce``, the caller's buffer, if given).
+        """This rank's part of moving ``checkpoint`` from this tier into ``pending`` (the shared
+        root's pending step; :func:`~resilient.io.moves.move_ranges`, through ``bounce``, the
+        caller's buffer, if given).
 
         The returned function does no communication (it may run on a background thread); it
         raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
@@ -219,20 +226,10 @@ class LocalTier:
             ranges += [
                 (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
             ]
-        src, dst = checkpoint.path / file.name, shared / file.name
-
-        def copy() -> None:
-            try:
-                storage.retry_io(
-                    lambda: fileio.copy_ranges(
-                        src, dst, ranges, size=file.size if leader else None, bounce=bounce
-                    ),
-                    what=f"copying {src} to {dst}",
-                )
-            except (ValueError, EOFError) as exc:
-                raise InvalidCheckpointError(str(checkpoint.path), str(exc)) from None
-
-        return copy
+        return functools.partial(
+            move_ranges, self.target, manifest.step, file.name, pending, ranges,
+            size=file.size if leader else None, bounce=bounce,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ restoring
 
