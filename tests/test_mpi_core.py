@@ -74,7 +74,7 @@ def test_a_restart_saves_again_and_restores(tmp_path: Path, n: int, kind: str) -
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_reply_kept_by_the_coordinator_reaches_no_other_rank(tmp_path: Path, n: int) -> None:
-    """A save's manifest stays on rank 0 (all_reduce(everywhere=False), as announce); errors
+    """A save's manifest stays on rank 0 (announce(everywhere=False)); errors
     still reach every rank alike."""
     got = results(run_mpi(n, [SCENARIO, "reply", str(tmp_path / "ck"), "world"]))
     total = n * (n + 1) // 2

@@ -292,7 +292,7 @@ class CheckpointManager:
                 error = exc
         if not self.comm.any_true(decision or error is not None):  # only rank 0 votes
             return False
-        self._coll.broadcast(f"save decision at step {step}", functools.partial(_reraise, error))
+        self._coll.announce(f"save decision at step {step}", error)  # rank 0's error, if any
         return True
 
     def save_context(
@@ -488,7 +488,7 @@ class CheckpointManager:
         local = None
         self._restorer.absent_devices.clear()
         if self._local is not None:  # the local copies are looked at first
-            self._coll.check("checking the restore's arguments", lambda: _reraise(refused))
+            self._coll.share("checking the restore's arguments", refused)
             local = self._restore_local(step, validate, leaves, specs)
         restored, state = local or self._restorer.restore(
             step, validate=validate, into=leaves, blocks=specs, refused=refused
@@ -552,8 +552,3 @@ def _block_spec(path: str, value: Any) -> BlockSpec:
             f"blocks[{path!r}] must be (global_shape, start, shape), got {value!r}"
         ) from None
     return BlockSpec.of(global_shape, start, shape, what=f"blocks[{path!r}]")
-
-
-def _reraise(error: Exception | None) -> None:
-    if error is not None:
-        raise error

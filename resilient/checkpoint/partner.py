@@ -35,7 +35,6 @@ operations beside this one.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -206,6 +205,10 @@ class Held:
         return self.manifest, {
             n: ("own" if d is None else "partner") for n, (_, _, d) in self.files.items()
         }
+
+
+# What a rank tells the coordinator before a rebuild: its rank and, per step, Held.summary().
+Inventory = tuple[int, dict[int, tuple[str, dict[str, str]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,28 +522,27 @@ class PartnerCopies:
     ) -> None:
         """Collective: give every node its ranks' files of the newest step that the nodes can
         complete between them (own copies and partner copies), if any is missing somewhere."""
-        partner, coll = self, self.coll
+        coll = self.coll
         excluded: set[int] = set()
         for _ in range(3):  # a corrupt partner copy is quarantined and the choice made again
             held: dict[int, Held] = {}
-
-            def local() -> tuple[int, dict[int, tuple[str, dict[str, str]]]]:
-                nonlocal held
-                if partner.acts:
-                    try:
-                        held = partner.inventory(own_steps(), current)
-                    except OSError as exc:
-                        log.warning("could not list the local tier %s: %s", self.local.root, exc)
-                return self.rank, {s: h.summary() for s, h in held.items()}
-
-            def decide(found: list[tuple[int, dict[int, tuple[str, dict[str, str]]]]]) -> Any:
-                inventories = {r: inv for r, inv in found if r in partner.ring.leaders}
-                return plan_rebuild(
-                    inventories, partner.ring, current, only=step, at_least=at_least,
-                    excluded=frozenset(excluded),
-                )  # fmt: skip
-
-            plan, why = coll.all_reduce("listing local and partner copies", local, decide)
+            try:
+                held = self._held(own_steps, current)
+                mine: Inventory | Exception = (self.rank, {s: h.summary() for s, h in held.items()})
+            except Exception as exc:  # this rank's failure, raised on every rank by announce
+                mine = exc
+            gathered = coll.gather(mine)
+            decision: tuple[Rebuild | None, str | None] | Exception | None = None
+            if gathered is not None:
+                try:
+                    inventories = {r: inv for r, inv in gathered.values() if r in self.ring.leaders}
+                    decision = plan_rebuild(
+                        inventories, self.ring, current, only=step, at_least=at_least,
+                        excluded=frozenset(excluded),
+                    )  # fmt: skip
+                except Exception as exc:
+                    decision = exc
+            plan, why = coll.announce("listing local and partner copies", decision)
             if why is not None and coll.is_coordinator:
                 log.warning(
                     "%s; using %s", why,
@@ -548,14 +550,21 @@ class PartnerCopies:
                 )  # fmt: skip
             if plan is None or not plan.transfers:
                 return
-            problems: list[str] = coll.all_reduce(
-                f"rebuilding step {plan.step} from partner copies",
-                functools.partial(partner.rebuild, plan, held),
-                lambda found: [p for p in found if p],
-            )
+            try:
+                problem: str | Exception | None = self.rebuild(plan, held)
+            except Exception as exc:
+                problem = exc
+            outcomes = coll.gather(problem)
+            found: list[str] | Exception | None = None
+            if outcomes is not None:
+                try:
+                    found = [p for p in outcomes.values() if p]
+                except Exception as exc:
+                    found = exc
+            problems = coll.announce(f"rebuilding step {plan.step} from partner copies", found)
             if not problems:
                 if coll.is_coordinator:
-                    nodes = sorted({partner.ring.label(d) for _, d, _ in plan.transfers})
+                    nodes = sorted({self.ring.label(d) for _, d, _ in plan.transfers})
                     log.warning(
                         "rebuilt local step %d on node(s) %s from partner copies",
                         plan.step, ", ".join(nodes),
@@ -564,6 +573,17 @@ class PartnerCopies:
             if coll.is_coordinator:
                 log.warning("could not rebuild local step %d: %s", plan.step, problems[0])
             excluded.add(plan.step)
+
+    def _held(self, own_steps: Callable[[], list[int]], current: Layout) -> dict[int, Held]:
+        """What this node holds (own and partner copies), on its acting rank; nothing when its
+        local tier cannot be listed (logged)."""
+        if not self.acts:
+            return {}
+        try:
+            return self.inventory(own_steps(), current)
+        except OSError as exc:
+            log.warning("could not list the local tier %s: %s", self.local.root, exc)
+            return {}
 
     def _copy_verified(self, held: Held, names: Sequence[str], pending: PendingDir) -> str | None:
         """Copy files this node holds as a partner into ``pending``, checking their digests."""

@@ -55,12 +55,12 @@ from resilient.checkpoint.checkpointer import (
     ShardWritten,
     SkeletonCache,
     WriteJob,
-    claim_files,
     commit_set,
     plan_rank,
     plan_write,
     write_shard,
 )
+from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
 from resilient.checkpoint.statics import StaticStore
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.errors import CollectiveError, ConfigError, ResilientError
@@ -71,6 +71,7 @@ from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
 from resilient.io.runkey import record_run_key
 from resilient.io.staging import StagingArea
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
@@ -84,17 +85,6 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Made:
-    """What the coordinator made before a save's first round: the shared root's temporary
-    directory and the data files it claimed there (:func:`claim_files`), or, with a node-local
-    tier, the token that names every node's own."""
-
-    pending: PendingDir | None
-    claimed: frozenset[str]
-    token: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class _Ask:
     """What each rank tells every other in a save's first round: its step, its static data's
     description, the skeleton generation it can write into unchanged (``None``: its group
@@ -103,7 +93,7 @@ class _Ask:
     step: int
     static: object | None
     generation: int | None
-    made: _Made | None = None
+    made: Made | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,9 +206,14 @@ class SavePipeline:
         committed: Callable[[float], None],
     ) -> None:
         self.root = root
+        self.shared = DirectoryTarget(root)
         self.comms = comms
         self.keep = keep
         self.local = local
+        # where a save is committed, chosen once: the shared root or every node's local tier
+        self._path: SavePath = (
+            SharedRootCommit(self.shared, comms) if local is None else LocalTierCommit(local)
+        )
         self.flush_every = flush_every
         self._coll = Collective(comms.comm)
         self._catalog = catalog
@@ -298,7 +293,9 @@ class SavePipeline:
             mine = exc
         if self._coll.is_coordinator and isinstance(mine, _Ask):
             try:
-                mine = dataclasses.replace(mine, made=self._make_dir(mine.step))
+                mine = dataclasses.replace(
+                    mine, made=self._path.make(mine.step, storage.new_token(), self._recycled)
+                )
             except Exception as exc:
                 mine = exc
         made = mine.made if isinstance(mine, _Ask) else None
@@ -313,10 +310,7 @@ class SavePipeline:
         assert isinstance(request, SaveRequest)
         made = asked[0].made
         assert made is not None
-        pending = made.pending
-        if pending is None:
-            assert self.local is not None
-            pending = self.local.target.pending(request.step, token=made.token)
+        pending = self._path.pending(request.step, made)
         static = StaticStore.content(self.comms.kind, [a.static for a in asked])
         try:
             record_key = first and self._run_key is not None
@@ -326,30 +320,12 @@ class SavePipeline:
             if made.pending is not None and self._coll.is_coordinator:
                 made.pending.rollback()
             raise
-        failed = None
-        if self.local is not None:
-            try:
-                self.local.target.create(pending, shared=True)
-            except Exception as exc:
-                failed = exc
+        failed = self._path.create(pending)
         generations = {asked[r].generation for r in self.comms.members}
         return Ready(
             request, static, pending, reuse=None not in generations and len(generations) == 1,
             claimed=self.comms.file_name in made.claimed, failed=failed,
         )  # fmt: skip
-
-    def _make_dir(self, step: int) -> _Made:
-        """Coordinator: the temporary directory of a save of ``step`` in the shared root, with
-        the dropped checkpoint's files claimed (or, with a node-local tier, only its token)."""
-        token = storage.new_token()
-        if self.local is not None:
-            return _Made(None, frozenset(), token)
-        pending = PendingDir.for_step(self.root, step, token=token).create()
-        recycled = self._recycled
-        claimed = (
-            frozenset() if recycled is None else claim_files(self.comms, recycled, pending.path)
-        )
-        return _Made(pending, claimed, token)
 
     def _store_static(
         self, what: str, request: SaveRequest, static: str | None, *, record_key: bool
@@ -554,7 +530,7 @@ class SavePipeline:
         background (nothing else in flight). A lost node's partner copies were lost with it,
         and a job on another node set has another ring: until this is done, a second loss
         would find nothing."""
-        job = self.local.partner_copy_job(checkpoint) if self.local is not None else None
+        job = self._path.partner_copy_job(checkpoint)
         if job is None or self._in_flight is not None:
             return
         self._in_flight = _ProtectFlight(checkpoint, self._writer.submit(job), self._clock(), False)
@@ -613,15 +589,14 @@ class SavePipeline:
         made: PendingDir | Exception | None = None
         if self._coll.is_coordinator:
             try:
-                made = PendingDir.for_step(self.root, step).create()
+                made = self.shared.pending(step)
+                self.shared.create(made)
             except Exception as exc:
                 made = exc
         pending: PendingDir = self._coll.announce(
             f"creating a temporary directory in {self.root}", made
         )
-        task = self._writer.submit(
-            self.local.flush_job(checkpoint, pending.path, bounce=self._bounce)
-        )
+        task = self._writer.submit(self.local.flush_job(checkpoint, pending, bounce=self._bounce))
         self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
 
     def _finish_flush(self, flight: _FlushFlight) -> None:
@@ -638,9 +613,9 @@ class SavePipeline:
         if gathered is not None:
             try:
                 gathered.values()
-                pending.commit(manifest, what=what)
+                self.shared.commit(pending, manifest, what=what)
             except Exception as exc:
-                pending.rollback()
+                self.shared.rollback(pending)
                 answer = exc
             else:
                 try:
@@ -675,7 +650,7 @@ class SavePipeline:
         except (OSError, ResilientError) as exc:
             log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
             return self._recycled
-        reuse = trashed.checkpoints[-1] if trashed.checkpoints and self.local is None else None
+        reuse = trashed.checkpoints[-1] if trashed.checkpoints and self._path.recycles else None
         drop = [p for p in (self._recycled, *trashed.paths) if p is not None and p != reuse]
         self._deleter.delete(drop)
         return reuse

@@ -29,6 +29,7 @@ SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
+from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.checksum import hash128
@@ -198,10 +200,15 @@ class LocalTier:
     # ------------------------------------------------------------------ flushing
 
     def flush_job(
-        self, checkpoint: LocalCheckpoint, shared: Path, *, bounce: fileio.Bounce | None = None
+        self,
+        checkpoint: LocalCheckpoint,
+        pending: PendingDir,
+        *,
+        bounce: fileio.Bounce | None = None,
     ) -> Callable[[], None]:
-        """This rank's part of copying ``checkpoint`` into the shared directory ``shared``
-        (through ``bounce``, the caller's buffer, if given).
+        """This rank's part of moving ``checkpoint`` from this tier into ``pending`` (the shared
+        root's pending step; :func:`~resilient.io.moves.move_ranges`, through ``bounce``, the
+        caller's buffer, if given).
 
         The returned function does no communication (it may run on a background thread); it
         raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
@@ -219,20 +226,10 @@ class LocalTier:
             ranges += [
                 (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
             ]
-        src, dst = checkpoint.path / file.name, shared / file.name
-
-        def copy() -> None:
-            try:
-                storage.retry_io(
-                    lambda: fileio.copy_ranges(
-                        src, dst, ranges, size=file.size if leader else None, bounce=bounce
-                    ),
-                    what=f"copying {src} to {dst}",
-                )
-            except (ValueError, EOFError) as exc:
-                raise InvalidCheckpointError(str(checkpoint.path), str(exc)) from None
-
-        return copy
+        return functools.partial(
+            move_ranges, self.target, manifest.step, file.name, pending, ranges,
+            size=file.size if leader else None, bounce=bounce,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ restoring
 
@@ -251,22 +248,31 @@ class LocalTier:
         steps, other = self._intact_steps(current, step)
         mine = [s for s in steps if at_least is None or s >= at_least]
 
-        def pick(found: Sequence[tuple[list[int], str]]) -> tuple[int, Manifest] | str | None:
-            common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
-            if not common:
-                return next((note for _, note in found if note), None)
-            newest = max(common)  # the same manifest on every node: the coordinator's copy
-            return newest, self.target.manifest(newest)
-
-        picked = self._coll.all_reduce("finding local checkpoints", lambda: (mine, other), pick)
-        if isinstance(picked, str):
-            if self._coll.is_coordinator:
-                log.warning("%s", picked)
-            return None
+        gathered = self._coll.gather((mine, other))
+        answer: tuple[tuple[int, Manifest] | None, str] | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = self._pick(gathered.values())
+            except Exception as exc:
+                answer = exc
+        picked, note = self._coll.announce("finding local checkpoints", answer)
+        if note and self._coll.is_coordinator:
+            log.warning("%s", note)
         if picked is None:
             return None
         newest, manifest = picked
         return LocalCheckpoint(self.target.path(newest), manifest)
+
+    def _pick(
+        self, found: Sequence[tuple[list[int], str]]
+    ) -> tuple[tuple[int, Manifest] | None, str]:
+        """Coordinator: the newest step every rank found intact, with its manifest (``None``:
+        none), and why none is usable (the first rank's note; empty if it says nothing)."""
+        common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
+        if not common:
+            return None, next((note for _, note in found if note), "")
+        newest = max(common)  # the same manifest on every node: the coordinator's copy
+        return (newest, self.target.manifest(newest)), ""
 
     def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
         """Steps whose local copy holds this rank's file intact (local: a few stats), and

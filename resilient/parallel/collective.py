@@ -23,8 +23,6 @@ Values, not callbacks: a step's own work stays in the caller, between these oper
   its part of the manifest").
 * :meth:`Collective.check` -- every rank runs ``fn``; everyone learns who failed ("every rank
   checks its input").
-* :meth:`Collective.all_reduce` -- every rank runs ``local``; the coordinator combines the
-  results (a gather and an announce).
 
 Which error is raised: the coordinator's own :class:`~resilient.errors.ResilientError` as it is
 (e.g. :class:`~resilient.errors.CheckpointNotFoundError`), the same resilient error when every
@@ -37,7 +35,7 @@ from __future__ import annotations
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from resilient.errors import CollectiveError, RankFailure, ResilientError
 
@@ -47,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["Collective", "Gathered", "describe_error", "failure_of"]
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 # What travels for a failed rank: the failure as data, plus the exception itself when it is one of
 # ours (so that the same type can be raised everywhere).
@@ -276,60 +273,6 @@ class Collective:
                 replies = [("ok", v) for v in answers]
         status, value = self.comm.scatter(replies, root=0)
         return self._settle(what, status, value)  # type: ignore[no-any-return]
-
-    @overload
-    def all_reduce(
-        self,
-        what: str,
-        local: Callable[[], T],
-        combine: Callable[[list[T]], R],
-        *,
-        everywhere: Literal[True] = ...,
-    ) -> R: ...
-
-    @overload
-    def all_reduce(
-        self,
-        what: str,
-        local: Callable[[], T],
-        combine: Callable[[list[T]], R],
-        *,
-        everywhere: bool,
-    ) -> R | None: ...
-
-    def all_reduce(
-        self,
-        what: str,
-        local: Callable[[], T],
-        combine: Callable[[list[T]], R],
-        *,
-        everywhere: bool = True,
-    ) -> R | None:
-        """Collective over ``comm``: call on all ranks. Every rank runs ``local``; then the
-        coordinator runs ``combine`` on the results of all ranks (in rank order): a
-        :meth:`gather`, then an :meth:`announce`.
-
-        ``combine`` runs only when every ``local`` succeeded.
-
-        Returns:
-            ``combine``'s result, on every rank; with ``everywhere=False`` on the coordinator
-            only (the others get ``None``).
-
-        Raises:
-            ResilientError: the same error on every rank if any ``local`` or ``combine`` raised.
-        """
-        try:
-            mine: T | Exception = local()
-        except Exception as exc:
-            mine = exc
-        gathered = self.gather(mine)
-        answer: R | Exception | None = None
-        if gathered is not None:
-            try:
-                answer = combine(gathered.values())
-            except Exception as exc:
-                answer = exc
-        return self.announce(what, answer, everywhere=everywhere)
 
     def _settle(self, what: str, status: str, value: Any) -> Any:
         """``value``, or the error every rank raises for the failures it carries."""

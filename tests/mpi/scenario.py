@@ -383,27 +383,26 @@ def scenario_scatter(root: str, kind: str) -> None:
 
 
 def scenario_reply(root: str, kind: str) -> None:
-    """Collective.all_reduce(everywhere=False): the result stays on the coordinator (the
-    others get None); a failing combine still raises the same error on every rank."""
+    """Collective.gather then announce(everywhere=False): the answer stays on the coordinator
+    (the others get None); a failing answer still raises the same error on every rank."""
     from resilient.parallel.collective import Collective
     from resilient.parallel.comm import as_comm
 
     coll = Collective(as_comm(world))
 
-    def mine() -> int:
-        return coll.rank + 1
+    def summed(what: str, *, everywhere: bool) -> int:
+        gathered = coll.gather(coll.rank + 1)
+        return coll.announce(
+            what, None if gathered is None else sum(gathered.values()), everywhere=everywhere
+        )
 
-    def total(values: list[int]) -> int:
-        return sum(values)
-
-    got = coll.all_reduce("summing", mine, total, everywhere=False)
-    everywhere = coll.all_reduce("summing", mine, total)
-
-    def refuse(_: list[int]) -> int:
-        raise ValueError("no")
-
+    got = summed("summing", everywhere=False)
+    everywhere = summed("summing", everywhere=True)
+    coll.gather(1)
     try:
-        coll.all_reduce("refusing", lambda: 1, refuse, everywhere=False)
+        coll.announce(
+            "refusing", ValueError("no") if coll.is_coordinator else None, everywhere=False
+        )
     except resilient.ResilientError as exc:
         error = [type(exc).__name__, str(exc)]
     result(ok=True, got=got, everywhere=everywhere, size=coll.comm.size, error=error)

@@ -139,8 +139,8 @@ def test_every_shape_succeeds_on_every_rank(size: int) -> None:
             coll.broadcast("b", lambda: "from 0"),
             coll.scatter("s", lambda: [f"to {k}" for k in range(size)]),
             coll.check("c", lambda: r * 2),
-            coll.all_reduce("a", lambda: r, total),
-            coll.all_reduce("k", lambda: r, total, everywhere=False),
+            announced(coll, "a", lambda: r, total),
+            announced(coll, "k", lambda: r, total, everywhere=False),
             exchanged(coll, "x", lambda: r, lambda got: [g + 100 for g in got]),
             coll.share("h", r * 3),
             announced(coll, "n", lambda: r, total),
@@ -164,7 +164,7 @@ def test_every_shape_succeeds_on_every_rank(size: int) -> None:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> None:
-    """check, share, all_reduce, gather then announce, and gather then deal: whichever ranks
+    """check, share, gather then announce (kept or not), and gather then deal: whichever ranks
     raise, whatever they raise (a ResilientError, an OSError with errno, an exception that
     cannot be pickled), every rank
     raises the same error, naming every failing rank; the next collective still works."""
@@ -176,8 +176,7 @@ def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> Non
     ]
     shapes: list[Callable[[Collective, Callable[[], Any]], Any]] = [
         lambda coll, local: coll.check("checking", local),
-        lambda coll, local: coll.all_reduce("reducing", local, len),
-        lambda coll, local: coll.all_reduce("keeping", local, len, everywhere=False),
+        lambda coll, local: announced(coll, "keeping", local, len, everywhere=False),
         lambda coll, local: exchanged(coll, "exchanging", local, lambda got: list(got)),
         lambda coll, local: coll.share("sharing", outcome(local)),
         lambda coll, local: announced(coll, "announcing", local, len),
@@ -198,7 +197,7 @@ def test_any_rank_failing_a_local_step_is_one_error_everywhere(size: int) -> Non
             try:
                 shape(coll, local)
             finally:
-                after = coll.all_reduce("after", lambda: 1, total)  # nobody left behind
+                after = announced(coll, "after", lambda: 1, total)  # nobody left behind
                 assert after == size
             return None
 
@@ -223,11 +222,7 @@ def test_a_coordinator_step_failing_is_one_error_everywhere(size: int) -> None:
         (lambda c: c.scatter("s", _raises(Unpicklable())), CollectiveError),
         (lambda c: c.scatter("s", lambda: ["too few"] * (size + 1)), CollectiveError),
         (
-            lambda c: c.all_reduce("a", lambda: 1, _raises(RuntimeError("combine"))),
-            CollectiveError,
-        ),
-        (
-            lambda c: c.all_reduce("a", lambda: 1, _raises(ValueError("kept")), everywhere=False),
+            lambda c: announced(c, "k", lambda: 1, _raises(ValueError("kept")), everywhere=False),
             CollectiveError,
         ),
         (lambda c: exchanged(c, "x", lambda: 1, lambda got: [0] * (len(got) - 1)), CollectiveError),
@@ -256,14 +251,20 @@ def outcome(local: Callable[[], Any]) -> Any:
 
 
 def announced(
-    coll: Collective, what: str, local: Callable[[], Any], work: Callable[[list[Any]], Any]
+    coll: Collective,
+    what: str,
+    local: Callable[[], Any],
+    work: Callable[[list[Any]], Any],
+    *,
+    everywhere: bool = True,
 ) -> Any:
-    """Every rank's value to the coordinator, its work on them announced to every rank."""
+    """Every rank's value to the coordinator, its work on them announced to every rank (with
+    ``everywhere=False`` kept by the coordinator)."""
     gathered = coll.gather(outcome(local))
     answer = None
     if gathered is not None:
         answer = outcome(lambda: work(gathered.values()))
-    return coll.announce(what, answer)
+    return coll.announce(what, answer, everywhere=everywhere)
 
 
 def exchanged(

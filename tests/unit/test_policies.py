@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resilient import CheckpointManager
-from resilient.errors import ConfigError
+from resilient.errors import CollectiveError, ConfigError
 from resilient.model.policies import (
     AllOf,
     AnyOf,
@@ -441,6 +441,23 @@ def test_manager_should_save_with_injected_clock(tmp_path: Path) -> None:
         ctx_ = m.save_context(4, time_left_s=12.0, stop_requested=True)
         assert ctx_.last_saved_step == 3
         assert ctx_.time_left_s == 12.0 and ctx_.stop_requested is True
+
+
+def test_a_failing_save_when_raises_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0's policy error is announced: a resilient error as it is, any other one named."""
+
+    def broken(_: object) -> bool:
+        raise ZeroDivisionError("policy bug")
+
+    def refusing(_: object) -> bool:
+        raise ConfigError("no saving now")
+
+    failing = pytest.raises(CollectiveError, match=r"save decision at step 7.*policy bug")
+    with CheckpointManager(tmp_path / "ck", save_when=broken) as m, failing:
+        m.should_save(7)
+    refused = pytest.raises(ConfigError, match="no saving now")
+    with CheckpointManager(tmp_path / "ck", save_when=refusing) as m, refused:
+        m.should_save(8)
 
 
 def test_manager_without_save_when_never_saves_by_policy(tmp_path: Path) -> None:
