@@ -93,6 +93,9 @@ def test_one_rank_failing_raises_everywhere(tmp_path: Path, kind: str, how: str)
     if how == "enospc":
         assert "No space left on device" in got[0]["message"]
         assert "rank(s) [2]" in got[0]["message"]
+    if how == "badstep":  # every rank sees the steps of all (the save's first round)
+        assert got[0]["error"] == "ConfigError", got[0]
+        assert "ranks disagree on the step: [2, 3]" in got[0]["message"], got[0]
 
 
 def test_restore_with_other_rank_count_or_layout_is_refused(tmp_path: Path) -> None:
