@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient.io.validate import load_manifest
+from resilient.io.validate import load_manifest, validate_checkpoint
 from tests.mpirun import REPO, clean_env, mpiexec, results
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -220,3 +220,43 @@ def test_partner_on_one_node_says_so_once(tmp_path: Path) -> None:
     said = [line for line in proc.stderr.splitlines() if "no other node" in line]
     assert len(said) == 1, proc.stderr
     assert not (_local(base, "nodeA") / "partner").exists()
+
+
+# ---------------------------------------------------------------------- a sharded local tier
+
+
+def test_a_sharded_local_tier_saves_flushes_restores_and_rebuilds(tmp_path: Path) -> None:
+    # 4 ranks in 3 shards of at most 2 ranks, none spanning two nodes: nodeA's rank 0,
+    # nodeB's ranks 1 and 2, nodeC's rank 3; every restore checks every rank's state bit-exact
+    root, base = tmp_path / "shared", tmp_path / "local"
+    how = ["partner", "self", "2"]
+    on_nodes(["save", str(root), f"{base}/$PMI_HOSTNAME", "3", *how], hosts=RING)
+    shards = {"nodeA": "manifest-00000.json", "nodeB": "manifest-00001.json",
+              "nodeC": "manifest-00002.json"}  # fmt: skip
+    for node, shard in shards.items():
+        own = _local(base, node) / "step_00000003"
+        assert sorted(p.name for p in own.glob("manifest-*.json")) == [shard], node
+        assert load_manifest(own).sharded is not None  # the index, the same on every node
+        validate_checkpoint(own, node_local=True, static_root=root)
+    same = {(_local(base, n) / "step_00000003" / "manifest.json").read_bytes() for n in shards}
+    assert len(same) == 1
+    # a partner copy holds its origin's shard beside its files
+    copy = _local(base, "nodeC") / "partner" / "nodeB" / "step_00000003"
+    assert sorted(p.name for p in copy.glob("manifest-*.json")) == [shards["nodeB"]]
+    # the flush of step 2 moved every node's shard to the shared root
+    flushed = root / "step_00000002"
+    assert sorted(p.name for p in flushed.glob("manifest-*.json")) == sorted(shards.values())
+    validate_checkpoint(flushed, full=True)
+
+    def restore(hosts: str = RING) -> list[int]:
+        got = on_nodes(["restore", str(root), f"{base}/$PMI_HOSTNAME", *how], hosts=hosts)
+        return [int(str(r["step"])) for r in got]
+
+    assert restore() == [3] * 4  # from the local tier (then flushed at close)
+    validate_checkpoint(root / "step_00000003", full=True)
+    shutil.rmtree(base / "nodeB")  # rebuilt from nodeC's partner copy, its shard with it
+    assert restore() == [3] * 4
+    rebuilt = _local(base, "nodeB") / "step_00000003"
+    assert sorted(p.name for p in rebuilt.glob("manifest-*.json")) == [shards["nodeB"]]
+    shutil.rmtree(base)  # every node's storage gone: the shared root's copy of step 3
+    assert restore() == [3] * 4

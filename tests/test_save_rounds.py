@@ -7,7 +7,10 @@ rank's outcome goes to the coordinator (one gather), which commits and announces
 (one broadcast). With a node-local tier every rank builds the manifest and every node commits
 its own copy: three allgathers. So does the first save after a restart, with the restored
 file's skeleton. The calls of every communicator split from the save's (a file group's, a
-manifest shard's) count too.
+manifest shard's) count too. A sharded save with a node-local tier takes six: the first
+allgather, each shard's gather and broadcast (its leader writes the shard into its node's
+copy), the shards to the coordinator, the index it builds to every rank, and every node's
+commit of its copy (an allgather).
 """
 
 from __future__ import annotations
@@ -35,3 +38,16 @@ def test_a_blocking_save_of_an_unchanged_structure_takes_three_operations(
         assert len(later) == 4, later  # three saves, then the first after a restart
         assert all(len(calls) <= 3 for calls in later), (kind, tier, r["rank"], later)
     assert got[0]["calls"][1:] == [got[0]["calls"][1]] * 4  # the same script every time
+
+
+def test_a_sharded_save_with_a_node_local_tier_takes_six_operations(tmp_path: Path) -> None:
+    got = results(run_mpi(3, [SCENARIO, "rounds", str(tmp_path / "ck"), "self", "local-sharded"]))
+    assert len(got) == 3 and all(r["ok"] for r in got)
+    for r in got:
+        later = r["calls"][1:]
+        assert len(later) == 4, later
+        assert all(len(calls) <= 6 for calls in later), (r["rank"], later)
+    assert got[0]["calls"][1:] == [got[0]["calls"][1]] * 4
+    assert got[0]["calls"][1] == [
+        "allgather", "gather", "bcast", "gather", "bcast", "allgather"
+    ], got[0]["calls"][1]  # fmt: skip

@@ -126,7 +126,8 @@ class CheckpointManager:
             shards of about this many ranks (whole file groups) beside a small index (schema
             3): no rank gathers, encodes or parses every rank's entries, and a restoring rank
             reads its own shard only. ``None``: one manifest whatever the rank count. With
-            ``local_dir`` the manifest is one file (each node's copy needs every entry).
+            ``local_dir`` no shard spans two nodes: each node's copy holds the shards of its
+            own ranks and the index.
     """
 
     def __init__(
@@ -185,7 +186,7 @@ class CheckpointManager:
             )
         self.set_comms = make_set_comms(
             self.comm, checkpoint_comm,
-            shard_ranks=manifest_shard_ranks if local_dir is None else None,
+            shard_ranks=manifest_shard_ranks, by_node=local_dir is not None,
         )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)

@@ -48,7 +48,7 @@ from resilient.io.commit import PendingDir
 from resilient.io.targets import DirectoryTarget
 from resilient.io.wire import Outgoing, receive_files, send_files
 from resilient.model import filenames
-from resilient.model.codec import manifest_json, parse_manifest
+from resilient.model.codec import parse_manifest
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError
 from resilient.parallel.collective import Collective
@@ -63,6 +63,7 @@ __all__ = [
     "Ring",
     "check_redundancy",
     "make_copy_scheme",
+    "node_files",
     "plan_rebuild",
 ]
 
@@ -282,7 +283,7 @@ def _transfers_for(
     lost: list[tuple[int, list[str]]] = []
     for node in ring.leaders:
         mine = inventories.get(node, {}).get(step, ("", {}))[1]
-        needed = sorted({manifest.ranks[r].file for r in ring.ranks_of(node)})
+        needed = sorted(node_files(manifest, ring.ranks_of(node)))
         missing = []
         for name in needed:
             if mine.get(name) == "own":
@@ -360,13 +361,16 @@ class PartnerCopies:
         committed) and raises only if the transfer itself broke."""
         if not self.acts or not self.has_partner:
             return lambda: None
-        names = sorted({manifest.ranks[r].file for r in self.ring.ranks_of(self.node)})
-        sizes = {f.name: f.size for f in manifest.files}
-        outgoing = [Outgoing(n, step_dir / n, sizes[n], None) for n in names]
-        header = {"step": manifest.step, "source": self.ring.label(self.node),
-                  "manifest": manifest_json(manifest)}  # fmt: skip
+        sizes = node_files(manifest, self.ring.ranks_of(self.node))
+        outgoing = [Outgoing(n, step_dir / n, size, None) for n, size in sizes.items()]
 
         def run() -> str | None:
+            try:  # the index as committed (the caller may hold only its node's part of it)
+                text = self.local.read(manifest.step, filenames.MANIFEST).decode()
+            except (OSError, UnicodeDecodeError) as exc:
+                return f"reading the manifest of step {manifest.step}: {exc}"
+            header = {"step": manifest.step, "source": self.ring.label(self.node),
+                      "manifest": text}  # fmt: skip
             sent = _run_beside(
                 lambda: send_files(self.channel, self.ring.right(self.node), header, outgoing)
             )
@@ -606,6 +610,20 @@ class PartnerCopies:
             log.warning("could not quarantine %s: %s", path, exc)
 
 
+def node_files(manifest: Manifest, ranks: Sequence[int]) -> dict[str, int]:
+    """The files a node's copy of ``manifest`` holds for its ``ranks``, with their sizes: their
+    data files and, of a sharded manifest, their manifest shards (a shard never spans two
+    nodes). From the index alone (no shard is read)."""
+    sharded = manifest.sharded
+    sizes = {f.name: f.size for f in manifest.files}
+    if sharded is None:
+        return {n: sizes[n] for n in sorted({manifest.ranks[r].file for r in ranks})}
+    out = {n: sizes[n] for n in sorted({sharded.file_of(r).name for r in ranks})}
+    for shard in sorted({sharded.shard_of(r) for r in ranks}, key=lambda s: s.name):
+        out[shard.name] = shard.size
+    return out
+
+
 def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
     """Run ``fn`` on a thread of its own; the returned function joins it and returns its result
     (an exception becomes a problem: the other side then sees a broken stream)."""
@@ -647,7 +665,7 @@ def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, 
             and len(value) == 2
             and isinstance(value[0], int)
             and isinstance(value[1], str)
-            and filenames.is_data_file_name(name)
+            and (filenames.is_data_file_name(name) or filenames.is_shard_name(name))
         ):
             out[name] = (value[0], value[1])
     return out
@@ -666,14 +684,17 @@ def _held_in(
         return None
     path = target.path(step)
     files: dict[str, tuple[Path, int, str | None]] = {}
-    for f in manifest.files:
+    sizes = {f.name: f.size for f in manifest.files}
+    if manifest.sharded is not None:
+        sizes.update({s.name: s.size for s in manifest.sharded.shards})
+    for name, size in sizes.items():
         digest = None
         if record is not None:
-            if f.name not in record or record[f.name][0] != f.size:
+            if name not in record or record[name][0] != size:
                 continue
-            digest = record[f.name][1]
-        if target.size(step, f.name) == f.size:
-            files[f.name] = (path / f.name, f.size, digest)
+            digest = record[name][1]
+        if target.size(step, name) == size:
+            files[name] = (path / name, size, digest)
     if not files:
         return None
     text = target.read(step, filenames.MANIFEST).decode()

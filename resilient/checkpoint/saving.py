@@ -29,7 +29,11 @@ plans its file again, new static data, a sharded manifest's shards, the first sa
 
 With a node-local tier, 2. and 3. are allgathers: every rank builds the manifest, every node's
 leader commits its copy, and everyone learns whether every node did; every ``flush_every``
-commits a flush (three more operations) starts, and with partner copies a protection.
+commits a flush (three more operations) starts, and with partner copies a protection. With a
+node-local tier and a sharded manifest (a shard never spans two nodes) 2. is the shards' writes
+(their leaders write them into their nodes' temporary directories), a gather of the shards to
+the coordinator and the broadcast of the index it builds; then every node's leader commits its
+copy with that index and everyone learns whether every node did (one allgather).
 
 An asynchronous save runs the same steps, but its bytes are written on the writer thread (the
 host arrays copied into staging buffers first; one small allreduce before: did every rank
@@ -469,17 +473,25 @@ class SavePipeline:
             self._committed(self._clock() - flight.start)
             return
         # every node commits its own copy: every rank builds the manifest (at the time the
-        # last rank finished), every node's leader commits, and everyone learns who failed
+        # last rank finished), or with shards the coordinator builds the index and announces
+        # it; every node's leader commits, and everyone learns who failed
         try:
-            done = self._coll.share(what, _stamped(written))
             copied: Manifest | Exception
+            if self.comms.shard is None:
+                done = self._coll.share(what, _stamped(written))
+                try:
+                    copied = commit_set(
+                        self.comms, [w for w, _ in done], step=request.step,
+                        static=flight.static, metrics=request.metrics,
+                        library_version=__version__, at=max(t for _, t in done),
+                    )  # fmt: skip
+                except Exception as exc:
+                    copied = exc
+            else:
+                copied = self._local_index(written, flight)
             try:
-                copied = commit_set(
-                    self.comms, [w for w, _ in done], step=request.step, static=flight.static,
-                    metrics=request.metrics, library_version=__version__,
-                    at=max(t for _, t in done),
-                )  # fmt: skip
-                local.commit(pending, copied)
+                if not isinstance(copied, Exception):
+                    local.commit(pending, copied)
             except Exception as exc:
                 copied = exc
             failed = copied if isinstance(copied, Exception) else None
@@ -500,6 +512,32 @@ class SavePipeline:
             self._in_flight = _ProtectFlight(checkpoint, task, self._clock(), flush_due)
         elif flush_due:
             self._start_flush()
+
+    def _local_index(self, written: RankWritten | Exception, flight: _SaveFlight) -> Manifest:
+        """Collective: the index of a save with a node-local tier and a sharded manifest. Each
+        shard's leader writes its shard into its node's temporary directory (a shard never
+        spans two nodes), the coordinator builds the index from the shards and announces it;
+        returned with this rank's own entry loaded (for its flush). The same error on every
+        rank if any of that failed."""
+        request = flight.request
+        what = f"save of checkpoint step {request.step}"
+        shards = write_shard(
+            self.comms, written, flight.pending.path, kind="checkpoint", step=request.step
+        )
+        gathered = self._coll.gather(shards)
+        answer: Manifest | Exception | None = None
+        if gathered is not None:
+            try:
+                answer = commit_set(
+                    self.comms, gathered.values(), step=request.step, static=flight.static,
+                    metrics=request.metrics, library_version=__version__,
+                )  # fmt: skip
+            except Exception as exc:
+                answer = exc
+        index: Manifest = self._coll.announce(what, answer)
+        assert isinstance(written, RankWritten) and index.sharded is not None
+        own = index.sharded.with_entries({self.comms.comm.rank: written.entry})
+        return dataclasses.replace(index, ranks=own)
 
     def _commit(self, gathered: Gathered[Any], flight: _SaveFlight) -> _Committed | Exception:
         """Coordinator: commit a save in the shared root (or roll it back), log it and rotate;

@@ -4,7 +4,9 @@ On every node, ``<local_dir>/<name of the shared root>-<hash of its path>/`` is 
 root of its own (a :class:`~resilient.io.targets.DirectoryTarget`) holding, per step, the data
 files of that node's ranks plus the manifest and the ``COMMITTED`` marker (the same manifest the
 shared copy gets). Every file group must lie on one node (``checkpoint_comm`` ``self`` or
-``node``; ``world`` only on one node).
+``node``; ``world`` only on one node). Above ``manifest_shard_ranks`` ranks the manifest is
+sharded (schema 3) with shards that never span two nodes: a node's copy holds the index (the
+same on every node) and the shards of its own ranks, as it holds their data files.
 
 A node is what the communicator says it is (:meth:`~resilient.parallel.comm.Comm.split_node`), not a
 host name: several nodes may share a host. ``local_dir`` is expanded on each node by its own
@@ -17,9 +19,13 @@ every rank of a node must expand it to the same directory.
   datasets' bytes (the file's leader also HDF5's own bytes), hashing them as they are read, so a
   corrupt local copy is never flushed; then the coordinator commits the shared copy with the
   same manifest. A flush cut short is never visible.
-* A step is restorable from the local tier only when every rank finds its file there (marker,
-  manifest and file sizes check out, same layout): a job on other nodes finds nothing and uses
-  the shared root.
+* A flush also moves each node's manifest shards (a sharded manifest), then the coordinator
+  commits the index.
+* A step is restorable from the local tier only when every rank finds its file there (the
+  coordinator checks every rank's file size, and every shard's, against the index of its own
+  node's copy; same layout): a job on other nodes finds nothing and uses the shared root. Each
+  rank receives its part of the index and reads its own shard, nothing that grows with the
+  rank count.
 * With ``redundancy="partner"`` (:mod:`resilient.checkpoint.partner`) every local commit is followed, in
   the background, by a copy of each node's files to the next node; a restore first rebuilds
   what lost or replaced nodes lack from those copies.
@@ -29,6 +35,7 @@ SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -44,6 +51,7 @@ from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
 from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget
+from resilient.io.validate import load_entries
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.layout import Layout
@@ -84,7 +92,10 @@ class NodeView:
 
 
 class LocalCheckpoint:
-    """A local checkpoint every rank has: its node's directory of the step, and the manifest."""
+    """A local checkpoint every rank has: its node's directory of the step, and the manifest:
+    after a save, the whole manifest (of a sharded one, the index with this rank's entry
+    loaded); found by :meth:`LocalTier.newest`, the whole on the coordinator (which commits
+    the flush) and this rank's part elsewhere (a node's first rank: its node's)."""
 
     __slots__ = ("manifest", "path")
 
@@ -208,28 +219,39 @@ class LocalTier:
     ) -> Callable[[], None]:
         """This rank's part of moving ``checkpoint`` from this tier into ``pending`` (the shared
         root's pending step; :func:`~resilient.io.moves.move_ranges`, through ``bounce``, the
-        caller's buffer, if given).
+        caller's buffer, if given): its datasets' bytes, on a file's first rank HDF5's own
+        bytes too, and, of a sharded manifest, on the first rank of the first file of a shard
+        the shard.
 
         The returned function does no communication (it may run on a background thread); it
-        raises :class:`InvalidCheckpointError` if a byte range does not match its checksum.
+        raises :class:`InvalidCheckpointError` if a byte range does not match its checksum
+        (or this rank's shard cannot be read, to find its entry).
         """
-        manifest, rank = checkpoint.manifest, self.comms.comm.rank
-        entry = manifest.ranks[rank]
-        file = next(f for f in manifest.files if f.name == entry.file)
-        ranges: list[tuple[int, int, str, str]] = [
-            (d.offset, d.nbytes, d.checksum, f"rank {rank} dataset {d.name!r}")
-            for d in entry.datasets
-            if d.offset is not None and d.nbytes
-        ]
-        leader = self.comms.group.rank == 0
-        if leader:
-            ranges += [
-                (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
+        rank = self.comms.comm.rank
+
+        def run() -> None:
+            manifest = load_entries(checkpoint.path, checkpoint.manifest, (rank,))
+            entry = manifest.ranks[rank]
+            file = next(f for f in manifest.files if f.name == entry.file)
+            ranges: list[tuple[int, int, str, str]] = [
+                (d.offset, d.nbytes, d.checksum, f"rank {rank} dataset {d.name!r}")
+                for d in entry.datasets
+                if d.offset is not None and d.nbytes
             ]
-        return functools.partial(
-            move_ranges, self.target, manifest.step, file.name, pending, ranges,
-            size=file.size if leader else None, bounce=bounce,
-        )  # fmt: skip
+            leader = file.ranks[0] == rank
+            if leader:
+                ranges += [
+                    (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
+                ]
+            move = functools.partial(move_ranges, self.target, manifest.step, bounce=bounce)
+            move(file.name, pending, ranges, size=file.size if leader else None)
+            sharded = manifest.sharded
+            shard = None if sharded is None else sharded.shard_of(rank)
+            if leader and shard is not None and shard.files[0] == file.name:
+                whole = [(0, shard.size, shard.checksum, f"manifest shard {shard.name}")]
+                move(shard.name, pending, whole, size=shard.size)
+
+        return run
 
     # ------------------------------------------------------------------ restoring
 
@@ -238,69 +260,97 @@ class LocalTier:
     ) -> LocalCheckpoint | None:
         """Collective: the newest step (or ``step``; not older than ``at_least``) every rank
         finds intact in its node's copy, after rebuilding from partner copies what some nodes
-        lack.
+        lack (one gather, one scatter).
 
-        Quick checks only (marker, manifest, this rank's file size, same layout); the restore
-        verifies every checksum it reads.
+        Every rank reports the size of its file (and of its manifest shard) in each committed
+        local step; the coordinator reads the index of its own node's copy of the newest step
+        every rank has, checks the layout and every rank's sizes against it, and hands each
+        rank its part (:meth:`~resilient.model.manifest.Manifest.parts`: its own entry or,
+        sharded, its shard's name, and its file; a node's first rank its node's): what a rank
+        receives does not grow with the rank count. The coordinator keeps the whole index
+        (the flush commits it in the shared root). Quick checks only: the restore verifies
+        every checksum it reads (the shard's too).
         """
         if self.copies is not None and self.copies.has_partner:
             self.copies.rebuild_newest(self.target.steps, current, step=step, at_least=at_least)
-        steps, other = self._intact_steps(current, step)
-        mine = [s for s in steps if at_least is None or s >= at_least]
-
-        gathered = self._coll.gather((mine, other))
-        answer: tuple[tuple[int, Manifest] | None, str] | Exception | None = None
+        try:
+            mine: dict[int, _Sizes] | Exception = self._sizes(step, at_least)
+        except Exception as exc:  # raised on every rank by deal
+            mine = exc
+        gathered = self._coll.gather(mine)
+        answer: list[Manifest | None] | Exception | None = None
         if gathered is not None:
             try:
-                answer = self._pick(gathered.values())
+                answer = self._pick(gathered.values(), current)
             except Exception as exc:
                 answer = exc
-        picked, note = self._coll.announce("finding local checkpoints", answer)
-        if note and self._coll.is_coordinator:
-            log.warning("%s", note)
-        if picked is None:
+        part = self._coll.deal("finding local checkpoints", answer)
+        if part is None:
             return None
-        newest, manifest = picked
-        return LocalCheckpoint(self.target.path(newest), manifest)
+        if part.is_part and not part.layout.groups:  # the groups every rank knows, put back
+            part = dataclasses.replace(part, layout=current)
+        return LocalCheckpoint(self.target.path(part.step), part)
+
+    def _sizes(self, step: int | None, at_least: int | None) -> dict[int, _Sizes]:
+        """Local: per committed local step (or only ``step``; not older than ``at_least``) the
+        size of this rank's file and of its manifest shard, as this job would name them."""
+        shard = None
+        if self.comms.shard is not None and self.comms.shard.rank == 0:
+            shard = filenames.shard_name(self.comms.shard_index)
+        out: dict[int, _Sizes] = {}
+        for s in self.target.steps():
+            if (step is not None and s != step) or (at_least is not None and s < at_least):
+                continue
+            name = self.comms.file_name
+            out[s] = _Sizes(
+                name, self.target.size(s, name),
+                shard, None if shard is None else self.target.size(s, shard),
+            )  # fmt: skip
+        return out
 
     def _pick(
-        self, found: Sequence[tuple[list[int], str]]
-    ) -> tuple[tuple[int, Manifest] | None, str]:
-        """Coordinator: the newest step every rank found intact, with its manifest (``None``:
-        none), and why none is usable (the first rank's note; empty if it says nothing)."""
-        common = set(found[0][0]).intersection(*(set(f[0]) for f in found[1:]))
-        if not common:
-            return None, next((note for _, note in found if note), "")
-        newest = max(common)  # the same manifest on every node: the coordinator's copy
-        return (newest, self.target.manifest(newest)), ""
-
-    def _intact_steps(self, current: Layout, step: int | None) -> tuple[list[int], str]:
-        """Steps whose local copy holds this rank's file intact (local: a few stats), and
-        why the newest committed one is unusable when its ranks sit otherwise on the nodes."""
-        rank, other = self.comms.comm.rank, ""
-        found: list[int] = []
-        for s in sorted(self.target.steps(), reverse=True):
-            if step is not None and s != step:
-                continue
+        self, found: Sequence[dict[int, _Sizes]], current: Layout
+    ) -> list[Manifest | None]:
+        """Coordinator: the newest step every rank found intact, as each rank's part (the whole
+        index for the coordinator), or ``None`` for every rank (and why, logged)."""
+        common = set(found[0]).intersection(*found[1:])
+        note = ""
+        for s in sorted(common, reverse=True):
             try:
                 manifest = self.target.manifest(s)
             except InvalidCheckpointError as exc:
                 log.warning("local checkpoint %s is not usable: %s", exc.path, exc.reason)
                 continue
-            if manifest.layout != current or rank >= len(manifest.ranks):
-                if not other and not found:
-                    other = (
-                        f"the node-local checkpoints (newest step {s}) were written by "
-                        f"{_per_node(manifest.layout)}, this job has {_per_node(current)}: "
-                        "they cannot be used (keep the ranks per node the same, e.g. sbatch "
-                        "--ntasks-per-node); restoring from the shared root"
-                    )
+            if manifest.layout != current:
+                note = note or (
+                    f"the node-local checkpoints (newest step {s}) were written by "
+                    f"{_per_node(manifest.layout)}, this job has {_per_node(current)}: "
+                    "they cannot be used (keep the ranks per node the same, e.g. sbatch "
+                    "--ntasks-per-node); restoring from the shared root"
+                )
                 continue
-            name = manifest.ranks[rank].file
-            size = next((f.size for f in manifest.files if f.name == name), -1)
-            if self.target.size(s, name) == size:
-                found.append(s)
-        return found, other
+            if not _complete(manifest, [f[s] for f in found]):
+                continue
+            needed = self._needed()
+            parts: list[Manifest | None] = list(
+                manifest.parts(needed, layout=Layout(current.kind, current.nranks, ()))
+            )
+            parts[0] = manifest
+            return parts
+        if note:
+            log.warning("%s", note)
+        return [None] * len(found)
+
+    def _needed(self) -> list[tuple[int, ...]]:
+        """The ranks whose entries (or, sharded, shards and files) each rank needs: its own; a
+        file's first rank its file's (the skeleton its next save reuses); a node's first rank
+        its node's (the files its partner copy sends)."""
+        needed: list[set[int]] = [{r} for r in range(len(self.views))]
+        for group in self.comms.groups:
+            needed[group[0]].update(group)
+        for r, view in enumerate(self.views):
+            needed[view.leader].add(r)
+        return [tuple(sorted(n)) for n in needed]
 
     def discard(self, checkpoint: LocalCheckpoint, reason: str) -> None:
         """Local: this node's leader quarantines its copy of a checkpoint that failed a restore."""
@@ -315,6 +365,32 @@ class LocalTier:
         """``(node, host, local root)`` of every node (the shared root's record of its tiers)."""
         shared = self.root.name
         return sorted({(v.label, v.host, Path(v.node_dir) / shared) for v in self.views})
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    """What one rank finds of a committed local step: its file's name and size, and on a
+    manifest shard's first rank the shard's (``None``: absent)."""
+
+    file: str
+    size: int | None
+    shard: str | None
+    shard_size: int | None
+
+
+def _complete(manifest: Manifest, found: Sequence[_Sizes]) -> bool:
+    """Whether every rank's file (``found``, by rank) and every manifest shard are in the
+    node-local copies with the sizes the manifest says."""
+    files = {f.name: f for f in manifest.files}
+    sharded = manifest.sharded
+    for rank, sizes in enumerate(found):
+        file = files.get(sizes.file)
+        if file is None or rank not in file.ranks or sizes.size != file.size:
+            return False
+    if sharded is None:
+        return True
+    present = {f.shard: f.shard_size for f in found if f.shard is not None}
+    return all(present.get(s.name) == s.size for s in sharded.shards)
 
 
 def _per_node(layout: Layout) -> str:

@@ -202,9 +202,11 @@ def load_entries(
     return dataclasses.replace(manifest, ranks=sharded.with_entries(entries))
 
 
-def _check_shards(path: Path, manifest: Manifest) -> None:
+def _check_shards(path: Path, manifest: Manifest, *, node_local: bool = False) -> None:
     """Quick validation of a sharded manifest's shards: each a regular file of the size its
-    index says, and no shard the index does not name (their contents are checked when read)."""
+    index says, and no shard the index does not name (their contents are checked when read).
+    ``node_local``: a node-local copy holds the shards of its node's files only (a shard
+    never spans two nodes): a shard none of whose files is present may be absent."""
     sharded = manifest.sharded
     if sharded is None:
         return
@@ -213,6 +215,8 @@ def _check_shards(path: Path, manifest: Manifest) -> None:
         try:
             st = os.lstat(path / shard.name)
         except FileNotFoundError:
+            if node_local and not any(os.path.lexists(path / f) for f in shard.files):
+                continue
             raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
         if not stat.S_ISREG(st.st_mode) or st.st_size != shard.size:
             raise InvalidCheckpointError(
@@ -230,7 +234,7 @@ def _check_files(
     """Check the shards and data files; the manifest, with every entry a full validation
     needed loaded (those of the files present, for a node-local copy)."""
     where = str(path)
-    _check_shards(path, manifest)
+    _check_shards(path, manifest, node_local=node_local)
     try:
         if full:
             present = None  # every file: a missing one fails below

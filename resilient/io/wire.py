@@ -171,7 +171,7 @@ def send_files(
 
 def _check_header(header: Any, source: int) -> list[tuple[str, int]]:
     """The ``(name, size)`` list of a header from ``source`` (which is this library's code;
-    still, nothing but a data file's name may become a path)."""
+    still, nothing but a data file's or a manifest shard's name may become a path)."""
     files = header.get("files") if isinstance(header, dict) else None
     if not isinstance(files, list):
         raise ValueError(f"rank {source} sent a malformed header")
@@ -181,7 +181,7 @@ def _check_header(header: Any, source: int) -> list[tuple[str, int]]:
             not isinstance(item, list)
             or len(item) != 2
             or not isinstance(item[0], str)
-            or not filenames.is_data_file_name(item[0])
+            or not (filenames.is_data_file_name(item[0]) or filenames.is_shard_name(item[0]))
             or not isinstance(item[1], int)
             or not 0 <= item[1] < _MAX_FILE
         ):

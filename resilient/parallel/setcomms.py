@@ -75,23 +75,37 @@ def _resolve(comm: Comm, checkpoint_comm: Any) -> tuple[str, Comm]:
     )
 
 
-def shard_groups(groups: Sequence[Sequence[int]], shard_ranks: int) -> list[int]:
+def shard_groups(
+    groups: Sequence[Sequence[int]], shard_ranks: int, *, nodes: Sequence[int] | None = None
+) -> list[int]:
     """Pure: the manifest shard of each group: consecutive groups, a shard closed once it holds
-    ``shard_ranks`` ranks or more (a group is never split)."""
-    out, shard, held = [], 0, 0
-    for group in groups:
+    ``shard_ranks`` ranks or more (a group is never split). ``nodes``: the node of each group
+    (e.g. its first rank's node leader); a shard then never spans two nodes (a node-local
+    tier's copy on a node holds the shards of that node's ranks): a node's groups fill shards
+    of their own, in the order of their first group."""
+    if nodes is None:
+        nodes = [0] * len(groups)
+    out: list[int] = [0] * len(groups)
+    open_shard: dict[int, tuple[int, int]] = {}  # node -> (its open shard, ranks in it)
+    count = 0
+    for i, (group, node) in enumerate(zip(groups, nodes, strict=True)):
+        shard, held = open_shard.get(node, (-1, shard_ranks))
         if held >= shard_ranks:
-            shard, held = shard + 1, 0
-        out.append(shard)
-        held += len(group)
+            shard, held, count = count, 0, count + 1
+        out[i] = shard
+        open_shard[node] = (shard, held + len(group))
     return out
 
 
-def make_set_comms(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None) -> SetComms:
+def make_set_comms(
+    comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None = None, by_node: bool = False
+) -> SetComms:
     """Collective over ``comm``: call on all ranks. Resolve ``checkpoint_comm`` into groups.
 
     With ``shard_ranks``, a set of more ranks than that writes a sharded manifest: each shard
-    (:func:`shard_groups`) gets a communicator of its own, made here.
+    (:func:`shard_groups`) gets a communicator of its own, made here. ``by_node``: no shard
+    spans two nodes (:meth:`~resilient.parallel.comm.Comm.split_node`; for a node-local tier,
+    whose groups lie on one node each).
 
     Raises:
         ConfigError: an unknown name, or groups that do not partition ``comm``.
@@ -113,10 +127,22 @@ def make_set_comms(comm: Comm, checkpoint_comm: Any, *, shard_ranks: int | None 
     coll.check("checkpoint_comm setup", check_partition)
     index = groups.index(members)
     comms = SetComms(comm=comm, group=group, kind=kind, groups=tuple(groups), group_index=index)
-    shards = shard_groups(groups, shard_ranks) if shard_ranks and comm.size > shard_ranks else []
+    shards: list[int] = []
+    if shard_ranks and comm.size > shard_ranks:
+        nodes = _node_of_groups(comm, groups) if by_node else None
+        shards = shard_groups(groups, shard_ranks, nodes=nodes)
     if len(set(shards)) < 2:
         return comms
     mine = shards[index]
     shard = coll.check("manifest shard setup", lambda: comm.split(mine))
     together = sorted(r for g, s in zip(groups, shards, strict=True) if s == mine for r in g)
     return dataclasses.replace(comms, shard=shard, shard_index=mine, shard_members=tuple(together))
+
+
+def _node_of_groups(comm: Comm, groups: Sequence[Sequence[int]]) -> list[int]:
+    """Collective over ``comm``: the node of each group (the first rank of its first rank's
+    node)."""
+    node = Collective(comm).check("grouping ranks by node", comm.split_node)
+    leader = node.bcast(comm.rank)
+    leaders = comm.allgather(leader)
+    return [leaders[group[0]] for group in groups]

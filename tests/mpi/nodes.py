@@ -35,8 +35,16 @@ def result(**kw: Any) -> None:
 
 
 def manager(
-    root: str, local_dir: str, redundancy: str = "none", comm: str = "node", **kw: Any
+    root: str,
+    local_dir: str,
+    redundancy: str = "none",
+    comm: str = "node",
+    shard_ranks: str = "default",
+    **kw: Any,
 ) -> CheckpointManager:
+    """``shard_ranks``: the manager's ``manifest_shard_ranks`` (``default``: its default)."""
+    if shard_ranks != "default":
+        kw["manifest_shard_ranks"] = int(shard_ranks)
     return CheckpointManager(
         root, comm=world, checkpoint_comm=comm, local_dir=local_dir, keep=KeepLast(5),
         redundancy=None if redundancy == "none" else redundancy, **kw,
@@ -45,7 +53,7 @@ def manager(
 
 def scenario_save(root: str, local_dir: str, steps: str, *how: str) -> None:
     """Save steps 1..N (every 2nd flushed to the shared root); leave like a killed job (no
-    close, no last flush). ``how``: redundancy and checkpoint_comm."""
+    close, no last flush). ``how``: redundancy, checkpoint_comm and manifest_shard_ranks."""
     m = manager(root, local_dir, *how, flush_every=2)
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))

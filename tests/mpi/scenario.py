@@ -464,19 +464,21 @@ def scenario_rounds(root: str, kind: str, tier: str) -> None:
     """Count the raw collective calls (on the save's communicator and every one split from it)
     of blocking saves with an unchanged structure and unchanged static data, after a first
     save, and of the first save after a restart (restored, then saved with the restored
-    file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush)."""
+    file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush);
+    ``"local-sharded"``: the same with a manifest shard per rank."""
     from resilient.parallel.mpi import MPIComm
 
     counting = CountingComm(MPIComm(world))
     group: Any = kind
     if kind == "split":
         group = CountingComm(MPIComm(world.Split(rank // 2, rank)), counting.calls)
-    local = str(Path(root) / "local") if tier == "local" else None
+    local = str(Path(root) / "local") if tier.startswith("local") else None
+    shard_ranks = 1 if tier == "local-sharded" else None
     per_save = []
     for steps in ((1, 2, 3, 4), (6,)):  # then a restart: restore, save (the skeleton reused)
         with resilient.CheckpointManager(
             Path(root) / "shared", comm=counting, checkpoint_comm=group, keep=KeepLast(2),
-            local_dir=local, flush_every=1000,
+            local_dir=local, flush_every=1000, manifest_shard_ranks=shard_ranks,
         ) as m:  # fmt: skip
             if steps[0] > 1:
                 assert m.restore()[0] == 4

@@ -168,3 +168,12 @@ def test_shards_are_consecutive_whole_groups() -> None:
     assert shard_groups([(0, 1, 2), (3,), (4, 5)], 2) == [0, 1, 1]
     assert shard_groups([(0, 1, 2, 3)], 1) == [0]  # a group is never split
     assert shard_groups([(0,), (1,), (2,)], 128) == [0, 0, 0]
+
+
+def test_shards_of_a_node_local_tier_never_span_two_nodes() -> None:
+    groups = [(0,), (1,), (2,), (3,), (4,)]
+    # nodes of 3 and 2 ranks, shards of 2: node 0 fills shards 0 and 1, node 3 shard 2
+    assert shard_groups(groups, 2, nodes=[0, 0, 0, 3, 3]) == [0, 0, 1, 2, 2]
+    # a node's ranks need not be consecutive (round-robin placement): each node its own shards
+    assert shard_groups(groups, 2, nodes=[0, 1, 0, 1, 0]) == [0, 1, 0, 1, 2]
+    assert shard_groups(groups, 128, nodes=[0, 0, 0, 3, 3]) == [0, 0, 0, 1, 1]
