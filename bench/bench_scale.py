@@ -30,9 +30,17 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   home when they are the restoring run's); the last rank unpickles its part and looks at its
   own entry (:func:`resilient.checkpoint.elastic.needs_elastic`). ``rank_restore_*`` is that rank's part
   before it reads its data: the bytes it receives, the time to unpickle them, the memory they
-  take (``leader_restore_bytes``: its group's leader's message). With a node-local tier
-  (:meth:`resilient.checkpoint.tiers.LocalTier.newest`) every rank runs ``load_manifest`` on the whole
-  manifest itself: ``load_manifest_s`` is then every rank's cost.
+  take (``leader_restore_bytes``: its group's leader's message).
+
+``--local-tier [--ranks-per-node 64] [--no-before]``: a save with a node-local tier instead
+(:func:`run_local`): shards that never span two nodes, written by their leaders into their
+nodes' copies; rank 0's commit (its shard, the gather of the shards, the index built and
+broadcast, its node's commit, the allgather of the nodes' outcomes: :func:`local_commit_sharded`),
+a node leader's commit of the index it receives, and the restore's look-up
+(:meth:`resilient.checkpoint.tiers.LocalTier.newest`: rank 0 gathers every rank's sizes, checks
+them against its node's index and deals the parts; a rank then reads its shard). ``before``:
+the same save unsharded (every rank builds the whole manifest and reads all of it at a
+restore: :func:`local_commit_unsharded`).
 
 Times are wall-clock medians of ``--repeats`` untraced runs; ``*_peak_bytes`` come from one
 more run under :mod:`tracemalloc` (the peak of Python allocations inside the measured part;
@@ -42,6 +50,7 @@ the other ranks' messages, made before, are not counted, the receive buffer is).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import os
@@ -73,9 +82,11 @@ from resilient.checkpoint.checkpointer import (
 from resilient.checkpoint.elastic import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
 from resilient.checkpoint.restorer import _Candidate, _parts, _received
+from resilient.checkpoint.tiers import LocalTier, NodeView, _Sizes
 from resilient.io import validate
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
+from resilient.io.targets import DirectoryTarget
 from resilient.io.validate import load_entries, load_manifest
 from resilient.model import filenames
 from resilient.model.codec import manifest_json
@@ -564,6 +575,306 @@ def run(
     }
 
 
+# --------------------------------------------------------------------------- a node-local tier
+
+
+class LocalRootComm(RootComm):
+    """:class:`RootComm` with ``allgather`` (a save with a node-local tier shares its outcomes):
+    every rank's object as rank 0 receives it (the inbox, or every rank sending what rank 0
+    sends), and what rank 0 sends pickled once into ``sent``."""
+
+    def allgather(self, obj: T) -> list[T]:
+        self.bcast(obj)
+        return self.gather(obj)
+
+
+def node_sharding(
+    inbox: list[bytes], per_file: int, shard_ranks: int, per_node: int, root: Path
+) -> Sharding:
+    """:func:`leaders` for a save with a node-local tier: the shards of
+    :func:`~resilient.parallel.setcomms.shard_groups` with nodes of ``per_node`` consecutive
+    ranks (a shard never spans two nodes); every shard's leader but rank 0 runs its round."""
+    ranks = len(inbox)
+    groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
+    of_group = shard_groups(groups, shard_ranks, nodes=[g[0] // per_node for g in groups])
+    members = [tuple(r for g, k in zip(groups, of_group, strict=True) if k == s for r in g)
+               for s in range(max(of_group) + 1)]  # fmt: skip
+    world = [pickle.dumps((True, None), PROTOCOL)] * ranks
+    scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
+    took = []
+    for index, held in enumerate(members[1:], start=1):
+        comm = RootComm(len(held), [inbox[r] for r in held])
+        comms = set_comms(None, ranks, per_file, comm, held, index)
+        own = pickle.loads(inbox[held[0]])[1]
+        t0 = time.perf_counter()
+        got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
+        took.append(time.perf_counter() - t0)
+        assert not isinstance(got, Exception), got
+        world[held[0]] = pickle.dumps((True, got), PROTOCOL)
+    written = {p.name: p.read_bytes() for p in scratch.iterdir()}
+    shutil.rmtree(scratch, ignore_errors=True)
+    return Sharding(shard_ranks, members, world, took, written)
+
+
+def local_commit_unsharded(
+    inbox: list[bytes], per_file: int, root: Path
+) -> tuple[Manifest, LocalRootComm, float]:
+    """Rank 0's part of a save with a node-local tier before sharding (every rank's): the
+    allgather of every rank's outcome (unpickled), ``commit_set`` (every rank builds the whole
+    manifest), its node's commit of it, and the allgather of the commits' outcomes."""
+    ranks = len(inbox)
+    comm = LocalRootComm(ranks, list(inbox))
+    comms = set_comms(comm, ranks, per_file)
+    pending = PendingDir.for_step(root, STEP).create()
+    validate.MAX_MANIFEST_BYTES = 1 << 40  # (see commit)
+    t0 = time.perf_counter()
+    done = comm.allgather(pickle.loads(inbox[0]))
+    manifest = commit_set(
+        comms, [w for _, w in done], step=STEP, metrics={"loss": 1.0},
+        library_version=__version__, at=time.time(),
+    )  # fmt: skip
+    TimedPending(pending, comm.seconds).commit(manifest, what="local copy")
+    Collective(comm).share("committing the local copies", None)
+    took = time.perf_counter() - t0
+    validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
+    return manifest, comm, took
+
+
+def local_commit_sharded(
+    inbox: list[bytes], per_file: int, root: Path, sharding: Sharding
+) -> tuple[Manifest, LocalRootComm, float]:
+    """Rank 0's part of a sharded save with a node-local tier, as
+    ``SavePipeline._local_index`` and ``_finish_save`` run it: it leads shard 0 (gather, write
+    its shard into its node's temporary directory), gathers the shards' summaries, builds the
+    index (``commit_set``), broadcasts it, commits its node's copy and learns every node's
+    outcome (the allgather). The other shards are in the directory before (their leaders)."""
+    ranks = len(inbox)
+    held = sharding.members[0]
+    comm = LocalRootComm(ranks, list(sharding.world_inbox))
+    comms = set_comms(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
+    pending = PendingDir.for_step(root, STEP).create()
+    for name, text in sharding.written.items():
+        (pending.path / name).write_bytes(text)  # (on their own nodes; here for the restore)
+    own = pickle.loads(inbox[0])[1]
+    t0 = time.perf_counter()
+    shards = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+    coll = Collective(comm)
+    gathered = coll.gather(shards)
+    assert gathered is not None
+    index = commit_set(
+        comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__
+    )
+    coll.announce("save", index)
+    TimedPending(pending, comm.seconds).commit(index, what="local copy")
+    comm.inbox = None  # every rank shares what rank 0 shares
+    coll.share("committing the local copies", None)
+    return index, comm, time.perf_counter() - t0
+
+
+def node_leader_commit(index_message: bytes, root: Path) -> float:
+    """A node leader's part of a sharded local save after its shard's round: receive the index
+    (unpickle the broadcast) and commit its node's copy with it."""
+    pending = PendingDir.for_step(root, STEP + 1).create()
+    t0 = time.perf_counter()
+    _, index = pickle.loads(index_message)
+    pending.commit(dataclasses.replace(index, step=STEP + 1), what="local copy")
+    return time.perf_counter() - t0
+
+
+def local_restore(
+    final: Path, index: Manifest, current: Layout, per_node: int, keep: Sequence[int]
+) -> tuple[dict[int, bytes], RootComm, dict[str, float]]:
+    """Rank 0 of :meth:`LocalTier.newest` (no partner copies): gather every rank's sizes of its
+    file and shard, ``_pick`` (the index of its node's copy read, the sizes checked, each
+    rank's part made) and the scatter of the parts. Returns the messages of ``keep``."""
+    sharded = index.sharded
+    assert sharded is not None
+    files = {f.name: f for f in index.files}
+    first_of = {s.name: min(r for n in s.files for r in files[n].ranks) for s in sharded.shards}
+    inbox = []
+    for r in range(current.nranks):
+        shard = sharded.shard_of(r)
+        mine = first_of[shard.name] == r
+        sizes = _Sizes(sharded.file_of(r).name, sharded.file_of(r).size,
+                       shard.name if mine else None, shard.size if mine else None)  # fmt: skip
+        inbox.append(pickle.dumps((True, {STEP: sizes}), PROTOCOL))
+    tier = object.__new__(LocalTier)  # what _pick and _needed use: the copy, groups, nodes
+    tier.target = DirectoryTarget(final.parent)
+    tier.comms = SetComms(comm=SerialComm(), group=SerialComm(), kind=current.kind,
+                          groups=current.groups, group_index=0)  # fmt: skip
+    tier.views = [NodeView(r - r % per_node, "", "", "", "") for r in range(current.nranks)]
+    comm = RootComm(current.nranks, inbox, keep=tuple(keep))
+    coll = Collective(comm)
+    t0 = time.perf_counter()
+    gathered = coll.gather(pickle.loads(inbox[0])[1])
+    assert gathered is not None
+    t1 = time.perf_counter()
+    parts = tier._pick(gathered.values(), current)
+    t2 = time.perf_counter()
+    coll.deal("finding local checkpoints", parts)
+    t3 = time.perf_counter()
+    return comm.kept, comm, {"restore_gather_s": t1 - t0, "restore_pick_s": t2 - t1,
+                             "restore_scatter_s": t3 - t2}  # fmt: skip
+
+
+def local_rank_restore(received: bytes, final: Path, rank: int, current: Layout) -> float:
+    """One rank's part of :meth:`LocalTier.newest` and of the read's start: unpickle its part,
+    put its layout back, load its own entry from its shard in its node's copy."""
+    t0 = time.perf_counter()
+    ok, part = pickle.loads(received)
+    assert ok
+    part = dataclasses.replace(part, layout=current)
+    needs_elastic(load_entries(final, part, [rank]).ranks[rank], {})
+    return time.perf_counter() - t0
+
+
+def measure_local_once(
+    inbox: list[bytes], per_file: int, per_node: int, base: Path, sharding: Sharding | None,
+    *, trace: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """One save with a node-local tier (rank 0's part, a node leader's), then the restore's
+    look-up, with shards (``sharding``) or without (before: every rank reads the manifest)."""
+    ranks, out = len(inbox), dict[str, Any]()
+    root = Path(tempfile.mkdtemp(prefix="local-", dir=base))
+    try:
+        rss0 = reset_peak_rss()
+        with traced(trace) as mem:
+            if sharding is None:
+                manifest, comm, commit_s = local_commit_unsharded(inbox, per_file, root)
+            else:
+                manifest, comm, commit_s = local_commit_sharded(inbox, per_file, root, sharding)
+        out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
+        final = root / filenames.step_dir_name(STEP)
+        out["manifest_bytes"] = (final / filenames.MANIFEST).stat().st_size
+        out["save_receive_bytes"] = len(comm.sent[0])  # what every rank receives (of rank 0)
+        if trace:
+            out["commit_peak_bytes"] = mem["peak"]
+        else:
+            out["commit_s"] = commit_s
+            out.update({f"{k}_s": v for k, v in comm.seconds.items()})
+        current = current_layout(ranks, per_file)
+        if sharding is None:  # every rank reads the whole manifest (if the library would)
+            out["rank_restore_bytes"] = out["manifest_bytes"]
+            if not trace and out["manifest_bytes"] <= LIBRARY_LIMIT:
+                out["rank_restore_s"] = seconds_of(functools.partial(load_manifest, final))
+            return out
+        if not trace:
+            out["node_leader_commit_s"] = node_leader_commit(comm.sent[0], root)
+        del comm
+        gc.collect()
+        last = ranks - 1
+        leader = last - last % per_node
+        with traced(trace) as mem:
+            kept, scomm, times = local_restore(final, manifest, current, per_node, (last, leader))
+        del manifest
+        gc.collect()
+        with traced(trace) as mem2:
+            rank_s = local_rank_restore(kept[last], final, last, current)
+        shard = max(p.stat().st_size for p in final.iterdir() if filenames.is_shard_name(p.name))
+        out.update(
+            rank_restore_bytes=len(kept[last]) + shard, rank_received_bytes=len(kept[last]),
+            rank_shard_read_bytes=shard, leader_restore_bytes=len(kept[leader]),
+            restore_scatter_bytes_total=sum(scomm.scattered),
+        )  # fmt: skip
+        if trace:
+            out.update(coordinator_restore_peak_bytes=mem["peak"],
+                       rank_restore_peak_bytes=mem2["peak"])  # fmt: skip
+        else:
+            out.update(rank_restore_s=rank_s, **times)
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        gc.collect()
+
+
+def run_local(
+    ranks: int, datasets: int, per_file: int, per_node: int, repeats: int, base: Path, *,
+    shard_ranks: int, trace: bool, before: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Measure one size with a node-local tier: sharded by node (``shard_ranks``), and, with
+    ``before``, unsharded (every rank builds and reads the whole manifest)."""
+    inbox = messages(ranks, datasets, per_file)
+    sharding = node_sharding(inbox, per_file, shard_ranks, per_node, base)
+    out: dict[str, Any] = {"ranks": ranks, "datasets": datasets, "per_file": per_file,
+                           "per_node": per_node, "shard_ranks": shard_ranks,
+                           "shards": len(sharding.members), "repeats": repeats}  # fmt: skip
+    for name, how in (("after", sharding), ("before", None)):
+        if name == "before" and not before:
+            continue
+        samples = [measure_local_once(inbox, per_file, per_node, base, how, trace=False)
+                   for _ in range(repeats)]  # fmt: skip
+        peaks = measure_local_once(inbox, per_file, per_node, base, how, trace=True) if trace else {}
+        first = samples[0]
+        result = {k: v for k, v in first.items() if not k.endswith("_s")}
+        result.update({k: round(statistics.median(s[k] for s in samples), 4)
+                       for k in first if k.endswith("_s")})  # fmt: skip
+        result["commit_rss_delta_bytes"] = max(s["commit_rss_delta_bytes"] or 0 for s in samples)
+        result.update({k: v for k, v in peaks.items() if k.endswith("_peak_bytes")})
+        if how is not None:
+            result["shard_leader_s_median"] = round(statistics.median(how.leader_s), 4)
+            result["shard_leader_s_max"] = round(max(how.leader_s), 4)
+        out[name] = result
+    out.update(max_rss_bytes=max_rss(), revision=library_revision(),
+               python=sys.version.split()[0])  # fmt: skip
+    return out
+
+
+def local_table(results: Sequence[dict[str, Any]]) -> str:
+    """The node-local tier's results as a Markdown table (MB = 10^6 bytes)."""
+
+    def mb(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1e6:,.1f}"
+
+    def kb(n: int | None) -> str:
+        return "-" if n is None else f"{n / 1e3:,.1f}"
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    rows = [
+        "| ranks x datasets (per node) | shards | before: rank 0's commit s, RSS delta MB; a rank "
+        "reads MB | commit s: rank 0 (gather / bcast / prepare / publish) | rank 0 commit peak MB "
+        "(RSS delta) | every rank receives KB | a node leader s: its shard (median, max), its "
+        "commit | restore, rank 0 s: gather / pick / scatter | restore, a rank: receives KB, "
+        "reads KB, s (a node leader receives KB) |",
+        "|" + "---|" * 9,
+    ]
+    for r in results:
+        a, b = r["after"], r.get("before", {})
+        rows.append(
+            f"| {r['ranks']:,} x {r['datasets']} ({r['per_node']}) | {r['shards']} "
+            f"| {s(b.get('commit_s'))}, {mb(b.get('commit_rss_delta_bytes'))}; "
+            f"{mb(b.get('rank_restore_bytes'))} "
+            f"| {s(a.get('commit_s'))} ({s(a.get('gather_s'))} / {s(a.get('bcast_s'))} / "
+            f"{s(a.get('prepare_s'))} / {s(a.get('publish_s'))}) "
+            f"| {mb(a.get('commit_peak_bytes'))} ({mb(a.get('commit_rss_delta_bytes'))}) "
+            f"| {kb(a['save_receive_bytes'])} "
+            f"| ({s(a['shard_leader_s_median'])}, {s(a['shard_leader_s_max'])}), "
+            f"{s(a.get('node_leader_commit_s'))} "
+            f"| {s(a.get('restore_gather_s'))} / {s(a.get('restore_pick_s'))} / "
+            f"{s(a.get('restore_scatter_s'))} "
+            f"| {kb(a['rank_received_bytes'])}, {kb(a['rank_shard_read_bytes'])}, "
+            f"{s(a.get('rank_restore_s'))} ({kb(a['leader_restore_bytes'])}) |"
+        )
+    return "\n".join(rows)
+
+
+def main_local(args: argparse.Namespace, base: Path) -> None:
+    """``--local-tier``: measure each size with a node-local tier, print the table, write the
+    JSON."""
+    results = []
+    for n in (int(x) for x in args.ranks.split(",")):
+        result = run_local(
+            n, args.datasets, args.per_file, args.ranks_per_node, args.repeats, base,
+            shard_ranks=args.shard_ranks or DEFAULT_SHARD_RANKS, trace=not args.no_trace,
+            before=not args.no_before,
+        )  # fmt: skip
+        results.append(result)
+        print(local_table(results[-1:]).splitlines()[2], flush=True)
+    print(local_table(results))
+    write_json(args.json, results)
+
+
 def reset_peak_rss() -> int:
     """Reset this process's ``VmHWM`` to its current resident memory (Linux ``clear_refs``);
     return that, or 0 where it cannot be reset."""
@@ -649,9 +960,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--dir", help="where the checkpoints are written (default: the temp dir)")
     ap.add_argument("--no-trace", action="store_true", help="skip the tracemalloc run")
     ap.add_argument("--max-rss-gib", type=float, default=8.0, help="abort above this RSS")
+    ap.add_argument("--local-tier", action="store_true",
+                    help="a save with a node-local tier (shards never span nodes)")  # fmt: skip
+    ap.add_argument("--ranks-per-node", type=int, default=64, help="with --local-tier")
+    ap.add_argument("--no-before", action="store_true",
+                    help="with --local-tier: skip the unsharded save (every rank's manifest)")  # fmt: skip
     args = ap.parse_args(argv)
     watch_rss(int(args.max_rss_gib * 2**30))
     base = Path(args.dir or tempfile.gettempdir())
+    if args.local_tier:
+        main_local(args, base)
+        return
     results = []
     for n in (int(x) for x in args.ranks.split(",")):
         results.append(
