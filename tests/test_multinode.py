@@ -260,3 +260,17 @@ def test_a_sharded_local_tier_saves_flushes_restores_and_rebuilds(tmp_path: Path
     assert sorted(p.name for p in rebuilt.glob("manifest-*.json")) == [shards["nodeB"]]
     shutil.rmtree(base)  # every node's storage gone: the shared root's copy of step 3
     assert restore() == [3] * 4
+
+
+def test_a_corrupt_local_shard_sends_the_restore_to_the_shared_root(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    how = ["none", "self", "1"]  # a shard per rank: nodeB holds manifest-00002 and -00003
+    on_nodes(["save", str(root), f"{base}/$PMI_HOSTNAME", "3", *how])
+    shard = _local(base, "nodeB") / "step_00000003" / "manifest-00003.json"
+    text = bytearray(shard.read_bytes())
+    text[len(text) // 2] ^= 0x01  # same size: only the reading rank's checksum sees it
+    shard.write_bytes(bytes(text))
+    got = on_nodes(["restore", str(root), f"{base}/$PMI_HOSTNAME", *how])
+    assert [r["step"] for r in got] == [2] * 4  # step 3 never reached the shared root
+    held = sorted(p.name for p in _local(base, "nodeB").glob("step_*"))
+    assert held[0] == "step_00000002" and held[1].startswith("step_00000003.quarantined-"), held
