@@ -41,13 +41,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.elastic import ElasticPlan
+from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
 from resilient.checkpoint.partner import Held, PartnerCopies, Rebuild, Ring, transfers_for
 from resilient.errors import InvalidCheckpointError, LayoutMismatchError
 from resilient.io.targets import DirectoryTarget
 from resilient.io.validate import load_entries
 from resilient.model.blocks import BlockSpec, intersect
 from resilient.model.codec import parse_manifest
+from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError
 
 __all__ = ["Staged", "StagePlan", "files_needed", "plan_staging", "stage_newest"]
@@ -114,7 +115,7 @@ def plan_staging(
     ring: Ring,
     wanted: Sequence[Mapping[str, BlockSpec]],
     *,
-    current: str,
+    current: Layout,
     entries: Callable[[int, Manifest], Manifest],
     only: int | None = None,
     at_least: int | None = None,
@@ -129,7 +130,10 @@ def plan_staging(
             of any layout.
         ring: the nodes of this job.
         wanted: every rank's new blocks (by leaf path).
-        current: this job's layout, for messages.
+        current: this job's layout. A step of the same rank count and kind of layout is
+            staged only where some rank's new blocks differ from its saved ones: otherwise
+            the restore is not elastic (a plain read, which needs no blocks), and the local
+            tier's own steps (rebuilt from partner copies) are what it reads.
         entries: ``(step, manifest)`` -> the manifest with every entry loaded (a sharded one's
             shards read; others as they are); raises InvalidCheckpointError or ManifestError.
         only: consider this step alone.
@@ -150,8 +154,10 @@ def plan_staging(
             manifest = entries(step, parse_manifest(text))
         except (ManifestError, InvalidCheckpointError):
             continue
+        if not _is_elastic(manifest, current, wanted):
+            continue
         try:
-            needs = files_needed(manifest, ring, wanted, current=current)
+            needs = files_needed(manifest, ring, wanted, current=current.describe())
         except LayoutMismatchError as exc:
             return None, why or (
                 f"local checkpoint step {step} cannot be restored elastically: {exc}"
@@ -187,13 +193,27 @@ def plan_staging(
     return None, why
 
 
+def _is_elastic(
+    manifest: Manifest, current: Layout, wanted: Sequence[Mapping[str, BlockSpec]]
+) -> bool:
+    """Whether restoring ``manifest`` on ``current`` with the new blocks ``wanted`` is an
+    elastic restore (the restorer's rule: another rank count or kind of layout, or a rank
+    whose new blocks differ from its saved ones)."""
+    saved = manifest.layout
+    if (saved.nranks, saved.kind) != (current.nranks, current.kind):
+        return True
+    return any(
+        blocks and needs_elastic(manifest.ranks[r], blocks) for r, blocks in enumerate(wanted)
+    )
+
+
 def stage_newest(
     copies: PartnerCopies,
     staging: DirectoryTarget,
     own_steps: Callable[[], list[int]],
     blocks: Mapping[str, BlockSpec],
     *,
-    current: str,
+    current: Layout,
     step: int | None,
     at_least: int | None,
     excluded: frozenset[int] = frozenset(),
@@ -209,7 +229,7 @@ def stage_newest(
         staging: where each node stages (a child of its local tier, not a step of it).
         own_steps: the steps of this node's own copies (called on a node's first rank).
         blocks: this rank's new blocks.
-        current: this job's layout, for messages.
+        current: this job's layout.
         wire: whether ``copies``' channel works (see :func:`plan_staging`).
     """
     coll, ring = copies.coll, copies.ring

@@ -504,31 +504,31 @@ class PartnerCopies:
     ) -> str | None:
         """Build this node's copy of the step in a temporary directory of ``target``: link the
         files it has, copy those it holds as a partner, receive the rest; commit it if all went
-        well."""
+        well. Every stream is read to its end whatever failed before (its sender waits)."""
         pending = target.pending(plan.step)
-        target.create(pending)
-        error: str | None = None
-        try:
-            needed = {n for t in receives for n in t[2]}
-            if mine is not None:
-                for name, (path, _, digest) in mine.files.items():
-                    if digest is None and name not in needed and path.parent != pending.path:
-                        target.link(pending, name, path)
-            for src, _, names in receives:
-                if src == self.node:  # held here as a partner copy: verify while copying
-                    assert mine is not None
-                    error = error or self._copy_verified(mine, names, pending, target)
+        needed = {n for t in receives for n in t[2]}
+        error = _attempt(lambda: target.create(pending))
+        if error is None and mine is not None:
+            own = [
+                (n, p)
+                for n, (p, _, d) in mine.files.items()
+                if d is None and n not in needed and p.parent != pending.path
+            ]
+            error = _attempt(lambda: _link_all(target, pending, own))
+        for src, _, names in receives:
+            if src == self.node:  # held here as a partner copy: verify while copying
+                assert mine is not None
+                if error is None:
+                    error = self._copy_verified(mine, names, pending, target)
                     if error and mine.partner is not None:
                         self._quarantine(mine.partner, plan.step, error)
-                    continue
-                got = receive_files(self.channel, src, lambda _h: pending.path)
-                error = error or got.error
-            if error is None:
-                target.commit(
-                    pending, parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}"
-                )
-        except (OSError, ManifestError, ResilientError) as exc:
-            error = error or str(exc)
+                continue
+            got = receive_files(self.channel, src, lambda _h: pending.path)
+            error = error or got.error
+        if error is None:
+            manifest = plan.manifest
+            what = f"rebuilt step {plan.step}"
+            error = _attempt(lambda: target.commit(pending, parse_manifest(manifest), what=what))
         if error is not None:
             target.rollback(pending)
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
@@ -650,6 +650,20 @@ def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
         return out[0] if out else ["the sending thread died"]
 
     return join
+
+
+def _attempt(fn: Callable[[], object]) -> str | None:
+    """Run ``fn``; what went wrong (a file, a manifest or a commit error), or ``None``."""
+    try:
+        fn()
+    except (OSError, ManifestError, ResilientError) as exc:
+        return str(exc)
+    return None
+
+
+def _link_all(target: DirectoryTarget, pending: PendingDir, files: list[tuple[str, Path]]) -> None:
+    for name, path in files:
+        target.link(pending, name, path)
 
 
 def _missing(name: str) -> Outgoing:

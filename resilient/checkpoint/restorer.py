@@ -308,13 +308,22 @@ class Restorer:
             ConfigError: ``blocks`` or ``into`` do not fit (every rank).
         """
 
-        def whole_static() -> Manifest | None:
-            static = self._static_manifest(manifest)
-            if static is not None:
-                static = load_entries(self._static_dir(manifest), static, None, memo=self.memo)
-            return static
+        def whole_static() -> tuple[Manifest | None, str | None]:
+            try:
+                static = self._static_manifest(manifest)
+                if static is not None:
+                    static = load_entries(self._static_dir(manifest), static, None, memo=self.memo)
+            except InvalidCheckpointError as exc:
+                return None, f"its static data {exc.path}: {exc.reason}"
+            except ManifestError as exc:
+                return None, f"its static data: {exc}"
+            return static, None
 
-        static = self.coll.broadcast(f"loading the static data of {path.name}", whole_static)
+        static, problem = self.coll.broadcast(
+            f"loading the static data of {path.name}", whole_static
+        )
+        if problem is not None:
+            return None, [problem]
         chosen = _Candidate(path, manifest, static, elastic=True)
         plan = self._elastic_plans(chosen)
         chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})

@@ -343,7 +343,7 @@ class LocalTier:
             self._mover = PartnerCopies(self.target, ring, self._coll, channel, keep=self.keep)
         staged = stage_newest(
             self._mover, self.staging, self.target.steps, blocks,
-            current=self.comms.layout.describe(), step=step, at_least=at_least,
+            current=self.comms.layout, step=step, at_least=at_least,
             excluded=excluded, wire=not isinstance(self._mover.channel, _NoChannel),
         )  # fmt: skip
         return None if staged is None else LocalCheckpoint(staged.path, staged.manifest)

@@ -77,3 +77,24 @@ def test_each_node_needs_the_files_its_ranks_new_blocks_overlap(tmp_path: Path) 
     assert files_needed(manifest, ring, [{"g": none}] * 3, current="3 ranks") == {
         0: {name}, 2: {name}  # the replicated array is in saved rank 0's file
     }  # fmt: skip
+
+
+def test_a_staged_step_that_fails_its_read_is_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local = _crashed_run(tmp_path, 3)
+    step3 = local / "step_00000003"
+    entry = load_manifest(step3).ranks[0]
+    g = next(d for d in entry.datasets if d.name == "g")
+    assert g.offset is not None
+    data = step3 / entry.file
+    raw = bytearray(data.read_bytes())
+    raw[g.offset + g.nbytes - 1] ^= 0xFF  # in the last row, which the restore reads
+    data.write_bytes(bytes(raw))
+    caplog.set_level(logging.WARNING)
+    with CheckpointManager(tmp_path / "ck", local_dir=tmp_path / "local") as m:
+        step, state = m.restore(blocks={"g": (SHAPE, (5, 0), (5, 3))})
+    assert step == 2 and state["g"].tobytes() == _global(2)[5:].tobytes()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "local step 3 staged for an elastic restore failed validation" in said, said
+    assert "checksum mismatch" in said and "staged local step 2" in said, said
