@@ -294,3 +294,17 @@ def test_a_corrupt_partner_copy_in_an_elastic_restart_falls_back_to_an_older_ste
     assert f"partner copy {copy.parent} is corrupt, quarantined" in log, log
     assert "could not stage local step 3" in log, log
     assert "staged local step 2 for an elastic restore on node(s) nodeA, nodeC" in log, log
+
+
+def test_without_partner_copies_the_nodes_send_each_other_their_own_files(
+    tmp_path: Path,
+) -> None:
+    """No redundancy, the same two nodes, 3 ranks instead of 4: nodeA's new rows reach into
+    saved rank 2's block, a file of nodeB's own copy, sent over a channel opened for it."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "none")
+    got, log = _elastic(root, base, "nodeA:2,nodeB:1", "elastic_restore", "none")
+    assert [r["step"] for r in got] == [3] * 3
+    line = _staged_line(log)
+    assert "staged local step 3 for an elastic restore on node(s) nodeA, nodeB" in line, log
+    assert "(1 files, " in line, line  # rank_00002.h5, from nodeB to nodeA

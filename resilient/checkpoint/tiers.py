@@ -23,6 +23,10 @@ every rank of a node must expand it to the same directory.
 * With ``redundancy="partner"`` (:mod:`resilient.checkpoint.partner`) every local commit is followed, in
   the background, by a copy of each node's files to the next node; a restore first rebuilds
   what lost or replaced nodes lack from those copies.
+* A restore on another rank count, layout or decomposition stages on each node the files its
+  ranks read of the newest step the nodes hold between them, own and partner copies of any
+  layout, in ``<local root>/elastic/`` (:mod:`resilient.checkpoint.localelastic`), before it
+  looks at the shared root.
 
 SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 """
