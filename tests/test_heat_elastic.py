@@ -96,3 +96,19 @@ def test_export_gives_the_global_field(tmp_path: Path, half: Path, copy: bool) -
                               capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
         assert dump.returncode == 0, dump.stderr
         assert raw.read_bytes() == field(half / "out.h5", HALF)
+
+
+def test_a_4_rank_run_resumes_on_3_ranks_from_its_node_local_tier(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """Issue 38's finding: a 4-rank run whose checkpoints sit only in the node-local tier (the
+    shared root's copies removed, as if the run had been killed before any flush) resumes on
+    3 ranks from its newest local step, not from step 0, and ends bit-identical."""
+    ckpt, local = tmp_path / "ck", tmp_path / "local"
+    heat(4, ckpt, tmp_path / "half.h5", HALF, "--local-dir", str(local), "--flush-every", "1000")
+    for step_dir in ckpt.glob("step_*"):  # only the close's flush put it there
+        shutil.rmtree(step_dir)
+    log = heat(3, ckpt, tmp_path / "out.h5", STEPS, "--local-dir", str(local))
+    assert f"staged local step {HALF} for an elastic restore" in log, log
+    assert f"resumed from step {HALF}" in log, log
+    assert field(tmp_path / "out.h5", STEPS) == reference

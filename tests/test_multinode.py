@@ -274,3 +274,91 @@ def test_a_corrupt_local_shard_sends_the_restore_to_the_shared_root(tmp_path: Pa
     assert [r["step"] for r in got] == [2] * 4  # step 3 never reached the shared root
     held = sorted(p.name for p in _local(base, "nodeB").glob("step_*"))
     assert held[0] == "step_00000002" and held[1].startswith("step_00000003.quarantined-"), held
+
+
+# ---------------------------------------------------------------------- an elastic restart
+
+
+def _elastic(root: Path, base: Path, hosts: str, *args: str) -> tuple[list[dict[str, object]], str]:
+    """``tests/mpi/nodes.py elastic_* ROOT BASE/$PMI_HOSTNAME ARGS`` on ``hosts``: every rank's
+    RESULT and the log (stderr)."""
+    n = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(n), "-hosts", hosts, "-launcher", "fork", sys.executable,
+         str(NODES), args[0], str(root), f"{base}/$PMI_HOSTNAME", *args[1:]],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    got = results(proc)
+    assert len(got) == n, proc.stdout + proc.stderr
+    return got, proc.stderr
+
+
+def _staged_line(log: str) -> str:
+    (line,) = [x for x in log.splitlines() if "for an elastic restore on node(s)" in x]
+    return line
+
+
+def test_a_restart_on_3_ranks_and_a_new_node_stages_partner_copies_over_the_wire(
+    tmp_path: Path,
+) -> None:
+    """4 ranks on nodeA and nodeB with partner copies, never flushed, nodeB's disk lost; the
+    restart runs 3 ranks on nodeA and nodeC: nodeA stages its own files and its copy of
+    nodeB's, nodeC receives the files its rank reads from nodeA; the newest step, exact."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "partner")
+    assert not list(root.glob("step_*"))  # nothing reached the shared root
+    shutil.rmtree(base / "nodeB")
+    got, log = _elastic(root, base, "nodeA:2,nodeC:1", "elastic_restore", "partner")
+    assert [r["step"] for r in got] == [3] * 3 and not any(r["staged_left"] for r in got)
+    line = _staged_line(log)
+    # nodeC's new rows (136..202) lie in saved ranks 2 and 3: nodeB's files, from nodeA's copy
+    assert "staged local step 3 for an elastic restore on node(s) nodeA, nodeC" in line, log
+    assert "(2 files, " in line and "bytes over the wire" in line, line
+    # the next save (4, on 3 ranks) reached the shared root at close; nothing staged is left
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004"]
+    assert load_manifest(root / "step_00000004").layout.nranks == 3
+    for node in ("nodeA", "nodeC"):
+        assert not (_local(base, node) / "elastic").exists()
+
+
+def test_a_restart_on_fewer_ranks_of_the_same_node_uses_its_local_steps(tmp_path: Path) -> None:
+    """The issue's finding: 4 ranks on one node, never flushed, restarted on 3 ranks: the
+    newest local step (no partner, nothing over the wire), not the (empty) shared root."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, "nodeA:4", "elastic_save", "3", "none")
+    got, log = _elastic(root, base, "nodeA:3", "elastic_restore", "none")
+    assert [r["step"] for r in got] == [3] * 3
+    assert "staged local step 3 for an elastic restore on node(s) nodeA" in log, log
+    assert "(0 files, 0 bytes over the wire)" in _staged_line(log)
+
+
+def test_a_corrupt_partner_copy_in_an_elastic_restart_falls_back_to_an_older_step(
+    tmp_path: Path,
+) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "partner")
+    shutil.rmtree(base / "nodeB")
+    copy = _local(base, "nodeA") / "partner" / "nodeB" / "step_00000003" / "rank_00003.h5"
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    got, log = _elastic(root, base, "nodeA:2,nodeC:1", "elastic_restore", "partner")
+    assert [r["step"] for r in got] == [2] * 3, log
+    assert f"partner copy {copy.parent} is corrupt, quarantined" in log, log
+    assert "could not stage local step 3" in log, log
+    assert "staged local step 2 for an elastic restore on node(s) nodeA, nodeC" in log, log
+
+
+def test_without_partner_copies_the_nodes_send_each_other_their_own_files(
+    tmp_path: Path,
+) -> None:
+    """No redundancy, the same two nodes, 3 ranks instead of 4: nodeA's new rows reach into
+    saved rank 2's block, a file of nodeB's own copy, sent over a channel opened for it."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "none")
+    got, log = _elastic(root, base, "nodeA:2,nodeB:1", "elastic_restore", "none")
+    assert [r["step"] for r in got] == [3] * 3
+    line = _staged_line(log)
+    assert "staged local step 3 for an elastic restore on node(s) nodeA, nodeB" in line, log
+    assert "(1 files, " in line, line  # rank_00002.h5, from nodeB to nodeA

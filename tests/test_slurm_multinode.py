@@ -200,16 +200,17 @@ def _reference(tmp_path: Path) -> bytes:
         return bytes(f["T"][()].tobytes())
 
 
-def _heat_job(tmp_path: Path, nodes: str | None) -> str:
-    """Submit the heat run (4 ranks, 2 per node, slowed down) as a batch job; its id. Not
-    requeued by Slurm when a node fails (the default for batch jobs): the test resubmits."""
+def _heat_job(tmp_path: Path, nodes: str | None, ranks: int = 4) -> str:
+    """Submit the heat run (4 ranks, 2 per node, slowed down; or ``ranks`` on 2 nodes, the
+    first one's 2 ranks and the rest on the second) as a batch job; its id. Not requeued by
+    Slurm when a node fails (the default for batch jobs): the test resubmits."""
     where = ["-w", nodes] if nodes else []
+    per_node = ["--ntasks-per-node=2"] if ranks == 4 else ["-n", str(ranks)]
     args = [*HEAT, "--step-delay", "0.05", "--local-dir", f"{tmp_path}/local/$SLURMD_NODENAME",
             "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out.h5")]  # fmt: skip
     wrap = " ".join(["srun", "--mpi=pmi2", sys.executable, *(f"'{a}'" for a in args)])
     out = subprocess.run(
-        ["sbatch", "--parsable", "--no-requeue", "-p", "multi", *where, "-N", "2",
-         "--ntasks-per-node=2",
+        ["sbatch", "--parsable", "--no-requeue", "-p", "multi", *where, "-N", "2", *per_node,
          "--time=10", "-o", str(tmp_path / "job-%j.log"), "--chdir", str(REPO), "--wrap", wrap],
         env=clean_env(), capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
@@ -265,6 +266,51 @@ def test_a_killed_job_with_a_wiped_node_resumes_from_the_newest_local_step(
     assert f"rebuilt local step {newest} on node(s) n2" in log, log
     with h5py.File(tmp_path / "out.h5") as f:
         assert f["T"][()].tobytes() == want
+
+
+def test_a_killed_job_resumes_on_3_ranks_of_other_nodes_from_local_and_partner_copies(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: a 2-node, 4-rank heat job (node-local tier, partner copies, nothing flushed)
+    is killed; n2's local directory is deleted; the restart runs 3 ranks on n1 and n3. n1
+    stages its own file and its partner copy of n2's; n3 receives n2's file from n1 over the
+    wire (it cannot read n1's directory: each node has its own local root). The newest
+    protected local step is resumed, the output is bit-identical to an uninterrupted run."""
+    nodes = multi_nodes()
+    if "n3" not in nodes:
+        subprocess.run(["scontrol", "update", "nodename=n3", "state=resume"], check=False,
+                       capture_output=True, timeout=30)  # fmt: skip
+        if "n3" not in multi_nodes():
+            pytest.skip("needs n3 in partition multi")
+    t0 = time.monotonic()
+    want = _reference(tmp_path)
+    t1 = time.monotonic()
+    job = _heat_job(tmp_path, "n1,n2")
+    _wait(lambda: _protected(tmp_path / "ck") >= 3, "three protected checkpoints")
+    _kill_where(f"SLURM_JOB_ID={job}")  # scancel would send SIGTERM first: a graceful stop
+    _finish(tmp_path, job)
+    t2 = time.monotonic()
+    assert not list((tmp_path / "ck").glob("step_*"))  # nothing reached the shared root
+    n1 = _local_root(tmp_path / "local", "n1")  # what n1 has of its own and of n2's
+    both = {p.name for p in n1.glob("step_*")} & {p.name for p in n1.glob("partner/n2/step_*")}
+    newest = max(int(name[5:]) for name in both)
+    shutil.rmtree(tmp_path / "local" / "n2")
+    job = _heat_job(tmp_path, "n1,n3", ranks=3)
+    log = _finish(tmp_path, job)
+    t3 = time.monotonic()
+    assert _job_state(job) == "COMPLETED", log
+    staged = [line for line in log.splitlines() if "for an elastic restore on node(s)" in line]
+    assert len(staged) == 1, log
+    assert f"staged local step {newest} for an elastic restore on node(s) n1, n3" in staged[0]
+    assert "(1 files, " in staged[0], staged[0]  # n2's file, to n3 (n1 copies its own copy)
+    assert f"resumed from step {newest}" in log, log
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["T"][()].tobytes() == want
+    assert not (_local_root(tmp_path / "local", "n3") / "elastic").exists()
+    print(
+        f"\nreference run {t1 - t0:.1f} s; 4-rank job until killed {t2 - t1:.1f} s; 3-rank "
+        f"restart from local step {newest} to the end {t3 - t2:.1f} s\n{staged[0]}"
+    )
 
 
 def _kill_where(env: str, spool_dir: str | None = None) -> None:

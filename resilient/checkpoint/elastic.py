@@ -220,8 +220,9 @@ def read_elastic(
         for path, stored in plan.blocks.items():
             want = blocks[path]
             out = targets[path][0]
-            for sb in stored:
-                _copy_overlap(fd_of(sb.file), sb, want, out, stats, directory, path)
+            for sb in stored:  # only the files this rank reads are opened (a staged copy of
+                if intersect(sb.spec, want) is not None:  # a node-local one holds only those)
+                    _copy_overlap(fd_of(sb.file), sb, want, out, stats, directory, path)
         for path, d in plan.replicated.items():
             out = targets[path][0]
             if d.offset is not None and d.nbytes:

@@ -516,17 +516,19 @@ class CheckpointManager:
         blocks: Mapping[str, BlockSpec],
     ) -> tuple[int, dict[str, Any]] | None:
         """Collective: the newest local checkpoint if every rank has it intact and it is at
-        least as new as the newest one in ``root``; ``None`` to restore from ``root``."""
+        least as new as the newest one in ``root``; else the newest one of another layout (or
+        another decomposition) that the nodes can stage between them for an elastic restore
+        (:meth:`_restore_staged`); ``None`` to restore from ``root``."""
         assert self._local is not None
         shared = self.latest_step() if step is None else None
         found = self._local.newest(self.layout, step=step, at_least=shared)
         if found is None:
-            return None
+            return self._restore_staged(step, shared, validate, into, blocks)
         state, reasons = self._restorer.read(
             found.path, found.manifest, validate=validate, into=into, blocks=blocks
         )
-        if state is None and not reasons:  # an elastic restore: from the shared root
-            return None
+        if state is None and not reasons:  # new blocks: an elastic restore reads other files
+            return self._restore_staged(step, shared, validate, into, blocks)
         if state is None:
             why = "; ".join(reasons[:4])
             log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
@@ -536,6 +538,46 @@ class CheckpointManager:
             self._pipeline.adopt_unflushed(found)  # not in the shared root: close() flushes it
         self._pipeline.protect(found)  # partner copies again, for the nodes of this job
         return found.manifest.step, state
+
+    def _restore_staged(
+        self,
+        step: int | None,
+        shared: int | None,
+        validate: StateValidator | None,
+        into: Mapping[str, Any] | None,
+        blocks: Mapping[str, BlockSpec],
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Collective: an elastic restore of the newest local step (or ``step``; not older
+        than ``shared``, the shared root's newest) of any layout, staged on every node from
+        its own and partner copies (:mod:`resilient.checkpoint.localelastic`); a staged step
+        that fails its read is passed over for the next older one. ``None``: none, use the
+        shared root.
+
+        The step is not adopted as this run's unflushed checkpoint (it has another layout):
+        the next save is newer, and the old nodes' copies keep it until then."""
+        assert self._local is not None
+        failed: set[int] = set()
+        for _ in range(3):
+            staged = self._local.stage_elastic(
+                blocks, step=step, at_least=shared, excluded=frozenset(failed)
+            )
+            if staged is None:
+                return None
+            try:
+                state, reasons = self._restorer.read_elastic(
+                    staged.path, staged.manifest, validate=validate, into=into, blocks=blocks
+                )
+            finally:  # every rank has read (the read's last round gathers them all)
+                self._local.drop_staged()
+            if state is not None:
+                return staged.manifest.step, state
+            if self.comm.rank == 0:
+                log.warning(
+                    "local step %d staged for an elastic restore failed validation: %s",
+                    staged.manifest.step, "; ".join(reasons[:4]),
+                )  # fmt: skip
+            failed.add(staged.manifest.step)
+        return None
 
     def _check_open(self) -> None:
         if self._closed:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,6 +65,7 @@ __all__ = [
     "make_copy_scheme",
     "node_files",
     "plan_rebuild",
+    "transfers_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,8 @@ def plan_rebuild(
             continue
         if manifest.layout != current or len(manifest.ranks) != sum(map(len, ring.ranks)):
             continue
-        transfers, lost = _transfers_for(manifest, step, inventories, ring)
+        needs = {n: node_files(manifest, ring.ranks_of(n)) for n in ring.leaders}
+        transfers, lost = transfers_for(needs, step, inventories, ring)
         if lost:
             why = why or (
                 f"local checkpoint step {step} cannot be rebuilt: "
@@ -268,13 +270,16 @@ def plan_rebuild(
     return None, why
 
 
-def _transfers_for(
-    manifest: Manifest,
+def transfers_for(
+    needs: Mapping[int, Iterable[str]],
     step: int,
     inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
     ring: Ring,
 ) -> tuple[tuple[tuple[int, int, tuple[str, ...]], ...], list[tuple[int, list[str]]]]:
-    """The transfers that give every node its ranks' files of ``step``, and what is lost."""
+    """Pure: the transfers that give every node (first rank) the files of ``step`` it
+    ``needs``, and what is lost (per node, the files no node holds). A node's own copy of a
+    file needs no transfer; one it holds as a partner copy is a transfer to itself (copied,
+    its digest checked); any other comes from a node holding its own copy if one does."""
     held: dict[str, list[tuple[int, str]]] = {}  # file -> [(node, own|partner)]
     for node, inv in inventories.items():
         for name, kind in inv.get(step, ("", {}))[1].items():
@@ -283,7 +288,7 @@ def _transfers_for(
     lost: list[tuple[int, list[str]]] = []
     for node in ring.leaders:
         mine = inventories.get(node, {}).get(step, ("", {}))[1]
-        needed = sorted(node_files(manifest, ring.ranks_of(node)))
+        needed = sorted(set(needs.get(node, ())))
         missing = []
         for name in needed:
             if mine.get(name) == "own":
@@ -432,9 +437,10 @@ class PartnerCopies:
 
     # ------------------------------------------------------------------ rebuild
 
-    def inventory(self, own_steps: Sequence[int], current: Layout) -> dict[int, Held]:
+    def inventory(self, own_steps: Sequence[int], current: Layout | None) -> dict[int, Held]:
         """Local, on a node's first rank: what this node holds per step, its own copies
-        (``own_steps``, in ``root``) and its partner copies, whose sizes check out."""
+        (``own_steps``, in ``root``) and its partner copies, whose sizes check out; of the
+        layout ``current`` only (``None``: of any layout, for an elastic restore)."""
         held: dict[int, Held] = {}
         for step in own_steps:
             found = _held_in(self.local, step, current, None)
@@ -453,19 +459,30 @@ class PartnerCopies:
                     held[step] = found
         return held
 
-    def rebuild(self, plan: Rebuild, held: Mapping[int, Held]) -> str | None:
+    def rebuild(
+        self, plan: Rebuild, held: Mapping[int, Held], *, into: DirectoryTarget | None = None
+    ) -> str | None:
         """Collective over the nodes named in ``plan`` (their first ranks; other ranks return at
         once): run the plan's transfers and commit each receiving node's copy of the step.
         Returns what went wrong here (``None``: fine). A partner copy found corrupt while
-        being sent is quarantined."""
+        being sent is quarantined.
+
+        ``into``: commit every node's copy there instead of in its local tier, also where
+        nothing is received (a staged copy for an elastic restore:
+        :mod:`resilient.checkpoint.localelastic`)."""
         if not self.acts:
             return None
         sends = [t for t in plan.transfers if t[0] == self.node and t[1] != self.node]
         receives = [t for t in plan.transfers if t[1] == self.node]
         mine = held.get(plan.step)
+        target = self.local if into is None else into
         sent = _run_beside(lambda: self._send_all(plan, sends, mine))
         try:
-            received = self._receive_all(plan, receives, mine) if receives else None
+            received = (
+                self._receive_all(plan, receives, mine, target)
+                if receives or into is not None
+                else None
+            )
         finally:
             problems = sent()
         return received or (problems[0] if problems else None)
@@ -483,36 +500,41 @@ class PartnerCopies:
         return problems
 
     def _receive_all(
-        self, plan: Rebuild, receives: list[tuple[int, int, tuple[str, ...]]], mine: Held | None
+        self,
+        plan: Rebuild,
+        receives: list[tuple[int, int, tuple[str, ...]]],
+        mine: Held | None,
+        target: DirectoryTarget,
     ) -> str | None:
-        """Build this node's copy of the step in a temporary directory: link the files it has,
-        copy those it holds as a partner, receive the rest; commit it if all went well."""
-        pending = self.local.pending(plan.step)
-        self.local.create(pending)
-        error: str | None = None
-        try:
-            needed = {n for t in receives for n in t[2]}
-            if mine is not None:
-                for name, (path, _, digest) in mine.files.items():
-                    if digest is None and name not in needed and path.parent != pending.path:
-                        self.local.link(pending, name, path)
-            for src, _, names in receives:
-                if src == self.node:  # held here as a partner copy: verify while copying
-                    assert mine is not None
-                    error = error or self._copy_verified(mine, names, pending)
+        """Build this node's copy of the step in a temporary directory of ``target``: link the
+        files it has, copy those it holds as a partner, receive the rest; commit it if all went
+        well. Every stream is read to its end whatever failed before (its sender waits)."""
+        pending = target.pending(plan.step)
+        needed = {n for t in receives for n in t[2]}
+        error = _attempt(lambda: target.create(pending))
+        if error is None and mine is not None:
+            own = [
+                (n, p)
+                for n, (p, _, d) in mine.files.items()
+                if d is None and n not in needed and p.parent != pending.path
+            ]
+            error = _attempt(lambda: _link_all(target, pending, own))
+        for src, _, names in receives:
+            if src == self.node:  # held here as a partner copy: verify while copying
+                assert mine is not None
+                if error is None:
+                    error = self._copy_verified(mine, names, pending, target)
                     if error and mine.partner is not None:
                         self._quarantine(mine.partner, plan.step, error)
-                    continue
-                got = receive_files(self.channel, src, lambda _h: pending.path)
-                error = error or got.error
-            if error is None:
-                self.local.commit(
-                    pending, parse_manifest(plan.manifest), what=f"rebuilt step {plan.step}"
-                )
-        except (OSError, ManifestError, ResilientError) as exc:
-            error = error or str(exc)
+                continue
+            got = receive_files(self.channel, src, lambda _h: pending.path)
+            error = error or got.error
+        if error is None:
+            manifest = plan.manifest
+            what = f"rebuilt step {plan.step}"
+            error = _attempt(lambda: target.commit(pending, parse_manifest(manifest), what=what))
         if error is not None:
-            self.local.rollback(pending)
+            target.rollback(pending)
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
 
@@ -589,12 +611,15 @@ class PartnerCopies:
             log.warning("could not list the local tier %s: %s", self.local.root, exc)
             return {}
 
-    def _copy_verified(self, held: Held, names: Sequence[str], pending: PendingDir) -> str | None:
-        """Copy files this node holds as a partner into ``pending``, checking their digests."""
+    def _copy_verified(
+        self, held: Held, names: Sequence[str], pending: PendingDir, target: DirectoryTarget
+    ) -> str | None:
+        """Copy files this node holds as a partner into ``pending`` (of ``target``), checking
+        their digests."""
         for name in names:
             path, _, digest = held.files[name]
             try:
-                copied = self.local.copy(pending, name, path)
+                copied = target.copy(pending, name, path)
             except OSError as exc:
                 return f"copying {path}: {exc.strerror or exc}"
             if digest is not None and copied != digest:
@@ -645,6 +670,20 @@ def _run_beside(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
     return join
 
 
+def _attempt(fn: Callable[[], object]) -> str | None:
+    """Run ``fn``; what went wrong (a file, a manifest or a commit error), or ``None``."""
+    try:
+        fn()
+    except (OSError, ManifestError, ResilientError) as exc:
+        return str(exc)
+    return None
+
+
+def _link_all(target: DirectoryTarget, pending: PendingDir, files: list[tuple[str, Path]]) -> None:
+    for name, path in files:
+        target.link(pending, name, path)
+
+
 def _missing(name: str) -> Outgoing:
     return Outgoing(name, Path("/nonexistent") / name, 0, None)
 
@@ -672,15 +711,19 @@ def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, 
 
 
 def _held_in(
-    target: DirectoryTarget, step: int, current: Layout, record: dict[str, tuple[int, str]] | None
+    target: DirectoryTarget,
+    step: int,
+    current: Layout | None,
+    record: dict[str, tuple[int, str]] | None,
 ) -> Held | None:
-    """The files of a committed step whose size matches its manifest."""
+    """The files of a committed step whose size matches its manifest (of the layout
+    ``current``; ``None``: of any)."""
     try:
         manifest = target.manifest(step)
     except InvalidCheckpointError as exc:
         log.warning("local checkpoint %s is not usable: %s", exc.path, exc.reason)
         return None
-    if manifest.layout != current:
+    if current is not None and manifest.layout != current:
         return None
     path = target.path(step)
     files: dict[str, tuple[Path, int, str | None]] = {}

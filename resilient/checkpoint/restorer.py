@@ -285,6 +285,61 @@ class Restorer:
         self.last_restored = (path, chosen.manifest)
         return state, []
 
+    def read_elastic(
+        self,
+        path: Path,
+        manifest: Manifest,
+        *,
+        validate: StateValidator | None = None,
+        into: Mapping[str, Any] | None = None,
+        blocks: Mapping[str, BlockSpec] | None = None,
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """Collective over ``coll``: every rank reads its new blocks of the checkpoint whose
+        whole manifest (every entry; the same on every rank) is ``manifest``, from ``path``:
+        this rank's own directory of it (a node's staged copy of a node-local checkpoint,
+        :mod:`resilient.checkpoint.localelastic`, holding the files its ranks read; static data
+        from :attr:`root`). Every stripe read is verified; nothing is quarantined here.
+
+        Returns:
+            ``(state, [])`` for this rank, or ``(None, reasons)`` when a rank's read failed.
+
+        Raises:
+            LayoutMismatchError: the static data cannot be restored elastically (every rank).
+            ConfigError: ``blocks`` or ``into`` do not fit (every rank).
+        """
+
+        def whole_static() -> tuple[Manifest | None, str | None]:
+            try:
+                static = self._static_manifest(manifest)
+                if static is not None:
+                    static = load_entries(self._static_dir(manifest), static, None, memo=self.memo)
+            except InvalidCheckpointError as exc:
+                return None, f"its static data {exc.path}: {exc.reason}"
+            except ManifestError as exc:
+                return None, f"its static data: {exc}"
+            return static, None
+
+        static, problem = self.coll.broadcast(
+            f"loading the static data of {path.name}", whole_static
+        )
+        if problem is not None:
+            return None, [problem]
+        chosen = _Candidate(path, manifest, static, elastic=True)
+        plan = self._elastic_plans(chosen)
+        chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
+        gathered = self.coll.gather(why)
+        found: list[str] | Exception | None = None
+        if gathered is not None:
+            try:
+                found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
+            except Exception as exc:
+                found = exc
+        reasons: list[str] = self.coll.announce(f"elastic restore of {path}", found)
+        if reasons:
+            return None, reasons
+        self.last_restored = (path, chosen.manifest)
+        return state, []
+
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
         manifest and its static data's (:func:`~resilient.io.validate.load_entries`: the shards
@@ -361,6 +416,11 @@ class Restorer:
         chosen = self.coll.announce(
             f"sending the whole manifest of {chosen.path.name} for an elastic restore", whole
         )
+        return self._elastic_plans(chosen), chosen
+
+    def _elastic_plans(self, chosen: _Candidate) -> _Elastic:
+        """Collective (every rank plans from the whole manifest it holds): the elastic plans of
+        ``chosen``, or the same :class:`LayoutMismatchError` on every rank."""
         current = self.layout.describe()
 
         def plan() -> _Elastic:
@@ -370,7 +430,7 @@ class Restorer:
                 None if static is None else ElasticPlan.of(static, current=current),
             )
 
-        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan), chosen
+        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
 
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""

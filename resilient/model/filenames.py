@@ -70,6 +70,7 @@ RUN_KEY = "run_key.json"  # the parameters that define the run whose checkpoints
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
 PARTNER_DIR = "partner"  # in a local tier root: partner copies, one directory per origin node
 PARTNER_RECORD = "PARTNER.json"  # in a partner copy: each file's size and whole-file digest
+ELASTIC_DIR = "elastic"  # in a local tier root: steps staged for an elastic restore (transient)
 
 _STEP_RE = re.compile(r"^step_(\d{8,})\Z")
 _TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}\Z")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from resilient import CheckpointManager, KeepLast
+from resilient import Block, CheckpointManager, KeepLast, Replicated, block_1d
 from resilient.errors import ResilientError
 from resilient.parallel.nodes import node_label
 
@@ -91,6 +91,51 @@ def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> N
         m.wait()
     result(local_root=str(m._local.root) if m._local else None)
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
+
+
+G_SHAPE = (203, 7)  # the global array of the elastic scenarios: rows split unevenly
+
+
+def global_g(step: int) -> np.ndarray:
+    i, j = np.indices(G_SHAPE)
+    return (i * 10.0 + j + 0.5 * step).astype(np.float64)
+
+
+def elastic_state(step: int) -> dict[str, Any]:
+    """This rank's rows of the global array at ``step`` (a Block) and the step (Replicated)."""
+    start, rows = block_1d(G_SHAPE[0], world.size, rank)
+    block = Block(global_g(step)[start : start + rows], G_SHAPE, (start, 0))
+    return {"g": block, "meta": Replicated({"step": step})}
+
+
+def scenario_elastic_save(root: str, local_dir: str, steps: str, redundancy: str) -> None:
+    """Save steps 1..N of a state restorable on any rank count, never flushed to the shared
+    root (flush_every 1000); leave like a killed job."""
+    m = manager(root, local_dir, redundancy, "self", flush_every=1000)
+    for step in range(1, int(steps) + 1):
+        m.save(step, elastic_state(step))
+        m.wait()
+    result(local_root=str(m._local.root) if m._local else None)
+    m.__exit__(RuntimeError, RuntimeError("killed"), None)
+
+
+def scenario_elastic_restore(root: str, local_dir: str, redundancy: str) -> None:
+    """Restore on this job's rank count (each rank its rows) and check every rank's block is
+    the global array's at the restored step; then save the next step and close (the flush of
+    a new layout)."""
+    start, rows = block_1d(G_SHAPE[0], world.size, rank)
+    with manager(root, local_dir, redundancy, "self") as m:
+        try:
+            step, got = m.restore(blocks={"g": (G_SHAPE, (start, 0), (rows, G_SHAPE[1]))})
+        except ResilientError as exc:
+            result(error=type(exc).__name__, message=str(exc))
+            return
+        want = global_g(step)[start : start + rows]
+        assert got["meta"] == {"step": step}, got["meta"]
+        assert got["g"].tobytes() == want.tobytes(), step
+        staged = m._local.staging.root.exists() if m._local else False
+        m.save(step + 1, elastic_state(step + 1))
+    result(step=step, staged_left=staged)
 
 
 def scenario_refused(root: str, local_dir: str, comm: str) -> None:

@@ -1,0 +1,340 @@
+"""An elastic restore from the node-local tier: a step saved on other ranks or nodes, staged.
+
+A job restarted on another rank count (or another decomposition, or other nodes) cannot read
+the node-local checkpoints as they are: each rank's new blocks overlap stored blocks of files
+that may sit on any node of the old job, as its own copy or as a partner copy
+(:mod:`resilient.checkpoint.partner`). Before the shared root is looked at, the nodes of this
+job stage the newest step they can complete between them. Call order (every round through
+:class:`~resilient.parallel.collective.Collective`; :func:`stage_newest`)::
+
+    every rank    its new blocks; a node's first rank also what its node holds of every
+                  step, of any layout (own copies and partner copies, sizes checked, partner
+                  digests recorded: PartnerCopies.inventory)
+    coordinator   plan_staging: the newest step (not older than the shared root's newest)
+                  whose manifest has an elastic plan and whose files the nodes hold between
+                  them; per node, the files holding stored blocks that overlap its ranks' new
+                  blocks, plus saved rank 0's file for the replicated leaves; who sends what
+    node leaders  PartnerCopies.rebuild into <local root>/elastic/: own files linked, partner
+                  copies copied with their digests checked, the rest received over the
+                  channel (resilient.io.wire); committed with the saved manifest
+    coordinator   one line: "staged local step N for an elastic restore on node(s) ..."
+
+A partner copy found corrupt is quarantined and the choice made again (an older step, or
+none: the shared root). Every rank then reads its new blocks from its own node's staged copy
+(:meth:`~resilient.checkpoint.restorer.Restorer.read_elastic`), every stripe verified.
+
+Why a directory of its own (``<local root>/elastic/step_N``) and not a step of the tier: the
+staged copy has another layout than this job and holds only what this node's ranks read, so
+the tier's rotation, flush and same-layout restores must never see it. It is removed after
+the restore (and at the next start, if a crash left it). The restored step is not adopted as
+this run's unflushed checkpoint (another layout): the run's next save is newer, and until
+then the old nodes' own and partner copies still hold it.
+
+Why only the overlapping files: a restart on fewer nodes would otherwise move every node's
+files to every node (the whole checkpoint times the node count over the wire).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
+from resilient.checkpoint.partner import Held, PartnerCopies, Rebuild, Ring, transfers_for
+from resilient.errors import InvalidCheckpointError, LayoutMismatchError
+from resilient.io.targets import DirectoryTarget
+from resilient.io.validate import load_entries
+from resilient.model.blocks import BlockSpec, intersect
+from resilient.model.codec import parse_manifest
+from resilient.model.layout import Layout
+from resilient.model.manifest import Manifest, ManifestError
+
+__all__ = ["Staged", "StagePlan", "files_needed", "plan_staging", "stage_newest"]
+
+log = logging.getLogger(__name__)
+
+# What one rank tells the coordinator: its rank, per step what its node holds (a node's first
+# rank; empty elsewhere: Held.summary()), and its new blocks.
+_Report = tuple[int, dict[int, tuple[str, dict[str, str]]], dict[str, BlockSpec]]
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """The coordinator's choice: the step, its whole manifest (every entry loaded), the
+    transfers (as a :class:`~resilient.checkpoint.partner.Rebuild` with the manifest's text),
+    and what crosses the wire (files, bytes)."""
+
+    rebuild: Rebuild
+    manifest: Manifest
+    wire_files: int
+    wire_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A step staged on every node of this job: this rank's node's directory of it and the
+    whole manifest (the same on every rank)."""
+
+    path: Path
+    manifest: Manifest
+    plan: StagePlan
+
+
+def files_needed(
+    manifest: Manifest, ring: Ring, wanted: Sequence[Mapping[str, BlockSpec]], *, current: str
+) -> dict[int, set[str]]:
+    """Pure: per node of ``ring`` (its first rank), the files of ``manifest`` its ranks read
+    in an elastic restore: those holding stored blocks that overlap a rank's new block
+    (``wanted[rank]``; all of a leaf's files where a rank gives no block for it: its read then
+    fails, saying why), and saved rank 0's file where there are replicated leaves.
+
+    Raises:
+        LayoutMismatchError: ``manifest`` has per-rank data that is neither a Block nor
+            Replicated (see :meth:`ElasticPlan.of`; ``current`` names this job's layout).
+    """
+    plan = ElasticPlan.of(manifest, current=current)
+    needs: dict[int, set[str]] = {}
+    for node in ring.leaders:
+        files = needs.setdefault(node, set())
+        for rank in ring.ranks_of(node):
+            blocks = wanted[rank]
+            for path, stored in plan.blocks.items():
+                want = blocks.get(path)
+                files.update(
+                    sb.file for sb in stored if want is None or intersect(sb.spec, want) is not None
+                )
+            if plan.replicated:
+                files.add(plan.rank0_file)
+    return needs
+
+
+def plan_staging(
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
+    ring: Ring,
+    wanted: Sequence[Mapping[str, BlockSpec]],
+    *,
+    current: Layout,
+    entries: Callable[[int, Manifest], Manifest],
+    only: int | None = None,
+    at_least: int | None = None,
+    excluded: frozenset[int] = frozenset(),
+    wire: bool = True,
+) -> tuple[StagePlan | None, str | None]:
+    """Coordinator (pure but for ``entries``): the newest step the nodes can stage for an
+    elastic restore, and why newer ones (or any) cannot be (``None``: nothing to say).
+
+    Args:
+        inventories: per node (first rank), per step, ``(manifest, {file: 'own'|'partner'})``
+            of any layout.
+        ring: the nodes of this job.
+        wanted: every rank's new blocks (by leaf path).
+        current: this job's layout. A step of the same rank count and kind of layout is
+            staged only where some rank's new blocks differ from its saved ones: otherwise
+            the restore is not elastic (a plain read, which needs no blocks), and the local
+            tier's own steps (rebuilt from partner copies) are what it reads.
+        entries: ``(step, manifest)`` -> the manifest with every entry loaded (a sharded one's
+            shards read; others as they are); raises InvalidCheckpointError or ManifestError.
+        only: consider this step alone.
+        at_least: ignore steps older than this (the shared root has it).
+        excluded: steps a staging already failed for.
+        wire: whether nodes can send each other files (``False``: only steps each node can
+            stage from what it holds itself).
+    """
+    steps = sorted({s for inv in inventories.values() for s in inv}, reverse=True)
+    why: str | None = None
+    for step in steps:
+        if (only is not None and step != only) or step in excluded:
+            continue
+        if at_least is not None and step < at_least:
+            break
+        text = next(inv[step][0] for inv in inventories.values() if step in inv)
+        try:
+            manifest = entries(step, parse_manifest(text))
+        except (ManifestError, InvalidCheckpointError):
+            continue
+        if not _is_elastic(manifest, current, wanted):
+            continue
+        try:
+            needs = files_needed(manifest, ring, wanted, current=current.describe())
+        except LayoutMismatchError as exc:
+            return None, why or (
+                f"local checkpoint step {step} cannot be restored elastically: {exc}"
+            )
+        same = {  # a node's holdings of this step count only where they are of this manifest
+            n: {step: inv[step]}
+            for n, inv in inventories.items()
+            if inv.get(step, ("",))[0] == text
+        }
+        transfers, lost = transfers_for(needs, step, same, ring)
+        if lost:
+            why = why or (
+                f"local checkpoint step {step} cannot be staged for an elastic restore: "
+                + "; ".join(
+                    f"{', '.join(files)} (needed on node {ring.label(n)})" for n, files in lost
+                )
+                + " exist on no node of this job"
+            )
+            continue
+        sizes = {f.name: f.size for f in manifest.files}
+        moved = [name for src, dst, names in transfers if src != dst for name in names]
+        if moved and not wire:
+            why = why or (
+                f"local checkpoint step {step} cannot be staged for an elastic restore: it "
+                "needs files from other nodes and the ranks have no channel between them"
+            )
+            continue
+        plan = StagePlan(
+            Rebuild(step, text, transfers), manifest, len(moved),
+            sum(sizes.get(n, 0) for n in moved),
+        )  # fmt: skip
+        return plan, why
+    return None, why
+
+
+def _is_elastic(
+    manifest: Manifest, current: Layout, wanted: Sequence[Mapping[str, BlockSpec]]
+) -> bool:
+    """Whether restoring ``manifest`` on ``current`` with the new blocks ``wanted`` is an
+    elastic restore (the restorer's rule: another rank count or kind of layout, or a rank
+    whose new blocks differ from its saved ones)."""
+    saved = manifest.layout
+    if (saved.nranks, saved.kind) != (current.nranks, current.kind):
+        return True
+    return any(
+        blocks and needs_elastic(manifest.ranks[r], blocks) for r, blocks in enumerate(wanted)
+    )
+
+
+def stage_newest(
+    copies: PartnerCopies,
+    staging: DirectoryTarget,
+    own_steps: Callable[[], list[int]],
+    blocks: Mapping[str, BlockSpec],
+    *,
+    current: Layout,
+    step: int | None,
+    at_least: int | None,
+    excluded: frozenset[int] = frozenset(),
+    wire: bool = True,
+) -> Staged | None:
+    """Collective over ``copies.coll``: stage the newest step (or ``step``; not older than
+    ``at_least``, none of ``excluded``) that the nodes of this job can complete between them
+    in ``staging`` on every node; ``None`` when there is none (said once, with why). A partner
+    copy that fails its digest is quarantined and the choice made again.
+
+    Args:
+        copies: the mover: this job's nodes, their channel and their local and partner copies.
+        staging: where each node stages (a child of its local tier, not a step of it).
+        own_steps: the steps of this node's own copies (called on a node's first rank).
+        blocks: this rank's new blocks.
+        current: this job's layout.
+        wire: whether ``copies``' channel works (see :func:`plan_staging`).
+    """
+    coll, ring = copies.coll, copies.ring
+    tried = set(excluded)
+    for _ in range(3):
+        held: dict[int, Held] = {}
+        try:
+            held = _held(copies, own_steps)
+            mine: _Report | Exception = (
+                coll.rank,
+                {s: h.summary() for s, h in held.items()},
+                dict(blocks),
+            )
+        except Exception as exc:  # this rank's failure, raised on every rank by announce
+            mine = exc
+        gathered = coll.gather(mine)
+        decision: tuple[StagePlan | None, str | None] | Exception | None = None
+        if gathered is not None:
+            try:
+                reports = gathered.values()
+                inventories = {r: inv for r, inv, _ in reports if r in ring.leaders}
+                decision = plan_staging(
+                    inventories, ring, [b for _, _, b in reports], current=current,
+                    entries=_entries_from(held), only=step, at_least=at_least,
+                    excluded=frozenset(tried), wire=wire,
+                )  # fmt: skip
+            except Exception as exc:
+                decision = exc
+        plan, why = coll.announce(
+            "listing local and partner copies for an elastic restore", decision
+        )
+        if why is not None and coll.is_coordinator:
+            log.warning(
+                "%s; using %s", why,
+                f"local step {plan.rebuild.step}" if plan is not None else "the shared root",
+            )  # fmt: skip
+        if plan is None:
+            return None
+        text = plan.rebuild.manifest
+        usable = {s: h for s, h in held.items() if s == plan.rebuild.step and h.manifest == text}
+        try:
+            problem: str | Exception | None = copies.rebuild(plan.rebuild, usable, into=staging)
+        except Exception as exc:
+            problem = exc
+        outcomes = coll.gather(problem)
+        found: list[str] | Exception | None = None
+        if outcomes is not None:
+            try:
+                found = [p for p in outcomes.values() if p]
+            except Exception as exc:
+                found = exc
+        problems = coll.announce(
+            f"staging local step {plan.rebuild.step} for an elastic restore", found
+        )
+        if not problems:
+            if coll.is_coordinator:
+                log.warning(
+                    "staged local step %d for an elastic restore on node(s) %s from local and "
+                    "partner copies (%d files, %d bytes over the wire)",
+                    plan.rebuild.step, ", ".join(ring.labels), plan.wire_files, plan.wire_bytes,
+                )  # fmt: skip
+            return Staged(staging.path(plan.rebuild.step), plan.manifest, plan)
+        if coll.is_coordinator:
+            log.warning(
+                "could not stage local step %d for an elastic restore: %s",
+                plan.rebuild.step, problems[0],
+            )  # fmt: skip
+        drop_staging(copies, staging)
+        tried.add(plan.rebuild.step)
+    return None
+
+
+def drop_staging(copies: PartnerCopies, staging: DirectoryTarget) -> None:
+    """Local, on a node's first rank: remove what was staged here (best effort, logged)."""
+    if not copies.acts:
+        return
+    try:
+        staging.drop()
+    except OSError as exc:
+        log.warning("could not remove %s: %s", staging.root, exc)
+
+
+def _held(copies: PartnerCopies, own_steps: Callable[[], list[int]]) -> dict[int, Held]:
+    """What this node holds of any layout, on its first rank; nothing when its local tier
+    cannot be listed (logged)."""
+    if not copies.acts:
+        return {}
+    try:
+        return copies.inventory(own_steps(), None)
+    except OSError as exc:
+        log.warning("could not list the local tier %s: %s", copies.local.root, exc)
+        return {}
+
+
+def _entries_from(held: Mapping[int, Held]) -> Callable[[int, Manifest], Manifest]:
+    """The coordinator's loader of a manifest's entries: a sharded manifest's shards are read
+    from its own node's copy of the step (a step it holds nothing of is skipped)."""
+
+    def entries(step: int, manifest: Manifest) -> Manifest:
+        if manifest.sharded is None:
+            return manifest
+        mine = held.get(step)
+        if mine is None or not mine.files:
+            raise ManifestError(f"no copy of step {step}'s manifest shards on this node")
+        directory = next(iter(mine.files.values()))[0].parent
+        return load_entries(directory, manifest, None)
+
+    return entries
