@@ -22,6 +22,8 @@ plans its file again, new static data, a sharded manifest's shards, the first sa
                             which every node's ranks then create)
     start()   every rank    plan_write (locally, the skeleton reused), write, checksum, fsync
     wait()    every rank    2. gather: every rank's outcome (or error) to the coordinator
+                            (with a sharded manifest, through its shard's leader, which
+                            writes the shard: one gather in the shard, one among the leaders)
               coordinator   commit_set: the manifest built and committed; the save log and
                             rotation
               every rank    3. broadcast: the outcome (what rotation dropped, to write over
@@ -52,13 +54,12 @@ from resilient.checkpoint.catalog import Catalog, save_record
 from resilient.checkpoint.checkpointer import (
     Planned,
     RankWritten,
-    ShardWritten,
     SkeletonCache,
     WriteJob,
     commit_set,
+    gather_set,
     plan_rank,
     plan_write,
-    write_shard,
 )
 from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
 from resilient.checkpoint.statics import StaticStore
@@ -456,12 +457,10 @@ class SavePipeline:
         request, pending, local = flight.request, flight.pending, self.local
         what = f"save of checkpoint step {request.step}"
         written = _written(flight)
-        if local is None:
-            shards: RankWritten | ShardWritten | Exception | None = written
-            if self.comms.shard is not None:  # each shard's leader writes its shard first
-                shards = write_shard(self.comms, written, pending.path, kind="checkpoint",
-                                     step=request.step)  # fmt: skip
-            gathered = self._coll.gather(shards)
+        if local is None:  # (with shards: each shard's leader writes its shard on the way up)
+            gathered = gather_set(
+                self.comms, written, pending.path, kind="checkpoint", step=request.step
+            )
             answer = None if gathered is None else self._commit(gathered, flight)
             committed: _Committed = self._coll.announce(what, answer)
             self._recycled = committed.recycled

@@ -464,7 +464,8 @@ def scenario_rounds(root: str, kind: str, tier: str) -> None:
     """Count the raw collective calls (on the save's communicator and every one split from it)
     of blocking saves with an unchanged structure and unchanged static data, after a first
     save, and of the first save after a restart (restored, then saved with the restored
-    file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush)."""
+    file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush);
+    with SCENARIO_SHARD_RANKS, a sharded manifest (shared root only)."""
     from resilient.parallel.mpi import MPIComm
 
     counting = CountingComm(MPIComm(world))
@@ -474,7 +475,7 @@ def scenario_rounds(root: str, kind: str, tier: str) -> None:
     local = str(Path(root) / "local") if tier == "local" else None
     per_save = []
     for steps in ((1, 2, 3, 4), (6,)):  # then a restart: restore, save (the skeleton reused)
-        with resilient.CheckpointManager(
+        with CheckpointManager(
             Path(root) / "shared", comm=counting, checkpoint_comm=group, keep=KeepLast(2),
             local_dir=local, flush_every=1000,
         ) as m:  # fmt: skip
