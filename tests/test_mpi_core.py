@@ -188,6 +188,28 @@ def test_one_rank_failing_a_sharded_save_raises_everywhere(tmp_path: Path, how: 
     assert len(got) == 3 and len({(r["error"], r["message"]) for r in got}) == 1
 
 
+def test_shards_of_several_ranks_hand_out_each_rank_its_part_through_the_leaders(
+    tmp_path: Path,
+) -> None:
+    """Shards of two ranks: each shard's leader reads its shard once and hands each of its
+    ranks its part with its entries (check_part), and every array comes back bit-identical."""
+    proc = run_mpi(4, [SCENARIO, "roundtrip", str(tmp_path / "ck"), "self"],
+                   SCENARIO_SHARD_RANKS="2")  # fmt: skip
+    assert [r["ok"] for r in results(proc)] == [True] * 4
+
+
+def test_a_changed_shard_of_several_ranks_fails_each_of_them_and_restore_falls_back(
+    tmp_path: Path,
+) -> None:
+    """The leader that cannot read its shard tells each of its ranks why: each one's read
+    fails with it, the candidate is quarantined and the restore falls back."""
+    args = [SCENARIO, "shards", str(tmp_path / "ck"), "self", "changed"]
+    got = results(run_mpi(4, args, SCENARIO_SHARD_RANKS="2"))
+    assert [r["step"] for r in got] == [1] * 4
+    why = "manifest shard manifest-00001.json does not match its checksum in the index"
+    assert f"rank 2: {why}; rank 3: {why}" in got[0]["quarantined"], got[0]
+
+
 @pytest.mark.parametrize(
     ("how", "quick", "full"),
     [

@@ -40,14 +40,38 @@ def test_a_blocking_save_of_an_unchanged_structure_takes_three_operations(
     assert got[0]["calls"][1:] == [got[0]["calls"][1]] * 4  # the same script every time
 
 
-def test_a_sharded_save_with_a_node_local_tier_takes_six_operations(tmp_path: Path) -> None:
+def test_a_sharded_save_with_a_node_local_tier_takes_five_operations(tmp_path: Path) -> None:
+    """With a node-local tier and a shard per rank (every rank a shard's leader): the ready
+    round, each shard up to its leader (which writes it), the leaders up to the coordinator,
+    the index down to every rank, and every node's commit outcome to every rank."""
     got = results(run_mpi(3, [SCENARIO, "rounds", str(tmp_path / "ck"), "self", "local-sharded"]))
     assert len(got) == 3 and all(r["ok"] for r in got)
     for r in got:
         later = r["calls"][1:]
         assert len(later) == 4, later
-        assert all(len(calls) <= 6 for calls in later), (r["rank"], later)
+        assert all(len(calls) <= 5 for calls in later), (r["rank"], later)
     assert got[0]["calls"][1:] == [got[0]["calls"][1]] * 4
     assert got[0]["calls"][1] == [
-        "allgather", "gather", "bcast", "gather", "bcast", "allgather"
+        "allgather", "gather", "gather", "bcast", "allgather"
     ], got[0]["calls"][1]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["self", "split"])
+def test_a_sharded_manifest_costs_a_shard_leader_one_operation_more(
+    tmp_path: Path, kind: str
+) -> None:
+    """With a sharded manifest, every rank's outcome goes up in two levels: to its shard's
+    leader (one gather over the shard), which writes the shard, then from the leaders to the
+    coordinator (one gather over the leaders); the other ranks send the coordinator nothing.
+    So a leader makes four calls (ready, shard gather, leaders' gather, the outcome's
+    broadcast) and every other rank three."""
+    args = [SCENARIO, "rounds", str(tmp_path / "ck"), kind, "shared"]
+    got = results(run_mpi(4, args, SCENARIO_SHARD_RANKS="2"))
+    assert len(got) == 4 and all(r["ok"] for r in got)
+    leaders = {0, 2}  # shards of two ranks: {0, 1} and {2, 3}
+    for r in got:
+        later = r["calls"][1:]
+        assert len(later) == 4, later
+        want = ["allgather", "gather", "gather", "bcast"] if r["rank"] in leaders else [
+            "allgather", "gather", "bcast"]  # fmt: skip
+        assert all(calls == want for calls in later), (kind, r["rank"], later)

@@ -13,10 +13,11 @@ asynchronous) and by :class:`resilient.checkpoint.statics.StaticStore` for stati
                                     the leader plans the file's HDF5 metadata (h5format)
     every rank    WriteJob.run()    local, here or on a background thread: checksums, its
                                     bytes at its offsets, fsync (no communication)
-    shard ranks   write_shard()     with a sharded manifest: collective over the shard, whose
-                                    leader writes the shard
-    coordinator   commit_set()      after the caller gathered every rank's outcome: builds the
-                                    manifest and commits it; the caller announces the outcome
+    every rank    gather_set()      every rank's outcome to the coordinator; with a sharded
+                                    manifest in two levels: up each shard to its leader, which
+                                    writes the shard (write_shard), then up the leaders
+    coordinator   commit_set()      builds the manifest (or a sharded one's index) and commits
+                                    it; the caller announces the outcome
 
 The caller moves the values (and each rank's error) with
 :class:`~resilient.parallel.collective.Collective`, so a failure anywhere becomes the same
@@ -49,9 +50,11 @@ from resilient.model.checksum import (
     digest_stripes,
     digest_text,
 )
+from resilient.model.codec import files_fragment
 from resilient.model.manifest import (
     SHARDED_SCHEMA_VERSION,
     DatasetTable,
+    EncodedFiles,
     FileEntry,
     Manifest,
     RankEntry,
@@ -63,7 +66,7 @@ from resilient.model.manifest import (
 from resilient.model.payload import LocalData
 from resilient.model.shards import shard_json
 from resilient.model.tiling import file_checksum_text
-from resilient.parallel.collective import Collective
+from resilient.parallel.collective import Collective, Gathered
 from resilient.parallel.setcomms import SetComms
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,7 @@ __all__ = [
     "build_manifest",
     "claim_files",
     "commit_set",
+    "gather_set",
     "plan_rank",
     "plan_write",
     "save_set",
@@ -489,10 +493,40 @@ def commit_set(
 
 @dataclass(frozen=True, slots=True)
 class ShardWritten:
-    """A manifest shard as its leader wrote it: its index entry and its files' entries."""
+    """A manifest shard as its leader wrote it: its index entry and its files, encoded as the
+    index lists them (:func:`~resilient.model.codec.files_fragment`: the coordinator joins the
+    text, with no object per file to unpickle or encode), with their count and total size."""
 
     shard: ShardEntry
-    files: tuple[FileEntry, ...]
+    files: str
+    count: int
+    nbytes: int
+
+
+def gather_set(
+    comms: SetComms, written: RankWritten | Exception, directory: Path, *, kind: str, step: int
+) -> Gathered[RankWritten | ShardWritten] | None:
+    """Collective over ``comms.comm``: every rank's outcome (``written``, its data durable) to
+    the coordinator, which then commits (:func:`commit_set`) and announces the outcome over
+    ``comms.comm``.
+
+    Without shards, one gather of every rank's outcome. With shards, two levels: each shard's
+    outcomes up to its leader, which writes the shard (:func:`write_shard`; one gather over
+    ``comms.shard``), then the leaders' shards up to the coordinator (one gather over
+    ``comms.leaders``): the other ranks send nothing to the coordinator, and a rank's failure
+    reaches it through its leader, naming the rank.
+
+    Returns:
+        On the coordinator, what it gathered (each rank's outcome, or each shard's); ``None``
+        elsewhere.
+    """
+    if comms.shard is None:
+        return Collective(comms.comm).gather(written)
+    shard = write_shard(comms, written, directory, kind=kind, step=step)
+    if comms.leaders is None:
+        return None
+    assert shard is not None  # (a leader's)
+    return Collective(comms.leaders, name=comms.comm.rank).gather(shard)
 
 
 def write_shard(
@@ -503,26 +537,23 @@ def write_shard(
     kind: str,
     step: int,
 ) -> ShardWritten | Exception | None:
-    """Collective over ``comms.shard`` (one gather, one broadcast): its leader gathers the
-    shard's outcomes (``written``: this rank's, its data durable) and writes the shard durably
-    into ``directory``.
+    """Collective over ``comms.shard`` (one gather): its leader gathers the shard's outcomes
+    (``written``: this rank's, its data durable) and writes the shard durably into
+    ``directory``.
 
     Returns:
-        This rank's value for the set's gather: the shard on its leader, ``None`` on the other
-        ranks, or the shard's error on every rank of the shard.
+        On the leader, the shard, or the error that kept it from writing it (the ranks'
+        failures as :meth:`~resilient.parallel.collective.Gathered.values` raises them, for
+        the leaders' gather to forward); ``None`` on the other ranks.
     """
     assert comms.shard is not None
-    shard = Collective(comms.shard)
+    shard = Collective(comms.shard, name=comms.comm.rank)
     path = directory / filenames.shard_name(comms.shard_index)
     gathered = shard.gather(written)
-    answer: ShardWritten | Exception | None = None
-    if gathered is not None:
-        try:
-            answer = _write_shard_file(path, comms, gathered.values(), kind=kind, step=step)
-        except Exception as exc:
-            answer = exc
+    if gathered is None:
+        return None
     try:
-        return shard.announce(f"save of {kind} step {step}", answer, everywhere=False)
+        return _write_shard_file(path, comms, gathered.values(), kind=kind, step=step)
     except Exception as exc:
         return exc
 
@@ -541,7 +572,7 @@ def _write_shard_file(
     )
     storage.retry_io(functools.partial(storage.fsync_files, [path]), what=f"writing {path}")
     entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
-    return ShardWritten(entry, files)
+    return ShardWritten(entry, files_fragment(files), len(files), sum(f.size for f in files))
 
 
 def save_set(
@@ -579,10 +610,7 @@ def save_set(
         written: RankWritten | Exception = planned.result().run()
     except Exception as exc:
         written = exc
-    shards: RankWritten | ShardWritten | Exception | None = written
-    if comms.shard is not None:
-        shards = write_shard(comms, written, pending.path, kind=kind, step=step)
-    gathered = coll.gather(shards)
+    gathered = gather_set(comms, written, pending.path, kind=kind, step=step)
     answer: Manifest | Exception | None = None
     if gathered is not None:
         try:
@@ -628,10 +656,12 @@ def build_index(
     library_version: str,
 ) -> Manifest:
     """The index of a sharded manifest (schema 3) from its shards, in order: every file's entry
-    and every shard's, no rank's (they are in the shards)."""
-    files = tuple(f for s in shards for f in s.files)
-    by_name = {f.name: f for f in files}
-    ranks = ShardedRanks(comms.comm.size, [s.shard for s in shards], by_name)
+    and every shard's, no rank's (they are in the shards). Its files stay the text the
+    leaders encoded (:class:`~resilient.model.manifest.EncodedFiles`)."""
+    files = EncodedFiles(
+        [s.files for s in shards], sum(s.count for s in shards), sum(s.nbytes for s in shards)
+    )
+    ranks = ShardedRanks(comms.comm.size, [s.shard for s in shards], files)
     return Manifest(
         step=step, time=time.time(), layout=comms.layout, files=files, ranks=ranks,
         kind=kind, static=static, metrics=dict(metrics), library_version=library_version,

@@ -211,6 +211,7 @@ class CheckpointManager:
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.set_comms.layout,
             memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
+            shards=self.set_comms if self.set_comms.shard is not None else None,
         )  # fmt: skip
 
     def _open_root(self) -> None:

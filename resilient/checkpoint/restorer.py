@@ -10,12 +10,16 @@ Call order of :meth:`Restorer.restore` (every step through
     scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
                   own entry, its group's for a file group's leader, their files, the header;
                   the layout's groups only when they differ from this run's): what a rank
-                  receives grows with its own datasets, not with the rank count
+                  receives grows with its own datasets, not with the rank count. With
+                  manifest shards in two levels: each shard's leader receives its shard's
+                  part, reads the saved shard once (checked against the index) and deals
+                  each rank its part with its entries as read (each rank parses its own)
     every rank    elastic or not: another layout, or a rank whose new blocks differ from its
                   saved ones (one small allreduce)
     broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
     every rank    load its own entries (of a sharded manifest: its own shard only, through
-                  validate.load_entries; a lookup never reads a file), read its piece and its
+                  validate.load_entries, unless its shard's leader did; a lookup never reads a
+                  file), read its piece and its
                   static data (or, elastically, its new blocks and the replicated values:
                   resilient.checkpoint.elastic), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
@@ -43,13 +47,15 @@ from resilient.errors import (
 )
 from resilient.io import storage
 from resilient.io.devicecopy import DeviceStaging
-from resilient.io.validate import iter_checkpoints, load_entries, load_manifest
+from resilient.io.validate import iter_checkpoints, load_entries, load_manifest, read_shards
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError
+from resilient.model.shards import ShardDoc
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective, describe_error
+from resilient.parallel.setcomms import SetComms, deal_through_leaders
 
 __all__ = ["Restorer", "StateValidator"]
 
@@ -67,6 +73,12 @@ class _Candidate:
     manifest: Manifest
     static: Manifest | None
     elastic: bool = False  # another layout: only an elastic restore can read it
+    # handed out by its shard's leader (Restorer._spread): the saved shards holding this rank's
+    # entries (of its manifest, of its static data's), read and checked, these entries only
+    # (the rank parses them); or why they could not be read
+    docs: Mapping[str, ShardDoc] | None = None
+    static_docs: Mapping[str, ShardDoc] | None = None
+    unloadable: str | None = None
 
 
 def _needed(saved: Layout, current: Layout) -> list[tuple[int, ...]]:
@@ -89,23 +101,61 @@ def _stripped(saved: Layout, current: Layout) -> Layout | None:
     return Layout(saved.kind, saved.nranks, ()) if saved == current else None
 
 
-def _static_parts(static: Manifest | None, current: Layout) -> list[Manifest | None]:
+def _static_parts(
+    static: Manifest | None, current: Layout, ranks: Sequence[Sequence[int]] | None = None
+) -> list[Manifest | None]:
     """The part of a static data set's manifest each rank of ``current`` receives: its own
-    entry (where the set has one)."""
+    entry (where the set has one); ``ranks``: the part of each set of ranks instead (each
+    rank's entry, where the set has one)."""
+    sets = [(r,) for r in range(current.nranks)] if ranks is None else ranks
     if static is None:
-        return [None] * current.nranks
+        return [None] * len(sets)
     n = len(static.ranks)
-    needed = [(r,) if r < n else () for r in range(current.nranks)]
+    needed = [tuple(r for r in rs if r < n) for rs in sets]
     return list(static.parts(needed, layout=_stripped(static.layout, current)))
 
 
-def _parts(whole: _Candidate, current: Layout) -> list[_Candidate]:
-    """Coordinator: the part of ``whole`` each rank of ``current`` receives (see :func:`_needed`)."""
+def _parts(
+    whole: _Candidate, current: Layout, ranks: Sequence[int] | None = None
+) -> list[_Candidate]:
+    """The part of ``whole`` (a candidate, or a part holding what they need) each rank of
+    ``current`` receives (see :func:`_needed`); ``ranks``: those ranks' only, in order."""
     m = whole.manifest
-    manifests = m.parts(_needed(m.layout, current), layout=_stripped(m.layout, current))
-    statics = _static_parts(whole.static, current)
+    needed = _needed(m.layout, current)
+    wanted = range(current.nranks) if ranks is None else ranks
+    manifests = m.parts([needed[r] for r in wanted], layout=_stripped(m.layout, current))
+    statics = _static_parts(whole.static, current, [(r,) for r in wanted])
     return [
-        _Candidate(whole.path, part, static, whole.elastic)
+        dataclasses.replace(whole, manifest=part, static=static)
+        for part, static in zip(manifests, statics, strict=True)
+    ]
+
+
+def _docs_of(
+    part: Manifest | None, docs: Mapping[str, ShardDoc]
+) -> Mapping[str, ShardDoc] | None:
+    """Of the shards ``docs``, the entries of the files ``part`` lists, in the shards it
+    names (``None``: nothing to hand on)."""
+    sharded = None if part is None else part.sharded
+    if part is None or sharded is None or not docs:
+        return None
+    wanted = [r for f in part.files for r in f.ranks]
+    return {s.name: docs[s.name].subset(wanted) for s in sharded.shards if s.name in docs}
+
+
+def _shard_parts(
+    whole: _Candidate, current: Layout, shards: Sequence[Sequence[int]]
+) -> list[_Candidate]:
+    """Coordinator: the part of ``whole`` each manifest shard's leader of ``current`` receives
+    (``shards``: every shard's ranks): what its ranks need, together (:func:`_parts` of it,
+    made on the leader, gives each its own)."""
+    m = whole.manifest
+    needed = _needed(m.layout, current)
+    sets = [sorted({r for member in members for r in needed[member]}) for members in shards]
+    manifests = m.parts(sets, layout=_stripped(m.layout, current))
+    statics = _static_parts(whole.static, current, shards)
+    return [
+        dataclasses.replace(whole, manifest=part, static=static)
         for part, static in zip(manifests, statics, strict=True)
     ]
 
@@ -163,6 +213,10 @@ class Restorer:
         devices: the owner's device staging, whose arena restores of CUDA tensors go through
             (into the caller's, or new ones on the saved device; ``None``: each is filled from
             new host memory).
+        shards: this run's set communicators, when they have manifest shards
+            (:attr:`SetComms.shard`): a candidate's parts are then handed out in two levels,
+            each shard's leader receiving its shard's part, reading the saved shard once and
+            dealing each of its ranks its own part (``None``: rank 0 sends every rank its part).
     """
 
     def __init__(
@@ -175,7 +229,10 @@ class Restorer:
         memo: Memo | None = None,
         digester: Executor | None = None,
         devices: DeviceStaging | None = None,
+        shards: SetComms | None = None,
     ) -> None:
+        assert shards is None or shards.shard is not None
+        self.shards = shards
         self.root = root
         self.devices = devices
         self.memo = Memo() if memo is None else memo
@@ -216,10 +273,10 @@ class Restorer:
                 try:
                     asked = gathered.values()
                     whole, elastic = self._asks_elastic(next(candidates), asked)
-                    parts = [(part, elastic) for part in _parts(whole, self.layout)]
+                    parts = [(part, elastic) for part in self._first_parts(whole)]
                 except Exception as exc:
                     parts = exc
-            part, elastic = self.coll.deal(
+            part, elastic = self._hand_out(
                 "checking the restore's arguments and choosing a checkpoint", parts
             )
             plan, chosen = self._plan(self._receive(part), elastic, whole)
@@ -340,21 +397,75 @@ class Restorer:
         self.last_restored = (path, chosen.manifest)
         return state, []
 
+    def _first_parts(self, whole: _Candidate) -> list[_Candidate]:
+        """Coordinator: the parts of ``whole`` it sends: one per rank, or with shards one per
+        shard (:meth:`_hand_out`)."""
+        if self.shards is None:
+            return _parts(whole, self.layout)
+        return _shard_parts(whole, self.layout, self.shards.shards)
+
+    def _hand_out(
+        self, what: str, parts: list[tuple[_Candidate, bool]] | Exception | None
+    ) -> tuple[_Candidate, bool]:
+        """Collective: each rank's part of the coordinator's candidate (and whether it is read
+        elastically), or the coordinator's error on every rank: dealt to every rank (one
+        scatter), or with shards through their leaders (:func:`deal_through_leaders`), each
+        leader loading its ranks' entries (its shard read once: :meth:`_spread`)."""
+        if self.shards is None:
+            got: tuple[_Candidate, bool] = self.coll.deal(what, parts)
+            return got
+        return deal_through_leaders(self.shards, what, parts, self._spread)
+
+    def _spread(self, given: tuple[_Candidate, bool]) -> list[tuple[_Candidate, bool]]:
+        """Shard leader: its shard's part of a candidate (``given``) as each of its ranks
+        receives it, with the saved shards holding its entries read once, here (checked
+        against the index: :func:`~resilient.io.validate.read_shards`), each rank's entries
+        handed on unparsed (each rank parses its own, in parallel: :meth:`_load`). A shard
+        that cannot be read gives each rank the reason instead, which its read reports (the
+        candidate then fails on every rank, and the restore falls back)."""
+        assert self.shards is not None
+        part, elastic = given
+        part = self._receive(part)
+        members = self.shards.shard_members
+        docs: dict[str, ShardDoc] = {}
+        static_docs: dict[str, ShardDoc] = {}
+        if not elastic:  # (an elastic restore sends the whole manifest, loaded, to every rank)
+            try:
+                docs = read_shards(part.path, part.manifest, members)
+                if part.static is not None:
+                    n = len(part.static.ranks)
+                    static_docs = read_shards(
+                        self._static_dir(part.manifest), part.static, [r for r in members if r < n]
+                    )
+            except InvalidCheckpointError as exc:
+                part = dataclasses.replace(part, unloadable=exc.reason)
+            except ManifestError as exc:
+                part = dataclasses.replace(part, unloadable=f"bad manifest: {exc}")
+        return [
+            (dataclasses.replace(p, docs=_docs_of(p.manifest, docs),
+                                 static_docs=_docs_of(p.static, static_docs)), elastic)
+            for p in _parts(part, self.layout, members)
+        ]  # fmt: skip
+
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
         manifest and its static data's (:func:`~resilient.io.validate.load_entries`: the shards
-        of a sharded manifest holding them; their file groups' entries). Not collective.
+        of a sharded manifest holding them, unless its shard's leader handed them on; their
+        file groups' entries). Not collective.
 
         Raises:
             InvalidCheckpointError, ManifestError: a shard that is missing, changed or malformed.
         """
-        manifest = load_entries(chosen.path, chosen.manifest, ranks, memo=self.memo)
+        manifest = load_entries(
+            chosen.path, chosen.manifest, ranks, memo=self.memo, read=chosen.docs
+        )
         static = chosen.static
         if static is not None:
             n = len(static.ranks)
             static = load_entries(
                 self._static_dir(chosen.manifest), static,
                 None if ranks is None else [r for r in ranks if r < n], memo=self.memo,
+                read=chosen.static_docs,
             )  # fmt: skip
         return dataclasses.replace(chosen, manifest=manifest, static=static)
 
@@ -492,6 +603,8 @@ class Restorer:
         with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
         ``into`` do not fit: not the checkpoint's fault, nothing is quarantined), for the
         read's round."""
+        if chosen.unloadable is not None and plan is None:
+            return chosen, {}, chosen.unloadable
         try:
             if plan is None:
                 chosen = self._load(chosen, (self.coll.rank,))

@@ -22,6 +22,8 @@ plans its file again, new static data, a sharded manifest's shards, the first sa
                             which every node's ranks then create)
     start()   every rank    plan_write (locally, the skeleton reused), write, checksum, fsync
     wait()    every rank    2. gather: every rank's outcome (or error) to the coordinator
+                            (with a sharded manifest, through its shard's leader, which
+                            writes the shard: one gather in the shard, one among the leaders)
               coordinator   commit_set: the manifest built and committed; the save log and
                             rotation
               every rank    3. broadcast: the outcome (what rotation dropped, to write over
@@ -56,13 +58,12 @@ from resilient.checkpoint.catalog import Catalog, save_record
 from resilient.checkpoint.checkpointer import (
     Planned,
     RankWritten,
-    ShardWritten,
     SkeletonCache,
     WriteJob,
     commit_set,
+    gather_set,
     plan_rank,
     plan_write,
-    write_shard,
 )
 from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
 from resilient.checkpoint.statics import StaticStore
@@ -460,12 +461,10 @@ class SavePipeline:
         request, pending, local = flight.request, flight.pending, self.local
         what = f"save of checkpoint step {request.step}"
         written = _written(flight)
-        if local is None:
-            shards: RankWritten | ShardWritten | Exception | None = written
-            if self.comms.shard is not None:  # each shard's leader writes its shard first
-                shards = write_shard(self.comms, written, pending.path, kind="checkpoint",
-                                     step=request.step)  # fmt: skip
-            gathered = self._coll.gather(shards)
+        if local is None:  # (with shards: each shard's leader writes its shard on the way up)
+            gathered = gather_set(
+                self.comms, written, pending.path, kind="checkpoint", step=request.step
+            )
             answer = None if gathered is None else self._commit(gathered, flight)
             committed: _Committed = self._coll.announce(what, answer)
             self._recycled = committed.recycled
@@ -516,15 +515,15 @@ class SavePipeline:
     def _local_index(self, written: RankWritten | Exception, flight: _SaveFlight) -> Manifest:
         """Collective: the index of a save with a node-local tier and a sharded manifest. Each
         shard's leader writes its shard into its node's temporary directory (a shard never
-        spans two nodes), the coordinator builds the index from the shards and announces it;
+        spans two nodes) on the way up (:func:`gather_set`), the coordinator builds the index
+        from the shards and announces it;
         returned with this rank's own entry loaded (for its flush). The same error on every
         rank if any of that failed."""
         request = flight.request
         what = f"save of checkpoint step {request.step}"
-        shards = write_shard(
+        gathered = gather_set(
             self.comms, written, flight.pending.path, kind="checkpoint", step=request.step
         )
-        gathered = self._coll.gather(shards)
         answer: Manifest | Exception | None = None
         if gathered is not None:
             try:

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from resilient.model import filenames
 from resilient.model.checksum import digest_bytes, digest_text
 from resilient.model.codec import parse_manifest
 from resilient.model.manifest import FileEntry, Manifest, ManifestError, RankEntry, ShardEntry
-from resilient.model.shards import open_shard
+from resilient.model.shards import ShardDoc, open_shard
 from resilient.model.tiling import combine_checksums, file_segments, segment_label
 from resilient.model.tree import Memo
 
@@ -35,6 +35,7 @@ __all__ = [
     "load_entries",
     "load_manifest",
     "protected_steps",
+    "read_shards",
     "resumable_step",
     "validate_checkpoint",
 ]
@@ -162,13 +163,16 @@ def load_entries(
     ranks: Iterable[int] | None = None,
     *,
     memo: Memo | None = None,
+    read: Mapping[str, ShardDoc] | None = None,
 ) -> Manifest:
     """``manifest`` (of the checkpoint in ``directory``) with the entries of ``ranks`` loaded:
     of a sharded manifest (schema 3), the shards holding those ranks not loaded yet are read
-    (each once), checked against the index and parsed, the entries of the ranks' file groups
-    kept; any other manifest holds its entries already and is returned as it is. ``ranks``:
-    ``None``, every rank of the files the manifest (or part) lists. Not collective: a
-    restoring rank asks for its own rank only, an elastic restore or an export for all.
+    (each once: :func:`read_shards`) and parsed, the entries of the ranks' file groups kept;
+    any other manifest holds its entries already and is returned as it is. ``ranks``:
+    ``None``, every rank of the files the manifest (or part) lists. ``read``: shards read
+    already, by name (e.g. by a restore's shard leader: :func:`read_shards`), not read again.
+    Not collective: a restoring rank asks for its own rank only, an elastic restore or an
+    export for all.
 
     Raises:
         InvalidCheckpointError: a shard is missing or not the one the index describes.
@@ -177,29 +181,67 @@ def load_entries(
     sharded = manifest.sharded
     if sharded is None:
         return manifest
+    files = _unloaded(manifest, ranks)
+    if not files:
+        return manifest
+    memo = Memo() if memo is None else memo
+    entries: dict[int, RankEntry] = {}
+    for shard, of_shard in files.values():
+        doc = read[shard.name] if read and shard.name in read else None
+        try:
+            if doc is None:
+                doc = _open_shard(directory, manifest, shard)
+            entries.update(doc.parse(of_shard, memo))
+        except ManifestError as exc:
+            raise ManifestError(f"{shard.name}: {exc}") from None
+    return dataclasses.replace(manifest, ranks=sharded.with_entries(entries))
+
+
+def read_shards(
+    directory: Path, manifest: Manifest, ranks: Iterable[int] | None = None
+) -> dict[str, ShardDoc]:
+    """The shards of a sharded manifest (schema 3) holding the entries of ``ranks`` not
+    loaded yet (``None``: of every rank of its files), each read once, checked against its
+    index entry and its header checked, by name; their entries are not parsed (see
+    :meth:`~resilient.model.shards.ShardDoc.parse`, :func:`load_entries`). Empty for any
+    other manifest.
+
+    Raises:
+        InvalidCheckpointError: a shard is missing or not the one the index describes.
+        ManifestError: a shard is malformed or of another checkpoint.
+    """
+    out = {}
+    for shard, _ in _unloaded(manifest, ranks).values():
+        try:
+            out[shard.name] = _open_shard(directory, manifest, shard)
+        except ManifestError as exc:
+            raise ManifestError(f"{shard.name}: {exc}") from None
+    return out
+
+
+def _unloaded(
+    manifest: Manifest, ranks: Iterable[int] | None
+) -> dict[str, tuple[ShardEntry, dict[str, FileEntry]]]:
+    """By shard name: the shard holding entries of ``ranks`` not loaded yet (``None``: every
+    rank of the manifest's files), and the files of those ranks in it (empty: none, or not a
+    sharded manifest)."""
+    sharded = manifest.sharded
+    if sharded is None:
+        return {}
     wanted = [r for f in manifest.files for r in f.ranks] if ranks is None else list(ranks)
-    files: dict[str, dict[str, FileEntry]] = {}  # shard -> the files to parse in it
-    by_name: dict[str, ShardEntry] = {}
+    out: dict[str, tuple[ShardEntry, dict[str, FileEntry]]] = {}
     for r in wanted:
         if sharded.loaded(r):
             continue
         shard = sharded.shard_of(r)
         file = sharded.file_of(r)
-        by_name[shard.name] = shard
-        files.setdefault(shard.name, {})[file.name] = file
-    if not files:
-        return manifest
-    memo = Memo() if memo is None else memo
-    entries: dict[int, RankEntry] = {}
-    for name, of_shard in files.items():
-        shard = by_name[name]
-        text = _read_shard(directory, shard)
-        try:
-            doc = open_shard(text, kind=manifest.kind, step=manifest.step)
-            entries.update(doc.parse(of_shard, memo))
-        except ManifestError as exc:
-            raise ManifestError(f"{shard.name}: {exc}") from None
-    return dataclasses.replace(manifest, ranks=sharded.with_entries(entries))
+        out.setdefault(shard.name, (shard, {}))[1][file.name] = file
+    return out
+
+
+def _open_shard(directory: Path, manifest: Manifest, shard: ShardEntry) -> ShardDoc:
+    """One shard of ``manifest`` read, checked against its index entry, its header checked."""
+    return open_shard(_read_shard(directory, shard), kind=manifest.kind, step=manifest.step)
 
 
 def _check_shards(path: Path, manifest: Manifest, *, node_local: bool = False) -> None:

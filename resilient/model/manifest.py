@@ -9,6 +9,7 @@ the checks that its segments tile each file and its blocks each global array are
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
@@ -22,6 +23,7 @@ __all__ = [
     "SHARDED_SCHEMA_VERSION",
     "DatasetEntry",
     "DatasetTable",
+    "EncodedFiles",
     "FileEntry",
     "Manifest",
     "ManifestError",
@@ -297,30 +299,44 @@ class ShardedRanks(_ByRank):
     :class:`LookupError`. Pickles as its shards, its files and its loaded entries.
     """
 
-    __slots__ = ("_entries", "_file_of", "_files", "_owner", "is_part", "shards")
+    __slots__ = ("_entries", "_file_of", "_files", "_given", "_owner", "is_part", "shards")
 
     def __init__(
         self,
         size: int,
         shards: Sequence[ShardEntry],
-        files: Mapping[str, FileEntry],
+        files: Mapping[str, FileEntry] | EncodedFiles,
         *,
         entries: Mapping[int, RankEntry] | None = None,
         is_part: bool = False,
     ) -> None:
         self._size = size
         self.shards = tuple(shards)
-        self._files = dict(files)
-        self._file_of = {r: f for f in self._files.values() for r in f.ranks}
-        self._owner = {
-            r: s for s in self.shards for name in s.files if name in self._files
-            for r in self._files[name].ranks
-        }  # fmt: skip
+        self._given = files if isinstance(files, EncodedFiles) else dict(files)
+        # by name, by rank, shard by rank: made at the first look-up (a coordinator that only
+        # commits an index never makes them)
+        self._files: dict[str, FileEntry] | None = None
+        self._file_of: dict[int, FileEntry] = {}
+        self._owner: dict[int, ShardEntry] = {}
         self._entries = dict(entries or {})
         self.is_part = is_part
 
+    def _files_by_name(self) -> dict[str, FileEntry]:
+        """The files by name (and the look-ups by rank, made once)."""
+        if self._files is None:
+            given = self._given
+            files = {f.name: f for f in given} if isinstance(given, EncodedFiles) else given
+            self._file_of = {r: f for f in files.values() for r in f.ranks}
+            self._owner = {
+                r: s for s in self.shards for name in s.files if name in files
+                for r in files[name].ranks
+            }  # fmt: skip
+            self._files = files
+        return self._files
+
     def shard_of(self, rank: int) -> ShardEntry:
         """The shard holding ``rank``'s entry."""
+        self._files_by_name()
         try:
             return self._owner[rank]
         except KeyError:
@@ -341,14 +357,14 @@ class ShardedRanks(_ByRank):
     def with_entries(self, entries: Mapping[int, RankEntry]) -> ShardedRanks:
         """These ranks with ``entries`` loaded too."""
         return ShardedRanks(
-            self._size, self.shards, self._files, entries={**self._entries, **entries},
+            self._size, self.shards, self._given, entries={**self._entries, **entries},
             is_part=self.is_part,
         )  # fmt: skip
 
     def part(self, ranks: Sequence[int]) -> ShardedRanks:
         """The file groups of ``ranks`` (with what was loaded of them), as a part."""
         names = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
-        files = {self._file_of[r].name: self._file_of[r] for r in ranks}
+        files = {self._file_of[r].name: self._file_of[r] for r in ranks}  # (made by shard_of)
         held = {r for f in files.values() for r in f.ranks}
         entries = {r: e for r, e in self._entries.items() if r in held}
         keep = [s for s in self.shards if s.name in names]
@@ -380,7 +396,7 @@ class ShardedRanks(_ByRank):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _sharded_ranks,
-            (self._size, self.shards, self._files, self._entries, self.is_part),
+            (self._size, self.shards, self._given, self._entries, self.is_part),
         )
 
     def __repr__(self) -> str:
@@ -390,7 +406,7 @@ class ShardedRanks(_ByRank):
 def _sharded_ranks(
     size: int,
     shards: tuple[ShardEntry, ...],
-    files: Mapping[str, FileEntry],
+    files: Mapping[str, FileEntry] | EncodedFiles,
     entries: Mapping[int, RankEntry],
     is_part: bool,
 ) -> ShardedRanks:
@@ -413,6 +429,68 @@ class FileEntry:
     meta_segments: tuple[Segment, ...]
 
 
+class EncodedFiles(Sequence[FileEntry]):
+    """The files of a sharded manifest's index as their JSON text: what a save's coordinator
+    commits without an object per file (each shard's leader encodes its shard's files,
+    :func:`~resilient.model.codec.files_fragment`, and the coordinator joins the fragments).
+    Their count and total size are known; the entries are decoded on first use. Immutable;
+    pickles as its text.
+
+    Attributes:
+        fragments: each a comma-separated run of file objects as the index writes them, in
+            order (trusted: made by this library, not read from disk).
+        nbytes: the files' total size.
+    """
+
+    __slots__ = ("_count", "_entries", "fragments", "nbytes")
+
+    def __init__(self, fragments: Sequence[str], count: int, nbytes: int) -> None:
+        self.fragments = tuple(fragments)
+        self._count = count
+        self.nbytes = nbytes
+        self._entries: tuple[FileEntry, ...] | None = None
+
+    def entries(self) -> tuple[FileEntry, ...]:
+        """Every file's entry (decoded once)."""
+        if self._entries is None:
+            docs = json.loads("[" + ",".join(f for f in self.fragments if f) + "]")
+            self._entries = tuple(
+                FileEntry(d["name"], d["size"], d["checksum"], tuple(d["ranks"]),
+                          tuple(Segment(*s) for s in d["meta_segments"]))
+                for d in docs
+            )  # fmt: skip
+            if len(self._entries) != self._count:
+                raise ValueError(f"{len(self._entries)} files encoded, {self._count} said")
+        return self._entries
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> FileEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[FileEntry, ...]: ...
+    def __getitem__(self, i: int | slice) -> FileEntry | tuple[FileEntry, ...]:
+        return self.entries()[i]
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        return iter(self.entries())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.fragments)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EncodedFiles, (self.fragments, self._count, self.nbytes))
+
+    def __repr__(self) -> str:
+        return f"EncodedFiles({self._count} files, {self.nbytes} bytes)"
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """Everything needed to validate and restore one checkpoint (or one static-data set)."""
@@ -420,7 +498,7 @@ class Manifest:
     step: int
     time: float
     layout: Layout
-    files: tuple[FileEntry, ...]
+    files: Sequence[FileEntry]  # a tuple; EncodedFiles in an index a save just committed
     ranks: Sequence[RankEntry]  # a tuple; a PartialRanks in a part; ShardedRanks (schema 3)
     kind: str = "checkpoint"
     static: str | None = None
@@ -432,7 +510,8 @@ class Manifest:
     @property
     def nbytes(self) -> int:
         """Total size of the data files (of a part's files only, in a part)."""
-        return sum(f.size for f in self.files)
+        files = self.files
+        return files.nbytes if isinstance(files, EncodedFiles) else sum(f.size for f in files)
 
     @property
     def is_part(self) -> bool:

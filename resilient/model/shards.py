@@ -6,7 +6,7 @@ their sizes and checksums. Pure (no I/O): the bytes of a shard come from the cal
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from resilient.model import filenames
@@ -49,6 +49,14 @@ class ShardDoc(NamedTuple):
 
     position: Mapping[int, int]  # rank -> index in entries
     entries: Sequence[Section]
+
+    def subset(self, ranks: Iterable[int]) -> ShardDoc:
+        """The entries of ``ranks`` only (those this shard holds): what a shard's leader hands
+        a rank of a restore, which parses them itself (:meth:`parse`)."""
+        held = [r for r in ranks if r in self.position]
+        return ShardDoc(
+            {r: i for i, r in enumerate(held)}, [self.entries[self.position[r]] for r in held]
+        )
 
     def parse(
         self, files: Mapping[str, FileEntry], memo: Memo | None = None

@@ -103,12 +103,16 @@ class Collective:
 
     Args:
         comm: the ranks taking part; its rank 0 is the coordinator.
+        name: the rank a failure of this rank names (default: its rank in ``comm``; e.g. its
+            rank in the world for a collective over a manifest shard, whose failures its
+            leader forwards: see :meth:`gather`).
     """
 
-    __slots__ = ("comm",)
+    __slots__ = ("_name", "comm")
 
-    def __init__(self, comm: Comm) -> None:
+    def __init__(self, comm: Comm, *, name: int | None = None) -> None:
         self.comm = comm
+        self._name = name
 
     @property
     def rank(self) -> int:
@@ -117,6 +121,11 @@ class Collective:
     @property
     def is_coordinator(self) -> bool:
         return self.comm.rank == 0
+
+    @property
+    def name(self) -> int:
+        """The rank this rank's failures name."""
+        return self.comm.rank if self._name is None else self._name
 
     def broadcast(self, what: str, fn: Callable[[], T]) -> T:
         """Collective over ``comm``: call on all ranks. The coordinator runs ``fn``.
@@ -133,7 +142,7 @@ class Collective:
             try:
                 reply = (True, fn())
             except Exception as exc:
-                reply = (False, _payload(exc, self.rank))
+                reply = (False, _payload(exc, self.name))
         ok, value = self.comm.bcast(reply, root=0)
         if not ok:
             assert isinstance(value, tuple)
@@ -160,7 +169,7 @@ class Collective:
                     raise ValueError(f"{len(values)} values for {self.comm.size} ranks")
                 replies = [(True, v) for v in values]
             except Exception as exc:
-                replies = [(False, _payload(exc, self.rank))] * self.comm.size
+                replies = [(False, _payload(exc, self.name))] * self.comm.size
         ok, value = self.comm.scatter(replies, root=0)
         if not ok:
             assert isinstance(value, tuple)
@@ -181,7 +190,7 @@ class Collective:
         try:
             result = fn()
         except Exception as exc:
-            payload = _payload(exc, self.rank)
+            payload = _payload(exc, self.name)
         failed = [p for p in self.comm.allgather(payload) if p is not None]
         if failed:
             _raise(what, failed, self.comm.size)
@@ -197,7 +206,7 @@ class Collective:
         Raises:
             ResilientError: the same error on every rank if any rank passed an exception.
         """
-        mine = _payload(value, self.rank) if isinstance(value, Exception) else None
+        mine = _payload(value, self.name) if isinstance(value, Exception) else None
         sent = self.comm.allgather((mine, None if mine is not None else value))
         failed = [p for p, _ in sent if p is not None]
         if failed:
@@ -209,12 +218,20 @@ class Collective:
         exception that kept it from making one. Raises nothing: the coordinator must then
         :meth:`announce` what it made of them (another rank's error included).
 
+        The exception :meth:`Gathered.values` raised on the coordinator of another gather
+        (e.g. a manifest shard's leader) travels as the failures it carries, which this
+        gather's coordinator then announces as if its own ranks' (a two-level gather).
+
         Returns:
             On the coordinator, what every rank sent; ``None`` on the other ranks.
         """
-        mine = (
-            (False, _payload(value, self.rank)) if isinstance(value, Exception) else (True, value)
-        )
+        mine: tuple[bool, Any]
+        if isinstance(value, _RanksFailed):
+            mine = (False, list(value.payloads))  # forwarded: the failures of other ranks
+        elif isinstance(value, Exception):
+            mine = (False, _payload(value, self.name))
+        else:
+            mine = (True, value)
         gathered = self.comm.gather(mine, root=0)
         return None if gathered is None else Gathered(tuple(gathered))
 
@@ -236,7 +253,7 @@ class Collective:
             if isinstance(answer, _RanksFailed):
                 reply = ("local", answer.payloads)
             elif isinstance(answer, Exception):
-                reply = ("combine", [_payload(answer, self.rank)])
+                reply = ("combine", [_payload(answer, self.name)])
             else:
                 reply = ("ok", answer if everywhere else None)
         status, value = self.comm.bcast(reply, root=0)
@@ -263,12 +280,12 @@ class Collective:
             if isinstance(answers, _RanksFailed):
                 replies = [("local", answers.payloads)] * size
             elif isinstance(answers, Exception):
-                replies = [("combine", [_payload(answers, self.rank)])] * size
+                replies = [("combine", [_payload(answers, self.name)])] * size
             elif answers is None or len(answers) != size:
                 wrong = ValueError(
                     f"{0 if answers is None else len(answers)} values for {size} ranks"
                 )
-                replies = [("combine", [_payload(wrong, self.rank)])] * size
+                replies = [("combine", [_payload(wrong, self.name)])] * size
             else:
                 replies = [("ok", v) for v in answers]
         status, value = self.comm.scatter(replies, root=0)
@@ -297,7 +314,7 @@ class Gathered(Generic[T]):
         Raises:
             Exception: some rank sent an exception (pass it to :meth:`Collective.announce`).
         """
-        failed = [v for ok, v in self._sent if not ok]
+        failed = [p for ok, v in self._sent if not ok for p in (v if isinstance(v, list) else [v])]
         if failed:
             raise _RanksFailed(failed)
         return [v for _, v in self._sent]

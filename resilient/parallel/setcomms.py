@@ -7,9 +7,9 @@ manifest records); :class:`SetComms` is that layout with the communicators that 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from resilient.errors import ConfigError
 from resilient.model import filenames
@@ -17,7 +17,10 @@ from resilient.model.layout import Layout
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Comm, SerialComm, as_comm
 
-__all__ = ["SetComms", "make_set_comms", "shard_groups"]
+__all__ = ["SetComms", "deal_through_leaders", "make_set_comms", "shard_groups", "shard_members"]
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,12 @@ class SetComms:
         shard: the ranks whose manifest entries share this rank's manifest shard (whole
             groups, consecutive in ``groups``); ``None``: the manifest is one file.
         shard_index: the index of this rank's shard.
-        shard_members: the ranks (of ``comm``) of this rank's shard, in order.
+        shards: the ranks (of ``comm``) of every shard, in order (``()``: no shards).
+        leaders: on each shard's leader (its lowest rank), the leaders of every shard, in
+            shard order (rank ``i`` leads shard ``i``; rank 0 of ``comm`` leads shard 0 and
+            coordinates); ``None`` on the other ranks and without shards. A set-level round
+            goes through it in two levels: up a shard to its leader, then up the leaders to
+            rank 0 (and back down the same way), so that no rank but a leader talks to rank 0.
     """
 
     comm: Comm
@@ -44,7 +52,18 @@ class SetComms:
     group_index: int
     shard: Comm | None = None
     shard_index: int = 0
-    shard_members: tuple[int, ...] = ()
+    shards: tuple[tuple[int, ...], ...] = ()
+    leaders: Comm | None = None
+
+    @property
+    def shard_members(self) -> tuple[int, ...]:
+        """The ranks (of ``comm``) of this rank's shard, in order (``()``: no shards)."""
+        return self.shards[self.shard_index] if self.shards else ()
+
+    @property
+    def leads_shard(self) -> bool:
+        """Whether this rank leads its manifest shard (``False`` without shards)."""
+        return self.shard is not None and self.shard.rank == 0
 
     @property
     def layout(self) -> Layout:
@@ -103,9 +122,10 @@ def make_set_comms(
     """Collective over ``comm``: call on all ranks. Resolve ``checkpoint_comm`` into groups.
 
     With ``shard_ranks``, a set of more ranks than that writes a sharded manifest: each shard
-    (:func:`shard_groups`) gets a communicator of its own, made here. ``by_node``: no shard
-    spans two nodes (:meth:`~resilient.parallel.comm.Comm.split_node`; for a node-local tier,
-    whose groups lie on one node each).
+    (:func:`shard_groups`) gets a communicator of its own, and the shards' leaders one
+    together (:attr:`SetComms.leaders`), made here. ``by_node``: no shard spans two nodes
+    (:meth:`~resilient.parallel.comm.Comm.split_node`; for a node-local tier, whose groups lie
+    on one node each).
 
     Raises:
         ConfigError: an unknown name, or groups that do not partition ``comm``.
@@ -135,8 +155,57 @@ def make_set_comms(
         return comms
     mine = shards[index]
     shard = coll.check("manifest shard setup", lambda: comm.split(mine))
-    together = sorted(r for g, s in zip(groups, shards, strict=True) if s == mine for r in g)
-    return dataclasses.replace(comms, shard=shard, shard_index=mine, shard_members=tuple(together))
+    every = shard_members(groups, shards)
+    leads = comm.rank == every[mine][0]
+    leaders = coll.check("manifest shard setup", lambda: comm.split(0 if leads else 1))
+    return dataclasses.replace(
+        comms, shard=shard, shard_index=mine, shards=every, leaders=leaders if leads else None
+    )
+
+
+def shard_members(
+    groups: Sequence[Sequence[int]], of_group: Sequence[int]
+) -> tuple[tuple[int, ...], ...]:
+    """Pure: the ranks of each shard, in order, from the shard of each group
+    (:func:`shard_groups`)."""
+    out: list[list[int]] = [[] for _ in range(max(of_group, default=-1) + 1)]
+    for group, shard in zip(groups, of_group, strict=True):
+        out[shard].extend(group)
+    return tuple(tuple(sorted(m)) for m in out)
+
+
+def deal_through_leaders(
+    comms: SetComms,
+    what: str,
+    answers: Sequence[T] | Exception | None,
+    spread: Callable[[T], Sequence[U]],
+) -> U:
+    """Collective over ``comms.comm`` with shards (two scatters): call on all ranks. The
+    coordinator passes one answer per shard (shard order), or the exception that kept it from
+    making them; the other ranks pass ``None``. Each shard's leader receives its shard's
+    answer (over :attr:`SetComms.leaders`), runs ``spread`` on it, which returns one answer
+    per rank of its shard (rank order), and deals them (over :attr:`SetComms.shard`): the
+    coordinator sends one message per shard, not per rank.
+
+    ``spread`` should turn its own failures into answers: one that raises fails its shard's
+    ranks only (each raises it), not every rank.
+
+    Returns:
+        This rank's answer, on every rank.
+
+    Raises:
+        ResilientError: the coordinator's error (or answers that are not one per shard), the
+            same on every rank.
+    """
+    assert comms.shard is not None
+    spread_out: Sequence[U] | Exception | None = None
+    if comms.leaders is not None:
+        try:
+            mine = Collective(comms.leaders, name=comms.comm.rank).deal(what, answers)
+            spread_out = spread(mine)
+        except Exception as exc:
+            spread_out = exc
+    return Collective(comms.shard, name=comms.comm.rank).deal(what, spread_out)
 
 
 def _node_of_groups(comm: Comm, groups: Sequence[Sequence[int]]) -> list[int]:

@@ -465,7 +465,8 @@ def scenario_rounds(root: str, kind: str, tier: str) -> None:
     of blocking saves with an unchanged structure and unchanged static data, after a first
     save, and of the first save after a restart (restored, then saved with the restored
     file's skeleton); ``tier="local"``: with a node-local tier (no partner copies, no flush);
-    ``"local-sharded"``: the same with a manifest shard per rank."""
+    ``"local-sharded"``: the same with a manifest shard per rank; with SCENARIO_SHARD_RANKS,
+    a sharded manifest on the shared root."""
     from resilient.parallel.mpi import MPIComm
 
     counting = CountingComm(MPIComm(world))
@@ -473,10 +474,10 @@ def scenario_rounds(root: str, kind: str, tier: str) -> None:
     if kind == "split":
         group = CountingComm(MPIComm(world.Split(rank // 2, rank)), counting.calls)
     local = str(Path(root) / "local") if tier.startswith("local") else None
-    shard_ranks = 1 if tier == "local-sharded" else None
+    shard_ranks = 1 if tier == "local-sharded" else (SHARD_RANKS or None)
     per_save = []
     for steps in ((1, 2, 3, 4), (6,)):  # then a restart: restore, save (the skeleton reused)
-        with resilient.CheckpointManager(
+        with CheckpointManager(
             Path(root) / "shared", comm=counting, checkpoint_comm=group, keep=KeepLast(2),
             local_dir=local, flush_every=1000, manifest_shard_ranks=shard_ranks,
         ) as m:  # fmt: skip
