@@ -3,7 +3,8 @@
 Run::
 
     python bench/bench_scale.py --ranks 1024 [--datasets 300] [--per-file 1] [--repeats 3]
-                                [--json OUT] [--dir DIR] [--max-rss-gib 8]
+                                [--json OUT] [--dir DIR] [--max-rss-gib 8] [--no-trace]
+                                [--shard-ranks 128] [--leader-sample 16]
 
 What a save's commit and a restore do with every rank's description, driven through the
 library's own functions, fed with synthetic descriptions shaped like what the gather delivers:
@@ -18,19 +19,34 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
 * **commit**: rank 0 runs the real gather, ``commit_set`` and announce as
   :class:`resilient.checkpoint.saving.SavePipeline` runs them (every rank's data durable) over
   :class:`RootComm`, a stand-in for rank 0 of an MPI communicator (``gather`` receives every
-  rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). So the
-  commit is: unpickle N descriptions, ``build_manifest``, ``PendingDir.prepare`` (JSON,
-  checksum, manifest and marker written), ``PendingDir.publish`` (fsync, rename), and pickling
-  the reply every rank receives (``("ok", None)``: the manifest stays on rank 0);
-* **restore** from the shared root (:class:`resilient.checkpoint.restorer.Restorer`): rank 0 loads the
-  manifest (:func:`resilient.io.validate.load_manifest`: read, checksum, ``parse_manifest``; the
-  ``lstat`` of every data file by ``validate_checkpoint`` is left out) and scatters each rank
-  its part of the chosen candidate (``Collective.scatter`` of ``restorer._parts``: its own
-  entry, a file group's leader its group's, their files, the header; the layout's groups stay
-  home when they are the restoring run's); the last rank unpickles its part and looks at its
-  own entry (:func:`resilient.checkpoint.elastic.needs_elastic`). ``rank_restore_*`` is that rank's part
-  before it reads its data: the bytes it receives, the time to unpickle them, the memory they
-  take (``leader_restore_bytes``: its group's leader's message).
+  rank's bytes into one buffer and unpickles them; ``bcast`` pickles what rank 0 sends). One
+  manifest (``--shard-ranks 0``): unpickle N descriptions, ``build_manifest``,
+  ``PendingDir.prepare`` (JSON, checksum, manifest and marker written), ``PendingDir.publish``
+  (fsync, rename), and pickling the reply every rank receives (``("ok", None)``). Sharded
+  (above ``--shard-ranks`` ranks), the two levels of ``gather_set``: every shard's leader
+  gathers its shard's descriptions, writes its shard and sends rank 0 its shard's summary, its
+  files already encoded (:func:`leaders` runs each other leader's part, ``leader_s``: in
+  parallel on their nodes); rank 0 does the same for shard 0, then gathers the leaders'
+  summaries (one message per shard), joins the index and commits it (its *top level*);
+* **restore** from the shared root (:class:`resilient.checkpoint.restorer.Restorer`): rank 0
+  loads the manifest (:func:`resilient.io.validate.load_manifest`: read, checksum,
+  ``parse_manifest``; the ``lstat`` of every data file by ``validate_checkpoint`` is left out)
+  and sends the chosen candidate's parts: one manifest, a scatter of every rank's part
+  (``restorer._parts``: its own entry, a file group's leader its group's, their files, the
+  header; the layout's groups stay home when they are the restoring run's); sharded, the
+  first level of ``deal_through_leaders``: each shard's leader its shard's part
+  (``restorer._shard_parts``), and each leader (``--leader-sample`` of them measured,
+  :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals each of
+  its ranks its part with its entries as read. The last rank then unpickles its part, parses
+  its own entry (:func:`resilient.io.validate.load_entries`) and looks at it
+  (:func:`resilient.checkpoint.elastic.needs_elastic`): ``rank_restore_*`` is that rank's part
+  before it reads its data.
+
+The **critical paths** add up what runs one after the other, the slowest of what runs in
+parallel (see :func:`measure_once`): ``commit_critical_s`` (the slowest shard leader, rank 0's
+top level, a rank's receipt of the reply) and ``handout_critical_s`` (rank 0's
+``load_manifest`` and sends, the slowest leader's read and deal, a rank's receipt and parse
+of its part). Transfers themselves are not simulated (the bytes sent are reported).
 
 ``--local-tier [--ranks-per-node 64] [--no-before]``: a save with a node-local tier instead
 (:func:`run_local`): shards that never span two nodes, written by their leaders into their
@@ -76,12 +92,13 @@ from resilient.checkpoint.checkpointer import (
     FileWritten,
     RankPlan,
     RankWritten,
+    ShardWritten,
     commit_set,
     write_shard,
 )
 from resilient.checkpoint.elastic import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
-from resilient.checkpoint.restorer import _Candidate, _parts, _received
+from resilient.checkpoint.restorer import Restorer, _Candidate, _parts, _received, _shard_parts
 from resilient.checkpoint.tiers import LocalTier, NodeView, _Sizes
 from resilient.io import validate
 from resilient.io.commit import PendingDir
@@ -96,7 +113,7 @@ from resilient.model.payload import split_state
 from resilient.model.tree import leaf_paths
 from resilient.parallel.collective import Collective
 from resilient.parallel.comm import SerialComm
-from resilient.parallel.setcomms import SetComms, shard_groups
+from resilient.parallel.setcomms import SetComms, shard_groups, shard_members
 
 LIBRARY_LIMIT = validate.MAX_MANIFEST_BYTES  # the largest manifest the library commits
 
@@ -238,6 +255,15 @@ class RootComm:
 
 
 @dataclass
+class Member:
+    """The world communicator as another rank than 0 sees it, where only its rank and size are
+    asked for (what a shard leader names its failures by)."""
+
+    rank: int
+    size: int
+
+
+@dataclass
 class TimedPending:
     """A :class:`PendingDir` whose two steps add their time to ``seconds`` (keys ``prepare``,
     ``publish``), which ``commit_set`` commits into."""
@@ -275,69 +301,94 @@ class TimedPending:
 
 @dataclass
 class Sharding:
-    """A save's shards (``shard_ranks`` > 0): each shard's ranks and what its leader sends rank
-    0 (:func:`leaders`); ``leader_s``: each other leader's own work, done in parallel on its
-    node (not in rank 0's commit)."""
+    """A save's shards (``shard_ranks`` > 0): each shard's ranks, what each leader sends rank
+    0 in the leaders' gather (:func:`leaders`; index 0, rank 0's own, made in the commit) and
+    ``leader_s``: each other leader's own part, run in parallel on its node before rank 0's
+    top level (gather its shard's messages, write the shard, encode its files, pickle what it
+    sends)."""
 
     shard_ranks: int
-    members: list[tuple[int, ...]]
-    world_inbox: list[bytes]
+    members: tuple[tuple[int, ...], ...]
+    leader_inbox: list[bytes]
     leader_s: list[float]
     written: dict[str, bytes]  # the other leaders' shards, by name
 
 
 def set_comms(comm: Any, ranks: int, per_file: int, shard: Any = None,
-             members: tuple[int, ...] = (), index: int = 0) -> SetComms:  # fmt: skip
+              shards: tuple[tuple[int, ...], ...] = (), index: int = 0,
+              leaders: Any = None) -> SetComms:  # fmt: skip
     """Rank 0's SetComms (or shard ``index``'s leader's), files of ``per_file`` ranks."""
     groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
     return SetComms(comm=comm, group=SerialComm(), kind=layout_kind(per_file), groups=groups,
-                    group_index=0, shard=shard, shard_index=index, shard_members=members)  # fmt: skip
+                    group_index=0, shard=shard, shard_index=index, shards=shards,
+                    leaders=leaders)  # fmt: skip
+
+
+def shards_of(ranks: int, per_file: int, shard_ranks: int) -> tuple[tuple[int, ...], ...]:
+    """Every shard's ranks, as :func:`resilient.parallel.setcomms.make_set_comms` makes them."""
+    groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
+    return shard_members(groups, shard_groups(groups, shard_ranks))
 
 
 def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> Sharding:
-    """Every shard's leader but rank 0 runs its round (the real one: gather its shard's
-    messages, write its shard) into a scratch directory; what each rank then sends rank 0 is
-    ``(True, ShardWritten)`` from a leader, ``(True, None)`` from the others."""
+    """Every shard's leader but rank 0 runs its part of the save's two-level gather (the real
+    one, :func:`write_shard`: gather its shard's messages, write its shard) into a scratch
+    directory, and pickles what it sends rank 0 in the leaders' gather (``(True,
+    ShardWritten)``, as :meth:`Collective.gather` sends it). The other ranks send rank 0
+    nothing."""
     ranks = len(inbox)
-    groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
-    of_group = shard_groups(groups, shard_ranks)
-    members = [tuple(r for g, k in zip(groups, of_group, strict=True) if k == s for r in g)
-               for s in range(of_group[-1] + 1)]  # fmt: skip
-    world = [pickle.dumps((True, None), PROTOCOL)] * ranks
+    members = shards_of(ranks, per_file, shard_ranks)
+    sent = [b""] * len(members)
     scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
     took = []
     for index, held in enumerate(members[1:], start=1):
         comm = RootComm(len(held), [inbox[r] for r in held])
-        comms = set_comms(None, ranks, per_file, comm, held, index)
+        comms = set_comms(Member(held[0], ranks), ranks, per_file, comm, members, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
         got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
+        assert isinstance(got, ShardWritten), got
+        sent[index] = pickle.dumps((True, got), PROTOCOL)
         took.append(time.perf_counter() - t0)
-        assert not isinstance(got, Exception), got
-        world[held[0]] = pickle.dumps((True, got), PROTOCOL)
     written = {p.name: p.read_bytes() for p in scratch.iterdir()}
     shutil.rmtree(scratch, ignore_errors=True)
-    return Sharding(shard_ranks, members, world, took, written)
+    return Sharding(shard_ranks, members, sent, took, written)
 
 
-def commit(
-    inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None
-) -> tuple[Manifest, RootComm, float]:
+@dataclass
+class Committed:
+    """Rank 0's commit: the manifest, the world comm (what it broadcast), the wall time of its
+    whole part, and of the part after its own shard (``top_s``: the leaders' gather, the
+    index built and committed, the announce) and before it (``shard_s``)."""
+
+    manifest: Manifest
+    comm: RootComm
+    took: float
+    top_s: float
+    shard_s: float
+    gathered_bytes: int
+
+
+def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None) -> Committed:
     """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
-    ``SavePipeline._finish_save`` runs it (the real gather, ``commit_set`` and announce,
-    ``prepare``/``publish`` of a real :class:`PendingDir`, timed: :class:`TimedPending`). With ``sharding``, rank 0
-    leads shard 0 (gathers its shard's messages and writes its shard), then gathers the
-    shards' summaries (the other leaders' work is done before, by :func:`leaders`). Returns
-    the manifest, the world comm (bytes, times)
-    and the wall time."""
+    ``SavePipeline._finish_save`` runs it (:func:`gather_set`, ``commit_set`` and announce,
+    ``prepare``/``publish`` of a real :class:`PendingDir`, timed: :class:`TimedPending`).
+    Without ``sharding``: one gather of every rank's message. With it, two levels, as
+    ``gather_set`` runs them: rank 0 leads shard 0 (gathers its shard's messages and writes
+    its shard), then gathers the leaders' shards (the other leaders' work is done before, by
+    :func:`leaders`; ``comm.seconds["gather"]`` is then the leaders' gather alone)."""
     ranks = len(inbox)
     if sharding is None:
         comm = RootComm(ranks, list(inbox))
         comms = set_comms(comm, ranks, per_file)
+        gathered_bytes = sum(map(len, inbox))
     else:
-        held = sharding.members[0]
-        comm = RootComm(ranks, list(sharding.world_inbox))
-        comms = set_comms(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
+        held, members = sharding.members[0], sharding.members
+        comm = RootComm(len(members), list(sharding.leader_inbox))  # the leaders' gather
+        world = RootComm(ranks, None)  # the announce
+        shard = RootComm(len(held), inbox[: len(held)])
+        comms = set_comms(world, ranks, per_file, shard, members, 0, comm)
+        gathered_bytes = sum(map(len, sharding.leader_inbox[1:]))
     pending = PendingDir.for_step(root, STEP).create()
     for name, text in sharding.written.items() if sharding is not None else ():
         (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
@@ -347,20 +398,28 @@ def commit(
     # there (the table says when the library refuses it)
     validate.MAX_MANIFEST_BYTES = 1 << 40
     t0 = time.perf_counter()
-    shards = own if sharding is None else write_shard(comms, own, pending.path,
-                                                      kind="checkpoint", step=STEP)  # fmt: skip
-    coll = Collective(comm)
-    gathered = coll.gather(shards)
+    shard_s = 0.0
+    if sharding is None:
+        gathered = Collective(comm).gather(own)
+    else:  # gather_set's two levels, timed apart
+        mine = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+        assert isinstance(mine, ShardWritten), mine
+        shard_s = time.perf_counter() - t0
+        gathered = Collective(comm).gather(mine)
     assert gathered is not None
     manifest = commit_set(
         comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__,
         pending=TimedPending(pending, comm.seconds),  # type: ignore[arg-type]
     )  # fmt: skip
-    coll.announce("save", None)
+    announcer = comm if sharding is None else comms.comm
+    Collective(announcer).announce("save", None)
     took = time.perf_counter() - t0
+    if announcer is not comm:
+        comm.sent.extend(announcer.sent)
+        comm.seconds["bcast"] = announcer.seconds["bcast"]
     validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     assert manifest is not None  # (rank 0: the coordinator keeps it)
-    return manifest, comm, took
+    return Committed(manifest, comm, took, took - shard_s, shard_s, gathered_bytes)
 
 
 def current_layout(ranks: int, per_file: int) -> Layout:
@@ -370,13 +429,16 @@ def current_layout(ranks: int, per_file: int) -> Layout:
 
 
 def coordinator_restore(
-    path: Path, current: Layout, written: bytes, keep: Sequence[int]
+    path: Path, current: Layout, written: bytes, keep: Sequence[int], sharding: Sharding | None
 ) -> tuple[dict[int, bytes], RootComm, dict[str, Any]]:
-    """Rank 0 of a restore: :func:`load_manifest`, then the real ``Collective.scatter`` of each
-    rank's part of the candidate (:func:`resilient.checkpoint.restorer._parts`). Returns the messages of
-    the ranks ``keep``, the comm (every message's size) and times. When ``load_manifest``
-    refuses the checkpoint, its error is returned (``restore_error``) and the candidate holds
-    the manifest the commit wrote instead (``written``, pickled: what parsing it would give)."""
+    """Rank 0 of a restore: :func:`load_manifest`, then its sends of the candidate's parts as
+    :class:`~resilient.checkpoint.restorer.Restorer` makes them (``_first_parts``): without
+    ``sharding`` a scatter of every rank's part (``_parts``), with it the leaders' scatter of
+    every shard's part (``_shard_parts``, the first level of ``deal_through_leaders``).
+    Returns the messages to ``keep`` (ranks, or shards), the comm (every message's size) and
+    times. When ``load_manifest`` refuses the checkpoint, its error is returned
+    (``restore_error``) and the candidate holds the manifest the commit wrote instead
+    (``written``, pickled: what parsing it would give)."""
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
@@ -387,25 +449,60 @@ def coordinator_restore(
     else:
         out["load_manifest_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    comm = RootComm(current.nranks, None, keep=tuple(keep))
     whole = _Candidate(path, manifest, None)
-    Collective(comm).scatter("choosing a checkpoint", lambda: _parts(whole, current))  # type: ignore[arg-type]
+    if sharding is None:
+        comm = RootComm(current.nranks, None, keep=tuple(keep))
+        parts = [(p, False) for p in _parts(whole, current)]
+    else:
+        comm = RootComm(len(sharding.members), None, keep=tuple(keep))
+        parts = [(p, False) for p in _shard_parts(whole, current, sharding.members)]
+    Collective(comm).deal("choosing a checkpoint", parts)  # type: ignore[arg-type]
     out["restore_scatter_s"] = time.perf_counter() - t1
     return comm.kept, comm, out
 
 
+def leader_restore(
+    received: bytes, index: int, current: Layout, sharding: Sharding, keep: int, per_file: int
+) -> tuple[float, bytes, int]:
+    """Shard ``index``'s leader's part of a restore's hand-out, as ``deal_through_leaders``
+    runs it: unpickle its shard's part, :meth:`Restorer._spread` (its ranks' entries loaded:
+    the saved shard read, checked and parsed once), and the scatter of each rank's part over
+    its shard. Returns the time, the message of its rank ``keep`` (a shard rank) and the bytes
+    of the shards it read."""
+    members = sharding.members
+    comms = set_comms(Member(members[index][0], current.nranks), current.nranks, per_file,
+                      SerialComm(), members, index)  # fmt: skip
+    t0 = time.perf_counter()
+    status, given = pickle.loads(received)
+    assert status == "ok", given
+    restorer = Restorer(given[0].path.parent, Collective(SerialComm()), None,  # type: ignore[arg-type]
+                        layout=current, shards=comms)  # fmt: skip
+    spread = restorer._spread(given)
+    comm = RootComm(len(members[index]), None, keep=(keep,))
+    Collective(comm).deal("choosing a checkpoint", spread)  # type: ignore[arg-type]
+    took = time.perf_counter() - t0
+    part = spread[keep][0]
+    assert part.unloadable is None, part.unloadable
+    sharded = part.manifest.sharded
+    read = 0 if sharded is None else sum(s.size for s in sharded.shards)
+    return took, comm.kept[keep], read
+
+
 def rank_restore(received: bytes, rank: int, current: Layout) -> tuple[float, int]:
     """One rank's part of a restore before it reads its data: unpickle its part of the
-    candidate, put its layout back, load its own entry (of a sharded manifest: read, check
-    and parse its shard: :func:`load_entries`) and look at it. Returns the time and the bytes
-    of the shard it read (0: none)."""
+    candidate, put its layout back, load its own entry (of a sharded manifest: parse what its
+    shard's leader handed on, or read, check and parse its shard: :func:`load_entries`) and
+    look at it. Returns the time and the bytes of the shard it read (0: none)."""
     t0 = time.perf_counter()
-    ok, candidate = pickle.loads(received)
-    assert ok
-    manifest = load_entries(candidate.path, _received(candidate.manifest, current), [rank])
+    status, (candidate, _) = pickle.loads(received)
+    assert status == "ok"
+    sharded = candidate.manifest.sharded
+    docs = candidate.docs or {}
+    read = 0 if sharded is None or sharded.shard_of(rank).name in docs else sharded.shard_of(rank).size
+    manifest = load_entries(
+        candidate.path, _received(candidate.manifest, current), [rank], read=candidate.docs
+    )
     needs_elastic(manifest.ranks[rank], {})
-    sharded = manifest.sharded
-    read = 0 if sharded is None else sharded.shard_of(rank).size
     return time.perf_counter() - t0, read
 
 
@@ -436,19 +533,38 @@ def seconds_of(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def sampled(count: int, sample: int) -> list[int]:
+    """``sample`` indices of ``0 .. count - 1`` spread evenly, the first and the last among
+    them (all when ``sample`` >= ``count``)."""
+    if sample >= count:
+        return list(range(count))
+    return sorted({round(i * (count - 1) / max(1, sample - 1)) for i in range(sample)})
+
+
 def measure_once(
-    inbox: list[bytes], per_file: int, base: Path, sharding: Sharding | None, *, trace: bool
+    inbox: list[bytes], per_file: int, base: Path, sharding: Sharding | None, *, trace: bool,
+    leader_sample: int = 16,
 ) -> dict[str, Any]:
     """One commit, then one restore, of the checkpoint of ``inbox`` in a new directory under
     ``base``: times (``trace=False``) or tracemalloc peaks (``trace=True``), and sizes. At most
-    one copy of the manifest's objects is alive at a time (besides the commit's inputs)."""
+    one copy of the manifest's objects is alive at a time (besides the commit's inputs).
+
+    The critical paths (the slowest rank's share, not rank 0's alone; the shard leaders work
+    in parallel): ``commit_critical_s`` = the slowest leader's part (its shard gathered and
+    written; rank 0's own shard included) + rank 0's top level (the leaders' gather to the
+    announce) + a rank's receipt of the reply; ``handout_critical_s`` = rank 0's
+    ``load_manifest`` + its sends (the shards' parts made and pickled) + the slowest leader's
+    part (:func:`leader_restore`, ``leader_sample`` leaders of every shard measured, the first
+    and last among them) + a rank's receipt of its part. Without shards, rank 0's whole
+    commit or scatter plus a rank's receipt."""
     ranks, out = len(inbox), dict[str, Any]()
     root = Path(tempfile.mkdtemp(prefix="scale-", dir=base))
     try:
         rss0 = reset_peak_rss()
         with traced(trace) as mem:
-            manifest, comm, commit_s = commit(inbox, per_file, root, sharding)
+            done = commit(inbox, per_file, root, sharding)
         out["commit_rss_delta_bytes"] = max_rss() - rss0 if rss0 else None
+        manifest, comm = done.manifest, done.comm
         final = root / filenames.step_dir_name(STEP)
         reply = comm.sent[0]  # ("ok", None): what every rank receives at every save
         shards = sorted(
@@ -457,37 +573,58 @@ def measure_once(
         out.update(
             manifest_bytes=(final / filenames.MANIFEST).stat().st_size, reply_bytes=len(reply),
             shards=len(shards), shard_bytes_max=max(shards, default=0),
-            shard_bytes_total=sum(shards),
+            shard_bytes_total=sum(shards), gathered_bytes=done.gathered_bytes,
         )  # fmt: skip
         if trace:
             out["commit_peak_bytes"] = mem["peak"]
         else:
             s = comm.seconds
+            slowest = max([done.shard_s, *sharding.leader_s]) if sharding is not None else 0.0
+            receive = seconds_of(functools.partial(pickle.loads, reply))
             out.update(
-                commit_s=commit_s, gather_unpickle_s=s["gather"], prepare_s=s["prepare"],
-                publish_s=s["publish"], bcast_pickle_s=s["bcast"],
-                build_manifest_s=commit_s - sum(s.values()),
+                commit_s=done.took, commit_top_s=done.top_s, commit_shard_s=done.shard_s,
+                commit_slowest_leader_s=slowest, gather_unpickle_s=s["gather"],
+                prepare_s=s["prepare"], publish_s=s["publish"], bcast_pickle_s=s["bcast"],
+                build_manifest_s=done.top_s - sum(s.values()), rank_save_receive_s=receive,
+                commit_critical_s=slowest + done.top_s + receive,
                 encode_s=seconds_of(functools.partial(manifest_json, manifest)),
             )  # fmt: skip
         written = pickle.dumps(manifest, protocol=5)  # (for a manifest load_manifest refuses)
-        del manifest, comm
+        del manifest, comm, done
         gc.collect()
-        if not trace:
-            out["rank_save_receive_s"] = seconds_of(functools.partial(pickle.loads, reply))
-            gc.collect()
         current = current_layout(ranks, per_file)
-        last, leader = ranks - 1, current.groups[-1][0]  # a file group's last rank, its leader
+        last = ranks - 1
+        if sharding is None:
+            keep: list[int] = [last, current.groups[-1][0]]  # a file group's last rank, its leader
+        else:
+            keep = sampled(len(sharding.members), leader_sample)
         with traced(trace) as mem:
-            kept, scomm, restore = coordinator_restore(final, current, written, (last, leader))
+            kept, scomm, restore = coordinator_restore(final, current, written, keep, sharding)
         del reply, written
         gc.collect()
+        leader_s: list[float] = []
+        leader_read = 0
+        if sharding is None:
+            received = kept[last]
+            out["leader_restore_bytes"] = len(kept[keep[1]])
+        else:
+            for index in keep:  # (the last shard's leader keeps its last rank's message)
+                size = len(sharding.members[index])
+                took, received, read = leader_restore(
+                    kept[index], index, current, sharding, size - 1, per_file
+                )
+                leader_s.append(took)
+                leader_read = max(leader_read, read)
+                gc.collect()
+            out["leader_restore_bytes"] = max(len(kept[i]) for i in keep)
         with traced(trace) as mem2:
-            rank_s, shard_read = rank_restore(kept[last], last, current)
+            rank_s, shard_read = rank_restore(received, last, current)
         out.update(
-            rank_restore_bytes=len(kept[last]) + shard_read, rank_received_bytes=len(kept[last]),
-            rank_shard_read_bytes=shard_read, leader_restore_bytes=len(kept[leader]),
+            rank_restore_bytes=len(received) + shard_read, rank_received_bytes=len(received),
+            rank_shard_read_bytes=shard_read, leader_shard_read_bytes=leader_read,
             restore_scatter_bytes_total=sum(scomm.scattered),
             restore_scatter_bytes_max=max(scomm.scattered),
+            restore_scatter_messages=len(scomm.scattered),
             restore_error=restore.pop("restore_error", None),
         )  # fmt: skip
         del scomm
@@ -495,7 +632,14 @@ def measure_once(
             out.update(coordinator_restore_peak_bytes=mem["peak"],
                        rank_restore_peak_bytes=mem2["peak"])  # fmt: skip
         else:
-            out.update(rank_restore_s=rank_s, **restore)
+            slowest_leader = max(leader_s, default=0.0)
+            out.update(
+                rank_restore_s=rank_s, handout_leader_max_s=slowest_leader if leader_s else None,
+                handout_leader_median_s=statistics.median(leader_s) if leader_s else None,
+                handout_critical_s=restore.get("load_manifest_s", 0.0)
+                + restore["restore_scatter_s"] + slowest_leader + rank_s,
+                **restore,
+            )  # fmt: skip
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -511,10 +655,15 @@ def run(
     *,
     shard_ranks: int = 0,
     trace: bool = True,
+    leader_sample: int = 16,
+    pause_gc: bool = False,
 ) -> dict[str, Any]:
-    """Measure one size: ``repeats`` timed commits and restores (medians), then one traced
-    (with ``trace``; else the peaks are ``None``). ``shard_ranks``: the manifest in shards of
-    that many ranks when there are more (the library's ``manifest_shard_ranks``; 0: one)."""
+    """Measure one size: ``repeats`` timed commits and restores (medians, and the spread of the
+    critical paths), then one traced (with ``trace``; else the peaks are ``None``).
+    ``shard_ranks``: the manifest in shards of that many ranks when there are more (the
+    library's ``manifest_shard_ranks``; 0: one). ``pause_gc``: the timed runs with Python's
+    cyclic garbage collector paused, as ``RESILIENT_PAUSE_GC=1`` pauses it in a manager's saves
+    and restores."""
     t0 = time.perf_counter()
     inbox = messages(ranks, datasets, per_file)
     sharding = None
@@ -523,13 +672,19 @@ def run(
         if len(sharding.members) < 2:
             sharding = None
     setup_s = time.perf_counter() - t0
-    samples = [measure_once(inbox, per_file, base, sharding, trace=False) for _ in range(repeats)]
-    peaks = measure_once(inbox, per_file, base, sharding, trace=True) if trace else {}
+    once = functools.partial(measure_once, inbox, per_file, base, sharding,
+                             leader_sample=leader_sample)  # fmt: skip
+    samples = [paused(pause_gc, functools.partial(once, trace=False)) for _ in range(repeats)]
+    peaks = once(trace=True) if trace else {}
     first = samples[0]
-    gathered = sum(map(len, inbox if sharding is None else sharding.world_inbox))
     shard_gathered = 0 if sharding is None else sum(len(inbox[r]) for r in sharding.members[0])
     times = {
-        k: round(statistics.median(s[k] for s in samples), 4) for k in first if k.endswith("_s")
+        k: round(statistics.median(s[k] for s in samples), 4)
+        for k in first if k.endswith("_s") and first[k] is not None
+    }  # fmt: skip
+    spread = {
+        f"{k}_range": [round(min(s[k] for s in samples), 4), round(max(s[k] for s in samples), 4)]
+        for k in ("commit_critical_s", "handout_critical_s")
     }
     return {
         "ranks": ranks,
@@ -548,21 +703,25 @@ def run(
         "shard_leader_s_max": None if sharding is None else round(max(sharding.leader_s), 4),
         "shard_gathered_bytes": shard_gathered,
         **times,
+        **spread,
+        "leader_sample": leader_sample if sharding is not None else 0,
+        "pause_gc": pause_gc,
         "commit_s_max": round(max(s["commit_s"] for s in samples), 4),
         "commit_peak_bytes": peaks.get("commit_peak_bytes"),
         "commit_rss_delta_bytes": max(s["commit_rss_delta_bytes"] or 0 for s in samples) or None,
         "rank_restore_bytes": first["rank_restore_bytes"],
         "rank_received_bytes": first["rank_received_bytes"],
         "rank_shard_read_bytes": first["rank_shard_read_bytes"],
+        "leader_shard_read_bytes": first["leader_shard_read_bytes"],
         "leader_restore_bytes": first["leader_restore_bytes"],
         "restore_scatter_bytes_total": first["restore_scatter_bytes_total"],
         "restore_scatter_bytes_max": first["restore_scatter_bytes_max"],
+        "restore_scatter_messages": first["restore_scatter_messages"],
         "rank_restore_peak_bytes": peaks.get("rank_restore_peak_bytes"),
         "coordinator_restore_peak_bytes": peaks.get("coordinator_restore_peak_bytes"),
         "restore_error": first["restore_error"],
         "library_commits": first["manifest_bytes"] <= LIBRARY_LIMIT,
-        "gathered_bytes": gathered,
-        "gathered_bytes_per_rank": gathered // ranks,
+        "gathered_bytes": first["gathered_bytes"],
         "save_bcast_bytes_per_rank": first["reply_bytes"],
         "save_bcast_bytes_total": first["reply_bytes"] * (ranks - 1),
         "max_rss_bytes": max_rss(),
@@ -573,6 +732,17 @@ def run(
         "revision": library_revision(),
         "python": sys.version.split()[0],
     }
+
+
+def paused(pause: bool, fn: Callable[[], T]) -> T:
+    """``fn()``, with the cyclic garbage collector paused if ``pause``."""
+    if not pause:
+        return fn()
+    gc.disable()
+    try:
+        return fn()
+    finally:
+        gc.enable()
 
 
 # --------------------------------------------------------------------------- a node-local tier
@@ -593,27 +763,28 @@ def node_sharding(
 ) -> Sharding:
     """:func:`leaders` for a save with a node-local tier: the shards of
     :func:`~resilient.parallel.setcomms.shard_groups` with nodes of ``per_node`` consecutive
-    ranks (a shard never spans two nodes); every shard's leader but rank 0 runs its round."""
+    ranks (a shard never spans two nodes); every shard's leader but rank 0 runs its part of the
+    two-level gather (``gather_set``: its shard's round, its shard written) and pickles what it
+    sends rank 0 in the leaders' gather."""
     ranks = len(inbox)
     groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
     of_group = shard_groups(groups, shard_ranks, nodes=[g[0] // per_node for g in groups])
-    members = [tuple(r for g, k in zip(groups, of_group, strict=True) if k == s for r in g)
-               for s in range(max(of_group) + 1)]  # fmt: skip
-    world = [pickle.dumps((True, None), PROTOCOL)] * ranks
+    members = shard_members(groups, of_group)
+    sent = [b""] * len(members)
     scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
     took = []
     for index, held in enumerate(members[1:], start=1):
         comm = RootComm(len(held), [inbox[r] for r in held])
-        comms = set_comms(None, ranks, per_file, comm, held, index)
+        comms = set_comms(Member(held[0], ranks), ranks, per_file, comm, members, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
         got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
+        assert isinstance(got, ShardWritten), got
+        sent[index] = pickle.dumps((True, got), PROTOCOL)
         took.append(time.perf_counter() - t0)
-        assert not isinstance(got, Exception), got
-        world[held[0]] = pickle.dumps((True, got), PROTOCOL)
     written = {p.name: p.read_bytes() for p in scratch.iterdir()}
     shutil.rmtree(scratch, ignore_errors=True)
-    return Sharding(shard_ranks, members, world, took, written)
+    return Sharding(shard_ranks, members, sent, took, written)
 
 
 def local_commit_unsharded(
@@ -649,17 +820,21 @@ def local_commit_sharded(
     index (``commit_set``), broadcasts it, commits its node's copy and learns every node's
     outcome (the allgather). The other shards are in the directory before (their leaders)."""
     ranks = len(inbox)
-    held = sharding.members[0]
-    comm = LocalRootComm(ranks, list(sharding.world_inbox))
-    comms = set_comms(comm, ranks, per_file, RootComm(len(held), inbox[: len(held)]), held)
+    held, members = sharding.members[0], sharding.members
+    comm = LocalRootComm(ranks, None)  # the index announced, the nodes' outcomes shared
+    leaders = RootComm(len(members), list(sharding.leader_inbox))  # the leaders' gather
+    shard = RootComm(len(held), inbox[: len(held)])
+    comms = set_comms(comm, ranks, per_file, shard, members, 0, leaders)
     pending = PendingDir.for_step(root, STEP).create()
     for name, text in sharding.written.items():
         (pending.path / name).write_bytes(text)  # (on their own nodes; here for the restore)
     own = pickle.loads(inbox[0])[1]
     t0 = time.perf_counter()
-    shards = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+    mine = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+    assert isinstance(mine, ShardWritten), mine
+    gathered = Collective(leaders).gather(mine)
+    comm.seconds["gather"] = leaders.seconds["gather"]
     coll = Collective(comm)
-    gathered = coll.gather(shards)
     assert gathered is not None
     index = commit_set(
         comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__
@@ -911,7 +1086,8 @@ def watch_rss(limit_bytes: int) -> None:
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
-    """The results as a Markdown table (MB = 10^6 bytes)."""
+    """The results as a Markdown table (MB = 10^6 bytes): sizes, then the commit's and the
+    restore hand-out's critical paths (medians; the range over repeats) with their parts."""
 
     def mb(n: int | None) -> str:
         return "-" if n is None else f"{n / 1e6:,.1f}"
@@ -922,11 +1098,16 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    def spread(r: dict[str, Any], key: str) -> str:
+        lo, hi = r[f"{key}_range"]
+        return f"**{s(r[key])}** ({s(lo)}-{s(hi)})"
+
     rows = [
-        "| ranks x datasets | shards | manifest MB (largest shard) | gathered MB: by rank 0 (by a "
-        "shard leader) | commit s: rank 0 (unpickle / build / prepare / publish) | a shard "
-        "leader s: median, max | commit peak MB (RSS delta) | restore, a rank: receives KB, reads "
-        "KB, s, peak KB | rank 0: load_manifest s, scatter s |",
+        "| ranks x datasets | shards | index MB (largest shard) | gathered MB: by rank 0 (by a "
+        "leader) | commit critical path s (range) | = slowest leader + rank 0's top (unpickle / "
+        "build / prepare / publish) + a rank | restore hand-out critical path s (range) | = "
+        "load_manifest + sends (messages, MB) + slowest leader (median; reads KB) + a rank "
+        "(receives KB, reads KB) | commit peak MB (RSS delta) |",
         "|" + "---|" * 9,
     ]
     for r in results:
@@ -934,13 +1115,17 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             f"| {r['ranks']:,} x {r['datasets']} | {r['shards'] or 1} | "
             f"{mb(r['manifest_bytes'])} ({mb(r['shard_bytes_max'] or None)}) "
             f"| {mb(r['gathered_bytes'])} ({mb(r['shard_gathered_bytes'] or None)}) "
-            f"| {s(r['commit_s'])} ({s(r['gather_unpickle_s'])} / "
-            f"{s(r['build_manifest_s'])} / {s(r['prepare_s'])} / {s(r['publish_s'])}) "
-            f"| {s(r['shard_leader_s_median'])}, {s(r['shard_leader_s_max'])} "
-            f"| {mb(r['commit_peak_bytes'])} ({mb(r['commit_rss_delta_bytes'])}) "
-            f"| {kb(r['rank_received_bytes'])}, {kb(r['rank_shard_read_bytes'] or None)}, "
-            f"{s(r['rank_restore_s'])}, {kb(r['rank_restore_peak_bytes'])} "
-            f"| {s(r.get('load_manifest_s'))}, {s(r.get('restore_scatter_s'))} |"
+            f"| {spread(r, 'commit_critical_s')} "
+            f"| {s(r.get('commit_slowest_leader_s'))} + {s(r['commit_top_s'])} "
+            f"({s(r['gather_unpickle_s'])} / {s(r['build_manifest_s'])} / {s(r['prepare_s'])} / "
+            f"{s(r['publish_s'])}) + {s(r['rank_save_receive_s'])} "
+            f"| {spread(r, 'handout_critical_s')} "
+            f"| {s(r.get('load_manifest_s'))} + {s(r['restore_scatter_s'])} "
+            f"({r['restore_scatter_messages']:,}, {mb(r['restore_scatter_bytes_total'])}) + "
+            f"{s(r.get('handout_leader_max_s'))} ({s(r.get('handout_leader_median_s'))}; "
+            f"{kb(r['leader_shard_read_bytes'] or None)}) + {s(r['rank_restore_s'])} "
+            f"({kb(r['rank_received_bytes'])}, {kb(r['rank_shard_read_bytes'] or None)}) "
+            f"| {mb(r['commit_peak_bytes'])} ({mb(r['commit_rss_delta_bytes'])}) |"
         )
     rows += [f"{r['ranks']:,} ranks: restore failed: {r['restore_error']}"
              for r in results if r["restore_error"]]  # fmt: skip
@@ -960,6 +1145,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--dir", help="where the checkpoints are written (default: the temp dir)")
     ap.add_argument("--no-trace", action="store_true", help="skip the tracemalloc run")
     ap.add_argument("--max-rss-gib", type=float, default=8.0, help="abort above this RSS")
+    ap.add_argument("--leader-sample", type=int, default=16,
+                    help="shard leaders whose restore part is measured (evenly spread)")
+    ap.add_argument("--pause-gc", action="store_true",
+                    help="time with the garbage collector paused (RESILIENT_PAUSE_GC=1)")  # fmt: skip
     ap.add_argument("--local-tier", action="store_true",
                     help="a save with a node-local tier (shards never span nodes)")  # fmt: skip
     ap.add_argument("--ranks-per-node", type=int, default=64, help="with --local-tier")
@@ -982,6 +1171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 base,
                 shard_ranks=args.shard_ranks,
                 trace=not args.no_trace,
+                leader_sample=args.leader_sample,
+                pause_gc=args.pause_gc,
             )
         )
         print(table(results[-1:]).splitlines()[2], flush=True)

@@ -26,7 +26,6 @@ exception on every rank, never a hang.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import operator
@@ -679,7 +678,7 @@ def _file_entries(
         if w.file is None:
             continue
         f = FileEntry(w.file.name, w.file.size, "", w.file.ranks, tuple(w.file.meta_segments))
-        out.append(dataclasses.replace(f, checksum=digest_text(file_checksum_text(entries, f))))
+        out.append(f._replace(checksum=digest_text(file_checksum_text(entries, f))))
     return tuple(out)
 
 

@@ -124,10 +124,11 @@ class CheckpointManager:
             before anything in ``root`` is touched (:mod:`resilient.io.runkey`).
         manifest_shard_ranks: a checkpoint set of more ranks than this writes its manifest in
             shards of about this many ranks (whole file groups) beside a small index (schema
-            3): no rank gathers, encodes or parses every rank's entries, and a restoring rank
-            reads its own shard only. ``None``: one manifest whatever the rank count. With
-            ``local_dir`` no shard spans two nodes: each node's copy holds the shards of its
-            own ranks and the index.
+            3): no rank gathers, encodes or parses every rank's entries, each shard's leader
+            is the only rank of it that talks to rank 0, and at a restore reads its shard once
+            for its ranks. ``None``: one manifest whatever the rank count. With ``local_dir``
+            no shard spans two nodes: each node's copy holds the shards of its own ranks and
+            the index.
     """
 
     def __init__(

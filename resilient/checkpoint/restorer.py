@@ -425,27 +425,32 @@ class Restorer:
         candidate then fails on every rank, and the restore falls back)."""
         assert self.shards is not None
         part, elastic = given
-        part = self._receive(part)
         members = self.shards.shard_members
-        docs: dict[str, ShardDoc] = {}
-        static_docs: dict[str, ShardDoc] = {}
-        if not elastic:  # (an elastic restore sends the whole manifest, loaded, to every rank)
-            try:
-                docs = read_shards(part.path, part.manifest, members)
-                if part.static is not None:
-                    n = len(part.static.ranks)
-                    static_docs = read_shards(
-                        self._static_dir(part.manifest), part.static, [r for r in members if r < n]
-                    )
-            except InvalidCheckpointError as exc:
-                part = dataclasses.replace(part, unloadable=exc.reason)
-            except ManifestError as exc:
-                part = dataclasses.replace(part, unloadable=f"bad manifest: {exc}")
-        return [
-            (dataclasses.replace(p, docs=_docs_of(p.manifest, docs),
-                                 static_docs=_docs_of(p.static, static_docs)), elastic)
-            for p in _parts(part, self.layout, members)
-        ]  # fmt: skip
+        try:
+            part = self._receive(part)
+            docs: dict[str, ShardDoc] = {}
+            static_docs: dict[str, ShardDoc] = {}
+            if not elastic:  # (an elastic restore sends the whole manifest, loaded, to all)
+                try:
+                    docs = read_shards(part.path, part.manifest, members)
+                    if part.static is not None:
+                        n = len(part.static.ranks)
+                        static_docs = read_shards(
+                            self._static_dir(part.manifest), part.static,
+                            [r for r in members if r < n],
+                        )  # fmt: skip
+                except InvalidCheckpointError as exc:
+                    part = dataclasses.replace(part, unloadable=exc.reason)
+                except ManifestError as exc:
+                    part = dataclasses.replace(part, unloadable=f"bad manifest: {exc}")
+            return [
+                (dataclasses.replace(p, docs=_docs_of(p.manifest, docs),
+                                     static_docs=_docs_of(p.static, static_docs)), elastic)
+                for p in _parts(part, self.layout, members)
+            ]  # fmt: skip
+        except Exception as exc:  # (e.g. EIO): never raise here, or its shard alone would
+            failed = dataclasses.replace(part, unloadable=describe_error(exc))
+            return [(failed, elastic)] * len(members)
 
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its

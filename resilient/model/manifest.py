@@ -45,9 +45,11 @@ class ManifestError(ValueError):
     """A manifest is malformed or hostile."""
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """A byte range of a file and the checksum of its bytes."""
+class Segment(NamedTuple):
+    """A byte range of a file and the checksum of its bytes.
+
+    A named tuple, not a frozen dataclass (as :class:`DatasetEntry`): an index of 100,000
+    files holds 200,000, built at every restore and pickled to the shards' leaders."""
 
     offset: int
     length: int
@@ -413,13 +415,15 @@ def _sharded_ranks(
     return ShardedRanks(size, shards, files, entries=entries, is_part=is_part)
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
+class FileEntry(NamedTuple):
     """One data file of a checkpoint.
 
     ``meta_segments`` covers the bytes HDF5 wrote itself (superblock, object headers,
     padding); together with the datasets of ``ranks`` they tile the file exactly.
     ``checksum`` is the checksum of the ordered list of all segment checksums.
+
+    A named tuple, not a frozen dataclass (as :class:`DatasetEntry`): an index lists one per
+    file, 100,000 at 100,000 ranks, built at every restore (~0.4 us each instead of ~4).
     """
 
     name: str

@@ -92,11 +92,15 @@ def index_shards(top: Section, files: Sequence[FileEntry], nranks: int) -> Shard
         if not filenames.is_shard_name(name) or any(s.name == name for s in shards):
             raise ManifestError(f"{sec.path}: illegal or repeated shard name {name!r}")
         names = sec.require("files", list)
-        if not names or not all(isinstance(n, str) and n in by_name for n in names):
+        try:
+            held = set(names)  # (the manifest's file names are strings: no other value is one)
+        except TypeError:  # an unhashable value
+            held = {None}
+        if not names or not held <= by_name.keys():
             raise ManifestError(f"{sec.path}: names a file the manifest does not list")
-        if placed.intersection(names) or len(set(names)) != len(names):
+        if not placed.isdisjoint(held) or len(held) != len(names):
             raise ManifestError(f"{sec.path}: a file is in two shards")
-        placed.update(names)
+        placed.update(held)
         shards.append(
             ShardEntry(
                 name,
