@@ -459,7 +459,13 @@ class _NoChannel:
 
 
 def _per_node(layout: Layout) -> str:
-    """``4 ranks on 2 nodes (2 + 2)``."""
+    """``4 ranks on 2 nodes (2 + 2)`` for a layout of a file per node; else its files (a
+    layout records files, not nodes): ``4 ranks in 4 files of checkpoint_comm='self'``."""
+    if layout.kind != "node":
+        return (
+            f"{layout.nranks} ranks in {len(layout.groups)} files of "
+            f"checkpoint_comm={layout.kind!r}"
+        )
     sizes = " + ".join(str(len(g)) for g in layout.groups)
     return f"{layout.nranks} ranks on {len(layout.groups)} nodes ({sizes})"
 

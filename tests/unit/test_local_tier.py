@@ -177,3 +177,15 @@ def test_cli_shows_both_tiers_and_report_shows_flush_times(tmp_path: Path, local
     ]  # fmt: skip
     report = cli("report", str(shared))
     assert "flushes from the local tier: 1" in report.stdout, report.stdout
+
+
+def test_the_layout_note_names_nodes_only_for_a_file_per_node() -> None:
+    from resilient.checkpoint.tiers import _per_node
+    from resilient.model.layout import Layout
+
+    assert _per_node(Layout("node", 4, ((0, 1), (2, 3)))) == "4 ranks on 2 nodes (2 + 2)"
+    # a file per rank says nothing of nodes: no "4 ranks on 4 nodes (1 + 1 + 1 + 1)"
+    assert (
+        _per_node(Layout("self", 4, ((0,), (1,), (2,), (3,))))
+        == "4 ranks in 4 files of checkpoint_comm='self'"
+    )
