@@ -9,7 +9,8 @@ job stage the newest step they can complete between them. Call order (every roun
 
     every rank    its new blocks; a node's first rank also what its node holds of every
                   step, of any layout (own copies and partner copies, sizes checked, partner
-                  digests recorded: PartnerCopies.inventory)
+                  digests recorded: PartnerCopies.inventory), each distinct manifest sent
+                  once, by the first node holding it (partner.gather_inventories)
     coordinator   plan_staging: the newest step (not older than the shared root's newest)
                   whose manifest has an elastic plan and whose files the nodes hold between
                   them; per node, the files holding stored blocks that overlap its ranks' new
@@ -51,7 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
-from resilient.checkpoint.partner import Held, PartnerCopies, Rebuild, Ring, transfers_for
+from resilient.checkpoint.partner import (
+    Held,
+    PartnerCopies,
+    Rebuild,
+    Ring,
+    gather_inventories,
+    transfers_for,
+)
 from resilient.errors import InvalidCheckpointError, LayoutMismatchError
 from resilient.io.targets import DirectoryTarget
 from resilient.io.validate import entries_from_shards, read_shard
@@ -75,9 +83,6 @@ log = logging.getLogger(__name__)
 
 # Per node (first rank), per step, what it holds: Held.summary().
 Inventories = Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]]
-# What one rank tells the coordinator: its rank, per step what its node holds (a node's first
-# rank; empty elsewhere), and its new blocks.
-_Report = tuple[int, dict[int, tuple[str, dict[str, str]]], dict[str, BlockSpec]]
 # What a node's first rank sends of the shards asked of it: each one's bytes, or why not.
 _Shards = dict[str, bytes | str]
 
@@ -339,23 +344,21 @@ def stage_newest(
     coll, ring = copies.coll, copies.ring
     tried = set(excluded)
     for _ in range(3):
-        held: dict[int, Held] = {}
         try:
-            held = _held(copies, own_steps)
-            mine: _Report | Exception = (
-                coll.rank,
-                {s: h.summary() for s, h in held.items()},
-                dict(blocks),
-            )
-        except Exception as exc:  # this rank's failure, raised on every rank by announce
-            mine = exc
-        gathered = coll.gather(mine)
+            listed: dict[int, Held] | Exception = _held(copies, own_steps)
+        except Exception as exc:  # this rank's failure, raised on every rank
+            listed = exc
+        got = gather_inventories(
+            coll, ring, listed, dict(blocks),
+            what="listing local and partner copies for an elastic restore",
+        )  # fmt: skip
+        held = listed if isinstance(listed, dict) else {}  # (a dict: nothing was raised)
         chooser: _Chooser | Exception | None = None
-        if gathered is not None:
+        if got is not None:
             try:
-                reports = gathered.values()
-                inventories = {r: inv for r, inv, _ in reports if r in ring.leaders}
-                wanted = [b for _, _, b in reports]
+                if isinstance(got, Exception):
+                    raise got
+                inventories, wanted = got
                 chooser = _Chooser(
                     inventories, {}, functools.partial(
                         plan_staging, ring=ring, wanted=wanted, current=current, only=step,
