@@ -54,6 +54,7 @@ from pathlib import Path
 from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
 from resilient.checkpoint.partner import (
     Held,
+    Inventories,
     PartnerCopies,
     Rebuild,
     Ring,
@@ -81,8 +82,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Per node (first rank), per step, what it holds: Held.summary().
-Inventories = Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]]
 # What a node's first rank sends of the shards asked of it: each one's bytes, or why not.
 _Shards = dict[str, bytes | str]
 
@@ -152,7 +151,7 @@ def files_needed(
 
 
 def plan_staging(
-    inventories: Inventories,
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
     ring: Ring,
     wanted: Sequence[Mapping[str, BlockSpec]],
     *,
@@ -258,7 +257,9 @@ def plan_staging(
 
 
 def _shard_sources(
-    shards: Sequence[ShardEntry], step: int, inventories: Inventories
+    shards: Sequence[ShardEntry],
+    step: int,
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
 ) -> tuple[tuple[tuple[int, tuple[ShardEntry, ...]], ...], list[str]]:
     """Pure: who sends each of ``shards`` of ``step`` (a node holding its own copy first, then
     one holding a partner copy; the first such node), and the names of those no node holds."""
@@ -470,7 +471,11 @@ def _choose(
         )
         if not isinstance(choice, ShardFetch):
             return choice, why
-        replies = coll.gather(_shards_asked(choice, held, coll.rank))
+        try:
+            mine: _Shards | Exception = _shards_asked(choice, held, coll.rank)
+        except Exception as exc:  # this rank's failure, raised on every rank by announce
+            mine = exc
+        replies = coll.gather(mine)
         if replies is not None and isinstance(chooser, _Chooser):
             try:
                 chooser = chooser.took(choice, replies.values())

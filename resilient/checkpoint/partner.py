@@ -59,6 +59,7 @@ from resilient.parallel.comm import Channel
 __all__ = [
     "REDUNDANCY_SCHEMES",
     "Held",
+    "Inventories",
     "PartnerCopies",
     "Rebuild",
     "CopyScheme",
