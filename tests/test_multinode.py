@@ -322,6 +322,52 @@ def test_a_restart_on_3_ranks_and_a_new_node_stages_partner_copies_over_the_wire
         assert not (_local(base, node) / "elastic").exists()
 
 
+@pytest.mark.parametrize(
+    "hosts", ["nodeA:2,nodeC:1", "nodeC:1,nodeA:2"], ids=["coordinator-on-nodeA", "on-nodeC"]
+)
+def test_a_restart_from_a_sharded_local_tier_gets_every_shard_from_the_nodes_holding_it(
+    tmp_path: Path, hosts: str
+) -> None:
+    """The same restart with the manifests sharded by node (shards of 2 ranks: nodeA's
+    manifest-00000, nodeB's manifest-00001): nodeB's shard survives only in nodeA's partner
+    copy. The coordinator plans from every shard, also where it runs on the new node, which
+    holds none (sent by nodeA); each node stages the shards of the files it reads."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "partner", "2")
+    step3 = _local(base, "nodeA") / "step_00000003"
+    assert sorted(p.name for p in step3.glob("manifest-*.json")) == ["manifest-00000.json"]
+    assert load_manifest(step3).sharded is not None
+    shutil.rmtree(base / "nodeB")
+    got, log = _elastic(root, base, hosts, "elastic_restore", "partner", "2")
+    assert [r["step"] for r in got] == [3] * 3 and not any(r["staged_left"] for r in got), log
+    line = _staged_line(log)
+    assert "staged local step 3 for an elastic restore on node(s) " in line, log
+    # nodeC's rows (136..202) lie in nodeB's files, rank_00002 and rank_00003, with their shard
+    assert "(3 files, " in line, line
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004"]
+    assert load_manifest(root / "step_00000004").layout.nranks == 3
+
+
+def test_a_corrupt_partner_shard_in_an_elastic_restart_falls_back_to_an_older_step(
+    tmp_path: Path,
+) -> None:
+    """nodeB's shard of step 3 survives only in nodeA's partner copy, corrupt (its size kept):
+    nodeA says it cannot send it, step 3 cannot be planned, step 2 is staged."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, HOSTS, "elastic_save", "3", "partner", "2")
+    shutil.rmtree(base / "nodeB")
+    shard = _local(base, "nodeA") / "partner" / "nodeB" / "step_00000003" / "manifest-00001.json"
+    text = bytearray(shard.read_bytes())
+    text[len(text) // 2] ^= 0x01
+    shard.write_bytes(bytes(text))
+    got, log = _elastic(root, base, "nodeC:1,nodeA:2", "elastic_restore", "partner", "2")
+    assert [r["step"] for r in got] == [2] * 3, log
+    assert "manifest shard manifest-00001.json of local step 3 cannot be sent" in log, log
+    assert "does not match its checksum" in log, log
+    assert "no node of this job holds a readable copy of its manifest shards " in log, log
+    assert "staged local step 2 for an elastic restore on node(s) nodeC, nodeA" in log, log
+
+
 def test_a_restart_on_fewer_ranks_of_the_same_node_uses_its_local_steps(tmp_path: Path) -> None:
     """The issue's finding: 4 ranks on one node, never flushed, restarted on 3 ranks: the
     newest local step (no partner, nothing over the wire), not the (empty) shared root."""

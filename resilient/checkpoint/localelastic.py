@@ -9,11 +9,18 @@ job stage the newest step they can complete between them. Call order (every roun
 
     every rank    its new blocks; a node's first rank also what its node holds of every
                   step, of any layout (own copies and partner copies, sizes checked, partner
-                  digests recorded: PartnerCopies.inventory)
+                  digests recorded: PartnerCopies.inventory), each distinct manifest sent
+                  once, by the first node holding it (partner.gather_inventories)
     coordinator   plan_staging: the newest step (not older than the shared root's newest)
                   whose manifest has an elastic plan and whose files the nodes hold between
                   them; per node, the files holding stored blocks that overlap its ranks' new
-                  blocks, plus saved rank 0's file for the replicated leaves; who sends what
+                  blocks, plus saved rank 0's file for the replicated leaves (and, of a
+                  manifest sharded by node, the shards of those files); who sends what
+    node leaders  only for a step whose manifest is sharded by node (each node's copy holds
+                  the index and its own ranks' shards, a partner copy its origin's): the
+                  shards the coordinator lacks to plan it (ShardFetch), read from their own
+                  or partner copies and checked against the index, gathered; one round per
+                  such step planned (a shard no node can read: the step is passed over)
     node leaders  PartnerCopies.rebuild into <local root>/elastic/: own files linked, partner
                   copies copied with their digests checked, the rest received over the
                   channel (resilient.io.wire); committed with the saved manifest
@@ -21,7 +28,9 @@ job stage the newest step they can complete between them. Call order (every roun
 
 A partner copy found corrupt is quarantined and the choice made again (an older step, or
 none: the shared root). Every rank then reads its new blocks from its own node's staged copy
-(:meth:`~resilient.checkpoint.restorer.Restorer.read_elastic`), every stripe verified.
+(:meth:`~resilient.checkpoint.restorer.Restorer.read_elastic`), every stripe verified, with
+the whole manifest (every entry: the elastic plan needs every rank's stored blocks) that the
+coordinator announced: the staged shards are not read again.
 
 Why a directory of its own (``<local root>/elastic/step_N``) and not a step of the tier: the
 staged copy has another layout than this job and holds only what this node's ranks read, so
@@ -36,28 +45,45 @@ files to every node (the whole checkpoint times the node count over the wire).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
-from resilient.checkpoint.partner import Held, PartnerCopies, Rebuild, Ring, transfers_for
+from resilient.checkpoint.partner import (
+    Held,
+    Inventories,
+    PartnerCopies,
+    Rebuild,
+    Ring,
+    gather_inventories,
+    transfers_for,
+)
 from resilient.errors import InvalidCheckpointError, LayoutMismatchError
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import load_entries
+from resilient.io.validate import entries_from_shards, read_shard
 from resilient.model.blocks import BlockSpec, intersect
 from resilient.model.codec import parse_manifest
 from resilient.model.layout import Layout
-from resilient.model.manifest import Manifest, ManifestError
+from resilient.model.manifest import Manifest, ManifestError, ShardEntry
+from resilient.parallel.collective import Collective
 
-__all__ = ["Staged", "StagePlan", "files_needed", "plan_staging", "stage_newest"]
+__all__ = [
+    "ShardFetch",
+    "Staged",
+    "StagePlan",
+    "files_needed",
+    "plan_staging",
+    "stage_newest",
+    "took_shards",
+]
 
 log = logging.getLogger(__name__)
 
-# What one rank tells the coordinator: its rank, per step what its node holds (a node's first
-# rank; empty elsewhere: Held.summary()), and its new blocks.
-_Report = tuple[int, dict[int, tuple[str, dict[str, str]]], dict[str, BlockSpec]]
+# What a node's first rank sends of the shards asked of it: each one's bytes, or why not.
+_Shards = dict[str, bytes | str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +96,16 @@ class StagePlan:
     manifest: Manifest
     wire_files: int
     wire_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFetch:
+    """The coordinator's request before it plans a step whose manifest is sharded by node:
+    the shards of ``step`` it lacks (every entry is needed to plan), each from one node that
+    holds it (its first rank, with the shards it sends)."""
+
+    step: int
+    sources: tuple[tuple[int, tuple[ShardEntry, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +124,9 @@ def files_needed(
     """Pure: per node of ``ring`` (its first rank), the files of ``manifest`` its ranks read
     in an elastic restore: those holding stored blocks that overlap a rank's new block
     (``wanted[rank]``; all of a leaf's files where a rank gives no block for it: its read then
-    fails, saying why), and saved rank 0's file where there are replicated leaves.
+    fails, saying why), and saved rank 0's file where there are replicated leaves; of a
+    sharded manifest also the shards of those files (the staged copy is then a node-local
+    copy as a save leaves one: the shards of the files it holds).
 
     Raises:
         LayoutMismatchError: ``manifest`` has per-rank data that is neither a Block nor
@@ -107,6 +145,8 @@ def files_needed(
                 )
             if plan.replicated:
                 files.add(plan.rank0_file)
+        if manifest.sharded is not None:
+            files.update(s.name for s in manifest.sharded.shards if files.intersection(s.files))
     return needs
 
 
@@ -116,14 +156,16 @@ def plan_staging(
     wanted: Sequence[Mapping[str, BlockSpec]],
     *,
     current: Layout,
-    entries: Callable[[int, Manifest], Manifest],
+    shards: Mapping[int, Mapping[str, bytes]],
     only: int | None = None,
     at_least: int | None = None,
     excluded: frozenset[int] = frozenset(),
     wire: bool = True,
-) -> tuple[StagePlan | None, str | None]:
-    """Coordinator (pure but for ``entries``): the newest step the nodes can stage for an
-    elastic restore, and why newer ones (or any) cannot be (``None``: nothing to say).
+) -> tuple[StagePlan | ShardFetch | None, str | None]:
+    """Coordinator (pure): the newest step the nodes can stage for an elastic restore, and why
+    newer ones (or any) cannot be (``None``: nothing to say); or, on the way to it, a step of
+    a manifest sharded by node whose shards are not all in ``shards`` yet: the request for
+    them (:class:`ShardFetch`; call again with them, :func:`took_shards`).
 
     Args:
         inventories: per node (first rank), per step, ``(manifest, {file: 'own'|'partner'})``
@@ -134,8 +176,7 @@ def plan_staging(
             staged only where some rank's new blocks differ from its saved ones: otherwise
             the restore is not elastic (a plain read, which needs no blocks), and the local
             tier's own steps (rebuilt from partner copies) are what it reads.
-        entries: ``(step, manifest)`` -> the manifest with every entry loaded (a sharded one's
-            shards read; others as they are); raises InvalidCheckpointError or ManifestError.
+        shards: per step, the bytes of the manifest shards received so far, by name.
         only: consider this step alone.
         at_least: ignore steps older than this (the shared root has it).
         excluded: steps a staging already failed for.
@@ -150,10 +191,34 @@ def plan_staging(
         if at_least is not None and step < at_least:
             break
         text = next(inv[step][0] for inv in inventories.values() if step in inv)
+        same = {  # a node's holdings of this step count only where they are of this manifest
+            n: {step: inv[step]}
+            for n, inv in inventories.items()
+            if inv.get(step, ("",))[0] == text
+        }
         try:
-            manifest = entries(step, parse_manifest(text))
-        except (ManifestError, InvalidCheckpointError):
+            manifest = parse_manifest(text)
+        except ManifestError:
             continue
+        sharded = manifest.sharded
+        if sharded is not None:
+            got = shards.get(step, {})
+            lacking = [s for s in sharded.shards if s.name not in got]
+            if lacking:
+                sources, lost = _shard_sources(lacking, step, same)
+                if not lost:
+                    return ShardFetch(step, sources), why
+                why = why or (
+                    f"local checkpoint step {step} cannot be staged for an elastic restore: "
+                    f"no node of this job holds a readable copy of its manifest shards "
+                    f"{', '.join(lost[:4])}"
+                )
+                continue
+            try:
+                manifest = entries_from_shards(manifest, got, where=f"local step {step}")
+            except (ManifestError, InvalidCheckpointError) as exc:
+                why = why or f"local checkpoint step {step}'s manifest shards: {exc}"
+                continue
         if not _is_elastic(manifest, current, wanted):
             continue
         try:
@@ -162,22 +227,20 @@ def plan_staging(
             return None, why or (
                 f"local checkpoint step {step} cannot be restored elastically: {exc}"
             )
-        same = {  # a node's holdings of this step count only where they are of this manifest
-            n: {step: inv[step]}
-            for n, inv in inventories.items()
-            if inv.get(step, ("",))[0] == text
-        }
-        transfers, lost = transfers_for(needs, step, same, ring)
-        if lost:
+        transfers, lost_files = transfers_for(needs, step, same, ring)
+        if lost_files:
             why = why or (
                 f"local checkpoint step {step} cannot be staged for an elastic restore: "
                 + "; ".join(
-                    f"{', '.join(files)} (needed on node {ring.label(n)})" for n, files in lost
+                    f"{', '.join(files)} (needed on node {ring.label(n)})"
+                    for n, files in lost_files
                 )
                 + " exist on no node of this job"
             )
             continue
         sizes = {f.name: f.size for f in manifest.files}
+        if sharded is not None:
+            sizes.update((s.name, s.size) for s in sharded.shards)
         moved = [name for src, dst, names in transfers if src != dst for name in names]
         if moved and not wire:
             why = why or (
@@ -191,6 +254,53 @@ def plan_staging(
         )  # fmt: skip
         return plan, why
     return None, why
+
+
+def _shard_sources(
+    shards: Sequence[ShardEntry],
+    step: int,
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
+) -> tuple[tuple[tuple[int, tuple[ShardEntry, ...]], ...], list[str]]:
+    """Pure: who sends each of ``shards`` of ``step`` (a node holding its own copy first, then
+    one holding a partner copy; the first such node), and the names of those no node holds."""
+    by_node: dict[int, list[ShardEntry]] = {}
+    lost: list[str] = []
+    for shard in shards:
+        holders = [
+            (kind != "own", node)
+            for node, inv in inventories.items()
+            if (kind := inv.get(step, ("", {}))[1].get(shard.name)) is not None
+        ]
+        if holders:
+            by_node.setdefault(min(holders)[1], []).append(shard)
+        else:
+            lost.append(shard.name)
+    return tuple((n, tuple(by_node[n])) for n in sorted(by_node)), lost
+
+
+def took_shards(
+    inventories: Inventories,
+    shards: Mapping[int, Mapping[str, bytes]],
+    fetch: ShardFetch,
+    replies: Sequence[Mapping[str, bytes | str]],
+) -> tuple[Inventories, dict[int, dict[str, bytes]]]:
+    """Pure: what the coordinator knows after the nodes answered ``fetch`` (``replies``, by
+    rank: each shard's bytes or why it could not be read): the shards received added, and a
+    node that could not send one no longer counted as holding it (the next request asks
+    another node, or the step is passed over). Every shard asked for is one or the other,
+    so the requests end."""
+    got = {s: dict(named) for s, named in shards.items()}
+    held = {n: dict(inv) for n, inv in inventories.items()}
+    for node, asked in fetch.sources:
+        reply = replies[node] if node < len(replies) else {}
+        for shard in asked:
+            data = reply.get(shard.name)
+            if isinstance(data, bytes):
+                got.setdefault(fetch.step, {})[shard.name] = data
+                continue
+            text, files = held[node][fetch.step]
+            held[node][fetch.step] = (text, {n: k for n, k in files.items() if n != shard.name})
+    return held, got
 
 
 def _is_elastic(
@@ -235,32 +345,30 @@ def stage_newest(
     coll, ring = copies.coll, copies.ring
     tried = set(excluded)
     for _ in range(3):
-        held: dict[int, Held] = {}
         try:
-            held = _held(copies, own_steps)
-            mine: _Report | Exception = (
-                coll.rank,
-                {s: h.summary() for s, h in held.items()},
-                dict(blocks),
-            )
-        except Exception as exc:  # this rank's failure, raised on every rank by announce
-            mine = exc
-        gathered = coll.gather(mine)
-        decision: tuple[StagePlan | None, str | None] | Exception | None = None
-        if gathered is not None:
+            listed: dict[int, Held] | Exception = _held(copies, own_steps)
+        except Exception as exc:  # this rank's failure, raised on every rank
+            listed = exc
+        got = gather_inventories(
+            coll, ring, listed, dict(blocks),
+            what="listing local and partner copies for an elastic restore",
+        )  # fmt: skip
+        held = listed if isinstance(listed, dict) else {}  # (a dict: nothing was raised)
+        chooser: _Chooser | Exception | None = None
+        if got is not None:
             try:
-                reports = gathered.values()
-                inventories = {r: inv for r, inv, _ in reports if r in ring.leaders}
-                decision = plan_staging(
-                    inventories, ring, [b for _, _, b in reports], current=current,
-                    entries=_entries_from(held), only=step, at_least=at_least,
-                    excluded=frozenset(tried), wire=wire,
+                if isinstance(got, Exception):
+                    raise got
+                inventories, wanted = got
+                chooser = _Chooser(
+                    inventories, {}, functools.partial(
+                        plan_staging, ring=ring, wanted=wanted, current=current, only=step,
+                        at_least=at_least, excluded=frozenset(tried), wire=wire,
+                    ),
                 )  # fmt: skip
             except Exception as exc:
-                decision = exc
-        plan, why = coll.announce(
-            "listing local and partner copies for an elastic restore", decision
-        )
+                chooser = exc
+        plan, why = _choose(coll, chooser, held)
         if why is not None and coll.is_coordinator:
             log.warning(
                 "%s; using %s", why,
@@ -324,17 +432,75 @@ def _held(copies: PartnerCopies, own_steps: Callable[[], list[int]]) -> dict[int
         return {}
 
 
-def _entries_from(held: Mapping[int, Held]) -> Callable[[int, Manifest], Manifest]:
-    """The coordinator's loader of a manifest's entries: a sharded manifest's shards are read
-    from its own node's copy of the step (a step it holds nothing of is skipped)."""
+@dataclass(frozen=True, slots=True)
+class _Chooser:
+    """The coordinator's planning state: what the nodes hold, the manifest shards received,
+    and the planner (:func:`plan_staging` bound to the rest of its arguments)."""
 
-    def entries(step: int, manifest: Manifest) -> Manifest:
-        if manifest.sharded is None:
-            return manifest
-        mine = held.get(step)
-        if mine is None or not mine.files:
-            raise ManifestError(f"no copy of step {step}'s manifest shards on this node")
-        directory = next(iter(mine.files.values()))[0].parent
-        return load_entries(directory, manifest, None)
+    inventories: Inventories
+    shards: Mapping[int, Mapping[str, bytes]]
+    plan: Callable[..., tuple[StagePlan | ShardFetch | None, str | None]]
 
-    return entries
+    def decide(self) -> tuple[StagePlan | ShardFetch | None, str | None]:
+        return self.plan(self.inventories, shards=self.shards)
+
+    def took(self, fetch: ShardFetch, replies: Sequence[Mapping[str, bytes | str]]) -> _Chooser:
+        inventories, shards = took_shards(self.inventories, self.shards, fetch, replies)
+        return _Chooser(inventories, shards, self.plan)
+
+
+def _choose(
+    coll: Collective, chooser: _Chooser | Exception | None, held: Mapping[int, Held]
+) -> tuple[StagePlan | None, str | None]:
+    """Collective over ``coll``: the coordinator's choice (``chooser``, on the coordinator
+    only; or the exception that kept it from making one), the same on every rank, or the
+    same error on every rank. Each :class:`ShardFetch` on the way is one more round: the
+    nodes asked send the coordinator the shards it lacks (a node's first rank reads them
+    from its own or partner copy, ``held``, checked against the index), gathered."""
+    while True:
+        decision: tuple[StagePlan | ShardFetch | None, str | None] | Exception | None = None
+        if chooser is not None:
+            try:
+                if isinstance(chooser, Exception):
+                    raise chooser
+                decision = chooser.decide()
+            except Exception as exc:
+                decision = exc
+        choice, why = coll.announce(
+            "listing local and partner copies for an elastic restore", decision
+        )
+        if not isinstance(choice, ShardFetch):
+            return choice, why
+        try:
+            mine: _Shards | Exception = _shards_asked(choice, held, coll.rank)
+        except Exception as exc:  # this rank's failure, raised on every rank by announce
+            mine = exc
+        replies = coll.gather(mine)
+        if replies is not None and isinstance(chooser, _Chooser):
+            try:
+                chooser = chooser.took(choice, replies.values())
+            except Exception as exc:
+                chooser = exc
+
+
+def _shards_asked(fetch: ShardFetch, held: Mapping[int, Held], rank: int) -> _Shards:
+    """Local: the bytes of the shards ``fetch`` asks of this rank's node (on its first rank),
+    each checked against the index, or why one cannot be read (logged)."""
+    asked = next((shards for node, shards in fetch.sources if node == rank), ())
+    mine = held.get(fetch.step)
+    out: _Shards = {}
+    for shard in asked:
+        try:
+            if mine is None or shard.name not in mine.files:
+                raise FileNotFoundError(f"no copy of {shard.name} here")
+            out[shard.name] = read_shard(mine.files[shard.name][0].parent, shard)
+        except InvalidCheckpointError as exc:
+            out[shard.name] = f"{exc.path}: {exc.reason}"
+        except OSError as exc:
+            out[shard.name] = str(exc)
+        if isinstance(out[shard.name], str):
+            log.warning(
+                "manifest shard %s of local step %d cannot be sent for an elastic restore: %s",
+                shard.name, fetch.step, out[shard.name],
+            )  # fmt: skip
+    return out

@@ -21,8 +21,9 @@ PendingDir`): a copy cut short is never used. Copies are rotated in step with th
 
 *Rebuild* (:meth:`PartnerCopies.inventory`, :func:`plan_rebuild`,
 :meth:`PartnerCopies.rebuild`; collective in :class:`~resilient.checkpoint.tiers.LocalTier`): every node
-lists the files of each step it holds, its own or as a partner; the newest step that every node
-can complete is chosen; a node that lacks files of its ranks (its directory wiped, or a new node
+lists the files of each step it holds, its own or as a partner (each distinct manifest reaches
+the coordinator once: :func:`gather_inventories`); the newest step that every node can complete
+is chosen; a node that lacks files of its ranks (its directory wiped, or a new node
 in the place of a lost one) gets them from a node that holds them and commits them as its own
 copy of the step. A partner copy whose bytes do not match its digest is quarantined and the next
 option is tried. Two adjacent nodes lost: the first one's files exist nowhere, so an older step
@@ -41,13 +42,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
 from resilient.io.commit import PendingDir
 from resilient.io.targets import DirectoryTarget
 from resilient.io.wire import Outgoing, receive_files, send_files
 from resilient.model import filenames
+from resilient.model.checksum import hash128
 from resilient.model.codec import parse_manifest
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError
@@ -57,11 +59,13 @@ from resilient.parallel.comm import Channel
 __all__ = [
     "REDUNDANCY_SCHEMES",
     "Held",
+    "Inventories",
     "PartnerCopies",
     "Rebuild",
     "CopyScheme",
     "Ring",
     "check_redundancy",
+    "gather_inventories",
     "make_copy_scheme",
     "node_files",
     "plan_rebuild",
@@ -69,6 +73,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 REDUNDANCY_SCHEMES = ("partner",)
 
@@ -203,14 +209,87 @@ class Held:
     partner: DirectoryTarget | None = None  # the partner copies some of them come from
 
     def summary(self) -> tuple[str, dict[str, str]]:
-        """What the coordinator needs: the manifest and, per file, ``own`` or ``partner``."""
-        return self.manifest, {
+        """What the coordinator is told of it: the content address of the manifest (xxh3-128;
+        the text itself is sent once, by one node: :func:`gather_inventories`) and, per
+        file, ``own`` or ``partner``."""
+        return hash128(self.manifest), {
             n: ("own" if d is None else "partner") for n, (_, _, d) in self.files.items()
         }
 
 
-# What a rank tells the coordinator before a rebuild: its rank and, per step, Held.summary().
-Inventory = tuple[int, dict[int, tuple[str, dict[str, str]]]]
+# Per node (its first rank), per step: (its manifest's text, {file: 'own'|'partner'}).
+Inventories = dict[int, dict[int, tuple[str, dict[str, str]]]]
+# What a rank tells the coordinator first: its rank, per step Held.summary() (a node's first
+# rank; empty elsewhere), and what else the caller gathers.
+_Report = tuple[int, dict[int, tuple[str, dict[str, str]]], T]
+
+
+def gather_inventories(
+    coll: Collective, ring: Ring, held: Mapping[int, Held] | Exception, extra: T, *, what: str
+) -> tuple[Inventories, list[T]] | Exception | None:
+    """Collective over ``coll`` (two gathers and a broadcast): what every node holds of each
+    step (``held``, on its first rank: its own and partner copies), as the coordinator plans
+    from it, and every rank's ``extra`` (by rank); on the coordinator, ``None`` elsewhere.
+
+    Every distinct manifest crosses to the coordinator once, from the first node that holds
+    it; each node sends, per step, its content address and its file list: what the
+    coordinator receives grows with the node count by their file lists, not by the index
+    (16,384 ranks on 256 nodes: the index of every step from every node, ~1.6 GB, before).
+
+    Returns:
+        On the coordinator, the inventories and extras, or the exception that kept it from
+        making them (to :meth:`~resilient.parallel.collective.Collective.announce`).
+
+    Raises:
+        ResilientError: ``held`` was an exception on some rank, the same on every rank.
+    """
+    mine: _Report[T] | Exception = (
+        held if isinstance(held, Exception)
+        else (coll.rank, {s: h.summary() for s, h in held.items()}, extra)
+    )  # fmt: skip
+    gathered = coll.gather(mine)
+    reports: list[_Report[T]] = []
+    ask: dict[int, list[tuple[int, str]]] | Exception | None = None
+    if gathered is not None:
+        try:
+            reports = list(gathered.values())
+            ask = _index_senders(reports, ring)
+        except Exception as exc:
+            ask = exc
+    asked = coll.announce(what, ask)
+    texts: dict[str, str] | Exception = {}
+    try:
+        if isinstance(held, Mapping):
+            texts = {a: held[s].manifest for s, a in asked.get(coll.rank, ())}
+    except Exception as exc:
+        texts = exc
+    sent = coll.gather(texts)
+    if sent is None:
+        return None
+    try:
+        index = {a: text for got in sent.values() for a, text in got.items()}
+        inventories = {
+            r: {s: (index[a], files) for s, (a, files) in inv.items()}
+            for r, inv, _ in reports
+            if r in ring.leaders
+        }
+    except Exception as exc:
+        return exc
+    return inventories, [x for _, _, x in reports]
+
+
+def _index_senders(reports: Sequence[_Report[Any]], ring: Ring) -> dict[int, list[tuple[int, str]]]:
+    """Per node (first rank), the manifests it sends (``(step, content address)``): each
+    distinct one by the first node that holds it."""
+    first: dict[str, tuple[int, int]] = {}
+    for rank, inv, _ in reports:
+        if rank in ring.leaders:
+            for step, (address, _) in inv.items():
+                first.setdefault(address, (rank, step))
+    ask: dict[int, list[tuple[int, str]]] = {}
+    for address, (node, step) in first.items():
+        ask.setdefault(node, []).append((step, address))
+    return ask
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,17 +630,20 @@ class PartnerCopies:
         coll = self.coll
         excluded: set[int] = set()
         for _ in range(3):  # a corrupt partner copy is quarantined and the choice made again
-            held: dict[int, Held] = {}
             try:
-                held = self._held(own_steps, current)
-                mine: Inventory | Exception = (self.rank, {s: h.summary() for s, h in held.items()})
-            except Exception as exc:  # this rank's failure, raised on every rank by announce
-                mine = exc
-            gathered = coll.gather(mine)
+                listed: dict[int, Held] | Exception = self._held(own_steps, current)
+            except Exception as exc:  # this rank's failure, raised on every rank
+                listed = exc
+            got = gather_inventories(
+                coll, self.ring, listed, None, what="listing local and partner copies"
+            )
+            held = listed if isinstance(listed, dict) else {}  # (a dict: nothing was raised)
             decision: tuple[Rebuild | None, str | None] | Exception | None = None
-            if gathered is not None:
+            if got is not None:
                 try:
-                    inventories = {r: inv for r, inv in gathered.values() if r in self.ring.leaders}
+                    if isinstance(got, Exception):
+                        raise got
+                    inventories, _ = got
                     decision = plan_rebuild(
                         inventories, self.ring, current, only=step, at_least=at_least,
                         excluded=frozenset(excluded),

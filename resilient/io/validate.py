@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +29,14 @@ from resilient.model.tree import Memo
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
+    "entries_from_shards",
     "iter_checkpoints",
     "latest_valid",
     "list_checkpoints",
     "load_entries",
     "load_manifest",
     "protected_steps",
+    "read_shard",
     "read_shards",
     "resumable_step",
     "validate_checkpoint",
@@ -133,18 +135,24 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
     return manifest
 
 
-def _read_shard(directory: Path, shard: ShardEntry) -> bytes:
+def read_shard(directory: Path, shard: ShardEntry) -> bytes:
     """The bytes of one shard of a sharded manifest (schema 3) in ``directory``, checked
-    against its index entry (size and checksum).
+    against its index entry (size and checksum). Not collective.
 
     Raises:
         InvalidCheckpointError: the shard is missing, or not the one the index describes.
     """
-    where = str(directory)
     try:
         text = _read_small(directory / shard.name, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
-        raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing") from None
+        text = None
+    return _checked_shard(str(directory), shard, text)
+
+
+def _checked_shard(where: str, shard: ShardEntry, text: bytes | None) -> bytes:
+    """``text``, the bytes of ``shard`` (``None``: missing), checked against its index entry."""
+    if text is None:
+        raise InvalidCheckpointError(where, f"manifest shard {shard.name} is missing")
     if len(text) != shard.size:
         raise InvalidCheckpointError(
             where,
@@ -178,6 +186,40 @@ def load_entries(
         InvalidCheckpointError: a shard is missing or not the one the index describes.
         ManifestError: a shard is malformed, of another checkpoint, or its entries are.
     """
+    return _with_entries(
+        manifest, ranks, lambda shard: _open_shard(directory, manifest, shard), memo, read
+    )
+
+
+def entries_from_shards(
+    manifest: Manifest, shards: Mapping[str, bytes], *, where: str, memo: Memo | None = None
+) -> Manifest:
+    """``manifest`` with every entry loaded from ``shards``, the bytes of its shards by name,
+    read elsewhere (on the nodes holding them: an elastic restore from the node-local tier,
+    :mod:`resilient.checkpoint.localelastic`), each checked against the index as
+    :func:`load_entries` checks what it reads. No I/O; ``where`` names them in errors.
+
+    Raises:
+        InvalidCheckpointError: a shard is not in ``shards`` or not the one the index describes.
+        ManifestError: a shard is malformed, of another checkpoint, or its entries are.
+    """
+
+    def opened(shard: ShardEntry) -> ShardDoc:
+        text = _checked_shard(where, shard, shards.get(shard.name))
+        return open_shard(text, kind=manifest.kind, step=manifest.step)
+
+    return _with_entries(manifest, None, opened, memo, None)
+
+
+def _with_entries(
+    manifest: Manifest,
+    ranks: Iterable[int] | None,
+    opened: Callable[[ShardEntry], ShardDoc],
+    memo: Memo | None,
+    read: Mapping[str, ShardDoc] | None,
+) -> Manifest:
+    """:func:`load_entries`, each shard not in ``read`` opened by ``opened`` (its bytes
+    checked against the index, its header checked)."""
     sharded = manifest.sharded
     if sharded is None:
         return manifest
@@ -190,7 +232,7 @@ def load_entries(
         doc = read[shard.name] if read and shard.name in read else None
         try:
             if doc is None:
-                doc = _open_shard(directory, manifest, shard)
+                doc = opened(shard)
             entries.update(doc.parse(of_shard, memo))
         except ManifestError as exc:
             raise ManifestError(f"{shard.name}: {exc}") from None
@@ -241,7 +283,7 @@ def _unloaded(
 
 def _open_shard(directory: Path, manifest: Manifest, shard: ShardEntry) -> ShardDoc:
     """One shard of ``manifest`` read, checked against its index entry, its header checked."""
-    return open_shard(_read_shard(directory, shard), kind=manifest.kind, step=manifest.step)
+    return open_shard(read_shard(directory, shard), kind=manifest.kind, step=manifest.step)
 
 
 def _check_shards(path: Path, manifest: Manifest, *, node_local: bool = False) -> None:

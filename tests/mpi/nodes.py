@@ -108,10 +108,12 @@ def elastic_state(step: int) -> dict[str, Any]:
     return {"g": block, "meta": Replicated({"step": step})}
 
 
-def scenario_elastic_save(root: str, local_dir: str, steps: str, redundancy: str) -> None:
+def scenario_elastic_save(
+    root: str, local_dir: str, steps: str, redundancy: str, shard_ranks: str = "default"
+) -> None:
     """Save steps 1..N of a state restorable on any rank count, never flushed to the shared
-    root (flush_every 1000); leave like a killed job."""
-    m = manager(root, local_dir, redundancy, "self", flush_every=1000)
+    root (flush_every 1000); leave like a killed job. ``shard_ranks``: see :func:`manager`."""
+    m = manager(root, local_dir, redundancy, "self", shard_ranks, flush_every=1000)
     for step in range(1, int(steps) + 1):
         m.save(step, elastic_state(step))
         m.wait()
@@ -119,12 +121,14 @@ def scenario_elastic_save(root: str, local_dir: str, steps: str, redundancy: str
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
-def scenario_elastic_restore(root: str, local_dir: str, redundancy: str) -> None:
+def scenario_elastic_restore(
+    root: str, local_dir: str, redundancy: str, shard_ranks: str = "default"
+) -> None:
     """Restore on this job's rank count (each rank its rows) and check every rank's block is
     the global array's at the restored step; then save the next step and close (the flush of
     a new layout)."""
     start, rows = block_1d(G_SHAPE[0], world.size, rank)
-    with manager(root, local_dir, redundancy, "self") as m:
+    with manager(root, local_dir, redundancy, "self", shard_ranks) as m:
         try:
             step, got = m.restore(blocks={"g": (G_SHAPE, (start, 0), (rows, G_SHAPE[1]))})
         except ResilientError as exc:

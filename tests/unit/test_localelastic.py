@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from resilient import Block, CheckpointManager, Replicated
-from resilient.checkpoint.localelastic import files_needed
+from resilient.checkpoint.localelastic import ShardFetch, files_needed, took_shards
 from resilient.checkpoint.partner import Ring
 from resilient.io.validate import load_manifest
 from resilient.model.blocks import BlockSpec
+from resilient.model.manifest import ShardEntry
 
 SHAPE = (10, 3)
 
@@ -98,3 +99,18 @@ def test_a_staged_step_that_fails_its_read_is_passed_over(
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "local step 3 staged for an elastic restore failed validation" in said, said
     assert "checksum mismatch" in said and "staged local step 2" in said, said
+
+
+def test_every_shard_asked_for_is_received_or_no_longer_counted_as_held() -> None:
+    one, two = (ShardEntry(f"manifest-0000{i}.json", 10, "0" * 16, (f"rank_0000{i}.h5",))
+                for i in (1, 2))  # fmt: skip
+    held = {"manifest-00001.json": "own", "manifest-00002.json": "partner", "rank_00001.h5": "own"}
+    inventories = {0: {3: ("index", held)}, 2: {3: ("index", {"manifest-00002.json": "own"})}}
+    fetch = ShardFetch(3, ((0, (one, two)),))
+    answer: dict[str, bytes | str] = {one.name: b"x" * 10, two.name: "does not match its checksum"}
+    replies = [answer, {}, {}]
+    after, shards = took_shards(inventories, {}, fetch, replies)
+    assert shards == {3: {one.name: b"x" * 10}}
+    assert after[0][3] == ("index", {"manifest-00001.json": "own", "rank_00001.h5": "own"})
+    assert after[2] == inventories[2]  # another holder of the shard is asked next
+    assert "manifest-00002.json" in inventories[0][3][1]  # (the inventories are not changed)
