@@ -324,20 +324,28 @@ def set_comms(comm: Any, ranks: int, per_file: int, shard: Any = None,
                     leaders=leaders)  # fmt: skip
 
 
-def shards_of(ranks: int, per_file: int, shard_ranks: int) -> tuple[tuple[int, ...], ...]:
-    """Every shard's ranks, as :func:`resilient.parallel.setcomms.make_set_comms` makes them."""
+def shards_of(
+    ranks: int, per_file: int, shard_ranks: int, per_node: int | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """Every shard's ranks, as :func:`resilient.parallel.setcomms.make_set_comms` makes them;
+    ``per_node``: nodes of that many consecutive ranks, which no shard spans (``by_node``, a
+    node-local tier)."""
     groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
-    return shard_members(groups, shard_groups(groups, shard_ranks))
+    nodes = None if per_node is None else [g[0] // per_node for g in groups]
+    return shard_members(groups, shard_groups(groups, shard_ranks, nodes=nodes))
 
 
-def leaders(inbox: list[bytes], per_file: int, shard_ranks: int, root: Path) -> Sharding:
+def leaders(
+    inbox: list[bytes], per_file: int, shard_ranks: int, root: Path, per_node: int | None = None
+) -> Sharding:
     """Every shard's leader but rank 0 runs its part of the save's two-level gather (the real
     one, :func:`write_shard`: gather its shard's messages, write its shard) into a scratch
     directory, and pickles what it sends rank 0 in the leaders' gather (``(True,
     ShardWritten)``, as :meth:`Collective.gather` sends it). The other ranks send rank 0
-    nothing."""
+    nothing. ``per_node``: a save with a node-local tier, whose shards never span a node of
+    that many consecutive ranks."""
     ranks = len(inbox)
-    members = shards_of(ranks, per_file, shard_ranks)
+    members = shards_of(ranks, per_file, shard_ranks, per_node)
     sent = [b""] * len(members)
     scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
     took = []
@@ -758,35 +766,6 @@ class LocalRootComm(RootComm):
         return self.gather(obj)
 
 
-def node_sharding(
-    inbox: list[bytes], per_file: int, shard_ranks: int, per_node: int, root: Path
-) -> Sharding:
-    """:func:`leaders` for a save with a node-local tier: the shards of
-    :func:`~resilient.parallel.setcomms.shard_groups` with nodes of ``per_node`` consecutive
-    ranks (a shard never spans two nodes); every shard's leader but rank 0 runs its part of the
-    two-level gather (``gather_set``: its shard's round, its shard written) and pickles what it
-    sends rank 0 in the leaders' gather."""
-    ranks = len(inbox)
-    groups = [tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file)]
-    of_group = shard_groups(groups, shard_ranks, nodes=[g[0] // per_node for g in groups])
-    members = shard_members(groups, of_group)
-    sent = [b""] * len(members)
-    scratch = Path(tempfile.mkdtemp(prefix="shards-", dir=root))
-    took = []
-    for index, held in enumerate(members[1:], start=1):
-        comm = RootComm(len(held), [inbox[r] for r in held])
-        comms = set_comms(Member(held[0], ranks), ranks, per_file, comm, members, index)
-        own = pickle.loads(inbox[held[0]])[1]
-        t0 = time.perf_counter()
-        got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
-        assert isinstance(got, ShardWritten), got
-        sent[index] = pickle.dumps((True, got), PROTOCOL)
-        took.append(time.perf_counter() - t0)
-    written = {p.name: p.read_bytes() for p in scratch.iterdir()}
-    shutil.rmtree(scratch, ignore_errors=True)
-    return Sharding(shard_ranks, members, sent, took, written)
-
-
 def local_commit_unsharded(
     inbox: list[bytes], per_file: int, root: Path
 ) -> tuple[Manifest, LocalRootComm, float]:
@@ -969,7 +948,7 @@ def run_local(
     """Measure one size with a node-local tier: sharded by node (``shard_ranks``), and, with
     ``before``, unsharded (every rank builds and reads the whole manifest)."""
     inbox = messages(ranks, datasets, per_file)
-    sharding = node_sharding(inbox, per_file, shard_ranks, per_node, base)
+    sharding = leaders(inbox, per_file, shard_ranks, base, per_node)
     out: dict[str, Any] = {"ranks": ranks, "datasets": datasets, "per_file": per_file,
                            "per_node": per_node, "shard_ranks": shard_ranks,
                            "shards": len(sharding.members), "repeats": repeats}  # fmt: skip
@@ -994,17 +973,23 @@ def run_local(
     return out
 
 
+def mb(n: int | None) -> str:
+    """Bytes as MB (10^6), ``-`` for none."""
+    return "-" if n is None else f"{n / 1e6:,.1f}"
+
+
+def kb(n: int | None) -> str:
+    """Bytes as KB (10^3), ``-`` for none."""
+    return "-" if n is None else f"{n / 1e3:,.1f}"
+
+
+def secs(x: float | None) -> str:
+    """Seconds, 3 decimals, ``-`` for none."""
+    return "-" if x is None else f"{x:.3f}"
+
+
 def local_table(results: Sequence[dict[str, Any]]) -> str:
     """The node-local tier's results as a Markdown table (MB = 10^6 bytes)."""
-
-    def mb(n: int | None) -> str:
-        return "-" if n is None else f"{n / 1e6:,.1f}"
-
-    def kb(n: int | None) -> str:
-        return "-" if n is None else f"{n / 1e3:,.1f}"
-
-    def s(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
 
     rows = [
         "| ranks x datasets (per node) | shards | before: rank 0's commit s, RSS delta MB; a rank "
@@ -1018,18 +1003,18 @@ def local_table(results: Sequence[dict[str, Any]]) -> str:
         a, b = r["after"], r.get("before", {})
         rows.append(
             f"| {r['ranks']:,} x {r['datasets']} ({r['per_node']}) | {r['shards']} "
-            f"| {s(b.get('commit_s'))}, {mb(b.get('commit_rss_delta_bytes'))}; "
+            f"| {secs(b.get('commit_s'))}, {mb(b.get('commit_rss_delta_bytes'))}; "
             f"{mb(b.get('rank_restore_bytes'))} "
-            f"| {s(a.get('commit_s'))} ({s(a.get('gather_s'))} / {s(a.get('bcast_s'))} / "
-            f"{s(a.get('prepare_s'))} / {s(a.get('publish_s'))}) "
+            f"| {secs(a.get('commit_s'))} ({secs(a.get('gather_s'))} / {secs(a.get('bcast_s'))} / "
+            f"{secs(a.get('prepare_s'))} / {secs(a.get('publish_s'))}) "
             f"| {mb(a.get('commit_peak_bytes'))} ({mb(a.get('commit_rss_delta_bytes'))}) "
             f"| {kb(a['save_receive_bytes'])} "
-            f"| ({s(a['shard_leader_s_median'])}, {s(a['shard_leader_s_max'])}), "
-            f"{s(a.get('node_leader_commit_s'))} "
-            f"| {s(a.get('restore_gather_s'))} / {s(a.get('restore_pick_s'))} / "
-            f"{s(a.get('restore_scatter_s'))} "
+            f"| ({secs(a['shard_leader_s_median'])}, {secs(a['shard_leader_s_max'])}), "
+            f"{secs(a.get('node_leader_commit_s'))} "
+            f"| {secs(a.get('restore_gather_s'))} / {secs(a.get('restore_pick_s'))} / "
+            f"{secs(a.get('restore_scatter_s'))} "
             f"| {kb(a['rank_received_bytes'])}, {kb(a['rank_shard_read_bytes'])}, "
-            f"{s(a.get('rank_restore_s'))} ({kb(a['leader_restore_bytes'])}) |"
+            f"{secs(a.get('rank_restore_s'))} ({kb(a['leader_restore_bytes'])}) |"
         )
     return "\n".join(rows)
 
@@ -1089,18 +1074,9 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     """The results as a Markdown table (MB = 10^6 bytes): sizes, then the commit's and the
     restore hand-out's critical paths (medians; the range over repeats) with their parts."""
 
-    def mb(n: int | None) -> str:
-        return "-" if n is None else f"{n / 1e6:,.1f}"
-
-    def kb(n: int | None) -> str:
-        return "-" if n is None else f"{n / 1e3:,.1f}"
-
-    def s(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"
-
     def spread(r: dict[str, Any], key: str) -> str:
         lo, hi = r[f"{key}_range"]
-        return f"**{s(r[key])}** ({s(lo)}-{s(hi)})"
+        return f"**{secs(r[key])}** ({secs(lo)}-{secs(hi)})"
 
     rows = [
         "| ranks x datasets | shards | index MB (largest shard) | gathered MB: by rank 0 (by a "
@@ -1116,14 +1092,14 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             f"{mb(r['manifest_bytes'])} ({mb(r['shard_bytes_max'] or None)}) "
             f"| {mb(r['gathered_bytes'])} ({mb(r['shard_gathered_bytes'] or None)}) "
             f"| {spread(r, 'commit_critical_s')} "
-            f"| {s(r.get('commit_slowest_leader_s'))} + {s(r['commit_top_s'])} "
-            f"({s(r['gather_unpickle_s'])} / {s(r['build_manifest_s'])} / {s(r['prepare_s'])} / "
-            f"{s(r['publish_s'])}) + {s(r['rank_save_receive_s'])} "
+            f"| {secs(r.get('commit_slowest_leader_s'))} + {secs(r['commit_top_s'])} "
+            f"({secs(r['gather_unpickle_s'])} / {secs(r['build_manifest_s'])} / {secs(r['prepare_s'])} / "
+            f"{secs(r['publish_s'])}) + {secs(r['rank_save_receive_s'])} "
             f"| {spread(r, 'handout_critical_s')} "
-            f"| {s(r.get('load_manifest_s'))} + {s(r['restore_scatter_s'])} "
+            f"| {secs(r.get('load_manifest_s'))} + {secs(r['restore_scatter_s'])} "
             f"({r['restore_scatter_messages']:,}, {mb(r['restore_scatter_bytes_total'])}) + "
-            f"{s(r.get('handout_leader_max_s'))} ({s(r.get('handout_leader_median_s'))}; "
-            f"{kb(r['leader_shard_read_bytes'] or None)}) + {s(r['rank_restore_s'])} "
+            f"{secs(r.get('handout_leader_max_s'))} ({secs(r.get('handout_leader_median_s'))}; "
+            f"{kb(r['leader_shard_read_bytes'] or None)}) + {secs(r['rank_restore_s'])} "
             f"({kb(r['rank_received_bytes'])}, {kb(r['rank_shard_read_bytes'] or None)}) "
             f"| {mb(r['commit_peak_bytes'])} ({mb(r['commit_rss_delta_bytes'])}) |"
         )

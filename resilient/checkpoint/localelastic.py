@@ -58,6 +58,7 @@ from resilient.checkpoint.partner import (
     PartnerCopies,
     Rebuild,
     Ring,
+    candidate_steps,
     gather_inventories,
     transfers_for,
 )
@@ -183,14 +184,8 @@ def plan_staging(
         wire: whether nodes can send each other files (``False``: only steps each node can
             stage from what it holds itself).
     """
-    steps = sorted({s for inv in inventories.values() for s in inv}, reverse=True)
     why: str | None = None
-    for step in steps:
-        if (only is not None and step != only) or step in excluded:
-            continue
-        if at_least is not None and step < at_least:
-            break
-        text = next(inv[step][0] for inv in inventories.values() if step in inv)
+    for step, text in candidate_steps(inventories, only=only, at_least=at_least, excluded=excluded):
         same = {  # a node's holdings of this step count only where they are of this manifest
             n: {step: inv[step]}
             for n, inv in inventories.items()
@@ -378,20 +373,10 @@ def stage_newest(
             return None
         text = plan.rebuild.manifest
         usable = {s: h for s, h in held.items() if s == plan.rebuild.step and h.manifest == text}
-        try:
-            problem: str | Exception | None = copies.rebuild(plan.rebuild, usable, into=staging)
-        except Exception as exc:
-            problem = exc
-        outcomes = coll.gather(problem)
-        found: list[str] | Exception | None = None
-        if outcomes is not None:
-            try:
-                found = [p for p in outcomes.values() if p]
-            except Exception as exc:
-                found = exc
-        problems = coll.announce(
-            f"staging local step {plan.rebuild.step} for an elastic restore", found
-        )
+        problems = copies.run_rebuild(
+            plan.rebuild, usable, f"staging local step {plan.rebuild.step} for an elastic restore",
+            into=staging,
+        )  # fmt: skip
         if not problems:
             if coll.is_coordinator:
                 log.warning(

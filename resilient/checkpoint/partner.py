@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -64,6 +64,7 @@ __all__ = [
     "Rebuild",
     "CopyScheme",
     "Ring",
+    "candidate_steps",
     "check_redundancy",
     "gather_inventories",
     "make_copy_scheme",
@@ -302,6 +303,25 @@ class Rebuild:
     transfers: tuple[tuple[int, int, tuple[str, ...]], ...]
 
 
+def candidate_steps(
+    inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
+    *,
+    only: int | None,
+    at_least: int | None,
+    excluded: Iterable[int],
+) -> Iterator[tuple[int, str]]:
+    """Pure: the steps the nodes hold (``inventories``), newest first, with the first holder's
+    manifest text: ``only`` that one, none older than ``at_least``, none of ``excluded``
+    (what a rebuild or an elastic staging considers, in order)."""
+    skip = set(excluded)
+    for step in sorted({s for inv in inventories.values() for s in inv}, reverse=True):
+        if (only is not None and step != only) or step in skip:
+            continue
+        if at_least is not None and step < at_least:
+            return
+        yield step, next(inv[step][0] for inv in inventories.values() if step in inv)
+
+
 def plan_rebuild(
     inventories: Mapping[int, Mapping[int, tuple[str, Mapping[str, str]]]],
     ring: Ring,
@@ -322,14 +342,8 @@ def plan_rebuild(
         at_least: ignore steps older than this (the shared root has it).
         excluded: steps a rebuild already failed for.
     """
-    steps = sorted({s for inv in inventories.values() for s in inv}, reverse=True)
     why: str | None = None
-    for step in steps:
-        if (only is not None and step != only) or step in excluded:
-            continue
-        if at_least is not None and step < at_least:
-            break
-        text = next(inv[step][0] for inv in inventories.values() if step in inv)
+    for step, text in candidate_steps(inventories, only=only, at_least=at_least, excluded=excluded):
         try:
             manifest = parse_manifest(text)
         except ManifestError:
@@ -617,6 +631,31 @@ class PartnerCopies:
             return f"rebuilding step {plan.step} on node {self.ring.label(self.node)}: {error}"
         return None
 
+    def run_rebuild(
+        self,
+        plan: Rebuild,
+        held: Mapping[int, Held],
+        what: str,
+        *,
+        into: DirectoryTarget | None = None,
+    ) -> list[str]:
+        """Collective over :attr:`coll`: :meth:`rebuild` on every rank, then what went wrong
+        on any node, on every rank (empty: every node's copy is committed; an exception of the
+        coordinator's raised on every rank, saying ``what``)."""
+        try:
+            problem: str | Exception | None = self.rebuild(plan, held, into=into)
+        except Exception as exc:
+            problem = exc
+        outcomes = self.coll.gather(problem)
+        found: list[str] | Exception | None = None
+        if outcomes is not None:
+            try:
+                found = [p for p in outcomes.values() if p]
+            except Exception as exc:
+                found = exc
+        problems: list[str] = self.coll.announce(what, found)
+        return problems
+
     def rebuild_newest(
         self,
         own_steps: Callable[[], list[int]],
@@ -658,18 +697,9 @@ class PartnerCopies:
                 )  # fmt: skip
             if plan is None or not plan.transfers:
                 return
-            try:
-                problem: str | Exception | None = self.rebuild(plan, held)
-            except Exception as exc:
-                problem = exc
-            outcomes = coll.gather(problem)
-            found: list[str] | Exception | None = None
-            if outcomes is not None:
-                try:
-                    found = [p for p in outcomes.values() if p]
-                except Exception as exc:
-                    found = exc
-            problems = coll.announce(f"rebuilding step {plan.step} from partner copies", found)
+            problems = self.run_rebuild(
+                plan, held, f"rebuilding step {plan.step} from partner copies"
+            )
             if not problems:
                 if coll.is_coordinator:
                     nodes = sorted({self.ring.label(d) for _, d, _ in plan.transfers})

@@ -329,14 +329,7 @@ class Restorer:
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
         chosen, state, why = self._try_read(chosen, validate, into or {}, None, {})
-        gathered = self.coll.gather(why)
-        found: list[str] | Exception | None = None
-        if gathered is not None:
-            try:
-                found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
-            except Exception as exc:
-                found = exc
-        reasons: list[str] = self.coll.announce(f"restore of {path}", found)
+        reasons = self._failed_reads(f"restore of {path}", why)
         if reasons:
             return None, reasons
         self.last_restored = (path, chosen.manifest)
@@ -384,6 +377,16 @@ class Restorer:
         chosen = _Candidate(path, manifest, static, elastic=True)
         plan = self._elastic_plans(chosen)
         chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
+        reasons = self._failed_reads(f"elastic restore of {path}", why)
+        if reasons:
+            return None, reasons
+        self.last_restored = (path, chosen.manifest)
+        return state, []
+
+    def _failed_reads(self, what: str, why: str | Exception | None) -> list[str]:
+        """Collective: every rank's read failure (``why``; ``None``: it read its piece) as
+        ``rank R: why`` lines, on every rank (empty: every rank read its piece); an exception
+        a rank passes (e.g. a ``ConfigError``) is raised on every rank."""
         gathered = self.coll.gather(why)
         found: list[str] | Exception | None = None
         if gathered is not None:
@@ -391,11 +394,8 @@ class Restorer:
                 found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
             except Exception as exc:
                 found = exc
-        reasons: list[str] = self.coll.announce(f"elastic restore of {path}", found)
-        if reasons:
-            return None, reasons
-        self.last_restored = (path, chosen.manifest)
-        return state, []
+        reasons: list[str] = self.coll.announce(what, found)
+        return reasons
 
     def _first_parts(self, whole: _Candidate) -> list[_Candidate]:
         """Coordinator: the parts of ``whole`` it sends: one per rank, or with shards one per
