@@ -29,23 +29,24 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   parallel on their nodes); rank 0 does the same for shard 0, then gathers the leaders'
   summaries (one message per shard), joins the index and commits it (its *top level*);
 * **restore** from the shared root (:class:`resilient.checkpoint.restorer.Restorer`): rank 0
-  loads the manifest (:func:`resilient.io.validate.load_manifest`: read, checksum,
-  ``parse_manifest``; the ``lstat`` of every data file by ``validate_checkpoint`` is left out)
-  and sends the chosen candidate's parts: one manifest, a scatter of every rank's part
-  (``restorer._parts``: its own entry, a file group's leader its group's, their files, the
-  header; the layout's groups stay home when they are the restoring run's); sharded, the
-  first level of ``deal_through_leaders``: each shard's leader its shard's part
-  (``restorer._shard_parts``), and each leader (``--leader-sample`` of them measured,
-  :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals each of
-  its ranks its part with its entries as read. The last rank then unpickles its part, parses
-  its own entry (:func:`resilient.io.validate.load_entries`) and looks at it
+  validates the candidate quickly as ``Restorer._candidates`` does
+  (:func:`resilient.io.validate.validate_checkpoint`: the index read, its checksum,
+  ``parse_manifest``, each shard's size; without shards also every data file's size, with them
+  each shard's leader checks its own files' sizes) and sends the chosen candidate's parts: one
+  manifest, a scatter of every rank's part (``restorer._parts``: its own entry, a file group's
+  leader its group's, their files, the header; the layout's groups stay home when they are the
+  restoring run's); sharded, the first level of ``deal_through_leaders``: each shard's leader
+  its shard's part (``restorer._shard_parts``), and each leader (``--leader-sample`` of them
+  measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
+  each of its ranks its part with its entries as read. The last rank then unpickles its part,
+  parses its own entry (:func:`resilient.io.validate.load_entries`) and looks at it
   (:func:`resilient.checkpoint.elastic.needs_elastic`): ``rank_restore_*`` is that rank's part
   before it reads its data.
 
 The **critical paths** add up what runs one after the other, the slowest of what runs in
 parallel (see :func:`measure_once`): ``commit_critical_s`` (the slowest shard leader, rank 0's
 top level, a rank's receipt of the reply) and ``handout_critical_s`` (rank 0's
-``load_manifest`` and sends, the slowest leader's read and deal, a rank's receipt and parse
+quick validation and sends, the slowest leader's read and deal, a rank's receipt and parse
 of its part). Transfers themselves are not simulated (the bytes sent are reported).
 
 ``--local-tier [--ranks-per-node 64] [--no-before]``: a save with a node-local tier instead
@@ -104,11 +105,11 @@ from resilient.io import validate
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import load_entries, load_manifest
+from resilient.io.validate import load_entries, load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
-from resilient.model.manifest import Manifest, Segment
+from resilient.model.manifest import Manifest, Segment, columns_of
 from resilient.model.payload import split_state
 from resilient.model.tree import leaf_paths
 from resilient.parallel.collective import Collective
@@ -430,6 +431,15 @@ def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | N
     return Committed(manifest, comm, took, took - shard_s, shard_s, gathered_bytes)
 
 
+def data_files(directory: Path, manifest: Manifest) -> None:
+    """The data files of ``manifest`` in ``directory``, sparse, each of its size (a restore
+    checks their sizes; no rank reads them here)."""
+    cols = columns_of(manifest.files)
+    for name, size in zip(cols.names, cols.sizes, strict=True):
+        with open(directory / name, "wb") as fh:
+            fh.truncate(size)
+
+
 def current_layout(ranks: int, per_file: int) -> Layout:
     """The layout of the restoring run: the saved one (files of ``per_file`` consecutive ranks)."""
     groups = tuple(tuple(range(g, min(g + per_file, ranks))) for g in range(0, ranks, per_file))
@@ -439,23 +449,24 @@ def current_layout(ranks: int, per_file: int) -> Layout:
 def coordinator_restore(
     path: Path, current: Layout, written: bytes, keep: Sequence[int], sharding: Sharding | None
 ) -> tuple[dict[int, bytes], RootComm, dict[str, Any]]:
-    """Rank 0 of a restore: :func:`load_manifest`, then its sends of the candidate's parts as
+    """Rank 0 of a restore: its quick validation of the candidate (:func:`validate_checkpoint`,
+    the data files' sizes left to the shard leaders with ``sharding``), then its sends of the candidate's parts as
     :class:`~resilient.checkpoint.restorer.Restorer` makes them (``_first_parts``): without
     ``sharding`` a scatter of every rank's part (``_parts``), with it the leaders' scatter of
     every shard's part (``_shard_parts``, the first level of ``deal_through_leaders``).
     Returns the messages to ``keep`` (ranks, or shards), the comm (every message's size) and
-    times. When ``load_manifest`` refuses the checkpoint, its error is returned
+    times. When ``load_manifest`` (or the size limit) refuses the checkpoint, its error is returned
     (``restore_error``) and the candidate holds the manifest the commit wrote instead
     (``written``, pickled: what parsing it would give)."""
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        manifest = load_manifest(path)
+        manifest = validate_checkpoint(path, data_files=sharding is None)
     except Exception as exc:  # e.g. a manifest over load_manifest's size limit
         out["restore_error"] = f"{type(exc).__name__}: {exc}"
         manifest = pickle.loads(written)
     else:
-        out["load_manifest_s"] = time.perf_counter() - t0
+        out["validate_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     whole = _Candidate(path, manifest, None)
     if sharding is None:
@@ -561,7 +572,7 @@ def measure_once(
     in parallel): ``commit_critical_s`` = the slowest leader's part (its shard gathered and
     written; rank 0's own shard included) + rank 0's top level (the leaders' gather to the
     announce) + a rank's receipt of the reply; ``handout_critical_s`` = rank 0's
-    ``load_manifest`` + its sends (the shards' parts made and pickled) + the slowest leader's
+    quick validation + its sends (the shards' parts made and pickled) + the slowest leader's
     part (:func:`leader_restore`, ``leader_sample`` leaders of every shard measured, the first
     and last among them) + a rank's receipt of its part. Without shards, rank 0's whole
     commit or scatter plus a rank's receipt."""
@@ -598,6 +609,7 @@ def measure_once(
                 encode_s=seconds_of(functools.partial(manifest_json, manifest)),
             )  # fmt: skip
         written = pickle.dumps(manifest, protocol=5)  # (for a manifest load_manifest refuses)
+        data_files(final, manifest)  # (what the ranks wrote: their sizes are checked)
         del manifest, comm, done
         gc.collect()
         current = current_layout(ranks, per_file)
@@ -644,7 +656,7 @@ def measure_once(
             out.update(
                 rank_restore_s=rank_s, handout_leader_max_s=slowest_leader if leader_s else None,
                 handout_leader_median_s=statistics.median(leader_s) if leader_s else None,
-                handout_critical_s=restore.get("load_manifest_s", 0.0)
+                handout_critical_s=restore.get("validate_s", 0.0)
                 + restore["restore_scatter_s"] + slowest_leader + rank_s,
                 **restore,
             )  # fmt: skip
@@ -1082,7 +1094,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         "| ranks x datasets | shards | index MB (largest shard) | gathered MB: by rank 0 (by a "
         "leader) | commit critical path s (range) | = slowest leader + rank 0's top (unpickle / "
         "build / prepare / publish) + a rank | restore hand-out critical path s (range) | = "
-        "load_manifest + sends (messages, MB) + slowest leader (median; reads KB) + a rank "
+        "rank 0's quick validation + sends (messages, MB) + slowest leader (median; reads KB) + a rank "
         "(receives KB, reads KB) | commit peak MB (RSS delta) |",
         "|" + "---|" * 9,
     ]
@@ -1096,7 +1108,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
             f"({secs(r['gather_unpickle_s'])} / {secs(r['build_manifest_s'])} / {secs(r['prepare_s'])} / "
             f"{secs(r['publish_s'])}) + {secs(r['rank_save_receive_s'])} "
             f"| {spread(r, 'handout_critical_s')} "
-            f"| {secs(r.get('load_manifest_s'))} + {secs(r['restore_scatter_s'])} "
+            f"| {secs(r.get('validate_s'))} + {secs(r['restore_scatter_s'])} "
             f"({r['restore_scatter_messages']:,}, {mb(r['restore_scatter_bytes_total'])}) + "
             f"{secs(r.get('handout_leader_max_s'))} ({secs(r.get('handout_leader_median_s'))}; "
             f"{kb(r['leader_shard_read_bytes'] or None)}) + {secs(r['rank_restore_s'])} "

@@ -47,11 +47,17 @@ from resilient.errors import (
 )
 from resilient.io import storage
 from resilient.io.devicecopy import DeviceStaging
-from resilient.io.validate import iter_checkpoints, load_entries, load_manifest, read_shards
+from resilient.io.validate import (
+    check_file_sizes,
+    iter_checkpoints,
+    load_entries,
+    load_manifest,
+    read_shards,
+)
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
-from resilient.model.manifest import Manifest, ManifestError
+from resilient.model.manifest import Manifest, ManifestError, columns_of
 from resilient.model.shards import ShardDoc
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective, describe_error
@@ -139,7 +145,7 @@ def _docs_of(
     sharded = None if part is None else part.sharded
     if part is None or sharded is None or not docs:
         return None
-    wanted = [r for f in part.files for r in f.ranks]
+    wanted = [r for ranks in columns_of(part.files).ranks for r in ranks]
     return {s.name: docs[s.name].subset(wanted) for s in sharded.shards if s.name in docs}
 
 
@@ -432,6 +438,7 @@ class Restorer:
             static_docs: dict[str, ShardDoc] = {}
             if not elastic:  # (an elastic restore sends the whole manifest, loaded, to all)
                 try:
+                    self._check_sizes(part)  # (which the coordinator did not: _candidates)
                     docs = read_shards(part.path, part.manifest, members)
                     if part.static is not None:
                         n = len(part.static.ranks)
@@ -451,6 +458,17 @@ class Restorer:
         except Exception as exc:  # (e.g. EIO): never raise here, or its shard alone would
             failed = dataclasses.replace(part, unloadable=describe_error(exc))
             return [(failed, elastic)] * len(members)
+
+    def _check_sizes(self, candidate: _Candidate) -> None:
+        """Quick validation of the data files of ``candidate`` (a part: its files only) and
+        of its static data's (:func:`~resilient.io.validate.check_file_sizes`). Not collective.
+
+        Raises:
+            InvalidCheckpointError: a file is missing or of another size.
+        """
+        check_file_sizes(candidate.path, candidate.manifest)
+        if candidate.static is not None:
+            check_file_sizes(self._static_dir(candidate.manifest), candidate.static)
 
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
@@ -549,9 +567,14 @@ class Restorer:
         return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
 
     def _candidates(self, step: int | None) -> Iterator[_Candidate]:
-        """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way)."""
+        """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way).
+
+        With shards, the data files are not looked at here (100,000 files at 100,000 ranks):
+        each shard's leader checks those of its shard (:meth:`_spread`), and the coordinator
+        those of a candidate of another layout (an elastic restore, whose parts hold none)."""
         current = self.layout
-        for record in iter_checkpoints(self.root, step=step, memo=self.memo):
+        sized = self.shards is None
+        for record in iter_checkpoints(self.root, step=step, memo=self.memo, data_files=sized):
             if record.manifest is None:
                 storage.quarantine(record.path, record.step, record.reason)
                 self.catalog.quarantined(record.step)
@@ -563,6 +586,8 @@ class Restorer:
             candidate = _Candidate(record.path, record.manifest, static, elastic)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:
+                    if not sized:
+                        self._check_sizes(candidate)
                     candidate = self._load(candidate, None)  # (every entry: the whole is sent)
                     ElasticPlan.of(candidate.manifest, current=current.describe())
                     if candidate.static is not None:

@@ -21,7 +21,14 @@ from resilient.io.storage import read_jsonl
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes, digest_text
 from resilient.model.codec import parse_manifest
-from resilient.model.manifest import FileEntry, Manifest, ManifestError, RankEntry, ShardEntry
+from resilient.model.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    RankEntry,
+    ShardEntry,
+    columns_of,
+)
 from resilient.model.shards import ShardDoc, open_shard
 from resilient.model.tiling import combine_checksums, file_segments, segment_label
 from resilient.model.tree import Memo
@@ -29,6 +36,7 @@ from resilient.model.tree import Memo
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
+    "check_file_sizes",
     "entries_from_shards",
     "iter_checkpoints",
     "latest_valid",
@@ -313,10 +321,17 @@ def _check_shards(path: Path, manifest: Manifest, *, node_local: bool = False) -
 
 
 def _check_files(
-    path: Path, manifest: Manifest, *, full: bool, node_local: bool, memo: Memo | None
+    path: Path,
+    manifest: Manifest,
+    *,
+    full: bool,
+    node_local: bool,
+    memo: Memo | None,
+    data_files: bool = True,
 ) -> Manifest:
-    """Check the shards and data files; the manifest, with every entry a full validation
-    needed loaded (those of the files present, for a node-local copy)."""
+    """Check the shards and data files (a quick check without ``data_files``: the shards
+    only); the manifest, with every entry a full validation needed loaded (those of the files
+    present, for a node-local copy)."""
     where = str(path)
     _check_shards(path, manifest, node_local=node_local)
     try:
@@ -327,30 +342,45 @@ def _check_files(
                     r for f in manifest.files if os.path.lexists(path / f.name) for r in f.ranks
                 ]
             manifest = load_entries(path, manifest, present, memo=memo)
-        _check_data_files(path, manifest, full=full, node_local=node_local)
+        if full or data_files:
+            _check_data_files(path, manifest, full=full, node_local=node_local)
     except ManifestError as exc:  # a shard read by a full validation
         raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
     return manifest
 
 
+def check_file_sizes(path: Path, manifest: Manifest) -> None:
+    """Quick validation of the data files ``manifest`` lists (of a part: its files only) in
+    ``path``: each a regular file of its size. What a restore's shard leader checks of its
+    shard's files, which its coordinator does not look at (:func:`iter_checkpoints` without
+    ``data_files``). Not collective.
+
+    Raises:
+        InvalidCheckpointError: a file is missing, not a regular file, or of another size.
+    """
+    _check_data_files(path, manifest, full=False, node_local=False)
+
+
 def _check_data_files(path: Path, manifest: Manifest, *, full: bool, node_local: bool) -> None:
     where = str(path)
-    for entry in manifest.files:
-        fpath = path / entry.name
+    cols = columns_of(manifest.files)  # (a quick check decodes no file given as text)
+    for at, (name, size) in enumerate(zip(cols.names, cols.sizes, strict=True)):
+        fpath = path / name
         try:
             st = os.lstat(fpath)
         except FileNotFoundError:
             if node_local:
                 continue  # a node-local copy holds only its node's files
-            raise InvalidCheckpointError(where, f"data file {entry.name} is missing") from None
+            raise InvalidCheckpointError(where, f"data file {name} is missing") from None
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidCheckpointError(where, f"data file {entry.name} is not a regular file")
-        if st.st_size != entry.size:
+            raise InvalidCheckpointError(where, f"data file {name} is not a regular file")
+        if st.st_size != size:
             raise InvalidCheckpointError(
-                where, f"data file {entry.name} has {st.st_size} bytes, manifest says {entry.size}"
+                where, f"data file {name} has {st.st_size} bytes, manifest says {size}"
             )
         if not full:
             continue
+        entry = manifest.files[at]
         striped = _striped(manifest, entry)
         fd = os.open(fpath, os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -406,6 +436,7 @@ def validate_checkpoint(
     static_root: Path | None = None,
     node_local: bool = False,
     memo: Memo | None = None,
+    data_files: bool = True,
 ) -> Manifest:
     """Validate one committed checkpoint (and its static data); return its manifest.
 
@@ -416,17 +447,22 @@ def validate_checkpoint(
         static_root: the root holding its static data (default: ``path``'s parent).
         node_local: a node-local copy (:mod:`resilient.checkpoint.tiers`): files of other nodes are absent.
         memo: the caller's :class:`~resilient.model.tree.Memo` for parsing the manifest.
+        data_files: ``False``: a quick validation does not look at the data files (its
+            caller's readers check their own: :func:`check_file_sizes`; a restore's
+            coordinator of 100,000 ranks would stat 100,000 files).
 
     Raises:
         InvalidCheckpointError: with the reason.
     """
     manifest = load_manifest(path, kind=kind, memo=memo)
-    manifest = _check_files(path, manifest, full=full, node_local=node_local, memo=memo)
+    manifest = _check_files(
+        path, manifest, full=full, node_local=node_local, memo=memo, data_files=data_files
+    )
     if manifest.static is not None:
         parent = path.parent if static_root is None else static_root
         static_path = parent / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
         try:
-            validate_checkpoint(static_path, full=full, kind="static")
+            validate_checkpoint(static_path, full=full, kind="static", data_files=data_files)
         except InvalidCheckpointError as exc:
             raise InvalidCheckpointError(
                 str(path), f"its static data {manifest.static}: {exc.reason}"
@@ -443,6 +479,7 @@ def iter_checkpoints(
     static_root: Path | None = None,
     node_local: bool = False,
     memo: Memo | None = None,
+    data_files: bool = True,
 ) -> Iterator[CheckpointRecord]:
     """The checkpoints under ``root``, newest first, each with its verdict.
 
@@ -460,6 +497,7 @@ def iter_checkpoints(
             committed directory of the same step.
         static_root, node_local: for a node-local tier, see :func:`validate_checkpoint`.
         memo: the caller's :class:`~resilient.model.tree.Memo` for parsing manifests.
+        data_files: see :func:`validate_checkpoint`.
     """
     try:
         names = os.listdir(root)
@@ -484,8 +522,9 @@ def iter_checkpoints(
             continue
         try:
             manifest = validate_checkpoint(
-                path, full=full, static_root=static_root, node_local=node_local, memo=memo
-            )
+                path, full=full, static_root=static_root, node_local=node_local, memo=memo,
+                data_files=data_files,
+            )  # fmt: skip
         except InvalidCheckpointError as exc:
             yield CheckpointRecord(number, path, "invalid", exc.reason)
         else:

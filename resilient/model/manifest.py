@@ -10,7 +10,7 @@ the checks that its segments tile each file and its blocks each global array are
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, overload
 
@@ -24,6 +24,7 @@ __all__ = [
     "DatasetEntry",
     "DatasetTable",
     "EncodedFiles",
+    "FileColumns",
     "FileEntry",
     "Manifest",
     "ManifestError",
@@ -33,6 +34,7 @@ __all__ = [
     "ShardEntry",
     "ShardedRanks",
     "Stripes",
+    "columns_of",
 ]
 
 FORMAT = "resilient-checkpoint"
@@ -301,7 +303,9 @@ class ShardedRanks(_ByRank):
     :class:`LookupError`. Pickles as its shards, its files and its loaded entries.
     """
 
-    __slots__ = ("_entries", "_file_of", "_files", "_given", "_owner", "is_part", "shards")
+    __slots__ = (
+        "_entries", "_file_at", "_file_of", "_files", "_given", "_owner", "is_part", "shards"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -315,32 +319,47 @@ class ShardedRanks(_ByRank):
         self._size = size
         self.shards = tuple(shards)
         self._given = files if isinstance(files, EncodedFiles) else dict(files)
-        # by name, by rank, shard by rank: made at the first look-up (a coordinator that only
-        # commits an index never makes them)
+        # made at the first look-up (a coordinator that only commits an index never makes
+        # them): by rank, its shard and its file's position (from the files' columns: no
+        # file is decoded); the files by name and by rank (decoded)
+        self._owner: dict[int, ShardEntry] | None = None
+        self._file_at: dict[int, int] = {}
         self._files: dict[str, FileEntry] | None = None
         self._file_of: dict[int, FileEntry] = {}
-        self._owner: dict[int, ShardEntry] = {}
         self._entries = dict(entries or {})
         self.is_part = is_part
 
+    @property
+    def files(self) -> Sequence[FileEntry]:
+        """The files of these ranks (text, when they were given as text)."""
+        given = self._given
+        return given if isinstance(given, EncodedFiles) else tuple(given.values())
+
+    def _owners(self) -> dict[int, ShardEntry]:
+        """The shard holding each rank's entry (and each rank's file's position), made once."""
+        if self._owner is None:
+            cols = columns_of(self.files)
+            self._file_at = {r: i for i, ranks in enumerate(cols.ranks) for r in ranks}
+            at = {name: i for i, name in enumerate(cols.names)}
+            self._owner = {
+                r: s for s in self.shards for name in s.files if name in at
+                for r in cols.ranks[at[name]]
+            }  # fmt: skip
+        return self._owner
+
     def _files_by_name(self) -> dict[str, FileEntry]:
-        """The files by name (and the look-ups by rank, made once)."""
+        """The files by name, and by rank (decoded once)."""
         if self._files is None:
             given = self._given
             files = {f.name: f for f in given} if isinstance(given, EncodedFiles) else given
             self._file_of = {r: f for f in files.values() for r in f.ranks}
-            self._owner = {
-                r: s for s in self.shards for name in s.files if name in files
-                for r in files[name].ranks
-            }  # fmt: skip
             self._files = files
         return self._files
 
     def shard_of(self, rank: int) -> ShardEntry:
         """The shard holding ``rank``'s entry."""
-        self._files_by_name()
         try:
-            return self._owner[rank]
+            return self._owners()[rank]
         except KeyError:
             raise LookupError(
                 f"rank {rank}'s entry is not in this part of the manifest "
@@ -350,7 +369,18 @@ class ShardedRanks(_ByRank):
     def file_of(self, rank: int) -> FileEntry:
         """The file holding ``rank``'s data (from the index: no entry needed)."""
         self.shard_of(rank)  # (LookupError: not in this part)
+        self._files_by_name()
         return self._file_of[rank]
+
+    def file_positions(self, ranks: Iterable[int]) -> tuple[int, ...]:
+        """The positions of the files of ``ranks`` among :attr:`files`, in order.
+
+        Raises:
+            LookupError: a rank not in this part.
+        """
+        for r in ranks:
+            self.shard_of(r)
+        return tuple(sorted({self._file_at[r] for r in ranks}))
 
     def loaded(self, rank: int) -> bool:
         """Whether ``rank``'s entry is loaded."""
@@ -364,12 +394,21 @@ class ShardedRanks(_ByRank):
         )  # fmt: skip
 
     def part(self, ranks: Sequence[int]) -> ShardedRanks:
-        """The file groups of ``ranks`` (with what was loaded of them), as a part."""
-        names = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
-        files = {self._file_of[r].name: self._file_of[r] for r in ranks}  # (made by shard_of)
-        held = {r for f in files.values() for r in f.ranks}
+        """The file groups of ``ranks`` (with what was loaded of them), as a part; files given
+        as text stay text (:meth:`EncodedFiles.select`)."""
+        shards = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
+        at = self.file_positions(ranks)
+        given = self._given
+        cols = columns_of(self.files)
+        files: Mapping[str, FileEntry] | EncodedFiles
+        if isinstance(given, EncodedFiles) and given.columns is not None:
+            files = given.select(at)
+        else:
+            by_name = self._files_by_name()
+            files = {cols.names[i]: by_name[cols.names[i]] for i in at}
+        held = {r for i in at for r in cols.ranks[i]}
         entries = {r: e for r, e in self._entries.items() if r in held}
-        keep = [s for s in self.shards if s.name in names]
+        keep = [s for s in self.shards if s.name in shards]
         return ShardedRanks(self._size, keep, files, entries=entries, is_part=True)
 
     def _entry(self, r: int) -> RankEntry:
@@ -433,26 +472,89 @@ class FileEntry(NamedTuple):
     meta_segments: tuple[Segment, ...]
 
 
+class FileColumns(NamedTuple):
+    """The names, sizes and ranks of some files, in order, without an object per file: what
+    a restore's coordinator needs of an index of 100,000 files (which shard and file hold
+    each rank, which files to check and hand out), read straight from the index's text
+    (:func:`~resilient.model.codec.parse_manifest`)."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    ranks: tuple[tuple[int, ...], ...]
+
+    def select(self, indices: Sequence[int]) -> FileColumns:
+        """The columns of the files at ``indices``, in that order."""
+        return FileColumns(
+            tuple(self.names[i] for i in indices),
+            tuple(self.sizes[i] for i in indices),
+            tuple(self.ranks[i] for i in indices),
+        )
+
+
+def columns_of(files: Sequence[FileEntry]) -> FileColumns:
+    """The :class:`FileColumns` of ``files``: those an index's text gave
+    (:attr:`EncodedFiles.columns`: no file is decoded), else read off the entries."""
+    if isinstance(files, EncodedFiles) and files.columns is not None:
+        return files.columns
+    return FileColumns(
+        tuple(f.name for f in files), tuple(f.size for f in files), tuple(f.ranks for f in files)
+    )
+
+
 class EncodedFiles(Sequence[FileEntry]):
-    """The files of a sharded manifest's index as their JSON text: what a save's coordinator
-    commits without an object per file (each shard's leader encodes its shard's files,
-    :func:`~resilient.model.codec.files_fragment`, and the coordinator joins the fragments).
-    Their count and total size are known; the entries are decoded on first use. Immutable;
-    pickles as its text.
+    """Files as the JSON text of an index (schema 3), decoded into entries on first use.
+
+    Two sources: the files of a sharded manifest a save's coordinator commits without an
+    object per file (each shard's leader encodes its shard's files,
+    :func:`~resilient.model.codec.files_fragment`, and the coordinator joins the fragments);
+    and the files of an index read from disk whose text
+    :func:`~resilient.model.codec.parse_manifest` checked as this library writes it, one
+    fragment per file, with their :class:`FileColumns` (a restore's coordinator then hands
+    each shard's files on as text: :meth:`select`). Either way the text is known good: it is
+    decoded without further checks. Their count and total size are known. Immutable;
+    pickles as its text (and columns).
 
     Attributes:
         fragments: each a comma-separated run of file objects as the index writes them, in
-            order (trusted: made by this library, not read from disk).
+            order.
         nbytes: the files' total size.
+        columns: with one fragment per file, the files' names, sizes and ranks (``None``:
+            not known without decoding).
     """
 
-    __slots__ = ("_count", "_entries", "fragments", "nbytes")
+    __slots__ = ("_count", "_entries", "columns", "fragments", "nbytes")
 
-    def __init__(self, fragments: Sequence[str], count: int, nbytes: int) -> None:
+    def __init__(
+        self,
+        fragments: Sequence[str],
+        count: int,
+        nbytes: int,
+        columns: FileColumns | None = None,
+    ) -> None:
         self.fragments = tuple(fragments)
         self._count = count
         self.nbytes = nbytes
+        self.columns = columns
+        if columns is not None and not len(self.fragments) == len(columns.names) == count:
+            raise ValueError("columns need one fragment per file")
         self._entries: tuple[FileEntry, ...] | None = None
+
+    @classmethod
+    def of_columns(cls, fragments: Sequence[str], columns: FileColumns) -> EncodedFiles:
+        """Files of one fragment each, with their columns."""
+        return cls(fragments, len(columns.names), sum(columns.sizes), columns)
+
+    def select(self, indices: Sequence[int]) -> EncodedFiles:
+        """The files at ``indices`` (in that order), still as text.
+
+        Raises:
+            ValueError: these files have no columns (not one fragment per file).
+        """
+        if self.columns is None:
+            raise ValueError("only files with columns can be selected without decoding them")
+        return EncodedFiles.of_columns(
+            [self.fragments[i] for i in indices], self.columns.select(indices)
+        )
 
     def entries(self) -> tuple[FileEntry, ...]:
         """Every file's entry (decoded once)."""
@@ -489,7 +591,7 @@ class EncodedFiles(Sequence[FileEntry]):
         return hash(self.fragments)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EncodedFiles, (self.fragments, self._count, self.nbytes))
+        return (EncodedFiles, (self.fragments, self._count, self.nbytes, self.columns))
 
     def __repr__(self) -> str:
         return f"EncodedFiles({self._count} files, {self.nbytes} bytes)"
@@ -546,39 +648,36 @@ class Manifest:
     ) -> list[Manifest]:
         """:meth:`part` of each of ``rank_sets`` (the files indexed once: work that grows with
         the ranks and files, not with their product)."""
-        files = {f.name: f for f in self.files}
-        position = {f.name: i for i, f in enumerate(self.files)}
         lay = self.layout if layout is None else layout
         sharded = self.sharded
-        if sharded is not None:  # the files by rank from the index: no shard is read
-            file_of = {r: f.name for f in self.files for r in f.ranks}
-            made: dict[tuple[str, ...], ShardedRanks] = {}  # one part per set of file groups
         out = []
-        for ranks in rank_sets:
-            part: Sequence[RankEntry]
-            if sharded is not None:
-                names = sorted({file_of[r] for r in ranks}, key=position.__getitem__)
-                key = tuple(names)
+        if sharded is not None:  # the files by rank from the index: no shard is read
+            made: dict[tuple[int, ...], Manifest] = {}  # one part per set of file groups
+            for ranks in rank_sets:
+                key = sharded.file_positions(ranks)
                 if key not in made:
-                    made[key] = sharded.part(ranks)
-                part = made[key]
-            else:
-                entries = {r: self.ranks[r] for r in ranks}
-                part = PartialRanks(len(self.ranks), entries)
-                names = sorted({e.file for e in entries.values()}, key=position.__getitem__)
+                    part = sharded.part(ranks)
+                    made[key] = self._with(files=part.files, ranks=part, layout=lay)
+                out.append(made[key])
+            return out
+        files = {f.name: f for f in self.files}
+        position = {f.name: i for i, f in enumerate(self.files)}
+        for ranks in rank_sets:
+            entries = {r: self.ranks[r] for r in ranks}
+            names = sorted({e.file for e in entries.values()}, key=position.__getitem__)
             out.append(
-                Manifest(
-                    step=self.step,
-                    time=self.time,
-                    layout=lay,
-                    files=tuple(files[n] for n in names),
-                    ranks=part,
-                    kind=self.kind,
-                    static=self.static,
-                    metrics=self.metrics,
-                    library_version=self.library_version,
-                    schema_version=self.schema_version,
-                    checksum_algorithm=self.checksum_algorithm,
-                )
-            )
+                self._with(files=tuple(files[n] for n in names),
+                           ranks=PartialRanks(len(self.ranks), entries), layout=lay)
+            )  # fmt: skip
         return out
+
+    def _with(
+        self, *, files: Sequence[FileEntry], ranks: Sequence[RankEntry], layout: Layout
+    ) -> Manifest:
+        """This manifest's header with ``files``, ``ranks`` and ``layout``."""
+        return Manifest(
+            step=self.step, time=self.time, layout=layout, files=files, ranks=ranks,
+            kind=self.kind, static=self.static, metrics=self.metrics,
+            library_version=self.library_version, schema_version=self.schema_version,
+            checksum_algorithm=self.checksum_algorithm,
+        )  # fmt: skip

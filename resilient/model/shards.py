@@ -5,6 +5,7 @@ their sizes and checksums. Pure (no I/O): the bytes of a shard come from the cal
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
@@ -24,11 +25,13 @@ from resilient.model.manifest import (
     FORMAT,
     SCHEMA_VERSION,
     SHARDED_SCHEMA_VERSION,
+    EncodedFiles,
     FileEntry,
     ManifestError,
     RankEntry,
     ShardedRanks,
     ShardEntry,
+    columns_of,
 )
 from resilient.model.schema import Section
 from resilient.model.tiling import check_group_blocks, check_group_tiling
@@ -83,24 +86,28 @@ class ShardDoc(NamedTuple):
 
 
 def index_shards(top: Section, files: Sequence[FileEntry], nranks: int) -> ShardedRanks:
-    """The shard list of an index: every file in exactly one shard, every rank in one file."""
-    by_name = {f.name: f for f in files}
+    """The shard list of an index: every file in exactly one shard, every rank in one file
+    (read off the files' columns: files given as text are not decoded)."""
+    cols = columns_of(files)
+    listed = set(cols.names)
     shards: list[ShardEntry] = []
+    named: set[str] = set()
     placed: set[str] = set()
     for sec in top.sections("shards"):
         name = sec.require("name", str)
-        if not filenames.is_shard_name(name) or any(s.name == name for s in shards):
+        if not filenames.is_shard_name(name) or name in named:
             raise ManifestError(f"{sec.path}: illegal or repeated shard name {name!r}")
         names = sec.require("files", list)
         try:
             held = set(names)  # (the manifest's file names are strings: no other value is one)
         except TypeError:  # an unhashable value
             held = {None}
-        if not names or not held <= by_name.keys():
+        if not names or not held <= listed:
             raise ManifestError(f"{sec.path}: names a file the manifest does not list")
         if not placed.isdisjoint(held) or len(held) != len(names):
             raise ManifestError(f"{sec.path}: a file is in two shards")
         placed.update(held)
+        named.add(name)
         shards.append(
             ShardEntry(
                 name,
@@ -109,12 +116,13 @@ def index_shards(top: Section, files: Sequence[FileEntry], nranks: int) -> Shard
                 tuple(names),
             )
         )
-    if placed != set(by_name):
-        raise ManifestError(f"files in no shard: {sorted(set(by_name) - placed)[:4]}")
-    covered = sorted(r for f in files for r in f.ranks)
+    if placed != listed:
+        raise ManifestError(f"files in no shard: {sorted(listed - placed)[:4]}")
+    covered = sorted(itertools.chain.from_iterable(cols.ranks))
     if covered != list(range(nranks)):
         raise ManifestError("the files do not list every rank exactly once")
-    return ShardedRanks(nranks, shards, by_name)
+    given = files if isinstance(files, EncodedFiles) else {f.name: f for f in files}
+    return ShardedRanks(nranks, shards, given)
 
 
 def open_shard(text: str | bytes, *, kind: str, step: int) -> ShardDoc:
