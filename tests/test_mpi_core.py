@@ -217,6 +217,10 @@ def test_a_changed_shard_of_several_ranks_fails_each_of_them_and_restore_falls_b
         ("changed", "valid", "manifest-00001.json does not match its checksum in the index"),
         ("extra", "manifest-00007.json is not in the index", "is not in the index"),
         ("index", "does not match its checksum in COMMITTED", "in COMMITTED"),
+        # a data file cut short: the coordinator of a sharded restore does not look at the
+        # data files, its shard's leader does (and tells its rank)
+        ("data", "data file rank_00001.h5 has 10 bytes, manifest says", "has 10 bytes"),
+        ("static", "its static data", "data file rank_00001.h5 has 10 bytes"),
     ],
 )
 def test_a_missing_changed_or_extra_shard_is_rejected_and_restore_falls_back(
@@ -227,7 +231,11 @@ def test_a_missing_changed_or_extra_shard_is_rejected_and_restore_falls_back(
             3, [SCENARIO, "shards", str(tmp_path / "ck"), "self", how], SCENARIO_SHARD_RANKS="1"
         )
     )
-    assert [r["step"] for r in got] == [1] * 3
+    if how == "static":  # (both steps share their static data)
+        assert [r["error"].startswith("no valid checkpoint") for r in got] == [True] * 3
+    else:
+        assert [r["step"] for r in got] == [1] * 3
     assert quick in got[0]["quick"] and full in got[0]["full"]
-    expect = full if how != "changed" else "rank 1: manifest shard " + full
+    expect = {"changed": "rank 1: manifest shard " + full, "data": "rank 1: " + quick,
+              "static": "rank 1: data file rank_00001.h5 has 10 bytes"}.get(how, full)  # fmt: skip
     assert expect in got[0]["quarantined"], got[0]

@@ -310,7 +310,7 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
     """A sharded manifest whose shard is missing, changed or extra, or whose index was edited:
     quick or full validation says so, and a restore falls back to the previous checkpoint,
     quarantining the bad one (every rank alike)."""
-    from resilient.io.validate import iter_checkpoints, validate_checkpoint
+    from resilient.io.validate import iter_checkpoints, load_manifest, validate_checkpoint
     from resilient.model import filenames
 
     assert SHARD_RANKS and size > SHARD_RANKS
@@ -341,6 +341,12 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             doc["shards"][1]["size"] += 1
             with open(index, "w") as fh:
                 json.dump(doc, fh, separators=(",", ":"))
+        elif how in ("data", "static"):  # rank 1's data file cut short (its static data's)
+            where = ckpt
+            if how == "static":
+                static = load_manifest(Path(ckpt)).static
+                where = os.path.join(root, filenames.STATIC_DIR, filenames.static_dir_name(str(static)))
+            os.truncate(os.path.join(where, filenames.file_name(kind, 1)), 10)
         else:
             raise ValueError(how)
         for full in (False, True):
@@ -350,14 +356,22 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             except resilient.InvalidCheckpointError as exc:
                 found["full" if full else "quick"] = exc.reason
     world.barrier()
+    step = None
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
-        step, state = m.restore()
-        assert step == 1, step
-        assert_same(state, {**make_state(1), **make_static()})
+        if how == "static":  # both steps share it: neither is restored, on any rank
+            try:
+                m.restore()
+            except resilient.CheckpointNotFoundError as exc:
+                found["error"] = str(exc)
+        else:
+            step, state = m.restore()
+            assert step == 1, step
+            assert_same(state, {**make_state(1), **make_static()})
     if rank == 0:
         records = list(iter_checkpoints(Path(root), quarantined=True))
         found["quarantined"] = next(r.reason for r in records if r.status == "quarantined")
-        assert [r.step for r in records if r.status == "valid"] == [1]
+        valid = [r.step for r in records if r.status == "valid"]
+        assert valid == ([] if how == "static" else [1]), valid
     result(ok=True, step=step, **found)
 
 
