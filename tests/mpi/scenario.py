@@ -356,7 +356,7 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             except resilient.InvalidCheckpointError as exc:
                 found["full" if full else "quick"] = exc.reason
     world.barrier()
-    step = None
+    step: int | None = None
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
         if how == "static":  # both steps share it: neither is restored, on any rank
             try:
