@@ -356,7 +356,7 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             except resilient.InvalidCheckpointError as exc:
                 found["full" if full else "quick"] = exc.reason
     world.barrier()
-    step: int | None = None
+    restored: int | None = None
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
         if how == "static":  # both steps share it: neither is restored, on any rank
             try:
@@ -364,15 +364,15 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             except resilient.CheckpointNotFoundError as exc:
                 found["error"] = str(exc)
         else:
-            step, state = m.restore()
-            assert step == 1, step
+            restored, state = m.restore()
+            assert restored == 1, restored
             assert_same(state, {**make_state(1), **make_static()})
     if rank == 0:
         records = list(iter_checkpoints(Path(root), quarantined=True))
         found["quarantined"] = next(r.reason for r in records if r.status == "quarantined")
         valid = [r.step for r in records if r.status == "valid"]
         assert valid == ([] if how == "static" else [1]), valid
-    result(ok=True, step=step, **found)
+    result(ok=True, step=restored, **found)
 
 
 def scenario_scatter(root: str, kind: str) -> None:
