@@ -304,7 +304,8 @@ class ShardedRanks(_ByRank):
     """
 
     __slots__ = (
-        "_entries", "_file_at", "_file_of", "_files", "_given", "_owner", "is_part", "shards"
+        "_columns", "_entries", "_file_at", "_file_of", "_files", "_given", "_owner", "is_part",
+        "shards",
     )  # fmt: skip
 
     def __init__(
@@ -322,6 +323,7 @@ class ShardedRanks(_ByRank):
         # made at the first look-up (a coordinator that only commits an index never makes
         # them): by rank, its shard and its file's position (from the files' columns: no
         # file is decoded); the files by name and by rank (decoded)
+        self._columns: FileColumns | None = None
         self._owner: dict[int, ShardEntry] | None = None
         self._file_at: dict[int, int] = {}
         self._files: dict[str, FileEntry] | None = None
@@ -335,10 +337,17 @@ class ShardedRanks(_ByRank):
         given = self._given
         return given if isinstance(given, EncodedFiles) else tuple(given.values())
 
+    def _files_columns(self) -> FileColumns:
+        """The :class:`FileColumns` of :attr:`files`, made once (a restore makes a part per
+        rank or shard of them)."""
+        if self._columns is None:
+            self._columns = columns_of(self.files)
+        return self._columns
+
     def _owners(self) -> dict[int, ShardEntry]:
         """The shard holding each rank's entry (and each rank's file's position), made once."""
         if self._owner is None:
-            cols = columns_of(self.files)
+            cols = self._files_columns()
             self._file_at = {r: i for i, ranks in enumerate(cols.ranks) for r in ranks}
             at = {name: i for i, name in enumerate(cols.names)}
             self._owner = {
@@ -399,7 +408,7 @@ class ShardedRanks(_ByRank):
         shards = {self.shard_of(r).name for r in ranks}  # (LookupError: not in this part)
         at = self.file_positions(ranks)
         given = self._given
-        cols = columns_of(self.files)
+        cols = self._files_columns()
         files: Mapping[str, FileEntry] | EncodedFiles
         if isinstance(given, EncodedFiles) and given.columns is not None:
             files = given.select(at)

@@ -186,3 +186,26 @@ def test_a_quick_validation_decodes_no_file(tmp_path: Path) -> None:
     (tmp_path / "ck" / "node_00001.h5").write_bytes(b"x")
     with pytest.raises(InvalidCheckpointError, match=r"node_00001\.h5 has 1 bytes, manifest says 4096"):
         validate_checkpoint(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("given", ["text", "objects"])
+def test_the_files_columns_are_made_once_for_all_parts(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore makes a part per rank (or shard): the files' columns are read off once, not
+    once per part (which at 16,384 files is 16,384 times 16,384)."""
+    import resilient.model.manifest as manifest_module
+
+    m = index_of(64, 1, 8)
+    m = parse_manifest(manifest_json(m)) if given == "text" else m
+    calls: list[int] = []
+    real = manifest_module.columns_of
+
+    def counted(files: object) -> object:
+        calls.append(1)
+        return real(files)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(manifest_module, "columns_of", counted)
+    parts = m.parts([[r] for r in range(64)])
+    assert [[f.ranks for f in p.files] for p in parts] == [[(r,)] for r in range(64)]
+    assert len(calls) == 1
