@@ -97,7 +97,7 @@ if str(ROOT) not in sys.path:  # `python bench/bench_walltime.py` puts bench/, n
 from benchutil import library_revision  # noqa: E402
 
 import resilient  # noqa: E402
-from resilient.io.storage import read_jsonl  # noqa: E402
+from resilient.io import logs  # noqa: E402
 from resilient.io.validate import latest_valid  # noqa: E402
 from resilient.job.run import _descendants  # noqa: E402
 from resilient.model import filenames  # noqa: E402
@@ -381,17 +381,20 @@ def run_overhead(args: argparse.Namespace) -> int:
 def step_records(root: Path) -> list[tuple[float, int]]:
     """``(time, step)`` from ``progress.jsonl`` (rank 0's timeline) and ``saves.jsonl``, by time."""
     recs = []
-    for name in (filenames.PROGRESS_LOG, filenames.SAVE_LOG):
-        for r in read_jsonl(root / name):
-            t, s = r.get("time"), r.get("step")
-            if isinstance(t, (int, float)) and isinstance(s, int) and not isinstance(s, bool):
+    for name, kind in ((filenames.PROGRESS_LOG, logs.PROGRESS), (filenames.SAVE_LOG, logs.SAVES)):
+        for r in logs.read_log(root / name, kind):
+            t, s = r.get("time"), r["step"]
+            if t is not None and s is not None:
                 recs.append((float(t), s))
     return sorted(recs)
 
 
 def save_time(root: Path, step: int) -> float | None:
     """Commit time (``saves.jsonl``) of the checkpoint of ``step``."""
-    times = [r["time"] for r in read_jsonl(root / filenames.SAVE_LOG) if r.get("step") == step]
+    times = [
+        r["time"] for r in logs.read_log(root / filenames.SAVE_LOG, logs.SAVES)
+        if r["step"] == step and "time" in r
+    ]  # fmt: skip
     return float(times[-1]) if times else None
 
 
@@ -499,10 +502,10 @@ class LostWork:
         latest = rec.step if rec else 0
         recs = step_records(ckdir)
         reached = max([latest] + [s for _, s in recs])
-        ledger = read_jsonl(ckdir / filenames.ATTEMPT_LEDGER)
+        ledger = logs.read_log(ckdir / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
         att = ledger[-1] if ledger else {}
         deadline = float(att.get("start", t_start)) + walltime
-        saves = read_jsonl(ckdir / filenames.SAVE_LOG)
+        saves = logs.read_log(ckdir / filenames.SAVE_LOG, logs.SAVES)
         rate = step_rate(recs)
         committed = save_time(ckdir, latest) if rec else None
         return {
@@ -572,7 +575,7 @@ class LostWork:
             "since_commit_s": t_kill - committed if committed else None,
             "newest_record_age_s": t_kill - recs[-1][0] if recs else None,
             "killed_mid_save": any(ckdir.glob(".step_*.tmp-*")),
-            "checkpoints": len(read_jsonl(ckdir / filenames.SAVE_LOG)),
+            "checkpoints": len(logs.read_log(ckdir / filenames.SAVE_LOG, logs.SAVES)),
             "processes_killed": len(pids) + 1,
             "log": str(logpath),
         }

@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's resilient and apps/, not an installed copy
 
 from resilient import cli  # noqa: E402
-from resilient.io import storage  # noqa: E402
+from resilient.io import logs  # noqa: E402
 from resilient.job.launch import find_mpiexec  # noqa: E402
 from resilient.model import filenames  # noqa: E402
 
@@ -436,8 +436,8 @@ class Soak:
         if campaign.promise is None:
             return
         records = [
-            r for r in storage.read_jsonl(campaign.root / filenames.PROGRESS_LOG)
-            if isinstance(r.get("time"), (int, float)) and r["time"] >= campaign.launched_at
+            r for r in logs.read_log(campaign.root / filenames.PROGRESS_LOG, logs.PROGRESS)
+            if r["time"] >= campaign.launched_at and r["step"] is not None
         ]  # fmt: skip
         if not records:
             return  # killed before it restored: the next launch must keep the promise
@@ -470,8 +470,8 @@ class Soak:
         # (all of them before the first); a second node lost before anything new was
         # protected loses the copies of the first (beyond what the scheme promises)
         fresh = [
-            int(r["step"]) for r in storage.read_jsonl(campaign.root / filenames.PROTECT_LOG)
-            if isinstance(r.get("step"), int) and float(r.get("time", 0)) > campaign.lost_at
+            int(r["step"]) for r in logs.read_log(campaign.root / filenames.PROTECT_LOG, logs.PROTECTED)
+            if float(r.get("time", 0)) > campaign.lost_at
         ]  # fmt: skip
         if fresh:
             campaign.lost_nodes = set()

@@ -3,7 +3,8 @@
 Reads, per checkpoint root: ``attempts.jsonl`` (one line per ``resilient run`` attempt: its
 start and end), ``saves.jsonl`` (one line per committed checkpoint) and ``progress.jsonl`` (the
 program's timeline, written by :class:`~resilient.job.session.Session`: see
-:mod:`resilient.job.timeline`). No MPI, no h5py.
+:mod:`resilient.job.timeline`); damaged lines are skipped with one warning
+(:mod:`resilient.io.logs`). No MPI, no h5py.
 
 Definitions:
 
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.job.timeline import AttemptEvents, Phases, kept_until, read_events
 from resilient.model import filenames
 
@@ -110,20 +111,18 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
     """The report of one checkpoint root (a task)."""
     r = Path(root)
     ledger = [
-        rec for rec in storage.read_jsonl(r / filenames.ATTEMPT_LEDGER)
+        rec for rec in logs.read_log(r / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
         if _num(rec, "start") is not None and _num(rec, "end") is not None
     ]  # fmt: skip
-    saves = [s for s in storage.read_jsonl(r / filenames.SAVE_LOG) if _num(s, "time") is not None]
+    saves = [s for s in logs.read_log(r / filenames.SAVE_LOG, logs.SAVES) if "time" in s]
     # what the attempts on record committed: not the saves of one still running (its work is
     # neither kept nor lost yet; counting them would make every finished attempt's work lost)
     last_end = max((float(rec["end"]) for rec in ledger), default=float("-inf"))
-    committed = [
-        int(s["step"]) for s in saves if _int(s, "step") is not None and float(s["time"]) <= last_end
-    ]
+    committed = [int(s["step"]) for s in saves if float(s["time"]) <= last_end]
     events = read_events(r)
     progress = tuple((float(e["time"]), int(e["step"])) for e in events)
     timeline = [AttemptEvents.of(events, float(rec["start"]), float(rec["end"])) for rec in ledger]
-    codes = [int(rec.get("exit_code", rec.get("exit_status", 1)) or 0) for rec in ledger]
+    codes = [int(rec["exit_code"]) for rec in ledger]
     finished = bool(codes) and codes[-1] == 0
     kept = kept_until(timeline, finished=finished, committed=committed)
     attempts: list[AttemptSummary] = []
@@ -133,7 +132,7 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
         start, end = ev.start, ev.end
         inside = [s for s in saves if start <= float(s["time"]) <= end]
         steps_seen = [st for _, st in ev.samples]
-        steps_seen += [int(s["step"]) for s in inside if isinstance(s.get("step"), int)]
+        steps_seen += [int(s["step"]) for s in inside]
         after = _int(rec, "latest_after")
         restored = _int(rec, "restored_step")
         if restored is None:
@@ -146,10 +145,10 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
         prev_max = max_step
         attempts.append(
             AttemptSummary(
-                attempt=int(rec.get("attempt", len(attempts) + 1)), start=start, end=end,
+                attempt=int(rec["attempt"]), start=start, end=end,
                 exit_code=code, reason=str(rec.get("reason", "")), restored_step=restored,
                 latest_after=after, max_step=max_step, checkpoints=len(inside),
-                slurm_job_id=rec.get("slurm_job_id") if isinstance(rec.get("slurm_job_id"), str) else None,
+                slurm_job_id=rec.get("slurm_job_id"),
                 phases=ev.phases(until),
             )
         )  # fmt: skip

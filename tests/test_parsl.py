@@ -317,13 +317,14 @@ def test_a_lost_node_after_a_protected_local_step_costs_nothing(
     save(root, 10)
     ledger_line(root, end=LAUNCHED - datetime.timedelta(minutes=5), progress=True)
     with open(root / filenames.ATTEMPT_LEDGER, "a") as fh:  # an earlier try left step 10
-        fh.write(json.dumps({"end": LAUNCHED.timestamp() - 60, "latest_after": 10}) + "\n")
+        fh.write(json.dumps({"attempt": 2, "exit_code": 75, "end": LAUNCHED.timestamp() - 60,
+                             "latest_after": 10}) + "\n")  # fmt: skip
     assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 1  # 10 -> 10
     with open(root / filenames.PROTECT_LOG, "a") as fh:
         fh.write(json.dumps({"time": LAUNCHED.timestamp() + 30, "step": 30}) + "\n")
     assert resume_retry_handler()(ManagerLost(b"m", "h"), record(str(root))) == 0  # 10 -> 30
     with open(root / filenames.ATTEMPT_LEDGER, "a") as fh:  # the try's own record
-        fh.write(json.dumps({"end": LAUNCHED.timestamp() + 60, "progress": True,
+        fh.write(json.dumps({"attempt": 3, "exit_code": 75, "end": LAUNCHED.timestamp() + 60, "progress": True,
                              "latest_after": 30, "lost_nodes": ["n2"]}) + "\n")  # fmt: skip
     for exc in (ManagerLost(b"m", "h"), BashExitFailure("heat", 75)):
         assert resume_retry_handler()(exc, record(str(root))) == 0

@@ -37,7 +37,7 @@ from resilient.integrations.snakemake import (
     retries,
     slurm_requeue,
 )
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.io.validate import latest_valid, list_checkpoints
 from resilient.job.run import read_ledger
 from resilient.workflow import (
@@ -524,7 +524,7 @@ def test_a_checkpoint_dir_declared_as_output_by_hand_is_refused_on_the_retry(
     assert "Keep checkpoints out of a task's outputs" in text
     assert text.count("Trying to restart") == 2
     sidecar = tmp_path / "ckpt" / ".hot.resilient-attempts"
-    assert [r["exit_code"] for r in storage.read_jsonl(sidecar)] == [75]
+    assert [r["exit_code"] for r in logs.read_log(sidecar, logs.SIDECAR)] == [75]
 
 
 # A fixed checkpoint directory keeps the checkpoints of other parameters: the program refuses
@@ -838,7 +838,7 @@ def make_root(path: Path, steps: tuple[int, ...] = (1, 2, 3)) -> None:
     with CheckpointManager(path) as m:
         for s in steps:
             m.save(s, {"x": np.full(10, s)}, static={"grid": np.arange(4)})
-    storage.append_log(path / "attempts.jsonl", {"attempt": 1, "exit_code": 0})
+    logs.append_record(path / "attempts.jsonl", {"attempt": 1, "exit_code": 0})
 
 
 def test_cleanup_keeps_logs_and_needs_every_output(tmp_path: Path) -> None:

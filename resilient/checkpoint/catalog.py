@@ -15,7 +15,7 @@ from typing import Any
 
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import InvalidCheckpointError
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.io.targets import DirectoryTarget
 from resilient.io.validate import load_manifest, validate_checkpoint
 from resilient.model import filenames
@@ -183,16 +183,14 @@ def save_record(manifest: Manifest) -> dict[str, Any]:
 def _logged_entries(path: Path) -> dict[int, _Entry]:
     """step -> entry from the save log's complete records (the last one of a step wins)."""
     out: dict[int, _Entry] = {}
-    for rec in storage.read_jsonl(path):
+    for rec in logs.read_log(path, logs.SAVES):
         step, when, metrics, static = (
-            rec.get("step"), rec.get("manifest_time"), rec.get("metrics"), rec.get("static", "")
+            rec["step"], rec.get("manifest_time"), rec.get("metrics"), rec.get("static", "")
         )  # fmt: skip
         if (
-            isinstance(step, int)
-            and not isinstance(step, bool)
-            and isinstance(when, (int, float))
-            and isinstance(metrics, dict)
-            and (static is None or (isinstance(static, str) and filenames.is_static_dir(static)))
+            when is not None
+            and metrics is not None
+            and (static is None or filenames.is_static_dir(static))
         ):
             out[step] = _Entry(CheckpointInfo(step=step, time=float(when), metrics=metrics), static)
     return out

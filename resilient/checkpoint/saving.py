@@ -69,7 +69,7 @@ from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, Shar
 from resilient.checkpoint.statics import StaticStore
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.errors import CollectiveError, ConfigError, ResilientError
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.io.background import BackgroundWriter
 from resilient.io.commit import PendingDir
 from resilient.io.devicecopy import DeviceStaging
@@ -611,7 +611,7 @@ class SavePipeline:
         record = {"time": time.time(), "step": manifest.step, "protect_s": took,
                   "bytes": manifest.nbytes}  # fmt: skip
         try:
-            storage.append_log(self.root / filenames.PROTECT_LOG, record)
+            logs.append_record(self.root / filenames.PROTECT_LOG, record)
         except Exception as exc:
             return _failed_after_commit("recording the partner copies", exc)
         return None
@@ -675,7 +675,7 @@ class SavePipeline:
         trash, are deleted in the background."""
         took = round(self._clock() - start, 6)
         extra = {"flush_s": took, "tier": "local"} if flushed else {"cost_s": took}
-        storage.append_log(
+        logs.append_record(
             self.root / filenames.SAVE_LOG,
             {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
         )

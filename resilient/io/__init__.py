@@ -4,6 +4,8 @@ Owns:
     :mod:`.fileio` (data files byte by byte: ``pwrite``/``preadv``, ``O_DIRECT``, fsync, reuse),
     :mod:`.commit` (a save's temporary directory, from creation to the atomic rename),
     :mod:`.storage` (the root, its lock, durable small files, quarantine, transient retries),
+    :mod:`.logs` (the root's append-only logs: their record shapes, the one reader that skips
+    damaged lines and never raises, the one append),
     :mod:`.validate` (finding and validating checkpoints on disk: the CLI's and the
     coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
     :mod:`.devicecopy` (device tensors copied once into a reused, pinned host arena),

@@ -1,11 +1,12 @@
 """Filesystem effects on a checkpoint root: the root itself, its lock, durable small files,
-deleting and quarantining directories, leftovers, small logs, and retries of transient errors.
+deleting and quarantining directories, leftovers, and retries of transient errors.
 
 Elsewhere: :mod:`resilient.io.commit` names, fills, fsyncs and renames a save's temporary
-directory; :mod:`resilient.io.fileio` writes and fsyncs the data files; ``resilient run`` fsyncs its
-attempt ledger. Nothing here follows a symlink out of the checkpoint root: directories are
-renamed (never their targets), trees are deleted only after being renamed to a ``.trash-*``
-name inside the root, and ``shutil.rmtree`` never follows symlinks.
+directory; :mod:`resilient.io.fileio` writes and fsyncs the data files; :mod:`resilient.io.logs`
+reads and appends the root's logs (the attempt ledger, fsynced, among them). Nothing here
+follows a symlink out of the checkpoint root: directories are renamed (never their targets),
+trees are deleted only after being renamed to a ``.trash-*`` name inside the root, and
+``shutil.rmtree`` never follows symlinks.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ __all__ = [
     "BackgroundDeleter",
     "RootLock",
     "move_to_trash",
-    "append_log",
-    "read_jsonl",
     "cleanup_leftovers",
     "ensure_root",
     "fsync_dir",
@@ -228,32 +227,6 @@ class RootLock:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a small append-only log; malformed (e.g. torn) lines are skipped."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):  # torn, or nested deeper than json's decoder goes
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def append_log(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line to a small log (best effort: a log must never fail a save)."""
-    try:
-        with open(path, "a") as fh:
-            fh.write(json.dumps(record, allow_nan=True) + "\n")
-    except OSError as exc:
-        log.warning("could not append to %s: %s", path, exc)
 
 
 def move_to_trash(path: Path, *, durable: bool = True) -> Path:

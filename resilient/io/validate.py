@@ -17,7 +17,7 @@ from pathlib import Path
 
 from resilient.errors import InvalidCheckpointError
 from resilient.io.digests import digest_file_range, digest_file_stripes
-from resilient.io.storage import read_jsonl
+from resilient.io.logs import PROTECTED, read_log
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes, digest_text
 from resilient.model.codec import parse_manifest
@@ -563,11 +563,9 @@ def protected_steps(root: Path, *, since: float | None = None) -> set[int]:
     ``since`` (a ``time.time()``). Such a step survives the loss of any one node; the nodes'
     disks need not be visible from here."""
     found: set[int] = set()
-    for rec in read_jsonl(root / filenames.PROTECT_LOG):
-        step, when = rec.get("step"), rec.get("time")
-        if not isinstance(step, int) or isinstance(step, bool):
-            continue
-        if since is None or (isinstance(when, (int, float)) and when >= since):
+    for rec in read_log(root / filenames.PROTECT_LOG, PROTECTED):
+        step, when = rec["step"], rec.get("time")
+        if since is None or (when is not None and when >= since):
             found.add(step)
     return found
 

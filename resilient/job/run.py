@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import re
@@ -94,7 +93,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.io.validate import latest_valid, protected_steps, resumable_step
 from resilient.job import nodeloss, requeue, warning
 from resilient.job.exitcodes import (
@@ -222,13 +221,14 @@ class AttemptRecord:
     retry: str | None = None  # ... and whether the engine says it retries
     new_run: str | None = None  # why a run that had ended started again with this attempt
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_record(self) -> dict[str, Any]:
+        """The ledger line's fields (:data:`resilient.io.logs.ATTEMPTS`)."""
+        return asdict(self)
 
 
 def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
-    """The ledger's records (malformed lines are skipped)."""
-    return storage.read_jsonl(checkpoint_dir / filenames.ATTEMPT_LEDGER)
+    """The ledger's valid records (damaged lines are skipped with one warning: :mod:`resilient.io.logs`)."""
+    return logs.read_log(checkpoint_dir / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
 
 
 def program_stop(
@@ -238,9 +238,8 @@ def program_stop(
     if checkpoint_dir is None:
         return None
     found = None
-    for rec in storage.read_jsonl(checkpoint_dir / filenames.STOP_LOG):
-        when = rec.get("time")
-        if not isinstance(when, (int, float)) or not start <= when <= end:
+    for rec in logs.read_log(checkpoint_dir / filenames.STOP_LOG, logs.STOPS):
+        if not start <= rec["time"] <= end:
             continue
         if rec.get("attempt") in (None, attempt):
             found = rec
@@ -311,9 +310,9 @@ def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
             f"the checkpoint directory {ckdir} {where} the declared output {out} of {task}. "
             f"{_KEEP_OUT_OF_OUTPUTS}. Not starting (exit {EXIT_FOREIGN_RUN})"
         )
-    records = storage.read_jsonl(sidecar_path(ckdir))
+    records = logs.read_log(sidecar_path(ckdir), logs.SIDECAR)
     last = records[-1] if records else None
-    if last is None or last.get("exit_code") == 0 or not isinstance(last.get("attempt"), int):
+    if last is None or last["exit_code"] == 0:
         return None
     if storage.is_root(ckdir):  # still the same root (a reset ledger is fine: the 93 advice)
         return None
@@ -327,23 +326,12 @@ def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
 
 
 def _note_beside(checkpoint_dir: Path, number: int, record: AttemptRecord) -> None:
-    """Append the attempt's outcome to :func:`sidecar_path` (a warning if that fails: the
-    record only serves the deleted-directory check, never the run itself)."""
-    try:
-        storage.append_log(
-            sidecar_path(checkpoint_dir),
-            {"attempt": number, "exit_code": record.exit_code, "time": record.end},
-        )
-    except OSError as exc:
-        log.warning("could not record attempt %d beside %s: %s", number, checkpoint_dir, exc)
-
-
-def _append_ledger(checkpoint_dir: Path, record: AttemptRecord) -> None:
-    path = checkpoint_dir / filenames.ATTEMPT_LEDGER
-    with open(path, "a") as fh:
-        fh.write(record.to_json() + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append the attempt's outcome to :func:`sidecar_path` (best effort, a warning if that
+    fails: the record only serves the deleted-directory check, never the run itself)."""
+    logs.append_record(
+        sidecar_path(checkpoint_dir),
+        {"attempt": number, "exit_code": record.exit_code, "time": record.end},
+    )
 
 
 def _latest(checkpoint_dir: Path | None) -> int | None:
@@ -793,7 +781,7 @@ def _run_job(
         if status == EXIT_FOREIGN_RUN and ckdir is not None:
             _set_aside(opts.outputs, ckdir)
         if ckdir is not None:
-            _append_ledger(ckdir, record)
+            logs.append_record(ckdir / filenames.ATTEMPT_LEDGER, record.to_record(), durable=True)
             _note_beside(ckdir, number, record)
         log.info(
             "attempt %d: %s; %s; newest step to resume from now %s; exit %d",

@@ -26,7 +26,7 @@ from typing import Any
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
-from resilient.io import storage
+from resilient.io import logs
 from resilient.io.storage import is_permanent_storage_error
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.slurm import (
@@ -225,7 +225,7 @@ class Session:
             log.error("%s (exiting %d)", exc, EXIT_FOREIGN_RUN)
             # why, for `resilient run`'s ledger and the workflow engine's error
             attempt = os.environ.get(ENV_ATTEMPT, "")
-            storage.append_log(self.root / filenames.STOP_LOG, {
+            logs.append_record(self.root / filenames.STOP_LOG, {
                 "time": time.time(), "attempt": int(attempt) if attempt.isdigit() else None,
                 "reason": str(exc), "foreign": True,
             })  # fmt: skip
@@ -390,7 +390,7 @@ class Session:
             "time_left_at_start_s": self._time_left_at_start,
             "deadline_source": self.deadline_source,
         }
-        storage.append_log(self.root / filenames.STOP_LOG, record)
+        logs.append_record(self.root / filenames.STOP_LOG, record)
 
     def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self._static:

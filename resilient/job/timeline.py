@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resilient.io import storage
+from resilient.io import logs
 from resilient.model import filenames
 
 __all__ = [
@@ -77,7 +77,7 @@ class Timeline:
         age = now - (self._began if self._began is not None else now)
         if now - self._last_sample >= min(60.0, max(SAMPLE_EVERY_S, age / SAMPLES_PER_SPAN)):
             self._last_sample = now
-            storage.append_log(self.path, {"time": now, "step": step})
+            logs.append_record(self.path, {"time": now, "step": step})
 
     def restored(
         self, now: float, step: int, *, resumed: bool, session_start: float,
@@ -85,7 +85,7 @@ class Timeline:
     ) -> None:  # fmt: skip
         """The loop starts at ``step`` (restored from a checkpoint if ``resumed``)."""
         self._began = self._last_sample = now
-        storage.append_log(self.path, {
+        logs.append_record(self.path, {
             "time": now, "step": step, "event": RESTORED, "resumed": resumed,
             "attempt": self.attempt, "session_start": session_start,
             "passed_over": list(passed_over),
@@ -93,26 +93,27 @@ class Timeline:
 
     def save(self, t0: float, now: float, step: int) -> None:
         """A checkpoint of ``step`` held the program from ``t0`` to ``now``."""
-        storage.append_log(self.path, {"time": now, "t0": t0, "step": step, "event": SAVE})
+        logs.append_record(self.path, {"time": now, "t0": t0, "step": step, "event": SAVE})
 
     def wait(self, t0: float, now: float, step: int) -> None:
         """The program waited from ``t0`` to ``now`` at ``step`` for a checkpoint saved before
         (the commit of an asynchronous save)."""
-        storage.append_log(self.path, {"time": now, "t0": t0, "step": step, "event": WAIT})
+        logs.append_record(self.path, {"time": now, "t0": t0, "step": step, "event": WAIT})
 
     def end(self, now: float, step: int | None, *, loop_end: float, stopped: bool) -> None:
         """The session ended at ``now``; its loop left at ``loop_end``, after ``step``."""
-        storage.append_log(self.path, {
+        logs.append_record(self.path, {
             "time": now, "step": step, "event": END, "loop_end": loop_end,
             "stopped": stopped, "attempt": self.attempt,
         })  # fmt: skip
 
 
 def read_events(root: Path) -> list[dict[str, Any]]:
-    """The timeline's well-formed records, by time (malformed lines are skipped)."""
+    """The timeline's records of a step, by time (damaged lines are skipped with one warning:
+    :mod:`resilient.io.logs`)."""
     records = [
-        r for r in storage.read_jsonl(root / filenames.PROGRESS_LOG)
-        if _num(r, "time") is not None and _int(r, "step") is not None
+        r for r in logs.read_log(root / filenames.PROGRESS_LOG, logs.PROGRESS)
+        if r["step"] is not None
     ]  # fmt: skip
     return sorted(records, key=lambda r: float(r["time"]))
 

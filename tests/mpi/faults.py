@@ -24,6 +24,7 @@ import resilient.checkpoint.checkpointer
 import resilient.checkpoint.manager
 import resilient.checkpoint.restorer
 import resilient.io.fileio
+import resilient.io.logs
 import resilient.io.storage
 from resilient import CheckpointManager, EverySteps, KeepLast
 from resilient.checkpoint.catalog import Catalog
@@ -116,7 +117,7 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "manifest": (lambda: _patch(resilient.checkpoint.checkpointer, "build_manifest"), _save),
     "commit-prepare": (lambda: _patch(PendingDir, "prepare"), _save),
     "commit-publish": (lambda: _patch(PendingDir, "publish"), _save),
-    "save-log": (lambda: _patch(resilient.io.storage, "append_log"), _save),
+    "save-log": (lambda: _patch(resilient.io.logs, "append_record"), _save),
     "rotation": (lambda: _patch(Catalog, "apply"), _save),
     "choose": (lambda: _patch(resilient.checkpoint.restorer, "iter_checkpoints"), _restore),
     "judge": (lambda: _patch(Restorer, "_judge"), _restore),

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from resilient import CheckpointManager, cli
 from resilient.errors import InvalidCheckpointError
-from resilient.io import storage
+from resilient.io import logs
 from resilient.io.validate import (
     latest_valid,
     list_checkpoints,
@@ -205,7 +205,7 @@ def test_a_deeply_nested_commit_marker_is_garbled_not_a_crash(tmp_path: Path) ->
 def test_a_deeply_nested_log_line_is_skipped_like_a_torn_one(tmp_path: Path) -> None:
     log = tmp_path / filenames.SAVE_LOG
     log.write_text("[" * 100_000 + "\n" + '{"step": 1}\n')
-    assert storage.read_jsonl(log) == [{"step": 1}]
+    assert logs.read_log(log, logs.SAVES) == [{"step": 1}]
 
 
 # --------------------------------------------------------------------------- on disk

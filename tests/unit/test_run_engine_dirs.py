@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient.io import storage
+from resilient.io import logs
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN
 from resilient.job.run import RunOptions, read_ledger, run, sidecar_path
 from resilient.workflow import cleanup
@@ -55,7 +55,7 @@ def test_a_directory_deleted_between_attempts_is_refused(
     assert run(opts(ck, CRASH, task="heat")) == 3
     side = sidecar_path(ck)
     assert side == tmp_path / "ckpt" / ".hot.resilient-attempts"
-    assert [r["exit_code"] for r in storage.read_jsonl(side)] == [3]
+    assert [r["exit_code"] for r in logs.read_log(side, logs.SIDECAR)] == [3]
     assert run(opts(ck, CRASH)) == 93  # still there: a second attempt runs (and ends the run)
     assert len(read_ledger(ck)) == 2
 

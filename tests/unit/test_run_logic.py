@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from resilient.errors import CollectiveError, CommitError, RankFailure
-from resilient.io import storage
+from resilient.io import logs, storage
 from resilient.job.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import (
     RunOptions,
@@ -212,7 +212,7 @@ def test_program_stop_takes_this_attempts_record(tmp_path: Path) -> None:
         stop_record(time=16.0, attempt=7, reason="another attempt numbering"),
         stop_record(time=25.0, attempt=1, reason="after the attempt"),
     ):
-        storage.append_log(tmp_path / filenames.STOP_LOG, rec)
+        logs.append_record(tmp_path / filenames.STOP_LOG, rec)
     got = program_stop(tmp_path, attempt=1, start=10.0, end=20.0)
     assert got is not None and got["reason"] == "this one"
     assert program_stop(tmp_path, attempt=2, start=10.0, end=14.0) is None

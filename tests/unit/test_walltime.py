@@ -15,7 +15,7 @@ import pytest
 
 from resilient import CheckpointManager, Session
 from resilient.errors import ConfigError
-from resilient.io import storage
+from resilient.io import logs
 from resilient.io.validate import list_checkpoints
 from resilient.job.exitcodes import EXIT_RESUME
 from resilient.job.slurm import (
@@ -476,7 +476,7 @@ def test_session_clamps_a_margin_longer_than_the_time_left_and_warns_once(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert all(x in warnings[0] for x in ("10.0 s", "3.0 s", "1.5 s")), warnings
-    (stop,) = storage.read_jsonl(root / filenames.STOP_LOG)
+    (stop,) = logs.read_log(root / filenames.STOP_LOG, logs.STOPS)
     assert stop["saved"] is True and stop["step"] == 3 and stop["attempt"] == 2
     assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 1.5, 3)
     assert stop["deadline_source"] == ENV_DEADLINE
@@ -507,7 +507,7 @@ def test_session_stopped_before_any_progress_records_why(tmp_path: Path) -> None
         s.restore_or(_state(0))
         assert s.should_stop() is True
     assert exc_info.value.code == 1
-    (stop,) = storage.read_jsonl(root / filenames.STOP_LOG)
+    (stop,) = logs.read_log(root / filenames.STOP_LOG, logs.STOPS)
     assert stop["saved"] is False and stop["step"] is None and stop["attempt"] is None
     assert (stop["margin_s"], stop["margin_used_s"], stop["time_left_at_start_s"]) == (10, 0, -1)
     assert "deadline" in stop["reason"]
