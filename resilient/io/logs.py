@@ -190,8 +190,8 @@ def read_log(path: Path, kind: LogKind) -> list[dict[str, Any]]:
             skipped += 1
     if skipped:
         _warn_once(
-            "read", path, "the %s %s has %d damaged line%s (torn, not UTF-8, or not a record of it): "
-            "skipped; using its %d valid record%s", kind.name, path, skipped,
+            "read", path, "the %s %s has %d damaged line%s (torn, not UTF-8, or of the wrong "
+            "shape): skipped, using its %d valid record%s", kind.name, path, skipped,
             "" if skipped == 1 else "s", len(out), "" if len(out) == 1 else "s",
         )  # fmt: skip
     return out
