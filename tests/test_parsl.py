@@ -218,8 +218,9 @@ def test_handler_prices_exit_codes(code: int, cost: float, tmp_path: Path) -> No
 def test_a_refusal_carries_the_ledgers_reason_and_pickles(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     storage.ensure_root(root)
-    (root / filenames.ATTEMPT_LEDGER).write_text(
-        json.dumps({"attempt": 2, "exit_code": 93, "reason": "crashed (exit 3); no progress"}) + "\n"
+    (root / filenames.ATTEMPT_LEDGER).write_bytes(  # the last valid line decides, not a torn one
+        json.dumps({"attempt": 2, "exit_code": 93, "reason": "crashed (exit 3); no progress"}).encode()
+        + b'\n{"attempt": 3, "exit_code": "93", "reason": "wrong"}\n\xff{"attempt": 4, "ex'
     )
     with pytest.raises(NoProgressRefused) as caught:
         resume_retry_handler()(BashExitFailure("sim", 93), record(str(root)))
