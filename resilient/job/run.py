@@ -227,7 +227,8 @@ class AttemptRecord:
 
 
 def read_ledger(checkpoint_dir: Path) -> list[dict[str, Any]]:
-    """The ledger's valid records (damaged lines are skipped with one warning: :mod:`resilient.io.logs`)."""
+    """The ledger's valid records (damaged lines are skipped with one warning:
+    :mod:`resilient.io.logs`)."""
     return logs.read_log(checkpoint_dir / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
 
 
