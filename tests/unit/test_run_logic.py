@@ -10,14 +10,17 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
-from resilient.errors import CollectiveError, CommitError, RankFailure
+from resilient.errors import CollectiveError, CommitError, ConfigError, RankFailure
 from resilient.io import storage
-from resilient.job.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job import handoff
+from resilient.job.exitcodes import EXIT_CONFIG, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import (
     RunOptions,
+    _before_first_step,
     _classify,
     parse_duration,
     parse_signal_spec,
@@ -26,7 +29,8 @@ from resilient.job.run import (
     run,
     task_label,
 )
-from resilient.job.slurm import ENV_DEADLINE
+from resilient.job.session import Session
+from resilient.job.slurm import ENV_ATTEMPT, ENV_DEADLINE, ENV_HANDOFF
 from resilient.model import filenames
 from tests.unit.ckutil import job_free_env
 
@@ -575,3 +579,87 @@ def test_is_permanent_storage_error() -> None:
             raise RuntimeError("commit failed") from inner
     except RuntimeError as outer:
         assert storage.is_permanent_storage_error(outer)
+
+
+# --------------------------------------------------------------------------- the hand-off (issue 44)
+
+
+def test_the_hand_off_round_trip_and_what_is_not_one(tmp_path: Path) -> None:
+    path = tmp_path / "handoff.json"
+    assert handoff.read(path) is None  # not told
+    handoff.record(path, tmp_path / "ck", attempt=3, now=12.5)
+    told = handoff.read(path)
+    assert told == handoff.HandOff(root=tmp_path / "ck", time=12.5, attempt=3)
+    handoff.record(path, None, attempt=None, now=13.0)  # a Session without a directory
+    assert handoff.read(path) == handoff.HandOff(root=None, time=13.0)
+    for bad in (b"", b"\xff\xfe", b"[1]", b'{"root": "rel/ative", "time": 1}',
+                b'{"root": "/x", "time": true}', b'{"root": 5, "time": 1}'):  # fmt: skip
+        path.write_bytes(bad)
+        assert handoff.read(path) is None, bad
+
+
+def test_the_hand_off_of_a_checkpoint_dir_lies_beside_it(tmp_path: Path) -> None:
+    assert handoff.beside(tmp_path / "ckpt" / "hot") == tmp_path / "ckpt" / ".hot.resilient-handoff"
+
+
+def test_a_tasks_own_directory_is_keyed_by_where_and_what_it_runs(tmp_path: Path) -> None:
+    env = {"RESILIENT_STATE_DIR": str(tmp_path)}
+    one = handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task=None)
+    assert one.parent == tmp_path / "tasks"
+    assert one == handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task=None)
+    others = {
+        handoff.task_dir(env, cwd="/b", command=["python", "x.py"], task=None),
+        handoff.task_dir(env, cwd="/a", command=["python", "y.py"], task=None),
+        handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task="sim case=a"),
+    }
+    assert one not in others and len(others) == 3
+    assert handoff.state_dir({"XDG_STATE_HOME": "/s"}) == Path("/s/resilient")
+    assert handoff.state_dir({"HOME": "/h"}) == Path("/h/.local/state/resilient")
+
+
+@pytest.mark.parametrize(
+    ("session", "words"),
+    [
+        (True, "ended before its first step: start-up took over 8.2 s of the 8 s walltime"),
+        (False, "ended before a first step was recorded: start-up took over 8.2 s of the 8 s"),
+    ],
+)
+def test_an_attempt_the_walltime_ended_before_its_first_step_says_so(
+    session: bool, words: str
+) -> None:
+    first = _before_first_step(8.2, 8.0, session=session)
+    assert first is not None and first.startswith(words), first
+    assert _before_first_step(8.2, None, session=session) is None  # no walltime of its own
+    reason, code = _classify(-15, "SIGTERM", False, 1, 2, before_first_step=first)
+    assert reason == f"{first}; killed (SIGTERM)" and code == 128 + 15
+    reason, code = _classify(-9, "SIGKILL", False, 2, 2, before_first_step=first)
+    assert reason.startswith(first) and code == EXIT_NO_PROGRESS
+    # killed from outside, not by the walltime: said as such
+    reason, _ = _classify(-9, None, False, 1, 2, outside="SIGKILL", before_first_step=first)
+    assert reason.startswith("killed from outside")
+
+
+def test_a_session_under_resilient_run_tells_it_its_directory(tmp_path: Path) -> None:
+    told = tmp_path / "handoff.json"
+    env = {ENV_HANDOFF: str(told), ENV_ATTEMPT: "2"}
+    with Session(tmp_path / "ck", environ=env) as s:
+        s.restore_or({"x": 0})
+    assert handoff.read(told) == handoff.HandOff(root=tmp_path / "ck", time=ANY, attempt=2)
+
+
+def test_a_session_without_a_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside `resilient run`: a ConfigError. Under it: one line, the wrapper told, exit 78."""
+    with pytest.raises(ConfigError, match="no checkpoint directory given"):
+        Session(environ={})
+    told = tmp_path / "handoff.json"
+    with pytest.raises(SystemExit) as exc:
+        Session(environ={ENV_HANDOFF: str(told)})
+    assert exc.value.code == EXIT_CONFIG
+    assert [r.levelname for r in caplog.records if "no checkpoint directory" in r.message] == [
+        "ERROR"
+    ]
+    assert "--checkpoint-dir DIR" in caplog.text
+    got = handoff.read(told)
+    assert got is not None and got.root is None
