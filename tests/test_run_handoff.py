@@ -127,3 +127,19 @@ def test_a_program_without_any_directory_ends_the_task_with_78(tmp_path: Path) -
     assert line["exit_code"] == 78 and "--checkpoint-dir DIR" in str(line["reason"])
     retry = run(tmp_path, ["--walltime", "30"], program, **ARRAY_RETRY)
     assert retry.returncode == 78 and "Not starting the program again" in retry.stderr
+
+
+def test_a_relative_checkpoint_dir_that_the_session_takes_is_the_same_directory(
+    tmp_path: Path,
+) -> None:
+    """The Session names its directory absolute; `--checkpoint-dir ck` is the same one: no
+    warning, and each attempt's newest step before is the last one's after."""
+    program = [sys.executable, PROGRAM, "-"]  # Session() takes $RESILIENT_CHECKPOINT_DIR
+    proc = run(tmp_path, ["--checkpoint-dir", "ck", *WALL, "--requeue"], program)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not in the --checkpoint-dir" not in proc.stderr
+    ledger = read_ledger(tmp_path / "ck")
+    assert len(ledger) >= 2 and all(r["progress"] for r in ledger)
+    for before, after in zip(ledger, ledger[1:]):
+        assert after["latest_before"] == before["latest_after"] is not None, ledger
+    assert ledger[0]["program_dir"] == str(tmp_path / "ck")

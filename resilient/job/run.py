@@ -477,7 +477,7 @@ class _Where:
         target = self.ledger_dir
         if target is None:
             return
-        if self.given is None and self.own is not None and target != self.own:
+        if self.given is None and self.own is not None and not _same_dir(target, self.own):
             pending = read_ledger(self.own)
             done = len(read_ledger(target))
             for i, rec in enumerate(pending):
@@ -488,6 +488,13 @@ class _Where:
                 log.info("the attempts' ledger is now %s", target / filenames.ATTEMPT_LEDGER)
             record.attempt = done + len(pending) + 1
         _append_ledger(target, record)
+
+
+def _same_dir(a: Path | None, b: Path | None) -> bool:
+    """Whether ``a`` and ``b`` name the same directory (relative or not)."""
+    if a is None or b is None:
+        return a is b
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _where(opts: RunOptions, env: Mapping[str, str]) -> _Where:
@@ -903,7 +910,7 @@ def _run_job(
             _say_mismatch(opts, where, told.root)
         ckpt = where.progress_dir
         record.program_dir = str(where.program) if where.program is not None else None
-        learned = ckpt != judged  # the program named its directory only now
+        learned = not _same_dir(ckpt, judged)  # the program named its directory only now
         if learned:
             record.latest_before = None
         record.latest_after, made = _latest_after(ckpt, record.start)
@@ -1051,7 +1058,7 @@ def _say_mismatch(opts: RunOptions, where: _Where, root: Path) -> None:
     given = where.given
     if given is None or "mismatch" in where.warned:
         return
-    if os.path.realpath(root) == os.path.realpath(given):
+    if _same_dir(root, given):
         return
     where.warned.add("mismatch")
     log.warning(
