@@ -27,6 +27,7 @@ on; the wrapper reads a missing, damaged or foreign file as "not told". Not coll
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,9 +63,13 @@ def record(path: Path, root: Path | None, *, attempt: int | None, now: float) ->
         "time": now,
         "attempt": attempt,
     }
-    try:
-        storage.replace_file(path, (json.dumps(data) + "\n").encode())
+    tmp = path.parent / f".{path.name}.{storage.new_token()}"
+    try:  # no fsync: it is said again at every start, and this is the start-up's time
+        tmp.write_bytes((json.dumps(data) + "\n").encode())
+        os.replace(tmp, path)
     except (OSError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         log.warning(
             "could not tell resilient run where the checkpoints are (%s: %s); it judges "
             "progress on its --checkpoint-dir", path, exc,
