@@ -7,6 +7,7 @@ not ``$RESILIENT_CHECKPOINT_DIR``), real signals; no wall-clock assertions.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,6 @@ def test_a_relative_checkpoint_dir_that_the_session_takes_is_the_same_directory(
     assert "not in the --checkpoint-dir" not in proc.stderr
     ledger = read_ledger(tmp_path / "ck")
     assert len(ledger) >= 2 and all(r["progress"] for r in ledger)
-    for before, after in zip(ledger, ledger[1:]):
+    for before, after in itertools.pairwise(ledger):
         assert after["latest_before"] == before["latest_after"] is not None, ledger
     assert ledger[0]["program_dir"] == str(tmp_path / "ck")

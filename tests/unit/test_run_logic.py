@@ -19,9 +19,12 @@ from resilient.io import storage
 from resilient.job import handoff
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import (
+    AttemptRecord,
     RunOptions,
     _before_first_step,
     _classify,
+    _say_startup,
+    _Where,
     parse_duration,
     parse_signal_spec,
     program_stop,
@@ -663,3 +666,44 @@ def test_a_session_without_a_directory(
     assert "--checkpoint-dir DIR" in caplog.text
     got = handoff.read(told)
     assert got is not None and got.root is None
+
+
+def test_the_first_attempt_warns_below_five_start_ups_of_compute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("WARNING", logger="resilient.job.run")
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.0), 6.0, False)
+    assert not caplog.records  # 5 s of compute: five start-ups
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.25), 6.0, False)
+    _say_startup(where, AttemptRecord(attempt=2, start=0.0, startup_s=1.25), 6.0, False)
+    (said,) = [r.getMessage() for r in caplog.records]  # once
+    assert "took 1.2 s of the 6 s walltime" in said and "at least 7.5 s" in said, said
+    caplog.clear()
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0), None, True)  # no walltime: none
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0), 8.0, True)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "did not reach its first step within its 8 s walltime" in said
+
+
+def test_the_ledger_moves_from_the_tasks_directory_to_the_programs(tmp_path: Path) -> None:
+    """Attempts before the Session named its directory are kept in the task's own; once it
+    did, they go after the records there, renumbered, and the task's own ledger is gone."""
+    own, mine = tmp_path / "own", tmp_path / "mine"
+    own.mkdir()
+    mine.mkdir()
+    where = _Where(given=None, own=own)
+    for n in (1, 2):
+        where.append(AttemptRecord(attempt=n, start=float(n), reason=f"before {n}"))
+    storage.append_log(mine / filenames.ATTEMPT_LEDGER, {"attempt": 1, "reason": "earlier"})
+    assert len(read_ledger(own)) == 2 and where.ledger_dir == own
+    where.program = mine
+    record = AttemptRecord(attempt=3, start=3.0, reason="now")
+    where.append(record)
+    assert [(r["attempt"], r["reason"]) for r in read_ledger(mine)] == [
+        (1, "earlier"), (2, "before 1"), (3, "before 2"), (4, "now"),
+    ]  # fmt: skip
+    assert record.attempt == 4 and not (own / filenames.ATTEMPT_LEDGER).exists()
+    assert [r["reason"] for r in where.mine] == ["before 1", "before 2", "now"]
