@@ -1,5 +1,10 @@
 """The README's first command: the example campaign under simulated walltime kills, end to end.
 
+0. Measures each program's start-up (``mpiexec -n N python -m apps.X --help``: the launch
+   and the imports, under whatever load the machine has now); a task whose start-up would
+   leave too little of the simulated walltime (less than :data:`STARTUPS` start-ups plus the
+   stop margin) gets a longer walltime, and its steps are slowed down so that it still spans
+   :data:`STOPS` walltimes: every task is stopped at least twice, and none fails for load.
 1. Runs ``workflows/Snakefile`` (three MPI tasks: two 4-rank heat cases and a 2-rank training)
    with the local profile: every attempt gets a short simulated walltime from ``resilient run``
    (warning signal, SIGTERM, SIGKILL), so each task is stopped several times; each stop
@@ -17,14 +22,19 @@ needed. The same campaign runs under Parsl with ``python workflows/pipeline.py -
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from resilient.job.launch import find_mpiexec
+from resilient.job.run import read_ledger
 from resilient.report import find_roots, format_table, plot, task_report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,26 +57,169 @@ MPI_TASKS = ("heat", "train", "train_torch")
 """The campaign's sections that have a rank count (``configs/campaign.yaml``)."""
 
 
-def campaign_command(out: Path, walltime: float, ranks: int | None = None) -> list[str]:
+STOP_MARGIN_S = 2.0
+"""The apps' stop margin before the deadline in the demo (``configs/checkpoint/demo.yaml``)."""
+
+STARTUPS = 3
+"""A task's simulated walltime is at least this many of its measured start-ups plus the stop
+margin: one start-up to start, the rest for compute (and for a start-up slower than measured:
+the load changes)."""
+
+STOPS = 3
+"""A task whose walltime was raised for its start-up is slowed down to span this many
+walltimes' compute, so that it is still stopped at least twice."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One kind of task's start-up, measured, and the walltime and step delay it gets."""
+
+    startup_s: float
+    walltime_s: float
+    step_delay: float
+    raised: bool = False  # the walltime is longer than the campaign's for this start-up
+
+
+def load_campaign() -> dict[str, Any]:
+    import yaml
+
+    campaign: dict[str, Any] = yaml.safe_load((REPO / "configs/campaign.yaml").read_text())
+    return campaign
+
+
+def torch_task(campaign: Mapping[str, Any]) -> bool:
+    """Whether the campaign runs ``train_torch`` (as the Snakefile decides: enabled, or auto
+    where torch is installed)."""
+    section = campaign.get("train_torch") or {}
+    value = str(section.get("enabled", "auto")).strip().lower() if section else "false"
+    if value == "auto":
+        return importlib.util.find_spec("torch") is not None
+    return value in ("1", "true", "yes", "on")
+
+
+def task_ranks(campaign: Mapping[str, Any], ranks: int | None) -> dict[str, int]:
+    """The MPI tasks' kinds that run, and their rank counts."""
+    kinds = {k: ranks or int(campaign[k]["ranks"]) for k in ("heat", "train")}
+    if torch_task(campaign):
+        kinds["train_torch"] = ranks or int(campaign["train_torch"]["ranks"])
+    return kinds
+
+
+def program_argv(campaign: Mapping[str, Any], kind: str, case: str | None = None) -> list[str]:
+    """``-m apps.KIND ...``: the campaign's arguments of one kind of task (a heat ``case``;
+    default the first), before ``--config``, ``--checkpoint-dir`` and ``--out``."""
+    section = campaign[kind]
+    every, delay = str(section["checkpoint_every"]), str(section.get("step_delay", 0.0))
+    if kind == "heat":
+        c = section["cases"][case or next(iter(section["cases"]))]
+        return ["-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]), "--steps",
+                str(c["steps"]), "--alpha", str(c["alpha"]), "--checkpoint-every", every,
+                "--step-delay", delay]  # fmt: skip
+    return ["-m", f"apps.{kind}", "--steps", str(section["steps"]), "--checkpoint-every", every,
+            "--step-delay", delay]  # fmt: skip
+
+
+def measure_startups(
+    campaign: Mapping[str, Any], kinds: Mapping[str, int], where: Path
+) -> dict[str, float]:
+    """Each kind's start-up in seconds: one step of its program under ``resilient run`` (in
+    ``where``), whose ledger records the launch to the first step (``startup_s``: MPI, the
+    imports, torch.distributed's rendezvous, the restore). As the campaign runs them: side by
+    side as many as the local profile's 4 ranks at a time allow."""
+    groups: list[list[str]] = []
+    for kind in kinds:
+        fits = [g for g in groups if sum(kinds[k] for k in g) + kinds[kind] <= PROFILE_TASKS]
+        if fits:
+            fits[0].append(kind)
+        else:
+            groups.append([kind])
+    took: dict[str, float] = {}
+    policy = str(REPO / "configs/checkpoint/demo.yaml")
+    for group in groups:
+        t0 = time.monotonic()
+        started = {}
+        for k in group:
+            argv = program_argv(campaign, k)
+            argv[argv.index("--steps") + 1] = "1"
+            ckpt = where / k
+            cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
+                   "--task", f"{k} start-up", "--", find_mpiexec(), "-n", str(kinds[k]),
+                   sys.executable, *argv, "--config", policy, "--checkpoint-dir", str(ckpt),
+                   "--out", str(where / f"{k}.h5")]  # fmt: skip
+            started[k] = subprocess.Popen(
+                cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        for k, proc in started.items():
+            proc.wait()
+            ledger = read_ledger(where / k)
+            startup = ledger[-1].get("startup_s") if ledger else None
+            took[k] = float(startup) if isinstance(startup, (int, float)) else (
+                time.monotonic() - t0  # no record: the whole run, by stopwatch
+            )  # fmt: skip
+    return took
+
+
+def plan(
+    campaign: Mapping[str, Any], walltime: float, startups: Mapping[str, float]
+) -> dict[str, Timing]:
+    """Each kind's walltime: the campaign's (``walltime``, at least the kind's
+    ``min_walltime``), raised to :data:`STARTUPS` start-ups plus the stop margin where its
+    measured start-up needs it; a raised one's step delay then spans :data:`STOPS`
+    walltimes' compute (``steps`` steps)."""
+    out: dict[str, Timing] = {}
+    for kind, startup in startups.items():
+        section = campaign[kind]
+        delay = float(section.get("step_delay", 0.0))
+        base = max(walltime, float(section.get("min_walltime", 0.0) or 0.0))
+        need = round(STARTUPS * startup + STOP_MARGIN_S, 1)
+        if need <= base:
+            out[kind] = Timing(startup, base, delay)
+            continue
+        compute = need - startup - STOP_MARGIN_S  # per attempt, if it starts as measured
+        steps = int(section["steps"]) if kind != "heat" else min(
+            int(c["steps"]) for c in section["cases"].values()
+        )  # fmt: skip
+        slow = round(max(delay, STOPS * compute / steps), 3)
+        out[kind] = Timing(startup, need, slow, raised=True)
+    return out
+
+
+def campaign_command(
+    out: Path,
+    walltime: float,
+    ranks: int | None = None,
+    timings: Mapping[str, Timing] | None = None,
+) -> list[str]:
     """Snakemake over the campaign with the local profile; ``ranks``: every MPI task's rank
     count instead of the campaign's (Snakemake merges ``--config heat={ranks: N}`` into the
-    campaign's ``heat`` section, key by key)."""
+    campaign's ``heat`` section, key by key); ``timings``: the raised walltimes and step delays
+    (:func:`plan`)."""
     cmd = [
         sys.executable, "-m", "snakemake", "--profile", str(REPO / "configs/profiles/local"),
         "-s", str(REPO / "workflows/Snakefile"), "--directory", str(out),
         # merged over the profile's config file (its signal, kill wait, checkpoint policy)
         "--config", f"resilient_walltime={walltime:g}",
     ]  # fmt: skip
-    if ranks is not None:
-        cmd += [f"{task}={{ranks: {ranks}}}" for task in MPI_TASKS]
-        if ranks > PROFILE_TASKS:  # one task's ranks would not fit the profile's budget
-            cmd += ["--resources", f"tasks={ranks}"]
+    for task in MPI_TASKS:
+        keys = {"ranks": f"{ranks}"} if ranks is not None else {}
+        timing = (timings or {}).get(task)
+        if timing is not None and timing.raised:
+            keys |= {"min_walltime": f"{timing.walltime_s:g}", "step_delay": f"{timing.step_delay:g}"}
+        if keys:
+            cmd.append(f"{task}={{{', '.join(f'{k}: {v}' for k, v in keys.items())}}}")
+    if ranks is not None and ranks > PROFILE_TASKS:  # one task's ranks would not fit the budget
+        cmd += ["--resources", f"tasks={ranks}"]
     return cmd
 
 
-def run_campaign(out: Path, walltime: float, ranks: int | None = None) -> int:
+def run_campaign(
+    out: Path,
+    walltime: float,
+    ranks: int | None = None,
+    timings: Mapping[str, Timing] | None = None,
+) -> int:
     """Snakemake with the local profile, its progress lines echoed as they come."""
-    cmd = campaign_command(out, walltime, ranks)
+    cmd = campaign_command(out, walltime, ranks, timings)
     say("$ " + " ".join(cmd[2:]))
     log = (out / "snakemake.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
@@ -125,32 +278,29 @@ def explain_failure(out: Path) -> list[str]:
     return lines
 
 
-def run_reference(out: Path, ranks: int | None = None) -> dict[str, tuple[Path, float]]:
+def run_reference(
+    out: Path, ranks: int | None = None, timings: Mapping[str, Timing] | None = None
+) -> dict[str, tuple[Path, float]]:
     """The campaign's programs, uninterrupted (no walltime; the same checkpoint policy, step
-    delay and rank counts: ``ranks``, else the campaign's), side by side as in the campaign:
-    each task's output and its wall time by stopwatch."""
-    import yaml
-
-    campaign = yaml.safe_load((REPO / "configs/campaign.yaml").read_text())
+    delay and rank counts: ``ranks``, else the campaign's; ``timings``: the step delays the
+    campaign ran with), side by side as in the campaign: each task's output and its wall
+    time by stopwatch."""
+    campaign = load_campaign()
+    for kind, timing in (timings or {}).items():
+        campaign[kind] = {**campaign[kind], "step_delay": timing.step_delay}
     ref = out / "reference"
     runs: dict[str, tuple[int, list[str], Path]] = {}
-    heat = campaign["heat"]
-    for case, c in heat["cases"].items():
-        argv = ["-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]), "--steps", str(c["steps"]),
-                "--alpha", str(c["alpha"]), "--checkpoint-every", str(heat["checkpoint_every"]),
-                "--step-delay", str(heat.get("step_delay", 0.0))]  # fmt: skip
-        runs[f"heat/{case}"] = ranks or int(heat["ranks"]), argv, ref / "heat" / f"{case}.h5"
-    train = campaign["train"]
-    argv = ["-m", "apps.train", "--steps", str(train["steps"]), "--checkpoint-every",
-            str(train["checkpoint_every"]), "--step-delay", str(train.get("step_delay", 0.0))]  # fmt: skip
-    runs["train"] = ranks or int(train["ranks"]), argv, ref / "train" / "model.h5"
+    for case in campaign["heat"]["cases"]:
+        argv = program_argv(campaign, "heat", case)
+        n = ranks or int(campaign["heat"]["ranks"])
+        runs[f"heat/{case}"] = n, argv, ref / "heat" / f"{case}.h5"
+    argv = program_argv(campaign, "train")
+    runs["train"] = ranks or int(campaign["train"]["ranks"]), argv, ref / "train" / "model.h5"
     if "train_torch" in json.loads((out / "results" / "summary.json").read_text())["tasks"]:
         # the campaign ran the PyTorch task (train_torch.enabled, torch installed)
-        torch_task = campaign["train_torch"]
-        argv = ["-m", "apps.train_torch", "--steps", str(torch_task["steps"]), "--checkpoint-every",
-                str(torch_task["checkpoint_every"]), "--step-delay",
-                str(torch_task.get("step_delay", 0.0))]  # fmt: skip
-        runs["train_torch"] = ranks or int(torch_task["ranks"]), argv, ref / "train_torch" / "model.h5"
+        argv = program_argv(campaign, "train_torch")
+        n = ranks or int(campaign["train_torch"]["ranks"])
+        runs["train_torch"] = n, argv, ref / "train_torch" / "model.h5"
     return _side_by_side(runs, str(REPO / "configs/checkpoint/demo.yaml"), ref / "ckpt")
 
 
@@ -227,8 +377,21 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
+    campaign = load_campaign()
+    startups = measure_startups(campaign, task_ranks(campaign, args.ranks), out / "startup")
+    timings = plan(campaign, args.walltime, startups)
+    say("start-up measured (launch to the first step, one step of each program): " + ", ".join(
+        f"{kind} {timing.startup_s:.1f} s" for kind, timing in timings.items()
+    ))  # fmt: skip
+    for kind, timing in timings.items():
+        if timing.raised:
+            say(
+                f"    {kind}: walltime {timing.walltime_s:g} s ({STARTUPS} start-ups and the "
+                f"stop margin), a step every {timing.step_delay:g} s or slower: still stopped "
+                "at least twice"
+            )
     say(f"1/3 the campaign under Snakemake, each attempt cut short after {args.walltime:g} s")
-    code = run_campaign(out, args.walltime, args.ranks)
+    code = run_campaign(out, args.walltime, args.ranks, timings)
     if code != 0:
         say(f"snakemake failed (exit {code}); see {out / 'snakemake.log'}")
         for line in explain_failure(out):
@@ -239,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say("2/3 the same programs uninterrupted (the reference)")
     t1 = time.time()
-    refs = run_reference(out, args.ranks)
+    refs = run_reference(out, args.ranks, timings)
     say(f"    reference done in {time.time() - t1:.0f} s")
 
     say("3/3 report, plot and checks")

@@ -276,10 +276,11 @@ def _clean_root(root: Path, *, keep_logs: bool) -> list[str]:
     # `resilient run`'s record beside the root: left behind, it would read as a root that an
     # engine deleted between attempts, and the task's next run would be refused
     absolute = Path(os.path.abspath(root))
-    sidecar = absolute.parent / filenames.attempt_sidecar_name(absolute.name)
-    if sidecar.exists():
-        sidecar.unlink()
-        removed.append(os.fspath(sidecar))
+    for name in (filenames.attempt_sidecar_name, filenames.handoff_sidecar_name):
+        sidecar = absolute.parent / name(absolute.name)
+        if sidecar.exists():
+            sidecar.unlink()
+            removed.append(os.fspath(sidecar))
     return removed
 
 

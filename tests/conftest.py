@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 SHM = Path("/dev/shm")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``resilient run`` without ``--checkpoint-dir`` keeps a task's ledger in its state
+    directory (``~/.local/state/resilient``: resilient.job.handoff): the tests', and every
+    ``resilient run`` they start, go to a directory of this session's, never the user's."""
+    old = os.environ.get("RESILIENT_STATE_DIR")
+    os.environ["RESILIENT_STATE_DIR"] = str(tmp_path_factory.mktemp("resilient-state"))
+    yield
+    if old is None:
+        os.environ.pop("RESILIENT_STATE_DIR", None)
+    else:
+        os.environ["RESILIENT_STATE_DIR"] = old
 
 
 @pytest.fixture(scope="session", autouse=True)

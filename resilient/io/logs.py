@@ -92,7 +92,8 @@ ATTEMPTS: Final = LogKind(
         ("host", TEXT), ("slurm_job_id", TEXT + NONE), ("slurm_restart_count", INT + NONE),
         ("command", LIST), ("program_stop", OBJECT + NONE), ("interrupted", TEXT + NONE),
         ("lost_nodes", LIST), ("fingerprint", TEXT + NONE), ("engine", TEXT + NONE),
-        ("retry", TEXT + NONE), ("new_run", TEXT + NONE),
+        ("retry", TEXT + NONE), ("new_run", TEXT + NONE), ("startup_s", NUMBER + NONE),
+        ("program_dir", TEXT + NONE),
     ),
 )  # fmt: skip
 """``attempts.jsonl``: one line per attempt of ``resilient run``."""

@@ -7,6 +7,20 @@ runs CMD in its own process group, forwards stop signals, optionally plays a loc
 case=a]: attempt 2: ...``: ``--task`` as given, else the checkpoint directory's last two path
 components (:func:`task_label`), so the lines of concurrent runs in one log are told apart.
 
+The program's :class:`~resilient.job.session.Session` tells ``resilient run`` which directory
+it actually uses (:mod:`resilient.job.handoff`), and progress is judged there: with a
+``--checkpoint-dir`` that differs from it, one warning names both and the fix (the ledger stays
+in ``--checkpoint-dir``); without ``--checkpoint-dir`` the ledger is kept in the program's
+directory once known, before that in the task's own directory (``STATE/tasks/<key>``, keyed by
+the working directory, the command and ``--task``, where the next invocation of the same task
+finds it), so attempts are numbered and 93 comes after ``--max-no-progress`` attempts without
+progress either way. A program whose Session was given no directory at all says so on rank 0,
+every rank exits 78, and ``resilient run`` ends the task with 78 and the fix. Each ledger line
+records the attempt's start-up (``startup_s``: launch to the first step, from the Session's
+timeline); an attempt that the walltime ended before its first step says so, with its start-up
+and the walltime, and the first attempt warns when the walltime leaves less than five
+start-ups of compute.
+
 Exit codes (the contract):
 
 * ``0``  the program finished;
@@ -95,7 +109,7 @@ from typing import Any
 
 from resilient.io import logs, storage
 from resilient.io.validate import latest_valid, protected_steps, resumable_step
-from resilient.job import nodeloss, requeue, warning
+from resilient.job import handoff, nodeloss, requeue, warning
 from resilient.job.exitcodes import (
     EXIT_CONFIG,
     EXIT_FOREIGN_RUN,
@@ -115,6 +129,7 @@ from resilient.job.slurm import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_DEADLINE,
+    ENV_HANDOFF,
     find_deadline,
     parse_signal,
 )
@@ -220,6 +235,8 @@ class AttemptRecord:
     engine: str | None = None  # ... the engine that started it ...
     retry: str | None = None  # ... and whether the engine says it retries
     new_run: str | None = None  # why a run that had ended started again with this attempt
+    startup_s: float | None = None  # launch to the program's first step (its Session's timeline)
+    program_dir: str | None = None  # the directory its Session said it uses (job.handoff)
 
     def to_record(self) -> dict[str, Any]:
         """The ledger line's fields (:data:`resilient.io.logs.ATTEMPTS`)."""
@@ -384,6 +401,112 @@ def _signal_tree(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
+@dataclass(slots=True)
+class _Where:
+    """Where one task's files are, as far as ``resilient run`` knows so far.
+
+    ``given``: ``--checkpoint-dir``; ``own``: without it, the task's own directory
+    (:func:`resilient.job.handoff.task_dir`); ``handoff_file``: the file the program's Session names
+    its directory in; ``program``: the directory it named (``None``: not told yet).
+
+    Progress is judged on the program's directory, else the given one. The ledger is kept in
+    the given directory; without one, in the program's directory once known (where ``resilient
+    report`` finds it; the records kept in the task's own directory until then move there),
+    else in the task's own directory; with none writable, in memory for this invocation.
+    """
+
+    given: Path | None
+    own: Path | None = None
+    handoff_file: Path | None = None
+    program: Path | None = None
+    told: bool = False  # the program has a Session: it handed off, now or before
+    mine: list[dict[str, Any]] = field(default_factory=list)  # this invocation's records
+    warned: set[str] = field(default_factory=set)
+
+    @property
+    def progress_dir(self) -> Path | None:
+        return self.program or self.given
+
+    @property
+    def ledger_dir(self) -> Path | None:
+        if self.given is not None:
+            return self.given
+        if self.program is not None and self.program.is_dir():
+            return self.program
+        return self.own
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """The task's attempts so far."""
+        where = self.ledger_dir
+        return read_ledger(where) if where is not None else list(self.mine)
+
+    def handoff_stamp(self) -> tuple[int, int] | None:
+        """The hand-off file's identity now (a Session replaces it: a new inode)."""
+        if self.handoff_file is None:
+            return None
+        try:
+            st = os.stat(self.handoff_file)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def learn(self) -> handoff.HandOff | None:
+        """Read the hand-off; remember the program's directory it names."""
+        told = handoff.read(self.handoff_file) if self.handoff_file is not None else None
+        if told is not None:
+            self.told = True
+            if told.root is not None:
+                self.program = told.root
+        return told
+
+    def append(self, record: AttemptRecord) -> None:
+        """Add ``record`` to the ledger; its number may change where the ledger moves from
+        the task's own directory to the program's (appended after the records there)."""
+        self.mine.append(record.to_record())
+        target = self.ledger_dir
+        if target is None:
+            return
+        if self.given is None and self.own is not None and not _same_dir(target, self.own):
+            pending = read_ledger(self.own)
+            done = len(read_ledger(target))
+            for i, rec in enumerate(pending):
+                rec["attempt"] = done + i + 1
+                logs.append_record(target / filenames.ATTEMPT_LEDGER, rec, durable=True)
+            if pending:
+                storage.remove_file(self.own / filenames.ATTEMPT_LEDGER)
+                log.info("the attempts' ledger is now %s", target / filenames.ATTEMPT_LEDGER)
+            record.attempt = done + len(pending) + 1
+        logs.append_record(target / filenames.ATTEMPT_LEDGER, record.to_record(), durable=True)
+
+
+def _same_dir(a: Path | None, b: Path | None) -> bool:
+    """Whether ``a`` and ``b`` name the same directory (relative or not)."""
+    if a is None or b is None:
+        return a is b
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _where(opts: RunOptions, env: Mapping[str, str]) -> _Where:
+    """Where this task's files are, before its first attempt (a hand-off an earlier
+    invocation received names the program's directory)."""
+    if opts.checkpoint_dir is not None:
+        where = _Where(given=opts.checkpoint_dir, handoff_file=handoff.beside(opts.checkpoint_dir))
+    else:
+        own = handoff.task_dir(env, cwd=os.getcwd(), command=opts.command, task=opts.task)
+        try:
+            own.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning(
+                "no --checkpoint-dir, and cannot create this task's own directory %s (%s): "
+                "its attempts are counted for this invocation only", own, exc,
+            )  # fmt: skip
+            where = _Where(given=None)
+        else:
+            where = _Where(given=None, own=own, handoff_file=own / handoff.HANDOFF_FILE)
+    where.learn()
+    return where
+
+
 class _Attempt:
     """One launch of the command, with timers and signal forwarding."""
 
@@ -464,11 +587,14 @@ def _classify(
     walltime_s: float | None = None,
     outside: str | None = None,
     lost: str | None = None,
+    before_first_step: str | None = None,
 ) -> tuple[str, int]:
     """(reason, exit code) of one attempt, per the contract in the module docstring.
 
     ``stop`` is the program's own stop record for this attempt (see :func:`program_stop`);
-    ``lost``: the job's nodes that Slurm lost meanwhile (:mod:`resilient.job.nodeloss`).
+    ``lost``: the job's nodes that Slurm lost meanwhile (:mod:`resilient.job.nodeloss`);
+    ``before_first_step``: that it ended before its first step, and its start-up
+    (:func:`_before_first_step`), said of an attempt that the walltime ended.
     """
     if status == 0:
         return "finished", 0
@@ -502,6 +628,8 @@ def _classify(
     elif killed:
         name = sent or signal.Signals(-status).name
         reason = f"killed ({name})" if status < 0 else f"exited {status} after {name}"
+        if before_first_step is not None and sent is not None:
+            reason = f"{before_first_step}; {reason}"
     else:
         reason = f"crashed (exit {status})"
     if not progress and no_progress_run >= max_no_progress:
@@ -550,9 +678,14 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             return EXIT_FOREIGN_RUN
         storage.ensure_root(ckdir)
         env[ENV_CHECKPOINT_DIR] = str(ckdir)
-        decided = verdict(read_ledger(ckdir), invocation, max_no_progress=opts.max_no_progress)
+    where = _where(opts, env)
+    if where.handoff_file is not None:
+        env[ENV_HANDOFF] = str(where.handoff_file)
+    ledger_dir = where.ledger_dir
+    if ledger_dir is not None:
+        decided = verdict(where.ledger(), invocation, max_no_progress=opts.max_no_progress)
         if decided.refuse is not None:
-            log.error("%s", _refusal(decided, ckdir, invocation))
+            log.error("%s", _refusal(decided, ledger_dir, invocation))
             return decided.refuse
         if decided.new_run is not None:
             log.info("a new run of this task: %s", decided.new_run)
@@ -567,7 +700,9 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
     previous = {s: signal.signal(s, signals.forward) for s in handled}
     try:
         while True:
-            code, record, attempt = _run_job(opts, env, signals, invocation, fresh, nodelist)
+            code, record, attempt = _run_job(
+                opts, env, signals, invocation, fresh, nodelist, where
+            )
             if slurm_job is not None:
                 return _requeue_on_slurm(opts, slurm_job, ready, (code, record, attempt), unheard)
             if not (opts.requeue and _stopped_by_walltime(code, record, attempt)):
@@ -718,11 +853,13 @@ def _run_job(
     invocation: Invocation,
     fresh: list[str],
     nodelist: str,
+    where: _Where,
 ) -> tuple[int, AttemptRecord, _Attempt]:
     """One allocation: its deadline, the program's attempts in it (``--retries``: crashes are
     relaunched while time is left); the exit code and the last attempt's record and run.
     ``fresh`` holds why an ended run starts again, taken by the first attempt's record;
-    ``nodelist``: the Slurm job's nodes, asked about after a failed attempt."""
+    ``nodelist``: the Slurm job's nodes, asked about after a failed attempt; ``where``: the
+    task's directories (what the program's Session tells is learned after each attempt)."""
     from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
     ckdir = opts.checkpoint_dir
@@ -735,19 +872,21 @@ def _run_job(
         env[ENV_DEADLINE] = f"{deadline:.3f}"
 
     def one_attempt() -> tuple[int, AttemptRecord, _Attempt]:
-        ledger = read_ledger(ckdir) if ckdir else []
+        ledger = where.ledger()
         number = len(ledger) + 1
         env[ENV_ATTEMPT] = str(number)
+        judged = where.progress_dir  # what the newest step before is read from
         record = AttemptRecord(
             attempt=number,
             start=time.time(),
-            latest_before=_latest(ckdir),
+            latest_before=_latest(judged),
             slurm_job_id=env.get("SLURM_JOB_ID"),
             slurm_restart_count=_restarts(env),
             command=list(opts.command),
             new_run=fresh.pop() if fresh else None,
             **invocation.to_record(),
         )
+        stamp = where.handoff_stamp()
         attempt = _Attempt(opts, env, deadline)
         signals.attempt = attempt
         status, sent = attempt.run()
@@ -755,19 +894,43 @@ def _run_job(
         record.end = time.time()
         record.exit_status = status
         record.signal = sent
-        record.latest_after, made = _latest_after(ckdir, record.start)
-        _note_restore(ckdir, record)
+        told = where.learn() if where.handoff_stamp() != stamp else None
+        if told is not None and told.root is not None:
+            _say_mismatch(opts, where, told.root)
+        ckpt = where.progress_dir
+        record.program_dir = str(where.program) if where.program is not None else None
+        learned = not _same_dir(ckpt, judged)  # the program named its directory only now
+        if learned:
+            record.latest_before = None
+        record.latest_after, made = _latest_after(ckpt, record.start)
+        events = _note_restore(ckpt, record)
         base = record.restored_step if record.restored_step is not None else record.latest_before
         record.progress = made is not None and (base is None or made > base)
+        if learned and (events is None or not events.timed):
+            record.progress = False  # its checkpoints there are older than this attempt
         no_progress_run = 0
         record.interrupted = interrupted_from_outside(status, sent)
         lost = _lost_nodes(status, nodelist)
         record.lost_nodes = [node.name for node in lost]
         if not record.progress and status != 0 and record.interrupted is None and not lost:
-            no_progress_run = 1 + (0 if record.new_run else trailing_no_progress(ledger))
+            earlier = 0 if record.new_run else trailing_no_progress(ledger)
+            here = trailing_no_progress(where.mine)  # this invocation's, wherever its ledger
+            no_progress_run = 1 + max(earlier, here)
         record.program_stop = program_stop(
-            ckdir, attempt=number, start=record.start, end=record.end
+            ckpt, attempt=number, start=record.start, end=record.end
         )
+        walltime = _walltime_of(opts, deadline, record.start)
+        first_step = None
+        if (
+            sent is not None
+            and status not in (0, EXIT_PERMANENT, EXIT_FOREIGN_RUN)
+            and not record.progress
+            and record.startup_s is None
+            and not attempt.forwarded
+        ):
+            first_step = _before_first_step(
+                record.end - record.start, opts.walltime_s, session=where.told
+            )
         record.reason, record.exit_code = _classify(
             status,
             sent,
@@ -778,20 +941,25 @@ def _run_job(
             walltime_s=opts.walltime_s,
             outside=record.interrupted,
             lost=", ".join(node.describe() for node in lost) or None,
+            before_first_step=first_step,
         )
-        if status == EXIT_FOREIGN_RUN and ckdir is not None:
+        if told is not None and told.root is None:  # the program has no directory at all
+            record.reason, record.exit_code = _NO_DIRECTORY, EXIT_CONFIG
+            log.error("%s", _NO_DIRECTORY)
+        if status == EXIT_FOREIGN_RUN and ckdir is not None and record.exit_code == status:
             _set_aside(opts.outputs, ckdir)
+        where.append(record)
         if ckdir is not None:
-            logs.append_record(ckdir / filenames.ATTEMPT_LEDGER, record.to_record(), durable=True)
-            _note_beside(ckdir, number, record)
+            _note_beside(ckdir, record.attempt, record)
         log.info(
             "attempt %d: %s; %s; newest step to resume from now %s; exit %d",
-            number,
+            record.attempt,
             record.reason,
             _resumed_from(record),
             record.latest_after,
             record.exit_code,
         )
+        _say_startup(where, record, walltime, first_step is not None)
         return record.exit_code, record, attempt
 
     def should_retry(result: tuple[int, AttemptRecord, _Attempt]) -> bool:
@@ -830,15 +998,95 @@ def _lost_nodes(status: int, nodelist: str) -> list[nodeloss.LostNode]:
     return nodeloss.lost_nodes(nodelist)
 
 
-def _note_restore(checkpoint_dir: Path | None, record: AttemptRecord) -> None:
-    """The step the program restored in this attempt, from its Session's timeline (none
-    without a Session, or when it was killed before its restore)."""
+def _note_restore(checkpoint_dir: Path | None, record: AttemptRecord) -> AttemptEvents | None:
+    """The step the program restored in this attempt and its start-up (launch to the first
+    step), from its Session's timeline (none without a Session, or when it was killed before
+    its restore); the attempt's events."""
     if checkpoint_dir is None:
-        return
+        return None
     events = AttemptEvents.of(read_events(checkpoint_dir), record.start, record.end)
-    if events.timed:
+    if events.timed and events.restored_at is not None:
         record.restored_step = events.restored_step if events.resumed else None
         record.passed_over = list(events.passed_over)
+        record.startup_s = round(max(0.0, events.restored_at - record.start), 3)
+    return events
+
+
+_NO_DIRECTORY = (
+    "the program has no checkpoint directory: its Session was given none, and resilient run "
+    f"had no --checkpoint-dir to give it (${ENV_CHECKPOINT_DIR}). Give `resilient run "
+    "--checkpoint-dir DIR`, or give the program's Session a directory; not retrying (exit "
+    f"{EXIT_CONFIG})"
+)
+
+
+def _walltime_of(opts: RunOptions, deadline: float | None, start: float) -> float | None:
+    """The attempt's walltime: the simulated one, else the time its deadline left it."""
+    if opts.walltime_s is not None:
+        return opts.walltime_s
+    return None if deadline is None else max(0.0, deadline - start)
+
+
+def _before_first_step(elapsed: float, walltime_s: float | None, *, session: bool) -> str | None:
+    """Why an attempt that the walltime ended made no progress, when no first step of it was
+    recorded: its start-up used the walltime (``session``: the program is known to record its
+    steps, through a Session)."""
+    if walltime_s is None:
+        return None
+    took = f"start-up took over {_seconds(elapsed)} of the {_seconds(walltime_s)} walltime"
+    if session:
+        return f"ended before its first step: {took}"
+    return (
+        f"ended before a first step was recorded: {took}, or the program records no steps "
+        "(no Session)"
+    )
+
+
+def _say_mismatch(opts: RunOptions, where: _Where, root: Path) -> None:
+    """One warning when the program's Session uses another directory than --checkpoint-dir."""
+    given = where.given
+    if given is None or "mismatch" in where.warned:
+        return
+    if _same_dir(root, given):
+        return
+    where.warned.add("mismatch")
+    log.warning(
+        "the program keeps its checkpoints in %s, not in the --checkpoint-dir %s given to "
+        "resilient run: progress is judged on %s (the ledger stays in %s). Give resilient "
+        "run --checkpoint-dir %s, or let the program's Session take its directory from $%s "
+        "(no ckpt_dir)", root, given, root, given, root, ENV_CHECKPOINT_DIR,
+    )  # fmt: skip
+
+
+_STARTUPS = 5  # the compute a walltime should leave, in start-ups
+
+
+def _say_startup(
+    where: _Where, record: AttemptRecord, walltime_s: float | None, before_first_step: bool
+) -> None:
+    """Once per invocation: a warning when the walltime leaves less than five start-ups of
+    compute (or did not cover the start-up at all)."""
+    if walltime_s is None or "startup" in where.warned:
+        return
+    took = record.startup_s
+    if took is not None:
+        where.warned.add("startup")
+        if walltime_s - took >= _STARTUPS * took:
+            return
+        log.warning(
+            "start-up (launch to the first step) took %s of the %s walltime: that leaves %s of "
+            "compute per attempt, less than %d start-ups, and every stop costs another "
+            "start-up. Give a walltime of at least %s, or make the program start faster",
+            _seconds(took), _seconds(walltime_s), _seconds(max(0.0, walltime_s - took)),
+            _STARTUPS, _seconds((_STARTUPS + 1) * took),
+        )  # fmt: skip
+    elif before_first_step:
+        where.warned.add("startup")
+        log.warning(
+            "the program did not reach its first step within its %s walltime: give a walltime "
+            "of at least %d times its start-up, or make it start faster",
+            _seconds(walltime_s), _STARTUPS + 1,
+        )  # fmt: skip
 
 
 def _resumed_from(record: AttemptRecord) -> str:
@@ -857,6 +1105,11 @@ def _resumed_from(record: AttemptRecord) -> str:
 def _refusal(decided: Verdict, ckdir: Path, invocation: Invocation) -> str:
     """Why an engine's retry is refused at once, and what a person does about it."""
     retry = f" ({invocation.retry})" if invocation.retry else ""
+    if decided.refuse == EXIT_CONFIG and decided.reason == _NO_DIRECTORY:
+        return (
+            f"{decided.reason}. Not starting the program again for this retry{retry}; the "
+            f"attempts' ledger is {ckdir / filenames.ATTEMPT_LEDGER}"
+        )
     if decided.refuse == EXIT_FOREIGN_RUN:
         return (
             f"the checkpoint directory {ckdir} belongs to another run: {decided.reason}. Not "

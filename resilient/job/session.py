@@ -21,18 +21,20 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
 from resilient.io import logs
 from resilient.io.storage import is_permanent_storage_error
-from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job import handoff
+from resilient.job.exitcodes import EXIT_CONFIG, EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.slurm import (
     DEFAULT_STOP_SIGNALS,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
+    ENV_HANDOFF,
     StopSignals,
     find_deadline,
     job_of,
@@ -44,6 +46,7 @@ from resilient.model.blocks import unwrap
 from resilient.model.payload import split_template
 from resilient.model.policies import BeforeWalltime, KeepPolicyLike, SavePolicyLike
 from resilient.parallel.collective import Collective
+from resilient.parallel.comm import as_comm
 
 __all__ = ["Session"]
 
@@ -55,6 +58,10 @@ class Session:
 
     Args:
         ckpt_dir: checkpoint root; default ``$RESILIENT_CHECKPOINT_DIR`` (set by ``resilient run``).
+            Under ``resilient run`` rank 0 tells it which directory that is
+            (:mod:`resilient.job.handoff`), so progress is judged there; with neither, under
+            ``resilient run`` rank 0 says so in one line and every rank exits 78, elsewhere a
+            :class:`~resilient.errors.ConfigError`.
         comm: mpi4py communicator or torch.distributed process group (or ``None`` for one
             process).
         checkpoint_comm: ``"self"``, ``"node"``, ``"world"`` or a sub-communicator.
@@ -115,9 +122,13 @@ class Session:
         self._session_start = time.time()
         env = os.environ if environ is None else environ
         root = ckpt_dir if ckpt_dir is not None else env.get(ENV_CHECKPOINT_DIR)
+        attempt = env.get(ENV_ATTEMPT, "")
+        self._attempt = int(attempt) if attempt.isdigit() else None
+        told = env.get(ENV_HANDOFF, "").strip()
+        self._handoff = Path(told) if told else None  # under `resilient run`: tell it the root
         if not root:
-            raise ConfigError(f"no checkpoint directory given and ${ENV_CHECKPOINT_DIR} is not set")
-        self.root = Path(root)
+            self._no_directory(comm, exit_on_stop=exit_on_stop)
+        self.root = Path(str(root))
         self.validate = validate
         self.margin_s = float(margin_s)
         self._stop_before_deadline = BeforeWalltime(margin_s=self.margin_s)
@@ -144,9 +155,14 @@ class Session:
             )
         except ForeignRunError as exc:
             # every rank raises it; one line from the first rank (all ranks without a comm)
-            self._exit_foreign(exc, log_it=getattr(comm, "rank", 0) == 0)
+            first = getattr(comm, "rank", 0) == 0
+            if first:
+                self._hand_off(self.root)
+            self._exit_foreign(exc, log_it=first)
             raise
         self.comm = self.manager.comm
+        if self.comm.rank == 0:
+            self._hand_off(self.root)
         self._coll = Collective(self.comm)
         # A margin longer than half the time left could stop the loop before its first step,
         # every time: clamp it for this run (BeforeWalltime.fit_to), and say so once.
@@ -162,8 +178,6 @@ class Session:
                 self.deadline_source,
                 self._stop_before_deadline.margin_s,
             )
-        attempt = env.get(ENV_ATTEMPT, "")
-        self._attempt = int(attempt) if attempt.isdigit() else None
         self.stopped = False
         self.stop_reason = ""
         self._last: tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None = None
@@ -216,6 +230,29 @@ class Session:
             raise SystemExit(EXIT_PERMANENT) from exc
         if isinstance(exc, ForeignRunError):
             self._exit_foreign(exc, log_it=self.comm.rank == 0)
+
+    def _hand_off(self, root: Path | None) -> None:
+        """Under ``resilient run``: tell it which directory this program uses (rank 0 only;
+        best effort, :mod:`resilient.job.handoff`)."""
+        if self._handoff is not None:
+            handoff.record(self._handoff, root, attempt=self._attempt, now=time.time())
+
+    def _no_directory(self, comm: Any, *, exit_on_stop: bool) -> NoReturn:
+        """No ``ckpt_dir`` and no ``$RESILIENT_CHECKPOINT_DIR``. Under ``resilient run`` (with
+        ``exit_on_stop``): rank 0 says so in one line and tells the wrapper, and every rank
+        exits 78 (:data:`~resilient.job.exitcodes.EXIT_CONFIG`), without a traceback; the
+        wrapper ends the task with the fix. Otherwise a :class:`ConfigError`."""
+        message = f"no checkpoint directory given and ${ENV_CHECKPOINT_DIR} is not set"
+        if self._handoff is None or not exit_on_stop:
+            raise ConfigError(message)
+        if _first_rank(comm):
+            log.error(
+                "%s: this program keeps no checkpoints. Give `resilient run` a "
+                "--checkpoint-dir DIR (the Session takes it from $%s), or give the program's "
+                "Session a directory (exiting %d)", message, ENV_CHECKPOINT_DIR, EXIT_CONFIG,
+            )  # fmt: skip
+            self._hand_off(None)
+        raise SystemExit(EXIT_CONFIG)
 
     def _exit_foreign(self, exc: ForeignRunError, *, log_it: bool) -> None:
         """With ``exit_on_stop``: log ``exc`` and exit :data:`EXIT_FOREIGN_RUN`."""
@@ -405,6 +442,15 @@ class Session:
             why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
             log.info("%s: final checkpoint of step %d", why, step)
             self.save(step, state, metrics=metrics)
+
+
+def _first_rank(comm: Any) -> bool:
+    """Whether this process is rank 0 of ``comm`` (any communicator :func:`as_comm` takes;
+    ``True`` for one it does not, whose error comes later)."""
+    try:
+        return as_comm(comm).rank == 0
+    except Exception:  # not a communicator: the manager says so, not this
+        return True
 
 
 def _same_arrays(initial: Mapping[str, Any], state: Mapping[str, Any], root: Path) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "ENV_ATTEMPT",
     "ENV_CHECKPOINT_DIR",
     "ENV_DEADLINE",
+    "ENV_HANDOFF",
     "StopSignals",
     "find_deadline",
     "job_of",
@@ -36,6 +37,7 @@ __all__ = [
 ENV_DEADLINE = "RESILIENT_DEADLINE"
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"
 ENV_CHECKPOINT_DIR = "RESILIENT_CHECKPOINT_DIR"
+ENV_HANDOFF = "RESILIENT_HANDOFF"  # the file a Session names its directory in (job.handoff)
 DEFAULT_STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 _SQUEUE_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")

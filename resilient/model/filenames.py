@@ -20,11 +20,13 @@ A checkpoint root looks like::
       static/<32 hex>/                 static data, shared by checkpoints by content hash
       static/.tmp-<hex>/               static data being written
 
-Beside the root, in its parent directory, ``resilient run`` keeps one file of its own::
+Beside the root, in its parent directory, ``resilient run`` keeps two files of its own::
 
     PARENT/.ROOTNAME.resilient-attempts   the outcome of each attempt (JSON lines), where a
                                           workflow engine that deletes ROOT (a declared output)
                                           leaves it: the next attempt sees that ROOT was lost
+    PARENT/.ROOTNAME.resilient-handoff    the directory the program's Session said it uses
+                                          (job.handoff): progress is judged there
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "tmp_dir_name",
     "trash_dir_name",
     "attempt_sidecar_name",
+    "handoff_sidecar_name",
 ]
 
 MANIFEST = "manifest.json"  # the whole manifest, or the index of a sharded one
@@ -134,6 +137,12 @@ def attempt_sidecar_name(root_name: str) -> str:
     if not root_name or root_name in (".", "..") or "/" in root_name:
         raise ValueError(f"not a directory name: {root_name!r}")
     return f".{root_name}.resilient-attempts"
+
+
+def handoff_sidecar_name(root_name: str) -> str:
+    """Name of the hand-off beside the root ``root_name`` (in its parent): the directory its
+    program's Session actually uses (:mod:`resilient.job.handoff`)."""
+    return attempt_sidecar_name(root_name).replace(".resilient-attempts", ".resilient-handoff")
 
 
 def file_name(kind: str, group_index: int) -> str:

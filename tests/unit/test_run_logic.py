@@ -10,15 +10,21 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
-from resilient.errors import CollectiveError, CommitError, RankFailure
+from resilient.errors import CollectiveError, CommitError, ConfigError, RankFailure
 from resilient.io import logs, storage
-from resilient.job.exitcodes import EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job import handoff
+from resilient.job.exitcodes import EXIT_CONFIG, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import (
+    AttemptRecord,
     RunOptions,
+    _before_first_step,
     _classify,
+    _say_startup,
+    _Where,
     parse_duration,
     parse_signal_spec,
     program_stop,
@@ -26,7 +32,8 @@ from resilient.job.run import (
     run,
     task_label,
 )
-from resilient.job.slurm import ENV_DEADLINE
+from resilient.job.session import Session
+from resilient.job.slurm import ENV_ATTEMPT, ENV_DEADLINE, ENV_HANDOFF
 from resilient.model import filenames
 from tests.unit.ckutil import job_free_env
 
@@ -575,3 +582,130 @@ def test_is_permanent_storage_error() -> None:
             raise RuntimeError("commit failed") from inner
     except RuntimeError as outer:
         assert storage.is_permanent_storage_error(outer)
+
+
+# --------------------------------------------------------------------------- the hand-off (issue 44)
+
+
+def test_the_hand_off_round_trip_and_what_is_not_one(tmp_path: Path) -> None:
+    path = tmp_path / "handoff.json"
+    assert handoff.read(path) is None  # not told
+    handoff.record(path, tmp_path / "ck", attempt=3, now=12.5)
+    told = handoff.read(path)
+    assert told == handoff.HandOff(root=tmp_path / "ck", time=12.5, attempt=3)
+    handoff.record(path, None, attempt=None, now=13.0)  # a Session without a directory
+    assert handoff.read(path) == handoff.HandOff(root=None, time=13.0)
+    for bad in (b"", b"\xff\xfe", b"[1]", b'{"root": "rel/ative", "time": 1}',
+                b'{"root": "/x", "time": true}', b'{"root": 5, "time": 1}'):  # fmt: skip
+        path.write_bytes(bad)
+        assert handoff.read(path) is None, bad
+
+
+def test_the_hand_off_of_a_checkpoint_dir_lies_beside_it(tmp_path: Path) -> None:
+    assert handoff.beside(tmp_path / "ckpt" / "hot") == tmp_path / "ckpt" / ".hot.resilient-handoff"
+
+
+def test_a_tasks_own_directory_is_keyed_by_where_and_what_it_runs(tmp_path: Path) -> None:
+    env = {"RESILIENT_STATE_DIR": str(tmp_path)}
+    one = handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task=None)
+    assert one.parent == tmp_path / "tasks"
+    assert one == handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task=None)
+    others = {
+        handoff.task_dir(env, cwd="/b", command=["python", "x.py"], task=None),
+        handoff.task_dir(env, cwd="/a", command=["python", "y.py"], task=None),
+        handoff.task_dir(env, cwd="/a", command=["python", "x.py"], task="sim case=a"),
+    }
+    assert one not in others and len(others) == 3
+    assert handoff.state_dir({"XDG_STATE_HOME": "/s"}) == Path("/s/resilient")
+    assert handoff.state_dir({"HOME": "/h"}) == Path("/h/.local/state/resilient")
+
+
+@pytest.mark.parametrize(
+    ("session", "words"),
+    [
+        (True, "ended before its first step: start-up took over 8.2 s of the 8 s walltime"),
+        (False, "ended before a first step was recorded: start-up took over 8.2 s of the 8 s"),
+    ],
+)
+def test_an_attempt_the_walltime_ended_before_its_first_step_says_so(
+    session: bool, words: str
+) -> None:
+    first = _before_first_step(8.2, 8.0, session=session)
+    assert first is not None and first.startswith(words), first
+    assert _before_first_step(8.2, None, session=session) is None  # no walltime of its own
+    reason, code = _classify(-15, "SIGTERM", False, 1, 2, before_first_step=first)
+    assert reason == f"{first}; killed (SIGTERM)" and code == 128 + 15
+    reason, code = _classify(-9, "SIGKILL", False, 2, 2, before_first_step=first)
+    assert reason.startswith(first) and code == EXIT_NO_PROGRESS
+    # killed from outside, not by the walltime: said as such
+    reason, _ = _classify(-9, None, False, 1, 2, outside="SIGKILL", before_first_step=first)
+    assert reason.startswith("killed from outside")
+
+
+def test_a_session_under_resilient_run_tells_it_its_directory(tmp_path: Path) -> None:
+    told = tmp_path / "handoff.json"
+    env = {ENV_HANDOFF: str(told), ENV_ATTEMPT: "2"}
+    with Session(tmp_path / "ck", environ=env) as s:
+        s.restore_or({"x": 0})
+    assert handoff.read(told) == handoff.HandOff(root=tmp_path / "ck", time=ANY, attempt=2)
+
+
+def test_a_session_without_a_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside `resilient run`: a ConfigError. Under it: one line, the wrapper told, exit 78."""
+    with pytest.raises(ConfigError, match="no checkpoint directory given"):
+        Session(environ={})
+    told = tmp_path / "handoff.json"
+    with pytest.raises(SystemExit) as exc:
+        Session(environ={ENV_HANDOFF: str(told)})
+    assert exc.value.code == EXIT_CONFIG
+    assert [r.levelname for r in caplog.records if "no checkpoint directory" in r.message] == [
+        "ERROR"
+    ]
+    assert "--checkpoint-dir DIR" in caplog.text
+    got = handoff.read(told)
+    assert got is not None and got.root is None
+
+
+def test_the_first_attempt_warns_below_five_start_ups_of_compute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("WARNING", logger="resilient.job.run")
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.0), 6.0, False)
+    assert not caplog.records  # 5 s of compute: five start-ups
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.25), 6.0, False)
+    _say_startup(where, AttemptRecord(attempt=2, start=0.0, startup_s=1.25), 6.0, False)
+    (said,) = [r.getMessage() for r in caplog.records]  # once
+    assert "took 1.2 s of the 6 s walltime" in said and "at least 7.5 s" in said, said
+    caplog.clear()
+    where = _Where(given=None)
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0), None, True)  # no walltime: none
+    _say_startup(where, AttemptRecord(attempt=1, start=0.0), 8.0, True)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "did not reach its first step within its 8 s walltime" in said
+
+
+def test_the_ledger_moves_from_the_tasks_directory_to_the_programs(tmp_path: Path) -> None:
+    """Attempts before the Session named its directory are kept in the task's own; once it
+    did, they go after the records there, renumbered, and the task's own ledger is gone."""
+    own, mine = tmp_path / "own", tmp_path / "mine"
+    own.mkdir()
+    mine.mkdir()
+    where = _Where(given=None, own=own)
+    for n in (1, 2):
+        where.append(AttemptRecord(attempt=n, start=float(n), reason=f"before {n}"))
+    logs.append_record(
+        mine / filenames.ATTEMPT_LEDGER, {"attempt": 1, "exit_code": 75, "reason": "earlier"}
+    )
+    assert len(read_ledger(own)) == 2 and where.ledger_dir == own
+    where.program = mine
+    record = AttemptRecord(attempt=3, start=3.0, reason="now")
+    where.append(record)
+    assert [(r["attempt"], r["reason"]) for r in read_ledger(mine)] == [
+        (1, "earlier"), (2, "before 1"), (3, "before 2"), (4, "now"),
+    ]  # fmt: skip
+    assert record.attempt == 4 and not (own / filenames.ATTEMPT_LEDGER).exists()
+    assert [r["reason"] for r in where.mine] == ["before 1", "before 2", "now"]
