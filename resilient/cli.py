@@ -76,7 +76,10 @@ def _directory(path: str) -> Path:
 def _root(path: str) -> Path:
     root = _directory(path)
     if not storage.is_root(root):
-        raise CliError(f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})")
+        raise CliError(
+            storage.marker_problem(root)
+            or f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})"
+        )
     return root
 
 

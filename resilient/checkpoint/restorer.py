@@ -255,6 +255,8 @@ class Restorer:
         self.last_restored: tuple[Path, Manifest] | None = None
         # coordinator: the steps the last restore quarantined on its way to the one it returned
         self.passed_over: list[int] = []
+        # coordinator: what the last restore found of static data that no copy of could be read
+        self._lost: StaticDataError | None = None
 
     def restore(
         self,
@@ -403,7 +405,9 @@ class Restorer:
         if gathered is not None:
             try:
                 values = list(gathered.values())
-                _raise_lost(values)
+                lost = _lost_in(values)
+                if lost is not None:
+                    raise lost
                 found = [
                     f"rank {r}: {w}"
                     for r, w in enumerate(values)
@@ -597,6 +601,7 @@ class Restorer:
         current = self.layout
         sized = self.shards is None
         lost: StaticDataError | None = None
+        self._lost = None
         for record in iter_checkpoints(self.root, step=step, memo=self.memo, data_files=sized):
             if record.shared:  # its own files passed; the static data it shares did not
                 log.warning(
@@ -637,6 +642,7 @@ class Restorer:
                     self.passed_over.append(record.step)
                     continue
             yield candidate
+        lost = lost or self._lost
         if lost is not None:  # intact checkpoints whose static data is lost: say what to do
             raise lost
         where = f"of step {step} " if step is not None else ""
@@ -721,7 +727,14 @@ class Restorer:
     def _judge(self, chosen: _Candidate, reasons: list[str | _StaticNote | None]) -> bool:
         """Coordinator: accept the checkpoint, or quarantine it with every rank's reason (a
         rank that read its static data from the second copy read its piece)."""
-        _raise_lost(reasons)
+        lost = _lost_in(reasons)
+        if lost is not None:  # its own files may be intact: try an older one, keep this one
+            log.warning(
+                "checkpoint of step %d not restored (not quarantined): %s",
+                chosen.manifest.step, lost,
+            )  # fmt: skip
+            self._lost = self._lost or lost
+            return False
         bad = [
             f"rank {r}: {why}"
             for r, why in enumerate(reasons)
@@ -796,12 +809,13 @@ class _StaticNote:
     lost: tuple[str, str] | None = None  # no copy could be read: (where, why)
 
 
-def _raise_lost(reads: Iterable[object]) -> None:
+def _lost_in(reads: Iterable[object]) -> StaticDataError | None:
     """Coordinator: the :class:`StaticDataError` of the first rank that could read no copy of
-    its static data (every rank raises it; nothing is quarantined), if any."""
+    its static data (nothing is quarantined for it), if any."""
     for rank, why in enumerate(reads):
         if isinstance(why, _StaticNote) and why.lost is not None:
-            raise StaticDataError(why.lost[0], f"(rank {rank}) {why.lost[1]}")
+            return StaticDataError(why.lost[0], f"(rank {rank}) {why.lost[1]}")
+    return None
 
 
 _T = TypeVar("_T")

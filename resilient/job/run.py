@@ -311,6 +311,9 @@ def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
             f"the checkpoint directory {ckdir} {where} the declared output {out} of {task}. "
             f"{_KEEP_OUT_OF_OUTPUTS}. Not starting (exit {EXIT_FOREIGN_RUN})"
         )
+    damaged = storage.marker_problem(ckdir)
+    if damaged is not None:
+        return f"{damaged}. Not starting (exit {EXIT_FOREIGN_RUN})"
     records = storage.read_jsonl(sidecar_path(ckdir))
     last = records[-1] if records else None
     if last is None or last.get("exit_code") == 0 or not isinstance(last.get("attempt"), int):
