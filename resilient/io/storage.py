@@ -183,8 +183,8 @@ def _marker_state(path: Path) -> str:
         return "damaged"
     if not isinstance(doc, dict) or doc.get("format") != ROOT_FORMAT["format"]:
         return "damaged"
-    if "checksum" not in doc:
-        return "legacy"
+    if "checksum" not in doc:  # as written before the copies, or a damaged key
+        return "legacy" if doc == ROOT_FORMAT else "damaged"
     body = {k: v for k, v in doc.items() if k != "checksum"}
     return "good" if doc["checksum"] == hash128(json.dumps(body, sort_keys=True)) else "damaged"
 
