@@ -22,7 +22,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from resilient.errors import CheckpointLockedError, CollectiveError, CommitError, ConfigError
+from resilient.errors import (
+    CheckpointLockedError,
+    CollectiveError,
+    CommitError,
+    ConfigError,
+    StaticDataError,
+)
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 
@@ -425,8 +431,11 @@ def is_permanent_storage_error(exc: BaseException) -> bool:
 
     Reads errnos as data: an ``OSError``'s, a :class:`CommitError`'s, and each rank's
     :class:`~resilient.errors.RankFailure` of a :class:`CollectiveError`; then the cause chain.
+    Static data that no copy of can be read (:class:`~resilient.errors.StaticDataError`) is one.
     """
     if isinstance(exc, (OSError, CommitError)) and exc.errno in PERMANENT_ERRNOS:
+        return True
+    if isinstance(exc, StaticDataError):  # no copy of it can be read: retrying cannot help
         return True
     if isinstance(exc, CollectiveError):
         return any(f.errno in PERMANENT_ERRNOS for f in exc.details.values())
