@@ -675,8 +675,7 @@ def iter_checkpoints(
                 data_files=data_files,
             )  # fmt: skip
         except StaticDataError as exc:
-            reason = f"its static data {exc.path}: {exc.reason}"
-            yield CheckpointRecord(number, path, "invalid", reason, shared=True)
+            yield CheckpointRecord(number, path, "invalid", exc.reason, shared=True)
         except InvalidCheckpointError as exc:
             yield CheckpointRecord(number, path, "invalid", exc.reason)
         else:

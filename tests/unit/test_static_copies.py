@@ -6,6 +6,8 @@ flipped bit, deletion, truncation, an empty file) in each copy.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import shutil
@@ -169,6 +171,32 @@ def test_a_damaged_static_manifest_of_an_old_root_is_a_clear_error(tmp_path: Pat
     with pytest.raises(StaticDataError, match="one copy only"):
         restore(root)
     assert latest_valid(root) is None
+
+
+def test_the_cli_sees_the_steps_valid_with_one_copy_and_names_the_damaged_one(
+    tmp_path: Path,
+) -> None:
+    from resilient import cli
+
+    def run(*argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = cli.main(list(argv))
+        return code, out.getvalue()
+
+    root = tmp_path / "ck"
+    h = make_root(root)
+    flip(root / "static" / h / "manifest.json")
+    for argv in (["ls"], ["latest"], ["status"]):
+        code, said = run(*argv, str(root))
+        assert code == 0 and "invalid" not in said, (argv, said)
+    code, said = run("verify", str(root), "--full")
+    assert code == 0 and f"its copy {h}/ failed" in said and "repairs it" in said, said
+    delete(root / "static" / f"{h}.copy" / "COMMITTED")
+    for argv in (["ls"], ["latest"], ["status"], ["verify", "--full"]):
+        code, said = run(argv[0], str(root), *argv[1:])
+        assert "Traceback" not in said, said
+    assert code == 1 and "backup" in said, said
 
 
 # ---------------------------------------------------------------------- run key and marker
