@@ -602,6 +602,7 @@ class Restorer:
         sized = self.shards is None
         lost: StaticDataError | None = None
         self._lost = None
+        sources: dict[str | None, tuple[Manifest | None, tuple[Path, ...]]] = {}
         for record in iter_checkpoints(self.root, step=step, memo=self.memo, data_files=sized):
             if record.shared:  # its own files passed; the static data it shares did not
                 log.warning(
@@ -616,8 +617,11 @@ class Restorer:
                 self.passed_over.append(record.step)
                 continue
             saved = record.manifest.layout
-            try:
-                static, dirs = self._static_source(record.manifest)
+            try:  # (each content checked and repaired once per restore)
+                content = record.manifest.static
+                if content not in sources:
+                    sources[content] = self._static_source(record.manifest)
+                static, dirs = sources[content]
             except StaticDataError as exc:
                 log.warning(
                     "checkpoint of step %d not restored (not quarantined): its static data %s",
