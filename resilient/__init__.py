@@ -33,6 +33,7 @@ from resilient.errors import (
     InvalidCheckpointError,
     LayoutMismatchError,
     ResilientError,
+    StaticDataError,
 )
 from resilient.job import warning as _warning
 
@@ -142,6 +143,7 @@ __all__ = [
     "KeepLast",
     "KeepPolicy",
     "LayoutMismatchError",
+    "StaticDataError",
     "ResilientError",
     "SaveContext",
     "SavePolicy",

@@ -39,6 +39,7 @@ from resilient.io.validate import (
     latest_valid,
     list_checkpoints,
     protected_steps,
+    resolve_static,
     validate_checkpoint,
 )
 from resilient.job.run import build_parser as run_parser
@@ -76,7 +77,10 @@ def _directory(path: str) -> Path:
 def _root(path: str) -> Path:
     root = _directory(path)
     if not storage.is_root(root):
-        raise CliError(f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})")
+        raise CliError(
+            storage.marker_problem(root)
+            or f"{root}: not a resilient checkpoint root (no {filenames.ROOT_MARKER})"
+        )
     return root
 
 
@@ -262,11 +266,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.step is not None:
         path = root / filenames.step_dir_name(args.step)
         try:
-            validate_checkpoint(path, full=args.full)
+            manifest = validate_checkpoint(path, full=args.full)
         except InvalidCheckpointError as exc:
             print(f"step {args.step}: INVALID: {exc.reason}")
             return EXIT_NOT_FOUND
         print(f"step {args.step}: valid ({'full' if args.full else 'quick'} check)")
+        _print_static_copies(root, [manifest.static], full=args.full)
         return EXIT_OK
     records = [r for r in list_checkpoints(root, full=args.full) if r.status != "quarantined"]
     bad = 0
@@ -276,7 +281,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not records:
         print(f"no checkpoints in {root}")
         return EXIT_NOT_FOUND
+    _print_static_copies(root, [r.manifest.static for r in records if r.manifest], full=args.full)
     return EXIT_NOT_FOUND if bad else EXIT_OK
+
+
+def _print_static_copies(root: Path, contents: list[str | None], *, full: bool) -> None:
+    """One line per damaged copy of the static data of ``contents`` whose other copy is intact
+    (those steps are valid; the next restore repairs it)."""
+    for content in sorted({c for c in contents if c is not None}):
+        try:
+            damaged = resolve_static(root, content, full=full).damaged
+        except InvalidCheckpointError:
+            continue  # (its steps said INVALID already)
+        for path, why in damaged:
+            print(
+                f"static data {content}: its copy {path.name}/ failed ({why}); the other is "
+                "intact: the next restore repairs it"
+            )
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ Example::
     flush_every: 5                 # ... every 5 checkpoints, and always the last one
     local_keep: 2                  # local checkpoints kept per node
     redundancy: partner            # a copy of each node's local checkpoint on the next node
+    static_copies: 2               # copies of the static data's files (1: large meshes)
 
 ``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.job.session.Session`
 stops (and writes its final checkpoint) once less than this margin plus the measured save cost
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.checkpoint.partner import REDUNDANCY_SCHEMES
+from resilient.checkpoint.statics import check_static_copies
 from resilient.errors import ConfigError
 from resilient.model.policies import (
     EverySeconds,
@@ -73,6 +75,7 @@ class CheckpointConfig:
     flush_every: int = 1
     local_keep: int = 2
     redundancy: str | None = None
+    static_copies: int = 2
 
     def __post_init__(self) -> None:
         if self.checkpoint_comm not in ("self", "node", "world"):
@@ -92,6 +95,7 @@ class CheckpointConfig:
             )
         if self.redundancy is not None and self.local_dir is None:
             raise ConfigError(f"redundancy: {self.redundancy} needs local_dir (node-local storage)")
+        check_static_copies(self.static_copies)
         if self.local_dir is not None and "$" in self.local_dir:
             raise ConfigError(
                 f"local_dir: {self.local_dir!r} names an environment variable that is not set"
@@ -104,7 +108,7 @@ class CheckpointConfig:
             "keep": self.keep, "margin_s": self.walltime_margin_s, "gc_every": self.gc_every,
             "async_save": self.async_save, "local_dir": self.local_dir,
             "flush_every": self.flush_every, "local_keep": self.local_keep,
-            "redundancy": self.redundancy,
+            "redundancy": self.redundancy, "static_copies": self.static_copies,
         }  # fmt: skip
 
     @classmethod
@@ -116,6 +120,7 @@ class CheckpointConfig:
         top.only({
             "checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every",
             "async_save", "local_dir", "flush_every", "local_keep", "redundancy",
+            "static_copies",
         })  # fmt: skip
         local_dir = top.get("local_dir", str, None)
         return cls(
@@ -129,6 +134,7 @@ class CheckpointConfig:
             flush_every=top.get("flush_every", int, 1),
             local_keep=top.get("local_keep", int, 2),
             redundancy=top.get("redundancy", str, None),
+            static_copies=top.get("static_copies", int, 2),
         )
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "LayoutMismatchError",
     "RankFailure",
     "ResilientError",
+    "StaticDataError",
 ]
 
 
@@ -62,6 +63,17 @@ class InvalidCheckpointError(ResilientError):
 
     def __str__(self) -> str:
         return f"invalid checkpoint {self.path}: {self.reason}"
+
+
+class StaticDataError(InvalidCheckpointError):
+    """Both copies of a piece of static data are damaged (or its only copy of the data files,
+    saved with ``static_copies=1``): the checkpoints that use it cannot be restored, although
+    their own files may be intact. Not a reason to quarantine them; retrying cannot help: a
+    permanent storage error (a :class:`~resilient.job.session.Session` exits 74, which
+    ``resilient run`` does not retry). The message names the files and what the user can do."""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
 
 
 class LayoutMismatchError(ResilientError):

@@ -25,9 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
-from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError
+from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, StaticDataError
 from resilient.io import fileio
-from resilient.io.validate import latest_valid, load_entries, load_manifest, validate_checkpoint
+from resilient.io.validate import (
+    latest_valid,
+    load_entries,
+    load_manifest,
+    resolve_static,
+    validate_checkpoint,
+)
 from resilient.model import filenames
 from resilient.model.checksum import digest_array
 from resilient.model.filenames import rank_group_name
@@ -161,8 +167,13 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
             raise CheckpointNotFoundError(f"no checkpoint of step {step} in {root}")
         manifest = validate_checkpoint(path)
     sets = [(path, manifest)]
-    if manifest.static is not None:
-        static_dir = root / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
+    if manifest.static is not None:  # its first intact copy (read only: nothing repaired)
+        source = resolve_static(root, manifest.static)
+        if not source.dirs:
+            raise StaticDataError(
+                str(source.meta), f"no whole copy: {'; '.join(w for _, w in source.damaged)}"
+            )
+        static_dir = source.dirs[0]
         sets.append((static_dir, load_manifest(static_dir, kind="static")))
     stats = ReadStats()
     datasets: list[GlobalDataset] = []

@@ -59,6 +59,7 @@ HASH_HEX = 12
 KEPT_FILES = frozenset(
     {
         filenames.ROOT_MARKER,
+        filenames.ROOT_MARKER_COPY,
         filenames.LOCK_FILE,
         filenames.ATTEMPT_LEDGER,
         filenames.SAVE_LOG,

@@ -579,3 +579,33 @@ def test_a_shape_change_is_reported_and_not_retried(tmp_path: Path) -> None:
     assert "'u' with shape (500,)" in proc.stderr and "shape (600,)" in proc.stderr
     assert "belongs to another run" in proc.stderr
     assert [r["exit_code"] for r in read_ledger(ckpt)] == [0, 78]
+
+
+def test_static_data_one_copy_damaged_finishes_both_damaged_exits_74_without_traceback(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """One damaged copy of the static data costs nothing (the attempt restores, repairs it
+    and finishes bit-identically); both damaged: exit 74 (not retried) with a message naming
+    the files and the fix, no traceback and no quarantined step."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    opts = ["--checkpoint-dir", str(ckpt), "--walltime", "4", "--signal", "USR1@1",
+            "--kill-wait", "1"]  # fmt: skip
+    proc = resilient_run(opts, heat_cmd(ckpt, out, n=2, delay=0.06))
+    assert proc.returncode == 75, proc.stderr
+    (h,) = [p.name for p in (ckpt / "static").iterdir() if len(p.name) == 32]
+    manifest = ckpt / "static" / h / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:-7])  # truncated
+    said = ""
+    while (proc := resilient_run(opts, heat_cmd(ckpt, out, n=2, delay=0.06))).returncode == 75:
+        said += proc.stderr
+    said += proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert said.count("repaired it from the other copy") == 1, said  # (the first attempt)
+    assert field(out) == reference
+    for name in (h, f"{h}.copy"):
+        (ckpt / "static" / name / "COMMITTED").write_text("garbage")
+    proc = resilient_run(["--checkpoint-dir", str(ckpt)], heat_cmd(ckpt, out, n=2, delay=0.0))
+    assert proc.returncode == 74, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "COMMITTED marker is garbled" in proc.stderr and "backup" in proc.stderr
+    assert not [p for p in ckpt.iterdir() if ".quarantined-" in p.name]

@@ -862,7 +862,7 @@ def test_cleanup_keeps_logs_and_needs_every_output(tmp_path: Path) -> None:
         "step_00000001", "step_00000002.quarantined-0123456789abcdef", "step_00000003", "static"
     }  # fmt: skip
     assert sorted(p.name for p in ck.iterdir()) == [
-        ".lock", ".resilient-root", "attempts.jsonl", "saves.jsonl"
+        ".lock", ".resilient-root", ".resilient-root.copy", "attempts.jsonl", "saves.jsonl"
     ]  # fmt: skip
     assert latest_checkpoint(ck) is None and read_ledger(ck) == [{"attempt": 1, "exit_code": 0}]
     assert old.exists()  # stale siblings stay unless asked

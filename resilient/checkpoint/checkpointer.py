@@ -26,9 +26,11 @@ exception on every rank, never a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import operator
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -585,13 +587,20 @@ def save_set(
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
+    copy: PendingDir | None = None,
+    copies: int | None = None,
 ) -> None:
     """Collective over ``comms.comm``: call on all ranks. Write ``data`` of every rank into
     ``pending`` and commit it (:func:`plan_rank`, :func:`plan_write`, :meth:`WriteJob.run`,
     :func:`commit_set`).
 
-    The coordinator has already created ``pending``. On any failure every rank raises the same
-    error and ``pending`` is rolled back; everything else is untouched.
+    ``copy``: a second directory (static data's second copy), committed after ``pending``
+    with the same manifest and shards (copied by the coordinator); with ``copies=2`` every
+    rank writes its data into it too, in the same pass (no more communication). ``copies``
+    is recorded in both markers.
+
+    The coordinator has already created ``pending`` (and ``copy``). On any failure every rank
+    raises the same error and both are rolled back; everything else is untouched.
     """
     coll = Collective(comms.comm)
     cache = cache or SkeletonCache()
@@ -606,21 +615,43 @@ def save_set(
         )
     )
     try:
-        written: RankWritten | Exception = planned.result().run()
+        job = planned.result()
+        written: RankWritten | Exception = job.run()
+        if copy is not None and copies == 2:  # the same bytes into the second copy
+            dataclasses.replace(job, path=copy.path / job.path.name).write()
     except Exception as exc:
         written = exc
     gathered = gather_set(comms, written, pending.path, kind=kind, step=step)
     answer: Manifest | Exception | None = None
     if gathered is not None:
+        what = f"save of {kind} step {step}"
         try:
             answer = commit_set(
                 comms, gathered.values(), step=step, kind=kind, static=static, metrics=metrics,
-                library_version=library_version, pending=pending,
+                library_version=library_version,
             )  # fmt: skip
+            pending.commit(answer, what=what, copies=copies)
+            if copy is not None:
+                _commit_copy(pending.final, copy, answer, what=what, copies=copies)
         except Exception as exc:
             pending.rollback()
+            if copy is not None:
+                copy.rollback()
             answer = exc
     coll.announce(f"save of {kind} step {step}", answer, everywhere=False)
+
+
+def _commit_copy(
+    first: Path, copy: PendingDir, manifest: Manifest, *, what: str, copies: int | None
+) -> None:
+    """Coordinator: commit ``copy`` with ``manifest`` and the shards committed in ``first``
+    (its data files, if it holds them, are written already)."""
+    sharded = manifest.sharded
+    names = [] if sharded is None else [s.name for s in sharded.shards]
+    for name in names:
+        shutil.copyfile(first / name, copy.path / name)
+    storage.fsync_files([copy.path / name for name in names])
+    copy.commit(manifest, what=f"{what} (its second copy)", copies=copies)
 
 
 def build_manifest(
@@ -724,7 +755,8 @@ def seed_cache(cache: SkeletonCache, comms: SetComms, directory: Path, manifest:
     except (OSError, EOFError):
         return
     if all(
-        digest_bytes(b) == s.checksum for (_, b), s in zip(meta_bytes, entry.meta_segments, strict=True)
+        digest_bytes(b) == s.checksum
+        for (_, b), s in zip(meta_bytes, entry.meta_segments, strict=True)
     ):
         built = fileio.FileSkeleton(offsets, entry.meta_segments, entry.size, tuple(meta_bytes))
         cache.skeleton = Skeleton.of(built)

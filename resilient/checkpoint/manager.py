@@ -129,6 +129,11 @@ class CheckpointManager:
             for its ranks. ``None``: one manifest whatever the rank count. With ``local_dir``
             no shard spans two nodes: each node's copy holds the shards of its own ranks and
             the index.
+        static_copies: copies of the static data's files (``static=`` of :meth:`save`): 2
+            (default) or 1, for static data too large to store twice. Its manifest, shards and
+            ``COMMITTED`` always have two copies; one damaged copy is repaired from the other
+            at the next restore or save of it. With 1, a damaged data file of it is an error
+            (:class:`~resilient.errors.StaticDataError`) that names the file and this option.
     """
 
     def __init__(
@@ -148,6 +153,7 @@ class CheckpointManager:
         redundancy: str | None = None,
         run_key: Mapping[str, Any] | None = None,
         manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
+        static_copies: int = 2,
     ) -> None:
         self.root = Path(root)
         self.run_key = normalize_run_key(run_key)
@@ -159,7 +165,7 @@ class CheckpointManager:
         self._coll = Collective(self.comm)
         self._lock = storage.RootLock(self.root, owner=lock_owner)
         self._deleter = storage.BackgroundDeleter()
-        self._statics = StaticStore(self.root)
+        self._statics = StaticStore(self.root, copies=static_copies)
         self._catalog = Catalog(self.root, self._statics)
         self._closed = False
         self._saves = 0

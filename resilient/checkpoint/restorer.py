@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.elastic import ElasticPlan, ReadStats, needs_elastic, read_elastic
@@ -44,9 +44,11 @@ from resilient.errors import (
     CheckpointNotFoundError,
     ConfigError,
     InvalidCheckpointError,
+    StaticDataError,
 )
 from resilient.io import storage
 from resilient.io.devicecopy import DeviceStaging
+from resilient.io.repair import repair_static
 from resilient.io.validate import (
     check_file_sizes,
     iter_checkpoints,
@@ -54,7 +56,6 @@ from resilient.io.validate import (
     load_manifest,
     read_shards,
 )
-from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError, columns_of
@@ -85,6 +86,8 @@ class _Candidate:
     docs: Mapping[str, ShardDoc] | None = None
     static_docs: Mapping[str, ShardDoc] | None = None
     unloadable: str | None = None
+    # the intact copies of its static data, the one to read first (:func:`repair_static`)
+    static_dirs: tuple[Path, ...] = ()
 
 
 def _needed(saved: Layout, current: Layout) -> list[tuple[int, ...]]:
@@ -137,9 +140,7 @@ def _parts(
     ]
 
 
-def _docs_of(
-    part: Manifest | None, docs: Mapping[str, ShardDoc]
-) -> Mapping[str, ShardDoc] | None:
+def _docs_of(part: Manifest | None, docs: Mapping[str, ShardDoc]) -> Mapping[str, ShardDoc] | None:
     """Of the shards ``docs``, the entries of the files ``part`` lists, in the shards it
     names (``None``: nothing to hand on)."""
     sharded = None if part is None else part.sharded
@@ -254,6 +255,8 @@ class Restorer:
         self.last_restored: tuple[Path, Manifest] | None = None
         # coordinator: the steps the last restore quarantined on its way to the one it returned
         self.passed_over: list[int] = []
+        # coordinator: what the last restore found of static data that no copy of could be read
+        self._lost: StaticDataError | None = None
 
     def restore(
         self,
@@ -295,6 +298,8 @@ class Restorer:
                 except Exception as exc:
                     verdict = exc
             if self.coll.announce(f"restore of {chosen.path.name}", verdict):
+                if self.coll.rank == 0 and reads is not None:
+                    self._repair_after_read(chosen, reads.values())
                 self.last_restored = (chosen.path, chosen.manifest)
                 return chosen.manifest.step, state
             if step is not None:
@@ -322,20 +327,23 @@ class Restorer:
             ``(None, [])`` when some rank's ``blocks`` differ from its saved ones (an elastic
             restore, which reads other ranks' files: use the shared root).
         """
-        static = self.coll.scatter(
-            f"loading the static data of {path}",
-            lambda: _static_parts(self._static_manifest(manifest), self.layout),
-        )
+
+        def parts() -> list[tuple[Manifest | None, tuple[Path, ...]]]:
+            static, dirs = self._static_source(manifest)
+            return [(p, dirs) for p in _static_parts(static, self.layout)]
+
+        static, dirs = self.coll.scatter(f"loading the static data of {path}", parts)
         if static is not None:
             static = _received(static, self.layout)
-        chosen = _Candidate(path, manifest, static)  # this rank's path: a node-local copy's
+        # this rank's path: a node-local copy's
+        chosen = _Candidate(path, manifest, static, static_dirs=dirs)
         # a shard that cannot be loaded: this rank's read below fails on it, saying why
         with contextlib.suppress(InvalidCheckpointError, ManifestError):
             chosen = self._load(chosen, (self.coll.rank,))
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
         chosen, state, why = self._try_read(chosen, validate, into or {}, None, {})
-        reasons = self._failed_reads(f"restore of {path}", why)
+        reasons = self._failed_reads(f"restore of {path}", why, chosen)
         if reasons:
             return None, reasons
         self.last_restored = (path, chosen.manifest)
@@ -364,40 +372,49 @@ class Restorer:
             ConfigError: ``blocks`` or ``into`` do not fit (every rank).
         """
 
-        def whole_static() -> tuple[Manifest | None, str | None]:
+        def whole_static() -> tuple[Manifest | None, tuple[Path, ...]]:
+            static, dirs = self._static_source(manifest)
             try:
-                static = self._static_manifest(manifest)
                 if static is not None:
-                    static = load_entries(self._static_dir(manifest), static, None, memo=self.memo)
+                    static = load_entries(dirs[0], static, None, memo=self.memo)
             except InvalidCheckpointError as exc:
-                return None, f"its static data {exc.path}: {exc.reason}"
+                raise StaticDataError(exc.path, exc.reason) from None
             except ManifestError as exc:
-                return None, f"its static data: {exc}"
-            return static, None
+                raise StaticDataError(str(dirs[0]), f"bad manifest: {exc}") from None
+            return static, dirs
 
-        static, problem = self.coll.broadcast(
-            f"loading the static data of {path.name}", whole_static
-        )
-        if problem is not None:
-            return None, [problem]
-        chosen = _Candidate(path, manifest, static, elastic=True)
+        static, dirs = self.coll.broadcast(f"loading the static data of {path.name}", whole_static)
+        chosen = _Candidate(path, manifest, static, elastic=True, static_dirs=dirs)
         plan = self._elastic_plans(chosen)
         chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
-        reasons = self._failed_reads(f"elastic restore of {path}", why)
+        reasons = self._failed_reads(f"elastic restore of {path}", why, chosen)
         if reasons:
             return None, reasons
         self.last_restored = (path, chosen.manifest)
         return state, []
 
-    def _failed_reads(self, what: str, why: str | Exception | None) -> list[str]:
+    def _failed_reads(
+        self, what: str, why: str | Exception | _StaticNote | None, chosen: _Candidate
+    ) -> list[str]:
         """Collective: every rank's read failure (``why``; ``None``: it read its piece) as
         ``rank R: why`` lines, on every rank (empty: every rank read its piece); an exception
-        a rank passes (e.g. a ``ConfigError``) is raised on every rank."""
+        a rank passes (e.g. a ``ConfigError``) is raised on every rank. A copy of the static
+        data that failed a rank's read (which read the other) is repaired."""
         gathered = self.coll.gather(why)
         found: list[str] | Exception | None = None
         if gathered is not None:
             try:
-                found = [f"rank {r}: {w}" for r, w in enumerate(gathered.values()) if w is not None]
+                values = list(gathered.values())
+                lost = _lost_in(values)
+                if lost is not None:
+                    raise lost
+                found = [
+                    f"rank {r}: {w}"
+                    for r, w in enumerate(values)
+                    if w is not None and not isinstance(w, _StaticNote)
+                ]
+                if not found:
+                    self._repair_after_read(chosen, values)
             except Exception as exc:
                 found = exc
         reasons: list[str] = self.coll.announce(what, found)
@@ -440,12 +457,14 @@ class Restorer:
                 try:
                     self._check_sizes(part)  # (which the coordinator did not: _candidates)
                     docs = read_shards(part.path, part.manifest, members)
-                    if part.static is not None:
-                        n = len(part.static.ranks)
-                        static_docs = read_shards(
-                            self._static_dir(part.manifest), part.static,
-                            [r for r in members if r < n],
-                        )  # fmt: skip
+                    static = part.static
+                    if static is not None:
+                        mine = [r for r in members if r < len(static.ranks)]
+                        static_docs = _first_copy(
+                            part.static_dirs, lambda d: read_shards(d, static, mine)
+                        )[0]
+                except StaticDataError:
+                    pass  # each rank's read tries every copy and says what failed
                 except InvalidCheckpointError as exc:
                     part = dataclasses.replace(part, unloadable=exc.reason)
                 except ManifestError as exc:
@@ -467,8 +486,9 @@ class Restorer:
             InvalidCheckpointError: a file is missing or of another size.
         """
         check_file_sizes(candidate.path, candidate.manifest)
-        if candidate.static is not None:
-            check_file_sizes(self._static_dir(candidate.manifest), candidate.static)
+        static = candidate.static
+        if static is not None:
+            _first_copy(candidate.static_dirs, lambda d: check_file_sizes(d, static))
 
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
@@ -485,11 +505,17 @@ class Restorer:
         static = chosen.static
         if static is not None:
             n = len(static.ranks)
-            static = load_entries(
-                self._static_dir(chosen.manifest), static,
-                None if ranks is None else [r for r in ranks if r < n], memo=self.memo,
-                read=chosen.static_docs,
-            )  # fmt: skip
+            wanted = None if ranks is None else [r for r in ranks if r < n]
+            static = _first_copy(
+                chosen.static_dirs,
+                lambda d: load_entries(
+                    d,
+                    static,
+                    wanted,
+                    memo=self.memo,
+                    read=chosen.static_docs,
+                ),
+            )[0]
         return dataclasses.replace(chosen, manifest=manifest, static=static)
 
     def _asks_elastic(self, whole: _Candidate, asked: Iterable[Any]) -> tuple[_Candidate, bool]:
@@ -574,16 +600,37 @@ class Restorer:
         those of a candidate of another layout (an elastic restore, whose parts hold none)."""
         current = self.layout
         sized = self.shards is None
+        lost: StaticDataError | None = None
+        self._lost = None
+        sources: dict[str | None, tuple[Manifest | None, tuple[Path, ...]]] = {}
         for record in iter_checkpoints(self.root, step=step, memo=self.memo, data_files=sized):
+            if record.shared:  # its own files passed; the static data it shares did not
+                log.warning(
+                    "checkpoint of step %d not restored (not quarantined): %s",
+                    record.step, record.reason,
+                )  # fmt: skip
+                lost = lost or StaticDataError(str(record.path), record.reason)
+                continue
             if record.manifest is None:
                 storage.quarantine(record.path, record.step, record.reason)
                 self.catalog.quarantined(record.step)
                 self.passed_over.append(record.step)
                 continue
             saved = record.manifest.layout
-            static = self._static_manifest(record.manifest)
+            try:  # (each content checked and repaired once per restore)
+                content = record.manifest.static
+                if content not in sources:
+                    sources[content] = self._static_source(record.manifest)
+                static, dirs = sources[content]
+            except StaticDataError as exc:
+                log.warning(
+                    "checkpoint of step %d not restored (not quarantined): its static data %s",
+                    record.step, exc,
+                )  # fmt: skip
+                lost = lost or exc
+                continue
             elastic = saved.nranks != current.nranks or saved.kind != current.kind
-            candidate = _Candidate(record.path, record.manifest, static, elastic)
+            candidate = _Candidate(record.path, record.manifest, static, elastic, static_dirs=dirs)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:
                     if not sized:
@@ -599,17 +646,43 @@ class Restorer:
                     self.passed_over.append(record.step)
                     continue
             yield candidate
+        lost = lost or self._lost
+        if lost is not None:  # intact checkpoints whose static data is lost: say what to do
+            raise lost
         where = f"of step {step} " if step is not None else ""
         raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
 
-    def _static_manifest(self, manifest: Manifest) -> Manifest | None:
-        if manifest.static is None:
-            return None
-        return load_manifest(self._static_dir(manifest), kind="static")
+    def _static_source(self, manifest: Manifest) -> tuple[Manifest | None, tuple[Path, ...]]:
+        """Coordinator: the manifest of ``manifest``'s static data (its index, for a sharded
+        one) and its intact copies, the one to read first (a damaged copy repaired from the
+        other: :func:`~resilient.io.repair.repair_static`); ``(None, ())``: it has none.
 
-    def _static_dir(self, manifest: Manifest) -> Path:
-        """The directory of ``manifest``'s static data (in :attr:`root`)."""
-        return self.root / filenames.STATIC_DIR / filenames.static_dir_name(str(manifest.static))
+        Raises:
+            StaticDataError: no intact copy (what a repair could not make whole).
+        """
+        if manifest.static is None:
+            return None, ()
+        source = repair_static(self.root, manifest.static)
+        if not source.dirs:
+            reasons = "; ".join(f"{p.name}/: {why}" for p, why in source.damaged)
+            raise StaticDataError(
+                str(source.meta.parent / manifest.static),
+                f"its only copy of the data files needs the other copy's manifest, which could "
+                f"not be put back ({reasons}): make the directory writable and restore again",
+            )
+        return load_manifest(source.dirs[0], kind="static"), source.dirs
+
+    def _repair_after_read(self, chosen: _Candidate, reads: Iterable[object]) -> None:
+        """Coordinator: a copy of the static data failed some rank's read (the rank read the
+        other): check both copies fully and repair the damaged one (one warning)."""
+        notes = [w for w in reads if isinstance(w, _StaticNote)]
+        if not notes or chosen.manifest.static is None:
+            return
+        log.info("static data %s: %s", chosen.manifest.static, notes[0].reasons[0])
+        try:
+            repair_static(self.root, chosen.manifest.static, full=True)
+        except (StaticDataError, OSError) as exc:
+            log.warning("static data %s could not be repaired: %s", chosen.manifest.static, exc)
 
     def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
         """This rank: check that its template fits, before reading (not the checkpoint's fault:
@@ -627,7 +700,7 @@ class Restorer:
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> tuple[_Candidate, dict[str, Any], str | ConfigError | None]:
+    ) -> tuple[_Candidate, dict[str, Any], str | ConfigError | _StaticNote | None]:
         """Every rank: load this rank's entries (a plain read: :meth:`_load`) and read its
         piece; the candidate as loaded, the state read (empty if it was not) and what is wrong
         with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
@@ -640,7 +713,10 @@ class Restorer:
                 chosen = self._load(chosen, (self.coll.rank,))
                 if into:
                     self._check_template(chosen, into)
-            return chosen, self._read(chosen, validate, into, plan, blocks), None
+            state, note = self._read(chosen, validate, into, plan, blocks)
+            return chosen, state, note
+        except StaticDataError as exc:  # (not the checkpoint's fault: no quarantine)
+            return chosen, {}, _StaticNote((), lost=(exc.path, exc.reason))
         except ConfigError as exc:
             return chosen, {}, exc
         except InvalidCheckpointError as exc:
@@ -652,9 +728,22 @@ class Restorer:
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint
             return chosen, {}, describe_error(exc)
 
-    def _judge(self, chosen: _Candidate, reasons: list[str | None]) -> bool:
-        """Coordinator: accept the checkpoint, or quarantine it with every rank's reason."""
-        bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
+    def _judge(self, chosen: _Candidate, reasons: list[str | _StaticNote | None]) -> bool:
+        """Coordinator: accept the checkpoint, or quarantine it with every rank's reason (a
+        rank that read its static data from the second copy read its piece)."""
+        lost = _lost_in(reasons)
+        if lost is not None:  # its own files may be intact: try an older one, keep this one
+            log.warning(
+                "checkpoint of step %d not restored (not quarantined): %s",
+                chosen.manifest.step, lost,
+            )  # fmt: skip
+            self._lost = self._lost or lost
+            return False
+        bad = [
+            f"rank {r}: {why}"
+            for r, why in enumerate(reasons)
+            if why is not None and not isinstance(why, _StaticNote)
+        ]
         if bad:
             self._quarantine(chosen, "; ".join(bad[:4]))
         return not bad
@@ -666,9 +755,12 @@ class Restorer:
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> dict[str, Any]:
-        """Every rank: read and check this rank's piece; raise on anything wrong with it."""
+    ) -> tuple[dict[str, Any], _StaticNote | None]:
+        """Every rank: read and check this rank's piece; raise on anything wrong with it (a
+        :class:`StaticDataError` when only its static data is: no copy of it could be read);
+        and what failed of a copy of the static data before the other was read."""
         rank = self.coll.rank
+        note: _StaticNote | None = None
         if plan is not None:
             stats = ReadStats()
             self.last_read = stats
@@ -677,24 +769,28 @@ class Restorer:
             )
             state = elastic(chosen.path, plan.state)
             if plan.static is not None:
-                state.update(elastic(self._static_dir(chosen.manifest), plan.static))
+                static_plan = plan.static
+                got, note = _first_copy(chosen.static_dirs, lambda d: elastic(d, static_plan))
+                state.update(got)
         else:
             read = functools.partial(
                 read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
                 device=self.devices, absent=self.absent_devices,
             )  # fmt: skip
             state = read(chosen.path, chosen.manifest)
-            if chosen.static is not None:
-                state.update(read(self._static_dir(chosen.manifest), chosen.static))
+            static = chosen.static
+            if static is not None:
+                got, note = _first_copy(chosen.static_dirs, lambda d: read(d, static))
+                state.update(got)
         if validate is None:
-            return state
+            return state, note
         try:
             accepted = validate(state)
         except Exception as exc:
             raise _Rejected(f"validate hook raised {describe_error(exc)}") from None
         if not accepted:
             raise _Rejected(f"state rejected by the application's validate hook on rank {rank}")
-        return state
+        return state, note
 
     def _quarantine(self, chosen: _Candidate, why: str) -> None:
         try:
@@ -707,3 +803,57 @@ class Restorer:
 
 class _Rejected(Exception):
     """The application's validate hook rejected a restored state."""
+
+
+@dataclass(frozen=True, slots=True)
+class _StaticNote:
+    """A rank read its static data from a later copy: why each earlier one failed."""
+
+    reasons: tuple[str, ...]
+    lost: tuple[str, str] | None = None  # no copy could be read: (where, why)
+
+
+def _lost_in(reads: Iterable[object]) -> StaticDataError | None:
+    """Coordinator: the :class:`StaticDataError` of the first rank that could read no copy of
+    its static data (nothing is quarantined for it), if any."""
+    for rank, why in enumerate(reads):
+        if isinstance(why, _StaticNote) and why.lost is not None:
+            return StaticDataError(why.lost[0], f"(rank {rank}) {why.lost[1]}")
+    return None
+
+
+_T = TypeVar("_T")
+
+
+def _first_copy(dirs: Sequence[Path], read: Callable[[Path], _T]) -> tuple[_T, _StaticNote | None]:
+    """``read`` of the first copy of static data (``dirs``) it succeeds on, and why the copies
+    before it failed (``None``: none did). Local.
+
+    Raises:
+        StaticDataError: it failed on every copy (naming each failure).
+        ConfigError: the caller's arguments do not fit (not the copy's fault).
+    """
+    failed: list[str] = []
+    for d in dirs:
+        try:
+            return read(d), _StaticNote(tuple(failed)) if failed else None
+        except ConfigError:
+            raise
+        except InvalidCheckpointError as exc:
+            failed.append(f"{d.name}/: {exc.reason}")
+        except Exception as exc:
+            failed.append(f"{d.name}/: {describe_error(exc)}")
+    where = str(dirs[0].parent / dirs[0].name.removesuffix(".copy")) if dirs else "static data"
+    single = (
+        ": its data files have one copy only (saved with static_copies=1, the default 2 keeps "
+        "a second copy, or written before the copies)"
+        if len(dirs) == 1
+        else ""
+    )
+    raise StaticDataError(
+        where,
+        f"no copy of the static data could be read ({'; '.join(failed) or 'none found'}){single}. The "
+        "checkpoints that use it are intact but cannot be restored without it (none was "
+        "quarantined): put its directory back from a backup, or start over (delete the "
+        "checkpoint directory)",
+    )

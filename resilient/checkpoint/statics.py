@@ -1,33 +1,51 @@
 """Static data (mesh, coefficients): content-addressed, written once, reference-counted, collected.
 
 ``ROOT/static/<hash>/`` holds one committed set per content; checkpoints refer to it by hash in
-their manifest. A save of unchanged static data writes nothing; a directory is deleted once no
-checkpoint (valid, invalid or quarantined) refers to it.
+their manifest. ``ROOT/static/<hash>.copy/`` is its second copy: the same manifest, shards and
+``COMMITTED`` always, the data files too unless ``static_copies=1`` (large meshes). One damaged
+copy is repaired from the other (:func:`resilient.io.repair.repair_static`). A save of
+unchanged static data writes nothing; both copies are deleted once no checkpoint (valid,
+invalid or quarantined) refers to them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from resilient._version import __version__
 from resilient.checkpoint.checkpointer import save_set
-from resilient.errors import InvalidCheckpointError
+from resilient.errors import ConfigError, StaticDataError
 from resilient.io import storage
 from resilient.io.commit import PendingDir
-from resilient.io.validate import validate_checkpoint
+from resilient.io.repair import repair_static
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
 from resilient.parallel.collective import Collective
 from resilient.parallel.setcomms import SetComms
 
-__all__ = ["StaticStore"]
+__all__ = ["StaticStore", "check_static_copies"]
 
 log = logging.getLogger(__name__)
+
+
+def check_static_copies(copies: object) -> int:
+    """``copies`` as a number of copies of the static data's files (1 or 2).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if copies not in (1, 2) or isinstance(copies, bool) or not isinstance(copies, int):
+        raise ConfigError(
+            f"static_copies must be 1 or 2 (copies of the static data's files; its manifest "
+            f"always has two), got {copies!r}"
+        )
+    return copies
 
 
 class StaticStore:
@@ -38,8 +56,9 @@ class StaticStore:
     are the coordinator's (filled by :class:`resilient.checkpoint.catalog.Catalog` from what it finds on disk).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, copies: int = 2) -> None:
         self.root = root
+        self.copies = check_static_copies(copies)
         self.dir = root / filenames.STATIC_DIR
         self._refs: Counter[str] = Counter()
         self._pinned = False  # a reference could not be read: collect nothing
@@ -63,23 +82,33 @@ class StaticStore:
         """Collective over ``comms.comm``: write every rank's static data as ``content`` (what
         :meth:`is_stored` found missing)."""
         coll = Collective(comms.comm)
-        pending = coll.broadcast(
-            "creating a temporary directory for static data",
-            lambda: PendingDir.for_static(self.root, content).create(),
+        pending, copy = coll.broadcast(
+            "creating temporary directories for static data",
+            lambda: (
+                PendingDir.for_static(self.root, content).create(),
+                PendingDir.for_static(self.root, content, copy=True).create(),
+            ),
         )
         save_set(
             comms, pending, step=step, data=data or LocalData({}, {}), kind="static",
-            library_version=__version__,
+            library_version=__version__, copy=copy, copies=self.copies,
         )  # fmt: skip
         self._known_good.add(content)
 
     def is_stored(self, content: str) -> bool:
-        """Whether a valid copy of ``content`` exists (checked once per process)."""
+        """Whether a valid copy of ``content`` exists (checked once per process; a damaged
+        copy is repaired from the other: :func:`~resilient.io.repair.repair_static`)."""
         if content in self._known_good:
             return True
+        names = (filenames.static_dir_name(content), filenames.static_copy_dir_name(content))
+        if not any(os.path.lexists(self.dir / n) for n in names):
+            return False  # new content
         try:
-            validate_checkpoint(self.dir / filenames.static_dir_name(content), kind="static")
-        except InvalidCheckpointError:
+            repair_static(self.root, content)
+        except StaticDataError as exc:
+            log.warning(
+                "static data %s has no intact copy (%s): writing it again", content, exc.reason
+            )
             return False
         self._known_good.add(content)
         return True
@@ -105,9 +134,11 @@ class StaticStore:
         if self._pinned or not self.dir.is_dir() or self.dir.is_symlink():
             return []
         trash = []
-        for name in storage.names_in(self.dir):
-            if filenames.is_static_dir(name) and self._refs[name] <= 0:
+        for name in sorted(storage.names_in(self.dir)):
+            content = name if filenames.is_static_dir(name) else filenames.parse_static_copy(name)
+            if content is not None and self._refs[content] <= 0:
                 trash.append(storage.move_to_trash(self.dir / name, durable=False))
-                self._known_good.discard(name)
-                log.info("deleted unreferenced static data %s", name)
+                self._known_good.discard(content)
+                if content == name:
+                    log.info("deleted unreferenced static data %s", name)
         return trash

@@ -61,12 +61,13 @@ class PendingDir:
         return cls(root / tmp, root / filenames.step_dir_name(step))
 
     @classmethod
-    def for_static(cls, root: Path, content_hash: str) -> PendingDir:
-        """The pending directory of static data with ``content_hash`` (no I/O)."""
+    def for_static(cls, root: Path, content_hash: str, *, copy: bool = False) -> PendingDir:
+        """The pending directory of static data with ``content_hash`` (no I/O); ``copy``: of
+        its second copy."""
         parent = root / filenames.STATIC_DIR
+        name = filenames.static_copy_dir_name if copy else filenames.static_dir_name
         return cls(
-            parent / filenames.static_tmp_dir_name(storage.new_token()),
-            parent / filenames.static_dir_name(content_hash),
+            parent / filenames.static_tmp_dir_name(storage.new_token()), parent / name(content_hash)
         )
 
     def create(self, *, shared: bool = False) -> PendingDir:
@@ -78,7 +79,7 @@ class PendingDir:
         self.path.mkdir(exist_ok=shared)
         return self
 
-    def commit(self, manifest: Manifest, *, what: str) -> None:
+    def commit(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
         """Write the manifest and the marker durably, then atomically rename to :attr:`final`
         (:meth:`prepare`, then :meth:`publish`).
 
@@ -88,11 +89,13 @@ class PendingDir:
         Raises:
             CommitError: with the OS error's errno, after transient errors were retried.
         """
-        self.prepare(manifest, what=what)
+        self.prepare(manifest, what=what, copies=copies)
         self.publish(what=what)
 
-    def prepare(self, manifest: Manifest, *, what: str) -> None:
-        """Write the manifest and the marker (not yet durable: :meth:`publish` makes them so).
+    def prepare(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
+        """Write the manifest and the marker (not yet durable: :meth:`publish` makes them so);
+        ``copies``: static data's, recorded in the marker (see
+        :func:`~resilient.io.validate.marker_text`).
 
         Raises:
             CommitError: as :meth:`commit`.
@@ -105,7 +108,7 @@ class PendingDir:
                 "ranks x their arrays); not committed (earlier checkpoints are intact). Save "
                 "fewer, larger arrays per rank (e.g. one flat buffer for an optimizer's state)"
             )
-        marker = marker_text(manifest.step, digest_bytes(text)).encode()
+        marker = marker_text(manifest.step, digest_bytes(text), copies=copies).encode()
         files = [(self.path / filenames.MANIFEST, text), (self.path / filenames.COMMITTED, marker)]
         with _commit_errors(what):
             storage.retry_io(

@@ -23,8 +23,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from resilient.errors import CheckpointLockedError, CollectiveError, CommitError, ConfigError
+from resilient.errors import (
+    CheckpointLockedError,
+    CollectiveError,
+    CommitError,
+    ConfigError,
+    StaticDataError,
+)
 from resilient.model import filenames
+from resilient.model.checksum import hash128
 
 __all__ = [
     "BackgroundDeleter",
@@ -36,6 +43,7 @@ __all__ = [
     "fsync_together",
     "is_permanent_storage_error",
     "is_root",
+    "marker_problem",
     "is_transient",
     "retry_io",
     "new_token",
@@ -156,32 +164,97 @@ def fsync_together(paths: list[Path]) -> None:
             raise exc
 
 
-def is_root(root: Path) -> bool:
-    """Whether ``root`` is a checkpoint root made by this library."""
+_MARKERS = (filenames.ROOT_MARKER, filenames.ROOT_MARKER_COPY)
+
+
+def _marker_bytes() -> bytes:
+    """A root marker: :data:`ROOT_FORMAT` and a checksum of it (so that a flipped bit that
+    still parses is seen)."""
+    return json.dumps(
+        {**ROOT_FORMAT, "checksum": hash128(json.dumps(ROOT_FORMAT, sort_keys=True))}
+    ).encode()
+
+
+def _marker_state(path: Path) -> str:
+    """``good``, ``legacy`` (good, without a checksum: written before the copies), ``missing``
+    or ``damaged``."""
     try:
-        doc = json.loads((root / filenames.ROOT_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("format") == ROOT_FORMAT["format"]
+        if os.lstat(path).st_size > 1 << 16:
+            return "damaged"
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError, RecursionError):
+        return "damaged"
+    if not isinstance(doc, dict) or doc.get("format") != ROOT_FORMAT["format"]:
+        return "damaged"
+    if "checksum" not in doc:  # as written before the copies, or a damaged key
+        return "legacy" if doc == ROOT_FORMAT else "damaged"
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    return "good" if doc["checksum"] == hash128(json.dumps(body, sort_keys=True)) else "damaged"
+
+
+def is_root(root: Path) -> bool:
+    """Whether ``root`` is a checkpoint root made by this library (one intact copy of its
+    marker is enough)."""
+    return any(_marker_state(root / n) in ("good", "legacy") for n in _MARKERS)
+
+
+def marker_problem(root: Path) -> str | None:
+    """Why ``root`` is not a checkpoint root although it has a marker: every copy of its
+    marker is damaged (the sentence names them and the fix); ``None`` otherwise."""
+    states = {n: _marker_state(root / n) for n in _MARKERS}
+    if any(v in ("good", "legacy") for v in states.values()) or all(
+        v == "missing" for v in states.values()
+    ):
+        return None
+    damaged = " and ".join(n for n, v in states.items() if v == "damaged")
+    return (
+        f"the marker of the checkpoint directory {root} is damaged ({damaged}; "
+        "its checkpoints are not looked at): if it is this run's checkpoint directory, "
+        f"rewrite the marker with `printf '%s' '{json.dumps(ROOT_FORMAT)}' > "
+        f"{root / filenames.ROOT_MARKER}` and start again (or delete the directory to start "
+        "over)"
+    )
 
 
 def ensure_root(root: Path) -> None:
-    """Create the checkpoint root (and its marker) if needed; refuse a foreign directory.
+    """Create the checkpoint root (and both copies of its marker) if needed; refuse a foreign
+    directory. A missing or damaged copy of the marker is written again from the other (one
+    warning; a copy added to a root written before the copies: one info line).
 
     Raises:
-        ConfigError: ``root`` exists, is not empty and is not a checkpoint root.
+        ConfigError: ``root`` exists, is not empty and is not a checkpoint root (or every copy
+            of its marker is damaged: the message says so, with the fix).
     """
     if root.is_symlink() and not root.is_dir():
         raise ConfigError(f"{root}: dangling symlink, not a checkpoint root")
     root.mkdir(parents=True, exist_ok=True)
-    if is_root(root):
+    states = {n: _marker_state(root / n) for n in _MARKERS}
+    if any(v in ("good", "legacy") for v in states.values()):
+        bad = [n for n, v in states.items() if v in ("missing", "damaged")]
+        if bad:
+            _rewrite_markers(root, bad)
+            legacy = states[filenames.ROOT_MARKER] == "legacy" and states[bad[0]] == "missing"
+            (log.info if legacy else log.warning)(
+                "%s: %s its marker %s from the other copy",
+                root, "added the second copy of" if legacy else "repaired", bad[0],
+            )  # fmt: skip
         return
+    problem = marker_problem(root)
+    if problem is not None:
+        raise ConfigError(problem)
     if any(root.iterdir()):
         raise ConfigError(
             f"{root} is not empty and is not a resilient checkpoint root "
             f"(no {filenames.ROOT_MARKER}); refusing to write into it"
         )
-    replace_file(root / filenames.ROOT_MARKER, json.dumps(ROOT_FORMAT).encode())
+    _rewrite_markers(root, list(_MARKERS))
+
+
+def _rewrite_markers(root: Path, names: list[str]) -> None:
+    for name in names:
+        replace_file(root / name, _marker_bytes())
     fsync_dir(root)
 
 
@@ -331,8 +404,11 @@ def is_permanent_storage_error(exc: BaseException) -> bool:
 
     Reads errnos as data: an ``OSError``'s, a :class:`CommitError`'s, and each rank's
     :class:`~resilient.errors.RankFailure` of a :class:`CollectiveError`; then the cause chain.
+    Static data that no copy of can be read (:class:`~resilient.errors.StaticDataError`) is one.
     """
     if isinstance(exc, (OSError, CommitError)) and exc.errno in PERMANENT_ERRNOS:
+        return True
+    if isinstance(exc, StaticDataError):  # no copy of it can be read: retrying cannot help
         return True
     if isinstance(exc, CollectiveError):
         return any(f.errno in PERMANENT_ERRNOS for f in exc.details.values())

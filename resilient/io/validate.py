@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.errors import InvalidCheckpointError
+from resilient.errors import InvalidCheckpointError, StaticDataError
 from resilient.io.digests import digest_file_range, digest_file_stripes
 from resilient.io.logs import PROTECTED, read_log
 from resilient.model import filenames
@@ -36,6 +37,7 @@ from resilient.model.tree import Memo
 __all__ = [
     "MAX_MANIFEST_BYTES",
     "CheckpointRecord",
+    "StaticSource",
     "check_file_sizes",
     "entries_from_shards",
     "iter_checkpoints",
@@ -46,9 +48,13 @@ __all__ = [
     "protected_steps",
     "read_shard",
     "read_shards",
+    "resolve_static",
     "resumable_step",
+    "static_copies_of",
     "validate_checkpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest manifest a reader parses (a larger one is refused as implausible, so a save
@@ -72,6 +78,7 @@ class CheckpointRecord:
     status: str
     reason: str = ""
     manifest: Manifest | None = None
+    shared: bool = False  # invalid only because its static data is lost (not quarantined)
 
 
 def _read_small(path: Path, limit: int) -> bytes:
@@ -91,9 +98,16 @@ def _read_small(path: Path, limit: int) -> bytes:
         return data
 
 
-def marker_text(step: int, manifest_checksum: str) -> str:
-    """Content of the ``COMMITTED`` marker."""
-    return json.dumps({"step": step, "manifest_checksum": manifest_checksum})
+def marker_text(step: int, manifest_checksum: str, *, copies: int | None = None) -> str:
+    """Content of the ``COMMITTED`` marker; ``copies``: of static data, how many copies of
+    its data files were written (1 or 2; its metadata always has two)."""
+    doc: dict[str, object] = {"step": step, "manifest_checksum": manifest_checksum}
+    if copies is not None:
+        doc[_COPIES] = copies
+    return json.dumps(doc)
+
+
+_COPIES = "data_copies"
 
 
 def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = None) -> Manifest:
@@ -460,14 +474,149 @@ def validate_checkpoint(
     )
     if manifest.static is not None:
         parent = path.parent if static_root is None else static_root
-        static_path = parent / filenames.STATIC_DIR / filenames.static_dir_name(manifest.static)
-        try:
-            validate_checkpoint(static_path, full=full, kind="static", data_files=data_files)
-        except InvalidCheckpointError as exc:
-            raise InvalidCheckpointError(
-                str(path), f"its static data {manifest.static}: {exc.reason}"
-            ) from None
+        resolve_static(parent, manifest.static, full=full, data_files=data_files)
     return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSource:
+    """Where to read a piece of static data (:func:`resolve_static`).
+
+    Attributes:
+        content: its content hash.
+        manifest: its manifest (an index, for a sharded one).
+        dirs: the copies that passed, first the one to read (each with its manifest, shards
+            and data files: a copy of the metadata only, saved with ``static_copies=1``, is
+            never listed). Empty when only a repair makes a whole copy (``static_copies=1``
+            and the metadata of the copy that holds the data files failed).
+        damaged: each copy that failed, with why (``(path, reason)``): what a repair redoes
+            (:func:`resilient.io.repair.repair_static`).
+        copies: the copies of its data files it was saved with (1: ``static_copies=1``, or a
+            root written before the copies).
+        meta: a copy whose metadata passed (the first of ``dirs`` when there is one).
+        data: a copy whose data files passed (or were not looked at).
+    """
+
+    content: str
+    manifest: Manifest
+    dirs: tuple[Path, ...]
+    damaged: tuple[tuple[Path, str], ...]
+    copies: int
+    meta: Path
+    data: Path
+
+
+def static_copies_of(path: Path) -> int | None:
+    """The copies of its data files a static data directory's marker records (``None``: it
+    records none, written before the copies, or unreadable). Not collective."""
+    try:
+        doc = json.loads(_read_small(path / filenames.COMMITTED, 1 << 16))
+        copies = doc.get(_COPIES) if isinstance(doc, dict) else None
+    except (OSError, ValueError, InvalidCheckpointError, RecursionError):
+        return None
+    return copies if copies in (1, 2) and not isinstance(copies, bool) else None
+
+
+def resolve_static(
+    static_root: Path,
+    content: str,
+    *,
+    full: bool = False,
+    data_files: bool = True,
+    shards: bool = False,
+) -> StaticSource:
+    """Validate both copies of the static data ``content`` under ``static_root`` (its
+    ``static/<hash>/`` and ``static/<hash>.copy/``) and say which to read. Writes nothing;
+    one copy that fails is logged (info, once per process) and listed in
+    :attr:`StaticSource.damaged` for a repair. Not collective.
+
+    ``full``: every checksum; ``data_files``: ``False`` skips a quick check of the data files
+    (see :func:`validate_checkpoint`); ``shards``: read the shards of a sharded manifest and
+    check their checksums even in a quick check (what a restore's coordinator does before it
+    repairs).
+
+    Raises:
+        StaticDataError: no copy passes (or no copy of the data files, saved with
+            ``static_copies=1``): the message names the files and what the user can do.
+    """
+    base = static_root / filenames.STATIC_DIR
+    first = base / filenames.static_dir_name(content)
+    second = base / filenames.static_copy_dir_name(content)
+    legacy = not os.path.lexists(second) and static_copies_of(first) is None
+    copies = 1 if legacy else (static_copies_of(first) or static_copies_of(second) or 2)
+    every = (first,) if legacy else (first, second)
+    damaged: dict[Path, str] = {}
+    metas: dict[Path, Manifest] = {}
+    for path in every:
+        try:
+            manifest = load_manifest(path, kind="static")
+            _check_shards(path, manifest)
+            if shards or full:
+                manifest = load_entries(path, manifest)
+        except InvalidCheckpointError as exc:
+            damaged[path] = exc.reason
+        except ManifestError as exc:
+            damaged[path] = f"bad manifest: {exc}"
+        else:
+            metas[path] = manifest
+    if not metas:
+        raise StaticDataError(str(first), _lost(content, damaged, copies, legacy, meta=False))
+    meta, manifest = next(iter(metas.items()))
+    holding = every if copies == 2 else (first,)  # the copies of the data files
+    data = list(holding)
+    if full or data_files:
+        data = []
+        for path in holding:
+            try:
+                _check_data_files(path, manifest, full=full, node_local=False)
+            except InvalidCheckpointError as exc:
+                damaged.setdefault(path, exc.reason)
+            else:
+                data.append(path)
+    if not data:
+        raise StaticDataError(str(first), _lost(content, damaged, copies, legacy, meta=True))
+    for path, why in damaged.items():
+        _note_once(f"static data {content}: {path.name}: {why}; the other copy is intact")
+    dirs = tuple(p for p in data if p in metas and p not in damaged)
+    return StaticSource(content, manifest, dirs, tuple(damaged.items()), copies, meta, data[0])
+
+
+def _lost(
+    content: str,
+    damaged: Mapping[Path, str],
+    copies: int,
+    legacy: bool,
+    *,
+    meta: bool,
+) -> str:
+    """What :class:`StaticDataError` says: each copy's failure, why there is no other copy,
+    and what the user can do."""
+    what = "; ".join(f"{p.name}/: {why}" for p, why in damaged.items())
+    if legacy:
+        why = "it has one copy only (written by a library older than the static data's copies)"
+    elif copies == 1 and meta:
+        why = (
+            "its data files have one copy only: it was saved with static_copies=1 (the "
+            "default, 2, keeps a second copy)"
+        )
+    else:
+        why = "both copies are damaged"
+    return (
+        f"the static data {content} cannot be read ({what}): {why}. The checkpoints that use "
+        "it are intact but cannot be restored without it (none was quarantined). Put its "
+        "directory back from a backup, or start over: delete the checkpoints that refer to it "
+        "(or the whole checkpoint directory); a save of the same static data writes it again"
+    )
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    """Log ``line`` once per process (info: the repair that follows says it as a warning)."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        log.info("%s", line)
 
 
 def iter_checkpoints(
@@ -525,6 +674,8 @@ def iter_checkpoints(
                 path, full=full, static_root=static_root, node_local=node_local, memo=memo,
                 data_files=data_files,
             )  # fmt: skip
+        except StaticDataError as exc:
+            yield CheckpointRecord(number, path, "invalid", exc.reason, shared=True)
         except InvalidCheckpointError as exc:
             yield CheckpointRecord(number, path, "invalid", exc.reason)
         else:

@@ -328,6 +328,9 @@ def _not_this_runs(opts: RunOptions, ckdir: Path) -> str | None:
             f"the checkpoint directory {ckdir} {where} the declared output {out} of {task}. "
             f"{_KEEP_OUT_OF_OUTPUTS}. Not starting (exit {EXIT_FOREIGN_RUN})"
         )
+    damaged = storage.marker_problem(ckdir)
+    if damaged is not None:
+        return f"{damaged}. Not starting (exit {EXIT_FOREIGN_RUN})"
     records = logs.read_log(sidecar_path(ckdir), logs.SIDECAR)
     last = records[-1] if records else None
     if last is None or last["exit_code"] == 0:

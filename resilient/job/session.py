@@ -94,6 +94,10 @@ class Session:
         run_key: the parameters that define the run's result: a later run on the same
             ``ckpt_dir`` with other values is refused (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
+        static_copies: copies of the static data's files, 2 or 1 (see
+            :class:`~resilient.checkpoint.manager.CheckpointManager`).
+        static_copies: copies of the static data's files, 2 or 1 (see
+            :class:`~resilient.checkpoint.manager.CheckpointManager`).
         environ: environment to read the deadline from (injectable for tests).
     """
 
@@ -116,6 +120,7 @@ class Session:
         local_keep: int = 2,
         redundancy: str | None = None,
         run_key: Mapping[str, Any] | None = None,
+        static_copies: int = 2,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -152,6 +157,7 @@ class Session:
                 local_keep=local_keep,
                 redundancy=redundancy,
                 run_key=run_key,
+                static_copies=static_copies,
             )
         except ForeignRunError as exc:
             # every rank raises it; one line from the first rank (all ranks without a comm)

@@ -4,6 +4,8 @@ A checkpoint root looks like::
 
     ROOT/
       .resilient-root                 marker: this directory belongs to resilient
+      .resilient-root.copy            its second copy (either one repairs the other)
+      run_key.json, run_key.copy.json the run key, and its second copy with a checksum
       .lock                           held (flock) by the job that writes here
       attempts.jsonl, saves.jsonl,    small append-only logs (resilient run, saves, progress,
       progress.jsonl, stops.jsonl     early stops)
@@ -18,6 +20,8 @@ A checkpoint root looks like::
       .step_00001300.tmp-<hex>/        a save in progress (or killed)
       .trash-<hex>/                    being deleted
       static/<32 hex>/                 static data, shared by checkpoints by content hash
+      static/<32 hex>.copy/            its second copy: the manifest, its shards and COMMITTED,
+                                       and the data files unless saved with static_copies=1
       static/.tmp-<hex>/               static data being written
 
 Beside the root, in its parent directory, ``resilient run`` keeps two files of its own::
@@ -39,6 +43,8 @@ __all__ = [
     "MANIFEST",
     "QUARANTINE_INFO",
     "ROOT_MARKER",
+    "ROOT_MARKER_COPY",
+    "RUN_KEY_COPY",
     "STATIC_DIR",
     "file_name",
     "is_data_file_name",
@@ -48,6 +54,8 @@ __all__ = [
     "parse_tmp_dir",
     "quarantine_dir_name",
     "static_dir_name",
+    "static_copy_dir_name",
+    "parse_static_copy",
     "static_tmp_dir_name",
     "shard_name",
     "is_shard_name",
@@ -61,6 +69,7 @@ __all__ = [
 MANIFEST = "manifest.json"  # the whole manifest, or the index of a sharded one
 COMMITTED = "COMMITTED"
 ROOT_MARKER = ".resilient-root"
+ROOT_MARKER_COPY = ".resilient-root.copy"  # the marker's second copy
 LOCK_FILE = ".lock"
 STATIC_DIR = "static"
 QUARANTINE_INFO = "QUARANTINE.json"
@@ -70,6 +79,7 @@ LOCAL_TIERS = "local_tiers.json"  # where node-local copies live: [{"host", "pat
 PROGRESS_LOG = "progress.jsonl"  # the timeline a Session writes (job.timeline): samples, restore, saves, end
 STOP_LOG = "stops.jsonl"  # one line per early stop of a Session: why, step, margins, saved?
 RUN_KEY = "run_key.json"  # the parameters that define the run whose checkpoints these are
+RUN_KEY_COPY = "run_key.copy.json"  # its second copy, with a checksum
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
 PARTNER_DIR = "partner"  # in a local tier root: partner copies, one directory per origin node
 PARTNER_RECORD = "PARTNER.json"  # in a partner copy: each file's size and whole-file digest
@@ -79,6 +89,7 @@ _STEP_RE = re.compile(r"^step_(\d{8,})\Z")
 _TMP_RE = re.compile(r"^\.step_(\d{8,})\.tmp-[0-9a-f]{8,32}\Z")
 _QUARANTINED_RE = re.compile(r"^step_(\d{8,})\.quarantined-[0-9a-f]{8,32}\Z")
 _STATIC_RE = re.compile(r"^[0-9a-f]{32}\Z")
+_STATIC_COPY_RE = re.compile(r"^([0-9a-f]{32})\.copy\Z")
 _STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}\Z")
 _TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}\Z")
 _SHARD_RE = re.compile(r"^manifest-(\d{5,})\.json\Z")
@@ -114,6 +125,17 @@ def static_dir_name(content_hash: str) -> str:
     if not _STATIC_RE.match(content_hash):
         raise ValueError(f"not a static content hash: {content_hash!r}")
     return content_hash
+
+
+def static_copy_dir_name(content_hash: str) -> str:
+    """Name of the second copy of the static data with ``content_hash`` (beside the first)."""
+    return f"{static_dir_name(content_hash)}.copy"
+
+
+def parse_static_copy(name: str) -> str | None:
+    """The content hash of a static data's second copy's directory name, else ``None``."""
+    m = _STATIC_COPY_RE.match(name)
+    return m.group(1) if m else None
 
 
 def static_tmp_dir_name(token: str) -> str:

@@ -63,10 +63,10 @@ elif kind == "killsave":
 
         real_prepare = PendingDir.prepare  # every commit starts here (blocking or not)
 
-        def prepare(self: PendingDir, manifest: Any, *, what: str) -> None:
+        def prepare(self: PendingDir, manifest: Any, *, what: str, copies: Any = None) -> None:
             if manifest.step == int(step_s):
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_prepare(self, manifest, what=what)
+            real_prepare(self, manifest, what=what, copies=copies)
 
         PendingDir.prepare = prepare  # type: ignore[method-assign]
         if rank != 0:  # non-coordinators die while the coordinator commits

@@ -99,14 +99,15 @@ def scenario_roundtrip(root: str, kind: str) -> None:
         m.wait()
         assert m.latest_step() == 3
         static_dirs = os.listdir(os.path.join(root, "static"))
-        assert len([d for d in static_dirs if not d.startswith(".")]) == 1, static_dirs
+        named = sorted(d for d in static_dirs if not d.startswith("."))
+        assert len(named) == 2 and named[1] == f"{named[0]}.copy", static_dirs  # two copies
         # changed static data is written again; the old one is collected once unreferenced
         m.save(4, make_state(4), static=make_static(version=1), blocking=BLOCKING)
         m.save(5, make_state(5), static=make_static(version=1), blocking=BLOCKING)
     steps = sorted(d for d in os.listdir(root) if d.startswith("step_"))
     assert steps == ["step_00000004", "step_00000005"], steps
     static_dirs = [d for d in os.listdir(os.path.join(root, "static")) if not d.startswith(".")]
-    assert len(static_dirs) == 1, static_dirs
+    assert len(static_dirs) == 2, static_dirs  # (the new content's two copies)
     # a new manager (a new job) restores bit-identically
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
         step, state = m.restore()
@@ -341,12 +342,16 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
             doc["shards"][1]["size"] += 1
             with open(index, "w") as fh:
                 json.dump(doc, fh, separators=(",", ":"))
-        elif how in ("data", "static"):  # rank 1's data file cut short (its static data's)
-            where = ckpt
-            if how == "static":
-                static = load_manifest(Path(ckpt)).static
-                where = os.path.join(root, filenames.STATIC_DIR, filenames.static_dir_name(str(static)))
-            os.truncate(os.path.join(where, filenames.file_name(kind, 1)), 10)
+        elif how in ("data", "static", "static-both"):  # rank 1's data file cut short (its
+            # static data's: in one copy, or in both)
+            wheres = [ckpt]
+            if how != "data":
+                static = str(load_manifest(Path(ckpt)).static)
+                names = [filenames.static_dir_name(static), filenames.static_copy_dir_name(static)]
+                wheres = [os.path.join(root, filenames.STATIC_DIR, n) for n in names]
+                wheres = wheres[:1] if how == "static" else wheres
+            for where in wheres:
+                os.truncate(os.path.join(where, filenames.file_name(kind, 1)), 10)
         else:
             raise ValueError(how)
         for full in (False, True):
@@ -358,20 +363,26 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
     world.barrier()
     restored: int | None = None
     with CheckpointManager(root, comm=world, checkpoint_comm=checkpoint_comm(kind)) as m:
-        if how == "static":  # both steps share it: neither is restored, on any rank
-            try:
+        if how == "static-both":  # both steps share it: neither is restored, on any rank,
+            try:  # and neither is quarantined (their own files are intact)
                 m.restore()
-            except resilient.CheckpointNotFoundError as exc:
+            except resilient.StaticDataError as exc:
                 found["error"] = str(exc)
+        elif how == "static":  # read from the other copy (and repaired): nothing lost
+            restored, state = m.restore()
+            assert restored == 2, restored
+            assert_same(state, {**make_state(2), **make_static()})
         else:
             restored, state = m.restore()
             assert restored == 1, restored
             assert_same(state, {**make_state(1), **make_static()})
     if rank == 0:
         records = list(iter_checkpoints(Path(root), quarantined=True))
-        found["quarantined"] = next(r.reason for r in records if r.status == "quarantined")
+        found["quarantined"] = next(
+            (r.reason for r in records if r.status == "quarantined"), "(none)"
+        )
         valid = [r.step for r in records if r.status == "valid"]
-        assert valid == ([] if how == "static" else [1]), valid
+        assert valid == {"static": [2, 1], "static-both": []}.get(how, [1]), valid
     result(ok=True, step=restored, **found)
 
 

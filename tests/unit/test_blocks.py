@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -421,3 +422,28 @@ def test_export_copy_verifies_and_skips_undeclared(saved: Path, tmp_path: Path) 
     proc = subprocess.run([*CLI, "export", str(root), str(tmp_path / "c.h5"), "--copy"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 1 and "INVALID" in proc.stderr
+
+
+def test_elastic_restore_and_export_read_the_intact_copy_of_the_static_data(
+    saved: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (h,) = [p.name for p in (saved / "static").iterdir() if len(p.name) == 32]
+    first = saved / "static" / h
+    (first / "manifest.json").write_bytes(b"")  # emptied: the export reads the copy
+    result = export(saved, tmp_path / "g.h5", copy=True)
+    assert "k" in result.datasets
+    with h5py.File(tmp_path / "g.h5") as f:
+        assert f["k"][()].tolist() == list(np.arange(50.0))
+    caplog.set_level(logging.WARNING)
+    data = first / "rank_00000.h5"
+    with CheckpointManager(saved) as m:  # repairs the manifest (one warning), then reads
+        raw = bytearray(data.read_bytes())  # ... a data file damaged since: the copy's
+        at = raw.find(np.arange(50.0).tobytes())
+        raw[at + 80 : at + 88] = bytes(8)
+        data.write_bytes(bytes(raw))
+        step, state = m.restore(blocks=blocks_for((200, 260), (100, 300)))
+    assert step == 2 and state["k"].tolist() == list(np.arange(10.0, 15.0))
+    assert not [p for p in saved.iterdir() if ".quarantined-" in p.name]
+    repaired = [r.getMessage() for r in caplog.records if "repaired" in r.getMessage()]
+    assert len(repaired) == 2 and all(f"{h}/" in line for line in repaired), repaired
+    assert data.read_bytes() == (saved / "static" / f"{h}.copy" / "rank_00000.h5").read_bytes()

@@ -86,10 +86,11 @@ def test_prune_collects_static_data_like_the_manager(tmp_path: Path) -> None:
         m.save(1, {"u": np.zeros(3)}, static={"mesh": np.arange(4.0)})
         m.save(2, {"u": np.ones(3)}, static={"mesh": np.arange(5.0)})
         m.save(3, {"u": np.ones(3)}, static={"mesh": np.arange(5.0)})
-    assert len(list((root / "static").iterdir())) == 2
+    assert len(list((root / "static").iterdir())) == 4  # two contents, two copies each
     assert cli("prune", str(root), "--keep-last", "1").returncode == 0
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000003"]
-    (kept,) = list((root / "static").iterdir())  # step 1's mesh went with step 1
+    (kept, copy) = sorted((root / "static").iterdir())  # step 1's mesh went with step 1
+    assert copy.name == f"{kept.name}.copy"
     with CheckpointManager(root) as m:
         step, state = m.restore()
     assert step == 3 and state["mesh"].tolist() == list(np.arange(5.0))

@@ -271,3 +271,11 @@ def test_async_and_local_tier_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_async_and_local_tier_keys_are_checked(doc: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         CheckpointConfig.from_dict(doc)
+
+
+def test_static_copies_from_yaml(tmp_path: Path) -> None:
+    cfg = load_checkpoint_config(write(tmp_path, "static_copies: 1\n"))
+    assert cfg.static_copies == 1 and cfg.session_options()["static_copies"] == 1
+    assert load_checkpoint_config(write(tmp_path, "checkpoint_comm: self\n")).static_copies == 2
+    with pytest.raises(ConfigError, match="static_copies must be 1 or 2"):
+        load_checkpoint_config(write(tmp_path, "static_copies: 3\n"))

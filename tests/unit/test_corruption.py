@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 
 from resilient import CheckpointManager
-from resilient.errors import CheckpointNotFoundError, ConfigError, InvalidCheckpointError
+from resilient.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    InvalidCheckpointError,
+    StaticDataError,
+)
 from resilient.io.validate import latest_valid, list_checkpoints, marker_text, validate_checkpoint
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import parse_manifest
@@ -346,7 +351,7 @@ def test_a_large_state_checksummed_while_read_falls_back_on_a_flipped_byte(
     assert re.search(r"checksum mismatch: rank 0 dataset '(w117|big)'", reason), reason
 
 
-def test_static_data_corrupted_falls_back_to_checkpoint_with_other_static(
+def test_static_data_corrupted_in_one_copy_is_read_from_the_other_and_repaired(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "ck"
@@ -362,17 +367,41 @@ def test_static_data_corrupted_falls_back_to_checkpoint_with_other_static(
 
     step, state = restore_fresh(root, caplog)
 
+    assert step == 3 and quarantined(root, 2) == [] and quarantined(root, 3) == []
+    assert_state_equal(state, {**state_of(3), **static_of(2)})
+    repaired = [r.getMessage() for r in caplog.records if "repaired" in r.getMessage()]
+    assert len(repaired) == 1 and f"{hashes[2]}/" in repaired[0], repaired
+    copy = root / "static" / f"{hashes[2]}.copy"
+    assert (static_dir / DATA).read_bytes() == (copy / DATA).read_bytes()
+    validate_checkpoint(root / "step_00000003", full=True)
+
+
+def test_static_data_corrupted_in_both_copies_falls_back_without_quarantine(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "ck"
+    with CheckpointManager(root) as m:
+        m.save(1, state_of(1), static=static_of(1))
+        m.save(2, state_of(2), static=static_of(2))
+        m.save(3, state_of(3), static=static_of(2))
+    h2 = manifest_doc(root / "step_00000002")["static"]
+    for name in (h2, f"{h2}.copy"):
+        d = dataset_entry(root / "static" / name, "grid")
+        flip_byte(root / "static" / name / DATA, d["offset"] + 8)
+
+    step, state = restore_fresh(root, caplog)
+
     assert step == 1
     assert_state_equal(state, {**state_of(1), **static_of(1)})
-    reason = f"checksum mismatch: rank 0 dataset 'grid' in {DATA}"
-    for s in (2, 3):
-        assert not (root / f"step_{s:08d}").exists()
-        (q,) = quarantined(root, s)
-        assert reason in json.loads((q / "QUARANTINE.json").read_text())["reason"]
-    assert sum(reason in r.getMessage() for r in caplog.records) == 2
+    for s in (2, 3):  # their own files are intact: kept, not quarantined
+        assert (root / f"step_{s:08d}").is_dir() and quarantined(root, s) == []
+    lines = [
+        r.getMessage() for r in caplog.records if "not restored (not quarantined)" in r.getMessage()
+    ]
+    assert len(lines) == 2 and all("checksum mismatch" in line for line in lines), lines
 
 
-def test_static_data_missing_marker_falls_back(
+def test_static_data_missing_marker_is_repaired_from_the_copy(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "ck"
@@ -381,35 +410,32 @@ def test_static_data_missing_marker_falls_back(
         m.save(2, state_of(2), static=static_of(2))
     h2 = manifest_doc(root / "step_00000002")["static"]
     (root / "static" / h2 / "COMMITTED").unlink()
+    assert latest_valid(root).step == 2  # type: ignore[union-attr]
 
     step, state = restore_fresh(root, caplog)
 
-    assert step == 1
-    assert_state_equal(state, {**state_of(1), **static_of(1)})
-    (q,) = quarantined(root, 2)
-    reason = json.loads((q / "QUARANTINE.json").read_text())["reason"]
-    assert reason == f"its static data {h2}: no COMMITTED marker (incomplete save)"
-
-    # saving the same static data again repairs it
-    with CheckpointManager(root) as m:
-        m.save(4, state_of(4), static=static_of(2))
-        step, state = m.restore()
-    assert step == 4
-    assert_state_equal(state, {**state_of(4), **static_of(2)})
-    validate_checkpoint(root / "step_00000004", full=True)
+    assert step == 2 and quarantined(root, 2) == []
+    assert_state_equal(state, {**state_of(2), **static_of(2)})
+    assert (root / "static" / h2 / "COMMITTED").is_file()
+    assert any("no COMMITTED marker" in r.getMessage() and "repaired" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
 
 
-def test_shared_static_data_corrupted_leaves_nothing_to_restore(
+def test_shared_static_data_lost_in_both_copies_quarantines_nothing(
     saved: SavedRoot, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = manifest_doc(saved.step_dir(3))["static"]
-    (saved.root / "static" / h / "manifest.json").write_text("{}")
+    for name in (h, f"{h}.copy"):
+        (saved.root / "static" / name / "manifest.json").write_text("{}")
     caplog.set_level(logging.WARNING)
-    with CheckpointManager(saved.root) as m, pytest.raises(CheckpointNotFoundError):
+    with CheckpointManager(saved.root) as m, pytest.raises(StaticDataError) as err:
         m.restore()
+    assert "manifest.json does not match its checksum" in str(err.value)
+    assert "backup" in str(err.value) and "start over" in str(err.value)
     for s in (1, 2, 3):
-        assert len(quarantined(saved.root, s)) == 1
-    assert [r.status for r in list_checkpoints(saved.root)] == ["quarantined"] * 3
+        assert quarantined(saved.root, s) == [] and saved.step_dir(s).is_dir()
+    records = list_checkpoints(saved.root)
+    assert [(r.status, r.shared) for r in records] == [("invalid", True)] * 3
 
 
 def test_explicit_step_that_is_corrupt_is_not_replaced_by_another(
@@ -455,6 +481,7 @@ def test_leftovers_are_removed_and_never_listed(saved: SavedRoot) -> None:
         assert names == [
             ".lock",
             ".resilient-root",
+            ".resilient-root.copy",
             "notes.txt",
             "saves.jsonl",
             "static",

@@ -407,7 +407,11 @@ def test_manager_rotates_with_keep_best_on_metrics(tmp_path: Path) -> None:
 
 
 def _static_dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in (root / "static").iterdir() if not p.name.startswith("."))
+    names = [p.name for p in (root / "static").iterdir() if not p.name.startswith(".")]
+    assert sorted(n for n in names if n.endswith(".copy")) == sorted(
+        f"{n}.copy" for n in names if not n.endswith(".copy")
+    )  # every content in two copies
+    return sorted(n for n in names if not n.endswith(".copy"))
 
 
 def test_manager_rotation_deletes_unreferenced_static_data(tmp_path: Path) -> None:

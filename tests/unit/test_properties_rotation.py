@@ -139,10 +139,12 @@ def _damage_one(root: Path, step: int, how: str) -> None:
         storage.quarantine(path, step, "damaged by the test")
     elif how == "remove":
         shutil.rmtree(path)
-    else:  # its static data loses its marker: every checkpoint using it becomes invalid
+    else:  # both copies of its static data lose their marker: every checkpoint using it
+        # becomes invalid (one copy alone is repaired from the other)
         static = parse_manifest((path / filenames.MANIFEST).read_bytes()).static
         if static is not None:
-            (root / filenames.STATIC_DIR / static / filenames.COMMITTED).unlink(missing_ok=True)
+            for name in (static, filenames.static_copy_dir_name(static)):
+                (root / filenames.STATIC_DIR / name / filenames.COMMITTED).unlink(missing_ok=True)
 
 
 def _prune_cli(root: Path, n: int) -> None:
