@@ -22,7 +22,7 @@ from resilient.checkpoint.checkpointer import save_set
 from resilient.errors import ConfigError, StaticDataError
 from resilient.io import storage
 from resilient.io.commit import PendingDir
-from resilient.io.repair import repair_static
+from resilient.io.repair import add_second_copy, repair_static
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
@@ -104,12 +104,14 @@ class StaticStore:
         if not any(os.path.lexists(self.dir / n) for n in names):
             return False  # new content
         try:
-            repair_static(self.root, content)
+            source = repair_static(self.root, content)
         except StaticDataError as exc:
             log.warning(
                 "static data %s has no intact copy (%s): writing it again", content, exc.reason
             )
             return False
+        if self.copies == 2:  # a root from before the copies: its static data gets a second
+            add_second_copy(self.root, source)
         self._known_good.add(content)
         return True
 

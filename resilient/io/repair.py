@@ -20,7 +20,7 @@ from resilient.io.validate import StaticSource, resolve_static
 from resilient.model import filenames
 from resilient.model.manifest import columns_of
 
-__all__ = ["repair_static"]
+__all__ = ["add_second_copy", "repair_static"]
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,35 @@ def repair_static(static_root: Path, content: str, *, full: bool = False) -> Sta
     return resolve_static(static_root, content, shards=True)
 
 
-def _rebuild(path: Path, source: StaticSource) -> None:
+def add_second_copy(static_root: Path, source: StaticSource) -> bool:
+    """Give static data written before the copies (one copy only, :attr:`StaticSource.copies`
+    1 with no ``.copy`` directory) its second copy, metadata and data files, so that a root
+    from an older library stops depending on one copy at its next save. One info line; a
+    failure is one warning (the one copy is still read). Returns whether it added the copy.
+    Coordinator only, under the root's lock."""
+    second = static_root / filenames.STATIC_DIR / filenames.static_copy_dir_name(source.content)
+    if source.copies != 1 or os.path.lexists(second) or not source.dirs:
+        return False
+    try:
+        _rebuild(second, source, holds_data=True)
+    except OSError as exc:
+        log.warning("static data %s: could not add its second copy (%s)", source.content, exc)
+        return False
+    log.info(
+        "static data %s was written before static data had two copies: added its second "
+        "copy (%s/)", source.content, second.name,
+    )  # fmt: skip
+    return True
+
+
+def _rebuild(path: Path, source: StaticSource, *, holds_data: bool | None = None) -> None:
     """Make ``path`` (a copy of ``source``) whole again: its metadata from the copy whose
-    metadata passed, its data files (if it holds them) from the copy whose data files did."""
+    metadata passed, its data files (if it holds them; ``holds_data`` forces it) from the copy
+    whose data files did."""
     base = path.parent
     first = base / filenames.static_dir_name(source.content)
-    holds_data = path == first or source.copies == 2
+    if holds_data is None:
+        holds_data = path == first or source.copies == 2
     names = [filenames.COMMITTED, filenames.MANIFEST]
     sharded = source.manifest.sharded
     if sharded is not None:

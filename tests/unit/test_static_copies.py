@@ -164,6 +164,23 @@ def test_a_root_written_before_the_copies_restores_bit_for_bit(tmp_path: Path) -
         CheckpointManager(root, run_key={"nx": 9, "alpha": 0.5})
 
 
+def test_an_old_roots_static_data_gains_its_second_copy_at_the_next_save(tmp_path: Path) -> None:
+    """A campaign that goes on in a root from before the copies stops depending on one copy
+    of its static data: the next save that refers to it adds the second copy, after which a
+    damaged first copy costs nothing."""
+    root = tmp_path / "v1"
+    shutil.copytree(Path(__file__).parent / "data" / "static_v1_root", root)
+    h = "7b5398ac6999e22ed26d708a86007834"
+    with CheckpointManager(root, run_key={"nx": 8, "alpha": 0.5}) as m:
+        step, state = m.restore()
+        static = {k: state[k] for k in ("coords", "ids")}
+        m.save(3, {"u": state["u"] * 1.5, "t": 0.75}, static=static)
+    assert (root / "static" / f"{h}.copy" / "manifest.json").is_file()
+    flip(root / "static" / h / "manifest.json")
+    step, state = restore(root)
+    assert step == 3 and state["ids"].tobytes() == np.arange(6, dtype=np.int32).tobytes()
+
+
 def test_a_damaged_static_manifest_of_an_old_root_is_a_clear_error(tmp_path: Path) -> None:
     root = tmp_path / "v1"
     shutil.copytree(Path(__file__).parent / "data" / "static_v1_root", root)
