@@ -209,10 +209,18 @@ def check_root(
 
 
 def probe(
-    root: Path, *, blocks: Blocks | None = None, isolated: bool = False, timeout: float = 120
+    root: Path,
+    *,
+    blocks: Blocks | None = None,
+    step: int | None = None,
+    isolated: bool = False,
+    timeout: float = 120,
 ) -> Health:
-    """Run the commands and the restore on ``root`` in a child process; what they gave."""
+    """Run the commands and the restore (of ``step``, default the newest valid one) on
+    ``root`` in a child process; what they gave."""
     cmd = [sys.executable, "-m", "tests.roothealth", str(root)]
+    if step is not None:
+        cmd += ["--step", str(step)]
     if blocks:
         cmd += ["--blocks", json.dumps({k: [list(p) for p in v] for k, v in blocks.items()})]
     if isolated:
@@ -279,7 +287,7 @@ def _run_command(argv: Sequence[str], *, isolated: bool) -> dict[str, Any]:
             "traceback": tb}  # fmt: skip
 
 
-def _restore(root: Path, blocks: Blocks | None) -> dict[str, Any]:
+def _restore(root: Path, blocks: Blocks | None, step: int | None) -> dict[str, Any]:
     import logging
 
     from resilient import CheckpointManager, ResilientError
@@ -296,8 +304,8 @@ def _restore(root: Path, blocks: Blocks | None) -> dict[str, Any]:
         try:
             shutil.copytree(root, copy, symlinks=True)
             with CheckpointManager(copy) as manager:
-                step, state = manager.restore(blocks=blocks)
-            result["step"], result["digests"] = step, flatten(state)
+                restored, state = manager.restore(step, blocks=blocks)
+            result["step"], result["digests"] = restored, flatten(state)
         except ResilientError as exc:
             result["error"], result["error_type"] = str(exc), type(exc).__name__
         except BaseException:
@@ -313,12 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="the health of a checkpoint root (tests)")
     p.add_argument("root", type=Path)
     p.add_argument("--blocks", help="JSON: {leaf: [global_shape, start, shape]}")
+    p.add_argument("--step", type=int, help="restore this step (default: the newest valid)")
     p.add_argument("--isolated", action="store_true", help="a process per command")
     args = p.parse_args(argv)
     blocks = json.loads(args.blocks) if args.blocks else None
     root = Path(os.path.abspath(args.root))
     commands = [_run_command([*c, str(root)], isolated=args.isolated) for c in COMMANDS]
-    doc = {"commands": commands, "restore": _restore(root, blocks)}
+    doc = {"commands": commands, "restore": _restore(root, blocks, args.step)}
     sys.stdout.write(json.dumps(doc) + "\n")
     return 0
 
