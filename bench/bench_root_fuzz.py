@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's resilient, apps/ and tests/
@@ -160,7 +161,16 @@ def classify(
     return ("newest" if r.step == newest else "fell back"), f"step {r.step}"
 
 
-def one_trial(
+def one_trial(*args: Any, **kwargs: Any) -> Trial:
+    """:func:`trial`; a failure of the bench itself (not of the library) is its own outcome."""
+    try:
+        return trial(*args, **kwargs)
+    except Exception as exc:
+        layout, base, target, how = args[:4]
+        return Trial(layout, "?", str(target.relative_to(base)), how, "bench error", repr(exc))
+
+
+def trial(
     layout: str, base: Path, target: Path, how: str, work: Path, *, steps: list[int],
     digests: Mapping[int, Digests], resume: int | None, ref: bytes | None,
 ) -> Trial:  # fmt: skip
@@ -287,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     print(f"root fuzz at {library_revision()}: {len(trials)} trials in {wall:.0f} s")
     print("\n".join(table(trials)))
-    for outcome in ("crash", "lost", "error"):
+    for outcome in ("crash", "lost", "error", "bench error"):
         shown = [t for t in trials if t.outcome == outcome][: args.show]
         for t in shown:
             print(f"  {outcome}: {t.layout} {t.file} {t.damage}: {t.why}")

@@ -38,18 +38,27 @@ def flip_bit(path: Path, offset: int | None = None) -> None:
 
 def flip_data_bit(path: Path) -> None:
     """Flip a bit in the middle of the largest array of a data file (``*.h5`` beside its
-    manifest), so that the flip lands in data, not in HDF5's padding; else :func:`flip_bit`."""
+    manifest, sharded or not), so that the flip lands in data, not in HDF5's padding; where
+    the manifest cannot tell (damaged, or no array in that file), :func:`flip_bit`."""
+    from resilient.io.validate import load_entries
     from resilient.model.codec import parse_manifest
 
+    offset = None
     try:
         manifest = parse_manifest((path.parent / filenames.MANIFEST).read_text())
-        entry = next(r for r in manifest.ranks if r.file == path.name)
-        table = entry.datasets
-        i = table.nbytes.index(max(table.nbytes))
-        offset = table.offsets[i]
-    except (OSError, ValueError, StopIteration, AttributeError):
+        manifest = load_entries(path.parent, manifest)
+        for entry in manifest.ranks:
+            table = entry.datasets
+            if entry.file != path.name or not table.nbytes:
+                continue
+            i = table.nbytes.index(max(table.nbytes))
+            start = table.offsets[i]
+            if start is not None:
+                offset = start + table.nbytes[i] // 2
+            break
+    except Exception:  # any damage of the manifest: the middle of the file
         offset = None
-    flip_bit(path, None if offset is None else offset + table.nbytes[i] // 2)
+    flip_bit(path, offset)
 
 
 def garbage_line(path: Path) -> None:
