@@ -190,11 +190,13 @@ CASES: list[tuple[str, str, str]] = [
     ("one", "progress.jsonl", "garbage"),
     ("one", "stops.jsonl", "garbage"),
     ("one", "stops.jsonl", "empty"),
+    ("one", "stops.jsonl", "utf8"),
     ("one", "saves.jsonl", "truncate"),
     ("one", "saves.jsonl", "utf8"),
     ("one", "run_key.json", "garbage"),
     ("one", "run_key.json", "delete"),
     ("one", "run_key.json", "empty"),
+    ("one", "run_key.json", "bitflip"),  # "apps.heat" -> "apps/heat": another run's key?
     ("one", ".resilient-root", "garbage"),
     ("one", ".resilient-root", "delete"),
     ("one", ".lock", "garbage"),
