@@ -136,8 +136,9 @@ def newest_step(root: Path) -> Path:
 
 
 def static_dir(root: Path) -> Path:
-    (found,) = (root / filenames.STATIC_DIR).glob("[0-9a-f]" * 32)
-    return found
+    found = sorted((root / filenames.STATIC_DIR).glob("[0-9a-f]" * 32))
+    assert found, f"no static data in {root}"
+    return found[0]  # the first copy, where there are two
 
 
 def data_file(d: Path) -> Path:
