@@ -232,6 +232,7 @@ def sweep(args: argparse.Namespace, work: Path) -> list[Trial]:
         ref = reference_output(layout, work / f"ref-{layout}", args.steps) if args.resume else None
         files = sorted(p for p in (base / "ck").rglob("*") if p.is_file())
         files.append(base / filenames.attempt_sidecar_name("ck"))
+        files.append(base / filenames.handoff_sidecar_name("ck"))
         jobs = []
         for target in files:
             kind = file_kind(base / "ck", target)

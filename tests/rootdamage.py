@@ -112,10 +112,14 @@ def file_kind(root: Path, path: Path) -> str:
     ``static manifest``, ``attempts.jsonl``, ``sidecar``."""
     if path.parent == root.parent and path.name == filenames.attempt_sidecar_name(root.name):
         return "sidecar"
+    if path.parent == root.parent and path.name == filenames.handoff_sidecar_name(root.name):
+        return "handoff"
     rel = path.relative_to(root).parts
     if len(rel) == 1:
         return rel[0]
-    where = "static" if rel[0] == filenames.STATIC_DIR else "step"
+    where = "step"
+    if rel[0] == filenames.STATIC_DIR:
+        where = "static copy" if filenames.parse_static_copy(rel[1]) else "static"
     name = rel[-1]
     if filenames.is_data_file_name(name):
         return f"{where} data"

@@ -2,8 +2,9 @@
 most the checkpoint it belongs to, and nothing crashes (issue 44).
 
 For each kind of file (a step's data file, manifest, shard of a sharded manifest and
-``COMMITTED``; the static data's data file, manifest, shard and ``COMMITTED``; each log, the
-run key, the root marker, the lock, the sidecar ``PARENT/.NAME.resilient-attempts``) and each
+``COMMITTED``; the static data's data file, manifest, shard and ``COMMITTED``, and its second
+copy's; each log, the run key and the root marker and their copies, the lock, the sidecar
+``PARENT/.NAME.resilient-attempts`` and the hand-off ``PARENT/.NAME.resilient-handoff``) and each
 kind of damage (bit flip, garbage line, non-UTF-8 bytes, truncation, deletion, an empty file;
 the meaningful pairs, each file kind and each damage at least once): ``apps.heat`` on one rank
 (two ranks with a sharded manifest) ran one attempt under ``resilient run --walltime ...
@@ -141,6 +142,10 @@ def static_dir(root: Path) -> Path:
     return found[0]  # the first copy, where there are two
 
 
+def static_copy_dir(root: Path) -> Path:
+    return static_dir(root).with_name(filenames.static_copy_dir_name(static_dir(root).name))
+
+
 def data_file(d: Path) -> Path:
     return sorted(p for p in d.iterdir() if filenames.is_data_file_name(p.name))[0]
 
@@ -161,10 +166,13 @@ SELECT: dict[str, Select] = {
     "static manifest": lambda r: static_dir(r) / filenames.MANIFEST,
     "static shard": lambda r: static_dir(r) / filenames.shard_name(0),
     "static COMMITTED": lambda r: static_dir(r) / filenames.COMMITTED,
+    "static copy manifest": lambda r: static_copy_dir(r) / filenames.MANIFEST,
+    "static copy data": lambda r: data_file(static_copy_dir(r)),
     "sidecar": lambda r: r.parent / filenames.attempt_sidecar_name(r.name),
+    "handoff": lambda r: r.parent / filenames.handoff_sidecar_name(r.name),
 }
 for _name in ("attempts.jsonl", "progress.jsonl", "stops.jsonl", "saves.jsonl", "run_key.json",
-              ".resilient-root", ".lock"):  # fmt: skip
+              "run_key.copy.json", ".resilient-root", ".resilient-root.copy", ".lock"):  # fmt: skip
     SELECT[_name] = in_root(_name)
 
 # (layout, file kind, damage): a damaged file of the newest step costs that step (the program
@@ -183,6 +191,8 @@ CASES: list[tuple[str, str, str]] = [
     ("one", "static manifest", "delete"),
     ("one", "static data", "bitflip"),
     ("one", "static COMMITTED", "truncate"),
+    ("one", "static copy manifest", "bitflip"),
+    ("one", "static copy data", "delete"),
     ("sharded", "static shard", "delete"),
     ("one", "attempts.jsonl", "garbage"),
     ("one", "attempts.jsonl", "truncate"),
@@ -200,11 +210,15 @@ CASES: list[tuple[str, str, str]] = [
     ("one", "run_key.json", "bitflip"),  # "apps.heat" -> "apps/heat": another run's key?
     ("one", ".resilient-root", "garbage"),
     ("one", ".resilient-root", "delete"),
+    ("one", ".resilient-root.copy", "empty"),
+    ("one", "run_key.copy.json", "bitflip"),
     ("one", ".lock", "garbage"),
     ("one", ".lock", "delete"),
     ("one", "sidecar", "garbage"),
     ("one", "sidecar", "utf8"),
     ("one", "sidecar", "delete"),
+    ("one", "handoff", "garbage"),
+    ("one", "handoff", "utf8"),
 ]
 
 
