@@ -1,7 +1,8 @@
 """The README's first command: the example campaign under simulated walltime kills, end to end.
 
-0. Measures each program's start-up (``mpiexec -n N python -m apps.X --help``: the launch
-   and the imports, under whatever load the machine has now); a task whose start-up would
+0. Measures each program's start-up (one step of it under ``resilient run``, whose ledger
+   records the launch to the first step: MPI, the imports, the restore, under whatever load
+   the machine has now); a task whose start-up would
    leave too little of the simulated walltime (less than :data:`STARTUPS` start-ups plus the
    stop margin) gets a longer walltime, and its steps are slowed down so that it still spans
    :data:`STOPS` walltimes: every task is stopped at least twice, and none fails for load.
