@@ -96,8 +96,6 @@ class Session:
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
         static_copies: copies of the static data's files, 2 or 1 (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
-        static_copies: copies of the static data's files, 2 or 1 (see
-            :class:`~resilient.checkpoint.manager.CheckpointManager`).
         environ: environment to read the deadline from (injectable for tests).
     """
 
