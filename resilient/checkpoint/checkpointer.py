@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import logging
 import operator
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -648,9 +647,7 @@ def _commit_copy(
     (its data files, if it holds them, are written already)."""
     sharded = manifest.sharded
     names = [] if sharded is None else [s.name for s in sharded.shards]
-    for name in names:
-        shutil.copyfile(first / name, copy.path / name)
-    storage.fsync_files([copy.path / name for name in names])
+    copy.copy_in(first, names)
     copy.commit(manifest, what=f"{what} (its second copy)", copies=copies)
 
 

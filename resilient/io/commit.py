@@ -79,6 +79,14 @@ class PendingDir:
         self.path.mkdir(exist_ok=shared)
         return self
 
+    def copy_in(self, source: Path, names: list[str]) -> None:
+        """Copy the files ``names`` of the committed directory ``source`` into the temporary
+        directory and fsync them (the shards of static data's second copy, before its
+        :meth:`commit`)."""
+        for name in names:
+            shutil.copyfile(source / name, self.path / name)
+        storage.fsync_files([self.path / name for name in names])
+
     def commit(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
         """Write the manifest and the marker durably, then atomically rename to :attr:`final`
         (:meth:`prepare`, then :meth:`publish`).

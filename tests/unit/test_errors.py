@@ -29,6 +29,11 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
         ("/scratch/ck/step_00000003", "data file rank_00000.h5 is missing"),
         {"path": "/scratch/ck/step_00000003", "reason": "data file rank_00000.h5 is missing"},
     ),
+    "StaticDataError": (
+        ("/scratch/ck/static/7b53", "manifest.json does not match its checksum in COMMITTED"),
+        {"path": "/scratch/ck/static/7b53",
+         "reason": "manifest.json does not match its checksum in COMMITTED"},
+    ),  # fmt: skip
     "LayoutMismatchError": (
         ("self (4 ranks, 4 files)", "self (8 ranks, 8 files)"),
         {"saved": "self (4 ranks, 4 files)", "current": "self (8 ranks, 8 files)"},
