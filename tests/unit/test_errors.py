@@ -31,9 +31,11 @@ SAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     ),
     "StaticDataError": (
         ("/scratch/ck/static/7b53", "manifest.json does not match its checksum in COMMITTED"),
-        {"path": "/scratch/ck/static/7b53",
-         "reason": "manifest.json does not match its checksum in COMMITTED"},
-    ),  # fmt: skip
+        {
+            "path": "/scratch/ck/static/7b53",
+            "reason": "manifest.json does not match its checksum in COMMITTED",
+        },
+    ),
     "LayoutMismatchError": (
         ("self (4 ranks, 4 files)", "self (8 ranks, 8 files)"),
         {"saved": "self (4 ranks, 4 files)", "current": "self (8 ranks, 8 files)"},
