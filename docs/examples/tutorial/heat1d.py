@@ -1,6 +1,6 @@
 """Heat spreading along a ring of cells split over the MPI ranks: the tutorial's program.
 
-    mpiexec -n 2 python heat1d.py --checkpoint-dir ckpt/heat --out heat.npy
+Run it: mpiexec -n 2 python heat1d.py --checkpoint-dir ckpt/first --out first.npy
 """
 
 import argparse
