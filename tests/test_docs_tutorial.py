@@ -59,6 +59,9 @@ def test_the_tutorial_names_these_commands() -> None:
         assert cmd in text, f"docs/tutorial.md no longer shows: {cmd}"
     for name in ("heat1d.py", "Snakefile"):
         assert f"examples/tutorial/{name}" in text, f"the tutorial does not include {name}"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for cmd in (UNDER_RUN, LS, REPORT):
+        assert cmd in readme, f"README.md no longer shows the tutorial's: {cmd}"
 
 
 @pytest.mark.mpi
