@@ -1308,14 +1308,14 @@ def task_label(opts: RunOptions, *, pid: int | None = None) -> str:
     ``--task`` as given (the Snakemake helper passes the rule and its wildcards, ``sim
     case=a``); else the checkpoint directory's last two path components (``sim/a-1a2b3c4d5e6f``:
     :func:`resilient.workflow.checkpoint_dir` makes them unique per task, wildcards and
-    parameters); else the program's name and this process's id (``python pid 4242``).
+    parameters; :func:`resilient.model.filenames.task_name`, as ``resilient ls`` and
+    ``resilient report`` name it); else the program's name and this process's id (``python pid 4242``).
     Whitespace, newlines included, becomes single spaces: one record stays one line.
     """
     if opts.task and opts.task.strip():
         text = opts.task
     elif opts.checkpoint_dir is not None:
-        path = Path(os.path.abspath(opts.checkpoint_dir))
-        text = "/".join(path.parts[-2:]) if len(path.parts) > 2 else str(path)
+        text = filenames.task_name(opts.checkpoint_dir)
     else:
         text = f"{os.path.basename(opts.command[0])} pid {os.getpid() if pid is None else pid}"
     return " ".join(text.split())
