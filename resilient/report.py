@@ -273,16 +273,16 @@ def format_table(reports: Sequence[TaskReport]) -> str:
                 f"its attempts, stops, kills and goodput); {t.checkpoints_written} checkpoints "
                 f"written; {_finished_text(t)}"
             )
-            continue
-        gp = (
-            f"{100 * t.goodput:.0f}%" if t.goodput is not None
-            else "- (no timeline: the program does not use Session)"
-        )  # fmt: skip
-        lines.append(
-            f"{t.name}: {len(t.attempts)} attempts ({t.stops} stops, {t.kills} kills), "
-            f"{t.checkpoints_written} checkpoints written, {t.steps_recomputed} steps recomputed, "
-            f"goodput {gp}, {_finished_text(t)}"
-        )
+        else:
+            gp = (
+                f"{100 * t.goodput:.0f}%" if t.goodput is not None
+                else "- (no timeline: the program does not use Session)"
+            )  # fmt: skip
+            lines.append(
+                f"{t.name}: {len(t.attempts)} attempts ({t.stops} stops, {t.kills} kills), "
+                f"{t.checkpoints_written} checkpoints written, {t.steps_recomputed} steps "
+                f"recomputed, goodput {gp}, {_finished_text(t)}"
+            )
         if t.timed:
             lines.append(
                 f"  wall {t.wall_s:.1f} s = {_phases_text(t.phases)}, between attempts "
