@@ -297,8 +297,8 @@ def format_table(reports: Sequence[TaskReport]) -> str:
         for a in t.attempts:
             job = f" job {a.slurm_job_id}" if a.slurm_job_id else ""
             lines.append(
-                f"  #{a.attempt:<3} {a.end - a.start:6.1f} s  exit {a.exit_code:<3} steps {a.restored_step} -> "
-                f"{a.latest_after} (reached {a.max_step}), {a.checkpoints} ckpt{job}: {a.reason}"
+                f"  #{a.attempt:<3} {a.end - a.start:6.1f} s  exit {a.exit_code:<3} steps {_step(a.restored_step)} -> "
+                f"{_step(a.latest_after)} (reached {a.max_step}), {a.checkpoints} ckpt{job}: {a.reason}"
             )
             if t.timed:
                 lines.append(f"        {_phases_text(a.phases)}")
@@ -376,3 +376,8 @@ def _phase_bar(ax: Any, row: int, a: AttemptSummary, t0: float) -> None:
         if width > 0:
             ax.broken_barh([(x, width)], (row - 0.35, 0.7), color=colour)
             x += width
+
+
+def _step(step: int | None) -> str:
+    """A step as the report prints it: ``none`` where there was no checkpoint."""
+    return "none" if step is None else str(step)
