@@ -19,6 +19,7 @@ import logging
 import math
 import pickle
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -895,82 +896,21 @@ def test_an_app_invoked_again_with_other_ranks_resumes(
 
 # --------------------------------------------------------------------------- a user's own script
 
-USER_PROGRAM = """
-import sys, time, numpy as np
-from mpi4py import MPI
-from resilient import Session
-alpha, steps, out, init = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-comm = MPI.COMM_WORLD
-with Session(comm=comm, margin_s=0.5, run_key={"alpha": alpha}) as s:  # $RESILIENT_CHECKPOINT_DIR
-    step, state = s.restore_or({"x": np.loadtxt(init)})
-    x = state["x"]
-    while step < steps and not s.should_stop():
-        x = x + alpha * np.sin(x) + comm.allreduce(float(x.sum())) * 1e-6
-        step += 1
-        time.sleep(float(sys.argv[5]))
-        s.maybe_save(step, {"x": x})
-if comm.rank == 0:
-    np.savetxt(out, x)
-"""
-
-# The README's Parsl example as a user writes it: a script (its apps go to the worker by value,
-# so the imports the apps need are inside them), the user's own MPI program, a Python Config.
-USER_SCRIPT = """
-import sys
-import parsl
-from parsl import File, bash_app, python_app
-from parsl.config import Config
-from parsl.executors import HighThroughputExecutor
-from parsl.providers import LocalProvider
-from resilient.integrations.parsl import resume_retry_handler
-from resilient.workflow import checkpoint_dir
-
-@python_app
-def prepare(outputs=()):
-    import numpy as np
-    np.savetxt(outputs[0], np.linspace(0, 1, 8))
-
-@bash_app
-def simulate(alpha, ck, mpiexec, inputs=(), outputs=(), stdout=None, stderr=None):
-    import sys
-    from resilient.integrations.parsl import resilient_command
-    return resilient_command(
-        [mpiexec, "-n", 2, sys.executable, "sim.py", alpha, 100, outputs[0], inputs[0], 0.05],
-        checkpoint_dir=ck, walltime_s=2.5, signal="USR1@1")
-
-@python_app
-def analyse(inputs=()):
-    import numpy as np
-    return float(np.loadtxt(inputs[0]).sum())
-
-alpha, mpiexec = float(sys.argv[1]), sys.argv[2]
-ck = sys.argv[3] if len(sys.argv) > 3 else checkpoint_dir("ckpt", "sim", {"alpha": alpha})
-parsl.load(Config(executors=[HighThroughputExecutor(provider=LocalProvider())], retries=1,
-                  retry_handler=resume_retry_handler(), run_dir="runinfo"))
-try:
-    p = prepare(outputs=[File("init.txt")])
-    s = simulate(alpha, ck, mpiexec, inputs=[p.outputs[0]], outputs=[File(f"out-{alpha}.txt")],
-                 stdout="sim.out", stderr="sim.err")
-    a = analyse(inputs=[s.outputs[0]])
-    try:
-        print("RESULT", a.result())
-    except Exception as exc:
-        print("FAILED", type(exc).__name__)
-    print("TRIES", s.task_record["try_id"] + 1, "COST", s.task_record["fail_cost"])
-    print("SIM", type(s.exception()).__name__)
-finally:
-    parsl.dfk().cleanup()
-"""
+# The user's own MPI program and Parsl script, as docs/howto/parsl.md includes them: a script
+# (its apps go to the worker by value, so the imports the apps need are inside them), the user's
+# own MPI program, a Python Config.
+USER_EXAMPLE = REPO / "docs" / "examples" / "parsl"
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_users_own_script_in_a_temporary_directory(tmp_path: Path) -> None:
-    """The README's pattern from a script in a temp dir, with the user's own program: walltime
+    """The documented pattern from a script in a temp dir, with the user's own program: walltime
     stops cost nothing (retries=1, several tries) and the output is bit-identical to an
     uninterrupted run; a fixed directory reused with another parameter fails once with 78."""
-    (tmp_path / "sim.py").write_text(USER_PROGRAM)
-    (tmp_path / "flow.py").write_text(USER_SCRIPT)
+    for name in ("sim.py", "flow.py"):
+        shutil.copy(USER_EXAMPLE / name, tmp_path / name)
     env = clean_env()
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # Parsl's interchange
 
@@ -989,7 +929,7 @@ def test_a_users_own_script_in_a_temporary_directory(tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
     subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, str(tmp_path / "sim.py"), "0.1", "100",
+        [mpiexec(), "-n", "2", sys.executable, str(tmp_path / "sim.py"), "0.1", "400",
          str(ref / "out.txt"), str(tmp_path / "init.txt"), "0"],
         cwd=ref, env=clean_env(RESILIENT_CHECKPOINT_DIR=str(ref / "ck")), check=True,
         capture_output=True, timeout=120,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,32 @@ def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Path]) -> Non
     assert [r["exit_code"] for r in ledger] == [93], ledger
     log = (d / "job.log").read_text()
     assert "submitted job" not in log and "resilient run exited 93" in log, log
+
+
+def test_requeued_job_resumes_in_place_and_matches(tmp_path: Path) -> None:
+    """workflows/sbatch/requeue.sbatch: each walltime stop that made progress requeues the job
+    under its ID (SLURM_RESTART_COUNT 0, 1, ...), which resumes; the output equals the
+    uninterrupted run's."""
+    require_slurm()
+    job = submit("requeue.sbatch", "-o", str(tmp_path / "job.log"), "--job-name", "heat-requeue-test",
+                 CKPT=str(tmp_path / "ck"), OUT=str(tmp_path / "out.h5"),
+                 HEAT_ARGS=f"{HEAT} --step-delay {DELAY}")  # fmt: skip
+    ref = tmp_path / "ref"
+    subprocess.run(
+        [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat", *HEAT.split(),
+         "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")],
+        cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    wait_for(tmp_path / "out.h5", ("heat-requeue-test",))
+    assert field(tmp_path / "out.h5") == field(ref / "out.h5")
+    ledger = read_ledger(tmp_path / "ck")
+    codes = [r["exit_code"] for r in ledger]
+    assert len(codes) >= 2 and codes[-1] == 0 and codes.count(75) == len(codes) - 1, codes
+    assert {r["slurm_job_id"] for r in ledger} == {job}, ledger  # one job, requeued in place
+    assert [r["slurm_restart_count"] for r in ledger] == list(range(len(ledger))), ledger
+    log = (tmp_path / "job.log").read_text()
+    starts = re.findall(r"^job (\d+) \(restart (\d+)\) on ", log, re.MULTILINE)
+    assert starts == [(job, str(i)) for i in range(len(ledger))], log  # one log for all
 
 
 @pytest.mark.torch

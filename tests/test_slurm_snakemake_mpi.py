@@ -2,9 +2,10 @@
 multi-node Slurm (tests/slurm/up.sh, partition ``multi``): resubmitted after walltime stops,
 requeued in place, and the two mistakes a user makes.
 
-The user's Snakefile (:data:`SNAKEFILE`, written to a temporary directory) has the README's
-multi-node rule: ``resources: **mpi_resources(nodes=2, tasks=4)`` and ``resilient_run(mpi=True)``
-around ``apps.heat`` with its node-local tier on each Slurm node (``--local-dir
+The user's Snakefile (:data:`SNAKEFILE`: docs/examples/snakemake/multinode/Snakefile, which
+docs/howto/snakemake.md includes, written to a temporary directory) has the multi-node rule:
+``resources: **mpi_resources(nodes=2, tasks=4)`` and ``resilient_run(mpi=True)`` around
+``apps.heat`` with its node-local tier on each Slurm node (``--local-dir
 'BASE/$SLURMD_NODENAME'``), node-level checkpoints and partner copies. The heat task needs
 ~120 s of compute (240 steps, 0.5 s each) and each job has 1 minute (the warning signal
 ``USR1@10`` arrives 20-50 s in: Slurm checks every 30 s), so it takes 3 or more allocations. The
@@ -50,31 +51,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.multinode, pytest.mark.timeout(1200
 CASE = {"nx": 64, "ny": 64, "steps": 240, "alpha": 0.2}
 DELAY = 0.5  # 120 s of compute: at least 3 one-minute allocations
 
-SNAKEFILE = """
-from resilient.integrations.snakemake import checkpoint_dir, mpi_resources, resilient_run, retries
-
-CASE = config["case"]
-HEAT = "{PY} -m apps.heat " + " ".join(f"--{k}={v}" for k, v in CASE.items())
-TIER = "--checkpoint-comm node --local-dir '{LOCAL}/$SLURMD_NODENAME' --redundancy partner"
-PY, LOCAL = config["python"], config["local"]
-
-rule heat:
-    output: "results/{case}.h5"
-    params: ckpt=lambda wc: checkpoint_dir("ckpt", "heat", CASE, wildcards=wc)
-    resources: **mpi_resources(nodes=2, tasks=4, launcher="srun --mpi=pmi2")
-    retries: retries(config["retries"])
-    shell: resilient_run(mpi=True) + HEAT + " --checkpoint-every 10 --step-delay {DELAY} "
-        + TIER + " --checkpoint-dir {params.ckpt:q} --out {output:q}"
-
-# the same rule without the plugin's `mpi` resource: a one-node job step
-rule heat_nompi:
-    output: "nompi/{case}.h5"
-    params: ckpt=lambda wc: checkpoint_dir("ckpt", "heat_nompi", CASE, wildcards=wc)
-    resources: nodes=2, tasks=4
-    retries: retries(config["retries"])
-    shell: resilient_run() + "srun --mpi=pmi2 -N 2 -n 4 " + HEAT
-        + " --checkpoint-dir {params.ckpt:q} --out {output:q}"
-""".replace("{DELAY}", str(DELAY))
+# the user's Snakefile, as docs/howto/snakemake.md includes it
+SNAKEFILE = (REPO / "docs" / "examples" / "snakemake" / "multinode" / "Snakefile").read_text()
 
 # as tests/test_slurm_workflows.py: 1-minute jobs, a warning that fits them; partition multi
 SLURM_ARGS = ["--slurm-init-seconds-before-status-checks", "5", "--slurm-keep-successful-logs"]
@@ -92,7 +70,7 @@ def start_snakemake(
     with 1-minute jobs in partition multi."""
     (d / "Snakefile").write_text(SNAKEFILE)
     config = {"case": CASE, "python": sys.executable, "local": str(d / "local"),
-              "retries": retries}  # fmt: skip
+              "retries": retries, "step_delay": DELAY}  # fmt: skip
     (d / "config.yaml").write_text(yaml.safe_dump(config))
     target = {"heat": "results/hot.h5", "heat_nompi": "nompi/hot.h5"}[rule]
     cmd = [

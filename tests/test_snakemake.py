@@ -304,21 +304,12 @@ def test_checkpoint_dir_survives_a_failed_job(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- a user's own rule
 
-# A user's own Snakefile, as a user writes it after reading the README: the helper import, a
-# keyed checkpoint directory in params, retries(N), the resilient_run() prefix. No sys.path or
+# A user's own Snakefile, as docs/howto/snakemake.md includes it: the helper import, a keyed
+# checkpoint directory in params, retries(N), the resilient_run() prefix. No sys.path or
 # PYTHONPATH lines: `resilient` is installed, `mpiexec` and `python` come from PATH (here the
 # venv's; the test's environment stands in for an installed `apps`). The simulated walltime
 # comes from the workflow config (the local profile's resilient_walltime), not from the rule.
-USER_SNAKEFILE = """
-from resilient.integrations.snakemake import checkpoint_dir, resilient_run, retries
-
-rule heat:
-    output: "results/{case}.h5"
-    params: ckpt=lambda wc: checkpoint_dir("ckpt", "heat", {"steps": 150}, wildcards=wc)
-    retries: retries(1)
-    shell: resilient_run() + "mpiexec -n 2 python -m apps.heat --steps 150 --step-delay 0.03"
-           " --checkpoint-every 10 --config {config[checkpoint_config]} --checkpoint-dir {params.ckpt:q} --out {output}"
-"""
+USER_SNAKEFILE = (REPO / "docs" / "examples" / "snakemake" / "Snakefile").read_text()
 
 
 def user_ckpt(tmp: Path, case: str) -> Path:
