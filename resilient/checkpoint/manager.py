@@ -466,10 +466,10 @@ class CheckpointManager:
                 :class:`~resilient.model.blocks.BlockSpec` (see :func:`~resilient.model.blocks.cartesian_block`).
 
         Returns:
-            ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
-            arrays, and torch tensors where tensors were saved, on their saved device where it
-            exists here (CUDA tensors read through the pinned arena into new device tensors),
-            else on the CPU (logged once per restore).
+            ``(step, state)`` for this rank, ``state`` being the saved structure (dicts,
+            lists, tuples), numpy arrays, and torch tensors where tensors were saved, on their
+            saved device where it exists here (CUDA tensors read through the pinned arena into
+            new device tensors), else on the CPU (logged once per restore).
 
         Raises:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
@@ -512,8 +512,9 @@ class CheckpointManager:
 
     @property
     def passed_over(self) -> tuple[int, ...]:
-        """Coordinator (rank 0): the steps newer than the one the last :meth:`restore` returned
-        that failed validation and were quarantined on its way (empty on the other ranks)."""
+        """The steps newer than the one the last :meth:`restore` returned that failed
+        validation and were quarantined on its way, on the coordinator (rank 0); empty on the
+        other ranks."""
         return tuple(self._restorer.passed_over)
 
     def _restore_local(
