@@ -37,6 +37,8 @@ exclude_patterns = ["_build", "_ext", "examples", "conftest.py", "README.md"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
+# curly quotes only: "--walltime" and "..." stay as typed (a dash in an option is no en dash)
+smartquotes_action = "q"
 
 # autodoc: the public API from its docstrings; torch is never imported (an extra, several GB)
 autodoc_mock_imports = ["torch"]
