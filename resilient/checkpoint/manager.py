@@ -120,7 +120,8 @@ class CheckpointManager:
             ``{"nx": 512, "alpha": 0.2}``; not what may change between its jobs, such as the
             number of steps or, for an elastic state, the rank count). Recorded in ``root`` at
             the first save; a manager whose key differs from the recorded one raises
-            :class:`ConfigError` on every rank at construction, naming the differing keys,
+            :class:`~resilient.errors.ForeignRunError` (a :class:`ConfigError`) on every rank
+            at construction, naming the differing keys,
             before anything in ``root`` is touched (:mod:`resilient.io.runkey`).
         manifest_shard_ranks: a checkpoint set of more ranks than this writes its manifest in
             shards of about this many ranks (whole file groups) beside a small index (schema
