@@ -305,6 +305,42 @@ def test_walltime_signal_via_resilient_run_is_bit_identical(work: Path, referenc
     assert_same_output(work / "out.h5", reference)
 
 
+def test_torchrun_under_resilient_run_walltime_exits_75_and_resumes(
+    work: Path, reference: Path
+) -> None:
+    """``resilient run --walltime -- torchrun ...`` (as docs/howto/pytorch.md says): the warning
+    signal reaches torchrun's workers (``resilient run`` signals the whole process tree), both
+    checkpoint one step and exit 75, torchrun exits 1, and ``resilient run`` reports 75 since a
+    newer checkpoint exists; the run then resumes bit-identically.
+
+    The warning comes 15 s after the start (a start-up slower than that only delays the stop to
+    the first step); the walltime and the kill-wait are long, so that torch's exit (7-11 s on two
+    overloaded cores) is never cut short by a kill.
+    """
+    ckpt = work / "ckpt"
+    cmd = [
+        sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
+        "--walltime", "200", "--signal", "USR1@185", "--kill-wait", "60", "--",
+        *command("torchrun", [*app_args(work), "--step-delay", "0.5", "--checkpoint-every", "5"]),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env(work), capture_output=True, text=True, timeout=280)
+    text = proc.stdout + proc.stderr
+    (work / "log0.txt").write_text(text)
+    assert proc.returncode == EXIT_RESUME, text
+    stopped = stopped_steps(text)
+    assert set(stopped) == set(range(NRANKS)), text
+    assert len(set(stopped.values())) == 1, f"ranks stopped at different steps: {stopped}"
+    assert all("reason=signal SIGUSR1" in line for line in text.splitlines() if "STOPPED" in line)
+    assert "failed (exitcode: 75)" in text, text  # torchrun's own report of its workers
+    assert "exited 1 after SIGUSR1 after a newer checkpoint" in text, text
+    assert "SIGKILL" not in text, text
+    assert [r["exit_code"] for r in read_ledger(ckpt)] == [EXIT_RESUME]
+    assert latest_step(ckpt) == stopped[0] and 0 < stopped[0] < STEPS
+    text = finish(launch(work, 1, "torchrun"), 0)
+    assert f"resumed from step {stopped[0]}" in text, text
+    assert_same_output(work / "out.h5", reference)
+
+
 def test_corrupt_newest_checkpoint_falls_back_and_stays_bit_identical(
     work: Path, reference: Path
 ) -> None:
