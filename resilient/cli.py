@@ -91,6 +91,9 @@ def _task_roots(path: str) -> tuple[Path, list[Path]]:
     base = _directory(path)
     if storage.is_root(base):
         return base, []
+    problem = storage.marker_problem(base)  # a root whose every marker copy is damaged
+    if problem:
+        raise CliError(problem)
     roots = find_roots([base])
     if not roots:
         raise CliError(
