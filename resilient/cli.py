@@ -6,8 +6,9 @@ scripts, and inside MPI jobs, where a second ``MPI_Init`` would abort the proces
 ``ls`` and ``status`` also take a workflow's checkpoint tree (``ckpt/`` holding
 ``ckpt/sim/a-1a2b3c4d5e6f/``...): a directory that is not a root itself but has roots below it
 (:func:`resilient.report.find_roots`). They list one line per task root: the task (its path
-relative to the directory), its newest valid step, its attempts and the last one's outcome
-from its ``attempts.jsonl`` ledger; ``status --json`` gives a list of objects.
+relative to the directory, ``sim/a-1a2b3c4d5e6f``; ``report`` names it the same way:
+:func:`resilient.model.filenames.task_name`), its newest valid step, its attempts and the last
+one's outcome from its ``attempts.jsonl`` ledger; ``status --json`` gives a list of objects.
 
 Exit codes: 0 success; 1 no valid checkpoint / verification failed; 2 usage error or a
 missing or foreign directory (neither a root nor roots below it); 3 the root is locked by a
@@ -109,7 +110,7 @@ def _task_json(base: Path, root: Path, *, full: bool) -> dict[str, Any]:
     ledger = read_ledger(root)
     last = ledger[-1] if ledger else None
     return {
-        "task": root.relative_to(base).as_posix(),
+        "task": filenames.task_name(root, base),
         "root": str(root),
         "latest_step": latest.step if latest else None,
         "latest_path": str(latest.path) if latest else None,
@@ -336,10 +337,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     for r in args.roots:
         if not Path(r).is_dir():
             raise CliError(f"{r}: no such directory")
-    roots = find_roots(args.roots)
-    if not roots:
+    named = {r: filenames.task_name(r, base) for base in args.roots for r in find_roots([base])}
+    if not named:
         raise CliError(f"no checkpoint roots under {' '.join(args.roots)}", EXIT_NOT_FOUND)
-    reports = [task_report(r) for r in roots]
+    reports = [task_report(r, name=name) for r, name in sorted(named.items())]
     if args.json:
         print(json.dumps([t.to_dict() for t in reports], indent=1))
     else:
@@ -438,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser(
-        "report", help="per task: attempts, kills, checkpoints, recomputation, goodput"
+        "report",
+        help="per task: attempts, stops and kills, checkpoints, recomputation, goodput, "
+        "whether it finished",
     )
     p.add_argument("roots", nargs="+", help="checkpoint roots, or directories holding several")
     p.add_argument("--json", action="store_true")

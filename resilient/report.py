@@ -1,4 +1,4 @@
-"""Run reports from the logs a checkpoint root keeps: attempts, phases, kills, goodput.
+"""Run reports from the logs a checkpoint root keeps: attempts, phases, stops, kills, goodput.
 
 Reads, per checkpoint root: ``attempts.jsonl`` (one line per ``resilient run`` attempt: its
 start and end), ``saves.jsonl`` (one line per committed checkpoint) and ``progress.jsonl`` (the
@@ -15,11 +15,19 @@ Definitions:
 * *wall time*: the first attempt's start to the last one's end, gaps included.
 * *goodput*: compute kept / wall time. A stopwatch bounds it: it is at most the share of the
   wall time that an uninterrupted run of the same steps would take. ``None`` when the program
-  records no timeline (it does not use Session).
-* *kills*: attempts that ended early (exit 75, or killed by a signal): walltime, preemption.
+  records no timeline (it does not use Session) or did not run under ``resilient run`` (no
+  attempt ledger: no attempts to measure).
+* *stops*: attempts the program ended itself on a warning signal: it checkpointed and exited
+  75 (or stopped before its first checkpoint). *kills*: attempts a signal ended (SIGKILL after
+  the grace, a kill from outside, a lost node) or that crashed. An attempt refused with 74 (a
+  permanent storage error) or 78 (the directory is another run's) is neither.
 * *steps recomputed*: for each attempt after the first, the highest step the previous attempt
   reached minus the step this attempt restored (work lost between the last checkpoint and the
-  kill).
+  stop or kill).
+* *finished*: from the ledger, whether the last attempt exited 0. Without a ledger (the program
+  did not run under ``resilient run``), from the Session's timeline: its last session ended
+  without a stop or an exception; ``None`` (unknown) when the timeline cannot tell.
+* *name*: :func:`resilient.model.filenames.task_name`, as ``resilient ls`` names a task.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from resilient.io import logs, storage
-from resilient.job.timeline import AttemptEvents, Phases, kept_until, read_events
+from resilient.job.exitcodes import EXIT_CONFIG, EXIT_PERMANENT, EXIT_RESUME
+from resilient.job.timeline import END, RESTORED, AttemptEvents, Phases, kept_until, read_events
 from resilient.model import filenames
 
 __all__ = ["AttemptSummary", "TaskReport", "find_roots", "format_table", "plot", "task_report"]
@@ -52,6 +61,7 @@ class AttemptSummary:
     checkpoints: int
     slurm_job_id: str | None
     phases: Phases = field(default_factory=Phases)
+    ending: str = ""  # "finished", "stop", "kill" or "refused" (the module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +70,15 @@ class TaskReport:
 
     name: str
     root: str
-    attempts: tuple[AttemptSummary, ...]
+    attempts: tuple[AttemptSummary, ...]  # none without a ledger (no `resilient run`)
+    stops: int
     kills: int
     checkpoints_written: int
     steps_recomputed: int
     wall_spent_s: float  # in attempts
     between_s: float  # between attempts
-    finished: bool
+    finished: bool | None  # None: unknown (no ledger, and the timeline cannot tell)
+    finished_why: str  # how that is known, or why it is not
     timed: bool  # the program recorded its timeline (a Session): the phases are known
     progress: tuple[tuple[float, int], ...] = field(default=())
     flush_s: tuple[float, ...] = ()  # seconds each flush from a node-local tier took
@@ -107,8 +119,49 @@ def _int(rec: dict[str, Any], key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _ending(rec: dict[str, Any]) -> str:
+    """How one attempt of the ledger ended (the module docstring's words), from the program's
+    own exit status (the ledger's ``exit_code`` where an older ledger has none)."""
+    status = _int(rec, "exit_status")
+    if status is None:
+        status = int(rec["exit_code"])
+    stop = rec.get("program_stop")
+    if status == 0:
+        return "finished"
+    stopped_unsaved = status > 0 and isinstance(stop, dict) and stop.get("saved") is False
+    if status == EXIT_RESUME or stopped_unsaved:  # checkpointed and exited 75, or had nothing
+        return "stop"
+    if status in (EXIT_PERMANENT, EXIT_CONFIG):
+        return "refused"
+    return "kill"
+
+
+def _finished_without_ledger(root: Path) -> tuple[bool | None, str]:
+    """Whether a program that did not run under ``resilient run`` finished, from its Session's
+    timeline: the last session's ``end`` event, after its last ``restored``."""
+    events = sorted(
+        logs.read_log(root / filenames.PROGRESS_LOG, logs.PROGRESS), key=lambda e: float(e["time"])
+    )
+    if not events:
+        return None, "no timeline either: the program does not use Session"
+    starts = [float(e["time"]) for e in events if e.get("event") == RESTORED]
+    began = starts[-1] if starts else float("-inf")
+    ends = [e for e in events if e.get("event") == END and float(e["time"]) >= began]
+    if not ends:
+        return None, "its last Session has no end in the timeline: still running, or killed"
+    end = ends[-1]
+    if end.get("raised"):
+        return False, f"its last Session ended with an exception ({end['raised']})"
+    if end.get("stopped"):
+        return False, "its last Session stopped early (a stop): run it again to resume"
+    if "raised" not in end:
+        return None, "its timeline does not say whether its last Session ended with an exception"
+    return True, "its last Session ended without a stop or an exception"
+
+
 def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
-    """The report of one checkpoint root (a task)."""
+    """The report of one checkpoint root (a task); ``name`` defaults to
+    :func:`~resilient.model.filenames.task_name` of ``root``."""
     r = Path(root)
     ledger = [
         rec for rec in logs.read_log(r / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
@@ -123,8 +176,8 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
     progress = tuple((float(e["time"]), int(e["step"])) for e in events)
     timeline = [AttemptEvents.of(events, float(rec["start"]), float(rec["end"])) for rec in ledger]
     codes = [int(rec["exit_code"]) for rec in ledger]
-    finished = bool(codes) and codes[-1] == 0
-    kept = kept_until(timeline, finished=finished, committed=committed)
+    finished: bool | None = bool(codes) and codes[-1] == 0
+    kept = kept_until(timeline, finished=bool(finished), committed=committed)
     attempts: list[AttemptSummary] = []
     recomputed = 0
     prev_max: int | None = None
@@ -149,21 +202,27 @@ def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> Tas
                 exit_code=code, reason=str(rec.get("reason", "")), restored_step=restored,
                 latest_after=after, max_step=max_step, checkpoints=len(inside),
                 slurm_job_id=rec.get("slurm_job_id"),
-                phases=ev.phases(until),
+                phases=ev.phases(until), ending=_ending(rec),
             )
         )  # fmt: skip
     spent = sum(a.end - a.start for a in attempts)
     wall = attempts[-1].end - attempts[0].start if attempts else 0.0
+    if ledger:
+        why = f"its last attempt exited {codes[-1]}"
+    else:
+        finished, why = _finished_without_ledger(r)
     return TaskReport(
-        name=name or r.name,
+        name=name or filenames.task_name(r),
         root=str(r),
         attempts=tuple(attempts),
-        kills=sum(1 for a in attempts if a.exit_code != 0),
+        stops=sum(1 for a in attempts if a.ending == "stop"),
+        kills=sum(1 for a in attempts if a.ending == "kill"),
         checkpoints_written=len(saves),
         steps_recomputed=recomputed,
         wall_spent_s=spent,
         between_s=max(0.0, wall - spent),
         finished=finished,
+        finished_why=why,
         timed=any(ev.timed for ev in timeline),
         progress=progress,
         flush_s=tuple(f for s in saves if (f := _num(s, "flush_s")) is not None),
@@ -197,15 +256,33 @@ def _phases_text(p: Phases) -> str:
     )
 
 
+def _finished_text(t: TaskReport) -> str:
+    if t.finished is None:
+        return f"finished: unknown ({t.finished_why})"
+    return f"{'finished' if t.finished else 'NOT finished'} ({t.finished_why})"
+
+
 def format_table(reports: Sequence[TaskReport]) -> str:
     """A human-readable report: one block per task, one line per attempt."""
     lines = []
     for t in reports:
-        gp = f"{100 * t.goodput:.0f}%" if t.goodput is not None else "- (no timeline: use Session)"
-        lines.append(
-            f"{t.name}: {len(t.attempts)} attempts, {t.kills} kills, {t.checkpoints_written} checkpoints written, "
-            f"{t.steps_recomputed} steps recomputed, goodput {gp}, {'finished' if t.finished else 'NOT finished'}"
-        )
+        if not t.attempts:
+            lines.append(
+                f"{t.name}: no attempt ledger: the program did not run under `resilient run` "
+                f"(run it as `resilient run --checkpoint-dir {t.root} -- PROGRAM...` to record "
+                f"its attempts, stops, kills and goodput); {t.checkpoints_written} checkpoints "
+                f"written; {_finished_text(t)}"
+            )
+        else:
+            gp = (
+                f"{100 * t.goodput:.0f}%" if t.goodput is not None
+                else "- (no timeline: the program does not use Session)"
+            )  # fmt: skip
+            lines.append(
+                f"{t.name}: {len(t.attempts)} attempts ({t.stops} stops, {t.kills} kills), "
+                f"{t.checkpoints_written} checkpoints written, {t.steps_recomputed} steps "
+                f"recomputed, goodput {gp}, {_finished_text(t)}"
+            )
         if t.timed:
             lines.append(
                 f"  wall {t.wall_s:.1f} s = {_phases_text(t.phases)}, between attempts "
@@ -220,8 +297,8 @@ def format_table(reports: Sequence[TaskReport]) -> str:
         for a in t.attempts:
             job = f" job {a.slurm_job_id}" if a.slurm_job_id else ""
             lines.append(
-                f"  #{a.attempt:<3} {a.end - a.start:6.1f} s  exit {a.exit_code:<3} steps {a.restored_step} -> "
-                f"{a.latest_after} (reached {a.max_step}), {a.checkpoints} ckpt{job}: {a.reason}"
+                f"  #{a.attempt:<3} {a.end - a.start:6.1f} s  exit {a.exit_code:<3} steps {_step(a.restored_step)} -> "
+                f"{_step(a.latest_after)} (reached {a.max_step}), {a.checkpoints} ckpt{job}: {a.reason}"
             )
             if t.timed:
                 lines.append(f"        {_phases_text(a.phases)}")
@@ -239,8 +316,9 @@ _PHASE_COLOURS = (
 
 
 def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
-    """Write a PNG: progress (step) against wall-clock time, kills marked, and below it one bar
-    per task with each attempt's phases (start-up, compute kept and lost, checkpoints, exit).
+    """Write a PNG: progress (step) against wall-clock time, stops and kills marked, and below it
+    one bar per task with each attempt's phases (start-up, compute kept and lost, checkpoints,
+    exit).
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'resilient-hpc[report]'``).
@@ -263,10 +341,10 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
         )
         for a in t.attempts:
             ax.axvspan(a.start - t0, a.end - t0, color=line.get_color(), alpha=0.06)
-            if a.exit_code != 0 and a.max_step is not None:
-                ax.plot(
-                    [a.end - t0], [a.max_step], "x", color=line.get_color(), markersize=9, mew=2
-                )
+            marker = {"stop": "o", "kill": "x"}.get(a.ending)
+            if marker is not None and a.max_step is not None:
+                ax.plot([a.end - t0], [a.max_step], marker, color=line.get_color(),
+                        markersize=8, mew=2, fillstyle="none")  # fmt: skip
             if t.timed:
                 _phase_bar(bars, row, a, t0)
     handles = [
@@ -276,7 +354,10 @@ def plot(reports: Sequence[TaskReport], path: str | os.PathLike[str]) -> None:
     bars.invert_yaxis()
     bars.set_xlabel("wall-clock time (s); a gap between bars: between attempts (requeue, queue)")
     ax.set_ylabel("step")
-    ax.set_title("progress per task (x = attempt killed: walltime / preemption / crash)")
+    ax.set_title(
+        "progress per task (o = a stop: warning signal, checkpoint, exit 75; "
+        "x = a kill: SIGKILL, preemption, crash)", fontsize=9,
+    )  # fmt: skip
     ax.grid(alpha=0.3)
     ax.add_artist(ax.legend(loc="upper left", fontsize=8))
     ax.legend(handles=handles, loc="lower right", fontsize=8, title="phases (bars below)",
@@ -295,3 +376,8 @@ def _phase_bar(ax: Any, row: int, a: AttemptSummary, t0: float) -> None:
         if width > 0:
             ax.broken_barh([(x, width)], (row - 0.35, 0.7), color=colour)
             x += width
+
+
+def _step(step: int | None) -> str:
+    """A step as the report prints it: ``none`` where there was no checkpoint."""
+    return "none" if step is None else str(step)

@@ -330,7 +330,7 @@ def test_a_lost_node_after_a_protected_local_step_costs_nothing(
     for exc in (ManagerLost(b"m", "h"), BashExitFailure("heat", 75)):
         assert resume_retry_handler()(exc, record(str(root))) == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "parsl.resilient"]
-    assert "Slurm lost node n2; " in lines[2] and "step None -> 30 (progress)" in lines[2]
+    assert "Slurm lost node n2; " in lines[2] and "step none -> 30 (progress)" in lines[2]
     assert "stopped early after a newer checkpoint (Slurm lost node n2) (exit 75)" in lines[3]
 
 

@@ -286,7 +286,7 @@ def test_snakemake_resubmits_after_the_time_limit_and_resumes(scenarios: dict[st
     )  # fmt: skip
     (task,) = json.loads(report.stdout)
     assert [a["slurm_job_id"] for a in task["attempts"]] == jobs
-    assert task["finished"] is True and task["kills"] == len(jobs) - 1
+    assert task["finished"] is True and task["stops"] + task["kills"] == len(jobs) - 1
 
     # Snakemake saw each stopped job fail (FAILED: exit 75; TIMEOUT: killed at the limit)
     text = run.log.read_text()

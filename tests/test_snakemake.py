@@ -628,6 +628,10 @@ def test_simulated_walltime_from_the_config() -> None:
         {"resilient_walltime": "5m", "resilient_requeue": "false"}
     )
     assert plain is not None and plain.options() == ["--walltime", "300"]
+    compound = SimulatedWalltime.from_config(
+        {"resilient_walltime": "1h30m", "resilient_kill_wait": "1m", "resilient_requeue": False}
+    )
+    assert compound is not None and compound.options() == ["--walltime", "5400", "--kill-wait", "60"]
     for bad in ({"resilient_walltime": "soon"}, {"resilient_walltime": 6, "resilient_signal": "USR1"},
                 {"resilient_walltime": 6, "resilient_requeue": "maybe"}):  # fmt: skip
         with pytest.raises(ValueError, match="resilient_"):

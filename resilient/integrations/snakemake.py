@@ -50,11 +50,13 @@ its walltime in its workflow config; :func:`resilient_run` reads it from the run
 config when the Snakefile is parsed, so no Snakefile wires it. The profile names a config file
 (``configfile: workflow-config.yaml``, relative to the profile's directory)::
 
-    resilient_walltime: 6          # seconds per attempt (also 90s, 5m, 01:00:00); absent,
-                                   # null or 0: none (on Slurm the deadline comes from the job)
+    resilient_walltime: 6          # per attempt: a bare number is seconds, not Slurm's
+                                   # minutes (also 90s, 5m, 1h30m, 01:00:00: the forms of
+                                   # resilient run --walltime); absent, null or 0: none (on
+                                   # Slurm the deadline comes from the job)
     resilient_requeue: true        # requeue a walltime stop in place (default true)
     resilient_signal: USR1@1       # warning signal and its lead (default USR1@10% of it)
-    resilient_kill_wait: 1         # SIGTERM to SIGKILL (default 5 s)
+    resilient_kill_wait: 1         # SIGTERM to SIGKILL, seconds (default 5 s)
 
 Snakemake merges a command-line ``--config`` over config files key by key, so
 ``--config resilient_walltime=5`` keeps the file's other keys. A profile's ``config:`` entry

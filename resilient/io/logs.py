@@ -104,7 +104,7 @@ PROGRESS: Final = LogKind(
     optional=(
         ("event", TEXT), ("t0", NUMBER), ("resumed", FLAG), ("attempt", INT + NONE),
         ("session_start", NUMBER), ("passed_over", LIST), ("loop_end", NUMBER),
-        ("stopped", FLAG),
+        ("stopped", FLAG), ("raised", TEXT + NONE),
     ),
 )  # fmt: skip
 """``progress.jsonl``: a Session's samples and events (:mod:`resilient.job.timeline`)."""

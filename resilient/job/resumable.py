@@ -19,6 +19,7 @@ permanent storage errors (disk full, permission denied, read-only) are not retri
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -87,6 +88,11 @@ def resumable(
 ) -> Callable[[Callable[Concatenate[Resume, P], R]], Callable[P, R]]:
     """Decorate ``fn(resume, *args, **kwargs)`` so that it resumes after exceptions.
 
+    The decorated function is called without the :class:`Resume` (``train(10_000)``); each
+    call binds its arguments to ``fn``'s signature after the ``Resume`` before the first
+    attempt, so a mismatch is a ``TypeError`` at once, never retried. Exceptions ``fn`` raises
+    itself (a ``TypeError`` too) are retried as ``retry_on`` says.
+
     Args:
         ckpt_dir: checkpoint root of this function.
         retries: how many times to re-call after an exception (``retries + 1`` calls at most).
@@ -115,8 +121,15 @@ def resumable(
         )
 
     def decorate(fn: Callable[Concatenate[Resume, P], R]) -> Callable[P, R]:
+        try:
+            signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # a callable without a signature: nothing to check
+            signature = None
+
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if signature is not None:
+                _check_arguments(fn, signature, args, kwargs)
             calls = 0
 
             def call() -> R:
@@ -143,3 +156,29 @@ def resumable(
         return wrapper
 
     return decorate
+
+
+def _check_arguments(
+    fn: Callable[..., Any],
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Bind a call's arguments after the :class:`Resume` once, before any attempt: a mismatch
+    is a programming error, raised at once and never retried.
+
+    Raises:
+        TypeError: ``fn`` cannot take a ``Resume`` followed by these arguments.
+    """
+    try:
+        signature.bind(_RESUME_PLACEHOLDER, *args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", "fn")
+        raise TypeError(
+            f"@resumable {name}{signature}: {exc}. A @resumable function receives a Resume as "
+            f"its first argument, then the arguments it is called with: define it as "
+            f"def {name}(resume, ...) and call it without the Resume"
+        ) from None
+
+
+_RESUME_PLACEHOLDER = object()  # stands for the Resume when the arguments are bound up front

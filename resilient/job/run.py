@@ -154,17 +154,36 @@ log = logging.getLogger("resilient.job.run")
 _POLL_S = 0.05
 
 
+DURATION_FORMS = (
+    "a bare number of seconds (90; Slurm's bare number means minutes, this one does not), "
+    "a number with a unit (90s, 5m, 1.5h, 1d), units combined from days down to seconds "
+    "(23h50m, 1h30m15s, 2d4h), MM:SS, HH:MM:SS, or Slurm's D-HH, D-HH:MM, D-HH:MM:SS"
+)
+
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_NUMBER = r"\d+(?:\.\d+)?"
+_UNITS_RE = re.compile(
+    "".join(rf"(?:({_NUMBER})\s*{unit}\s*)?" for unit in _UNIT_S)  # days down to seconds
+)
+
+
 def parse_duration(text: str) -> float:
-    """A duration in seconds: ``90`` or ``90s`` (seconds), ``5m``, ``2h``, ``1d``, ``MM:SS``,
+    """A duration in seconds.
+
+    A bare number means SECONDS (``90``), unlike Slurm's ``--time``, where it means minutes.
+    Also: a number with a unit (``90s``, ``5m``, ``1.5h``, ``1d``), units combined from days
+    down to seconds, each at most once (``23h50m``, ``1h30m15s``, ``2d4h``), ``MM:SS``,
     ``HH:MM:SS``, and Slurm's day forms ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``.
 
     Raises:
-        ValueError: not a duration.
+        ValueError: not a duration (the message lists the accepted forms).
     """
     t = text.strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", t)
-    if m:
-        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if re.fullmatch(_NUMBER, t):
+        return float(t)  # a bare number: seconds
+    m = _UNITS_RE.fullmatch(t)
+    if t and m:
+        return sum(float(v) * s for v, s in zip(m.groups(), _UNIT_S.values(), strict=True) if v)
     days = 0
     m = re.fullmatch(r"(\d+)-(\d+(?::\d+){0,2})", t)
     if m:  # Slurm: days-hours[:minutes[:seconds]]
@@ -174,19 +193,39 @@ def parse_duration(text: str) -> float:
         parts = [int(x) for x in t.split(":")]
         parts = [0, *parts] if len(parts) == 2 else parts  # MM:SS or HH:MM:SS
     else:
-        raise ValueError(
-            f"not a duration: {text!r} (use 90, 90s, 5m, 2h, MM:SS, HH:MM:SS or D-HH[:MM[:SS]])"
-        )
+        raise ValueError(f"not a duration: {text!r}; use {DURATION_FORMS}")
     hours, minutes, seconds = parts
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def parse_signal_spec(text: str) -> tuple[signal.Signals, float]:
-    """``"USR1@30"`` -> (SIGUSR1, 30.0)."""
+    """``"USR1@30"`` -> (SIGUSR1, 30.0); the lead after ``@`` is a duration
+    (:func:`parse_duration`: a bare number is seconds).
+
+    Raises:
+        ValueError: not ``SIG@SECONDS``.
+    """
     name, _, secs = text.partition("@")
     if not secs:
-        raise ValueError(f"--signal needs SIG@SECONDS, got {text!r}")
+        raise ValueError(f"not SIG@SECONDS: {text!r} (e.g. USR1@60, USR1@5m)")
     return parse_signal(name), parse_duration(secs)
+
+
+def _duration_arg(text: str) -> float:
+    """:func:`parse_duration` as an argparse ``type=``: argparse prints an
+    ``ArgumentTypeError``'s message (it drops a ``ValueError``'s)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _signal_spec_arg(text: str) -> tuple[signal.Signals, float]:
+    """:func:`parse_signal_spec` as an argparse ``type=`` (see :func:`_duration_arg`)."""
+    try:
+        return parse_signal_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1159,19 +1198,29 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.description = "Run CMD resumably: walltime, signal forwarding, retries, attempt ledger."
     p.add_argument("--checkpoint-dir", type=Path, help="checkpoint root to watch for progress")
     p.add_argument(
-        "--walltime", type=parse_duration, help="local deadline (e.g. 90s, 5m, 01:00:00)"
+        "--walltime",
+        type=_duration_arg,
+        metavar="DURATION",
+        help="local deadline: 90 (a bare number is seconds, not Slurm's minutes), 90s, 5m, "
+        "23h50m, 1h30m15s, 2d4h, 01:00:00 or 1-12:00:00",
     )
     p.add_argument(
         "--signal",
         dest="signal_spec",
-        type=parse_signal_spec,
+        type=_signal_spec_arg,
         metavar="SIG@SECONDS",
-        help="warning signal and its lead before the walltime (default USR1@10%% of it, <= 60 "
-        "s); with --requeue in a Slurm job, the job's --signal lead (a stop within it, plus "
-        "90 s, counts as the time limit's; default 900 s)",
+        help="warning signal and its lead before the walltime, a duration as for --walltime "
+        "(a bare number is seconds; default USR1@10%% of the walltime, <= 60 s); with "
+        "--requeue in a Slurm job, the job's --signal lead (a stop within it, plus 90 s, "
+        "counts as the time limit's; default 900 s)",
     )
     p.add_argument(
-        "--kill-wait", type=parse_duration, default=5.0, help="SIGTERM to SIGKILL (default 5 s)"
+        "--kill-wait",
+        type=_duration_arg,
+        default=5.0,
+        metavar="DURATION",
+        help="SIGTERM to SIGKILL, a duration as for --walltime (a bare number is seconds; "
+        "default 5 s)",
     )
     p.add_argument(
         "--max-no-progress",
@@ -1268,14 +1317,14 @@ def task_label(opts: RunOptions, *, pid: int | None = None) -> str:
     ``--task`` as given (the Snakemake helper passes the rule and its wildcards, ``sim
     case=a``); else the checkpoint directory's last two path components (``sim/a-1a2b3c4d5e6f``:
     :func:`resilient.workflow.checkpoint_dir` makes them unique per task, wildcards and
-    parameters); else the program's name and this process's id (``python pid 4242``).
+    parameters; :func:`resilient.model.filenames.task_name`, as ``resilient ls`` and
+    ``resilient report`` name it); else the program's name and this process's id (``python pid 4242``).
     Whitespace, newlines included, becomes single spaces: one record stays one line.
     """
     if opts.task and opts.task.strip():
         text = opts.task
     elif opts.checkpoint_dir is not None:
-        path = Path(os.path.abspath(opts.checkpoint_dir))
-        text = "/".join(path.parts[-2:]) if len(path.parts) > 2 else str(path)
+        text = filenames.task_name(opts.checkpoint_dir)
     else:
         text = f"{os.path.basename(opts.command[0])} pid {os.getpid() if pid is None else pid}"
     return " ".join(text.split())

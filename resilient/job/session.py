@@ -218,7 +218,10 @@ class Session:
                 self.manager.__exit__(exc_type, exc, tb)
             if self._timeline is not None:
                 step = self._last[0] if self._last is not None else self._saved_step
-                self._timeline.end(time.time(), step, loop_end=loop_end, stopped=self.stopped)
+                self._timeline.end(
+                    time.time(), step, loop_end=loop_end, stopped=self.stopped,
+                    raised=None if exc_type is None else exc_type.__name__,
+                )  # fmt: skip
         if exc is None and self.stopped:
             self._record_stop()
         if exc is None and self.stopped and self.exit_on_stop:

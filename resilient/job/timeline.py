@@ -18,7 +18,8 @@ Events, one JSON line each, every one with ``time`` (seconds since the epoch) an
 * ``wait``: the program waited from ``t0`` to ``time`` for an earlier checkpoint (the commit
   of an asynchronous save);
 * ``end``: the session ended at ``time``; its loop had left at ``loop_end``, after ``step``
-  (``stopped``: early, for a walltime or a signal).
+  (``stopped``: early, for a walltime or a signal; ``raised``: the name of the exception that
+  left the ``with`` block, ``None`` when none did).
 
 The phases of one attempt, from its start and end in the attempt ledger, partition its wall
 time (:meth:`AttemptEvents.phases`):
@@ -100,11 +101,15 @@ class Timeline:
         (the commit of an asynchronous save)."""
         logs.append_record(self.path, {"time": now, "t0": t0, "step": step, "event": WAIT})
 
-    def end(self, now: float, step: int | None, *, loop_end: float, stopped: bool) -> None:
-        """The session ended at ``now``; its loop left at ``loop_end``, after ``step``."""
+    def end(
+        self, now: float, step: int | None, *, loop_end: float, stopped: bool,
+        raised: str | None = None,
+    ) -> None:  # fmt: skip
+        """The session ended at ``now``; its loop left at ``loop_end``, after ``step``
+        (``raised``: the name of the exception that left the ``with`` block, if one did)."""
         logs.append_record(self.path, {
             "time": now, "step": step, "event": END, "loop_end": loop_end,
-            "stopped": stopped, "attempt": self.attempt,
+            "stopped": stopped, "raised": raised, "attempt": self.attempt,
         })  # fmt: skip
 
 

@@ -35,7 +35,9 @@ Beside the root, in its parent directory, ``resilient run`` keeps two files of i
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 __all__ = [
     "COMMITTED",
@@ -60,6 +62,7 @@ __all__ = [
     "shard_name",
     "is_shard_name",
     "step_dir_name",
+    "task_name",
     "tmp_dir_name",
     "trash_dir_name",
     "attempt_sidecar_name",
@@ -152,6 +155,20 @@ def local_tier_dir_name(shared_root_name: str, path_digest: str) -> str:
 def partner_dir_name(node: str) -> str:
     """Name of the directory (in :data:`PARTNER_DIR`) holding the partner copies of ``node``."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "_"
+
+
+def task_name(root: str | os.PathLike[str], under: str | os.PathLike[str] | None = None) -> str:
+    """How a task's checkpoint directory is named to a user, the same by ``resilient ls``,
+    ``status``, ``report`` and ``resilient run``'s log lines: its path relative to ``under``
+    (the directory named on the command line) when it lies below it, else its last two path
+    components (``sim/a-1a2b3c4d5e6f``: :func:`resilient.workflow.checkpoint_dir` makes them
+    unique per task), or the whole path when it has no more."""
+    path = Path(os.path.abspath(root))
+    if under is not None:
+        base = Path(os.path.abspath(under))
+        if path != base and path.is_relative_to(base):
+            return path.relative_to(base).as_posix()
+    return "/".join(path.parts[-2:]) if len(path.parts) > 2 else str(path)
 
 
 def attempt_sidecar_name(root_name: str) -> str:

@@ -190,9 +190,10 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     attempts (checkpoints written outside `resilient run`), and a plain directory."""
     base = tmp_path_factory.mktemp("tree") / "ckpt"
     assert resilient_run(base / "sim" / "a-0123456789ab", 20) == 0
-    # the warning 1 s before a 2-s walltime: the loop saves and exits 75 long before 10**6
-    stopped = resilient_run(base / "sim" / "b-0123456789ab", 10**6, "--walltime", "2",
-                            "--signal", "USR1@1")  # fmt: skip
+    # the warning 5 s into a 10-s walltime (room for a start-up on a loaded machine: a warning
+    # before the Session is made kills the program): the loop saves and exits 75 before 10**6
+    stopped = resilient_run(base / "sim" / "b-0123456789ab", 10**6, "--walltime", "10",
+                            "--signal", "USR1@5")  # fmt: skip
     assert stopped == 75
     with CheckpointManager(base / "train" / "train-0123456789ab") as m:
         m.save(7, {"u": np.zeros(3)})
@@ -213,6 +214,31 @@ def test_ls_on_a_tree_lists_its_task_roots(tree: Path) -> None:
     assert cells[1][2:4] == ["1", "75"]
     assert cells[1][4].startswith("stopped early (checkpointed and exited 75)")
     assert cells[2][1:] == ["7", "0", "-", "-"]
+
+
+def test_ls_and_report_name_each_task_the_same_way(tree: Path) -> None:
+    names = ["sim/a-0123456789ab", "sim/b-0123456789ab", "train/train-0123456789ab"]
+    listed = [row.split()[0] for row in cli("ls", str(tree)).stdout.splitlines()[1:]]
+    assert listed == names
+    doc = json.loads(cli("report", str(tree), "--json").stdout)
+    assert [t["name"] for t in doc] == names
+    text = cli("report", str(tree)).stdout
+    a, b, train = (line for line in text.splitlines() if not line.startswith(" "))
+    assert a.startswith("sim/a-0123456789ab: 1 attempts (0 stops, 0 kills), ")
+    assert a.endswith(", finished (its last attempt exited 0)")
+    assert b.startswith("sim/b-0123456789ab: 1 attempts (1 stops, 0 kills), ")
+    assert b.endswith(", NOT finished (its last attempt exited 75)")
+    # train's checkpoints were written by a CheckpointManager outside `resilient run`
+    assert train == (
+        "train/train-0123456789ab: no attempt ledger: the program did not run under `resilient "
+        f"run` (run it as `resilient run --checkpoint-dir {tree / 'train' / 'train-0123456789ab'}"
+        " -- PROGRAM...` to record its attempts, stops, kills and goodput); 1 checkpoints "
+        "written; finished: unknown (no timeline either: the program does not use Session)"
+    )
+    # one root named itself: its last two path components, as `resilient run` logs it
+    (one,) = json.loads(cli("report", str(tree / "sim" / "b-0123456789ab"), "--json").stdout)
+    assert one["name"] == "sim/b-0123456789ab" and one["stops"] == 1 and one["kills"] == 0
+    assert one["finished"] is False
 
 
 def test_status_on_a_tree_text_and_json(tree: Path) -> None:

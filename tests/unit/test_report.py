@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from dataclasses import astuple
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from resilient import CheckpointManager
 from resilient.io import storage
+from resilient.job.session import Session
 from resilient.job.timeline import AttemptEvents, Phases, kept_until
 from resilient.report import find_roots, format_table, task_report
 
@@ -57,7 +62,8 @@ def write_logs(root: Path, *, fallback: bool = False) -> None:
 def test_numbers(tmp_path: Path) -> None:
     write_logs(tmp_path / "task")
     t = task_report(tmp_path / "task")
-    assert len(t.attempts) == 3 and t.kills == 2 and t.finished and t.timed
+    assert len(t.attempts) == 3 and t.stops == 2 and t.kills == 0 and t.finished and t.timed
+    assert [a.ending for a in t.attempts] == ["stop", "stop", "finished"]
     assert t.checkpoints_written == 4
     assert [a.max_step for a in t.attempts] == [40, 55, 70]
     assert t.steps_recomputed == (40 - 30) + (55 - 50)
@@ -74,8 +80,10 @@ def test_numbers(tmp_path: Path) -> None:
         assert a.phases.total_s == pytest.approx(a.end - a.start)
     assert t.goodput == pytest.approx((6.6 + 5.7 + 2.4) / 25)
     text = format_table([t])
-    assert "2 kills" in text and "15 steps recomputed" in text and "job 102" in text
+    assert text.startswith(f"{t.name}: 3 attempts (2 stops, 0 kills), 4 checkpoints written, ")
+    assert "15 steps recomputed" in text and "job 102" in text
     assert "goodput 59%" in text and "between attempts 2.0 s" in text
+    assert "finished (its last attempt exited 0)" in text
 
 
 def test_a_fallback_keeps_only_what_the_run_went_on_from(tmp_path: Path) -> None:
@@ -107,7 +115,7 @@ def test_a_program_without_a_timeline_has_no_goodput(tmp_path: Path) -> None:
     (tmp_path / "task" / "progress.jsonl").unlink()
     t = task_report(tmp_path / "task")
     assert not t.timed and t.goodput is None and t.to_dict()["phases"] is None
-    assert "goodput - (no timeline" in format_table([t])
+    assert "goodput - (no timeline: the program does not use Session)" in format_table([t])
 
 
 def test_kept_until_walks_back_from_the_end() -> None:
@@ -138,7 +146,8 @@ def test_cli_json_and_plot(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     doc = json.loads(out.stdout)
-    assert {d["name"] for d in doc} == {"a", "train"}
+    assert {d["name"] for d in doc} == {"heat/a", "train"}  # as `resilient ls` names them
+    assert all(d["stops"] == 2 and d["kills"] == 0 and d["finished"] for d in doc)
     assert all(d["goodput"] == pytest.approx(14.7 / 25) for d in doc)
     assert all(sum(d["phases"].values()) == pytest.approx(23) for d in doc)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -151,3 +160,90 @@ def test_cli_errors(tmp_path: Path) -> None:
     empty = subprocess.run([sys.executable, "-m", "resilient.cli", "report", str(tmp_path)],
                            capture_output=True, text=True)  # fmt: skip
     assert empty.returncode == 1 and "no checkpoint roots" in empty.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "stop", "ending"),
+    [
+        (0, None, "finished"),
+        (75, {"saved": True}, "stop"),
+        (1, {"saved": False, "reason": "SIGUSR1"}, "stop"),  # stopped before its first checkpoint
+        (-9, None, "kill"),  # SIGKILL after the grace, or from outside
+        (-15, None, "kill"),
+        (1, None, "kill"),  # a crash
+        (139, None, "kill"),
+        (74, None, "refused"),
+        (78, None, "refused"),
+    ],
+)
+def test_an_attempts_ending_is_a_stop_a_kill_or_neither(
+    tmp_path: Path, status: int, stop: dict[str, object] | None, ending: str
+) -> None:
+    root = tmp_path / "task"
+    storage.ensure_root(root)
+    code = 75 if status in (-9, -15) else status  # a kill after progress exits 75 to the engine
+    record = {"attempt": 1, "start": 0.0, "end": 1.0, "exit_code": code, "exit_status": status,
+              "program_stop": stop, "reason": "r"}  # fmt: skip
+    (root / "attempts.jsonl").write_text(json.dumps(record) + "\n")
+    t = task_report(root)
+    assert t.attempts[0].ending == ending
+    assert (t.stops, t.kills) == ((ending == "stop") * 1, (ending == "kill") * 1)
+
+
+def _session_loop(root: Path, steps: int, *, stop_at: int | None = None,
+                  raise_at: int | None = None) -> None:  # fmt: skip
+    """A program that uses Session and runs without `resilient run` (no ledger)."""
+    with Session(root, environ={}) as s:
+        step, state = s.restore_or({"x": np.zeros(2)})
+        while step < steps and not s.should_stop():
+            step += 1
+            state["x"] += 1
+            s.maybe_save(step, state)
+            if step == stop_at:
+                os.kill(os.getpid(), signal.SIGUSR1)  # a warning signal: stop at the next step
+            if step == raise_at:
+                raise RuntimeError("a bug")
+
+
+def test_without_a_ledger_the_report_says_so_and_reads_finished_from_the_timeline(
+    tmp_path: Path,
+) -> None:
+    done, stopped, failed, bare = (tmp_path / n for n in ("done", "stopped", "failed", "bare"))
+    _session_loop(done, 5)
+    with pytest.raises(SystemExit) as exit_75:
+        _session_loop(stopped, 50, stop_at=3)
+    assert exit_75.value.code == 75
+    with pytest.raises(RuntimeError):
+        _session_loop(failed, 50, raise_at=2)
+    with CheckpointManager(bare) as m:
+        m.save(1, {"x": np.zeros(2)})
+    reports = {t.root: t for t in (task_report(r) for r in (done, stopped, failed, bare))}
+    got = {root: (t.finished, t.finished_why) for root, t in reports.items()}
+    assert got == {
+        str(done): (True, "its last Session ended without a stop or an exception"),
+        str(stopped): (False, "its last Session stopped early (a stop): run it again to resume"),
+        str(failed): (False, "its last Session ended with an exception (RuntimeError)"),
+        str(bare): (None, "no timeline either: the program does not use Session"),
+    }
+    for t in reports.values():
+        assert t.attempts == () and t.goodput is None and (t.stops, t.kills) == (0, 0)
+        line = format_table([t])
+        assert line.startswith(
+            f"{t.name}: no attempt ledger: the program did not run under `resilient run` (run "
+            f"it as `resilient run --checkpoint-dir {t.root} -- PROGRAM...` to record its "
+            "attempts, stops, kills and goodput); "
+        )
+        assert "no timeline: use Session" not in line and "goodput" in line
+    assert format_table([reports[str(done)]]).endswith(
+        "; finished (its last Session ended without a stop or an exception)"
+    )
+    assert format_table([reports[str(bare)]]).endswith(
+        "; finished: unknown (no timeline either: the program does not use Session)"
+    )
+    # a Session that began again and has not ended (still running, or killed): unknown
+    with (done / "progress.jsonl").open("a") as f:
+        f.write(json.dumps({"time": 4e9, "step": 5, "event": "restored", "resumed": True}) + "\n")
+    t = task_report(done)
+    assert t.finished is None and t.finished_why == (
+        "its last Session has no end in the timeline: still running, or killed"
+    )

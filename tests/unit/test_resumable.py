@@ -128,3 +128,62 @@ def test_backoff_sleeps_between_calls(tmp_path: Path) -> None:
     assert calls == [1, 2, 3]
     assert len(sleeps) == 2
     assert 0 < sleeps[0] <= sleeps[1] <= 60.0
+
+
+def test_a_function_without_the_resume_argument_is_a_type_error_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sleeps: list[float] = []
+    calls: list[Any] = []
+
+    @resumable(tmp_path / "ck", retries=3, sleep=sleeps.append)  # type: ignore[arg-type]
+    def train(cfg: dict[str, int]) -> None:  # the Resume is missing
+        calls.append(cfg)
+
+    with caplog.at_level("WARNING"), pytest.raises(TypeError) as err:
+        train({"steps": 10})  # type: ignore[call-arg]
+    message = str(err.value)
+    assert message.startswith("@resumable ")
+    assert "train(cfg: 'dict[str, int]') -> 'None': too many positional arguments" in message
+    assert "receives a Resume as its first argument" in message
+    assert calls == [] and sleeps == []  # never called, never retried
+    assert "resuming" not in caplog.text
+    assert not (tmp_path / "ck").exists()  # no checkpoint directory opened
+
+
+def test_arguments_the_function_does_not_take_are_a_type_error_at_once(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    @resumable(tmp_path / "ck", retries=3, sleep=lambda s: None)
+    def train(ckpt: Resume, n_steps: int) -> None:
+        calls.append(n_steps)
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'steps'"):
+        train(3, steps=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="missing a required argument: 'n_steps'"):
+        train()  # type: ignore[call-arg]
+    assert calls == []
+    train(n_steps=3)
+    train(4)
+    assert calls == [3, 4]
+
+
+def test_a_type_error_inside_the_function_is_retried_as_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    @resumable(tmp_path / "ck", retries=2, sleep=lambda s: None)
+    def train(ckpt: Resume, n_steps: int) -> int:
+        calls.append(ckpt.attempt)
+        if ckpt.attempt == 1:
+            raise TypeError("a bug inside, first attempt only")
+        return n_steps
+
+    with caplog.at_level("WARNING"):
+        assert train(5) == 5
+    assert calls == [1, 2]
+    assert "a bug inside, first attempt only; resuming from the latest valid checkpoint" in (
+        caplog.text
+    )
+    assert "receives a Resume" not in caplog.text

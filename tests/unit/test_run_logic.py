@@ -58,6 +58,14 @@ REPO = Path(__file__).resolve().parents[2]
         ("1-00:00:00", 86400.0),
         ("2-03:04:05", ((2 * 24 + 3) * 60 + 4) * 60 + 5.0),
         ("0", 0.0),
+        ("23h50m", (23 * 60 + 50) * 60.0),
+        ("1h30m", 5400.0),
+        ("1h30m15s", 5415.0),
+        ("2d4h", (2 * 24 + 4) * 3600.0),
+        ("1d2h3m4s", ((24 + 2) * 60 + 3) * 60 + 4.0),
+        ("1h 30m", 5400.0),
+        ("5m30s", 330.0),
+        ("1.5h30m", 7200.0),
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
@@ -65,11 +73,15 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "abc", "5x", "-5", "1.5.5", "1:2:3:4", "m", "1h30m", "5 minutes", "1-", ":30"]
-)
+    "text",
+    ["", "abc", "5x", "-5", "1.5.5", "1:2:3:4", "m", "5 minutes", "1-", ":30", "30m1h", "1h1h",
+     "1hm", "h30m", "1h30", "1h-30m"],
+)  # fmt: skip
 def test_parse_duration_bad(text: str) -> None:
-    with pytest.raises(ValueError, match="not a duration"):
+    with pytest.raises(ValueError, match="not a duration") as err:
         parse_duration(text)
+    for form in ("bare number of seconds", "23h50m", "HH:MM:SS", "D-HH:MM:SS"):
+        assert form in str(err.value)
 
 
 def test_parse_duration_does_not_misread_slurm_days_hours_minutes() -> None:
@@ -438,6 +450,36 @@ def test_cli_run_without_a_command_is_a_usage_error(tmp_path: Path, extra: list[
     assert proc.returncode == 2, proc.stderr
     assert "no command given" in proc.stderr
     assert not (ck / "attempts.jsonl").exists()
+
+
+def test_cli_run_takes_compound_durations_and_lists_the_forms_of_a_bad_one(
+    tmp_path: Path,
+) -> None:
+    ck = tmp_path / "ck"
+    out = tmp_path / "deadline"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ['RESILIENT_DEADLINE'])"
+
+    def cli_run(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ck), *options,
+             "--", sys.executable, "-c", code],
+            capture_output=True, text=True, env=clean_env(), timeout=60, check=False,
+        )  # fmt: skip
+
+    t0 = time.time()
+    ok = cli_run("--walltime", "23h50m", "--signal", "USR1@1m30s", "--kill-wait", "1m")
+    assert ok.returncode == 0, ok.stderr
+    walltime = (23 * 60 + 50) * 60
+    assert t0 + walltime - 60 < float(out.read_text()) < time.time() + walltime
+    for option, value in (("--walltime", "5x"), ("--kill-wait", "1h30"), ("--signal", "USR1@x")):
+        bad = cli_run(option, value)
+        assert bad.returncode == 2, bad.stderr
+        assert f"argument {option}: not a duration: " in bad.stderr, bad.stderr
+        assert "invalid" not in bad.stderr and "Traceback" not in bad.stderr
+        for form in ("bare number of seconds", "90s", "23h50m", "HH:MM:SS", "D-HH:MM:SS"):
+            assert form in bad.stderr, bad.stderr
+    no_at = cli_run("--signal", "USR1")
+    assert no_at.returncode == 2 and "argument --signal: not SIG@SECONDS: 'USR1'" in no_at.stderr
 
 
 def test_task_label() -> None:

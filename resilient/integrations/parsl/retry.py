@@ -161,9 +161,13 @@ class _Progress:
     def describe(self) -> str:
         if not self.steps:
             return "no checkpoint root among its arguments"
-        text = ", ".join(f"{root}: step {b} -> {a}" for root, (b, a) in self.steps.items())
+        text = ", ".join(f"{root}: step {_step(b)} -> {_step(a)}" for root, (b, a) in self.steps.items())
         lost = f"Slurm lost node {', '.join(self.lost_nodes)}; " if self.lost_nodes else ""
         return f"{lost}{text} ({'progress' if self.advanced else 'no progress'})"
+
+
+def _step(step: int | None) -> str:
+    return "none" if step is None else str(step)
 
 
 class _ProgressTracker:
