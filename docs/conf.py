@@ -13,6 +13,7 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))  # the checkout's resilient, apps and workflows
+sys.path.insert(0, str(DOCS / "_ext"))  # local extensions
 
 from resilient import __version__  # noqa: E402
 
@@ -27,29 +28,34 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinxarg.ext",
+    "internal_refs",
 ]
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "examples", "conftest.py", "README.md"]
+exclude_patterns = ["_build", "_ext", "examples", "conftest.py", "README.md"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
+# curly quotes only: "--walltime" and "..." stay as typed (a dash in an option is no en dash)
+smartquotes_action = "q"
 
 # autodoc: the public API from its docstrings; torch is never imported (an extra, several GB)
 autodoc_mock_imports = ["torch"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+autodoc_default_options = {"members": True}  # a False value would switch an option on
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # "Attributes:" as fields: autodoc documents the attributes once
 
 nitpicky = True
 # Types of other projects (no intersphinx inventories: nothing is fetched) and typing internals.
 _OTHER_PROJECTS = (
-    "numpy|np|h5py|mpi4py|MPI|torch|yaml|tenacity|collections|typing|typing_extensions|os|"
-    "pathlib|logging|argparse|concurrent|threading|types|signal|enum|dataclasses"
+    "numpy|np|h5py|mpi4py|MPI|torch|yaml|tenacity|parsl|snakemake|collections|typing|"
+    "typing_extensions|os|sys|pathlib|logging|argparse|concurrent|threading|types|signal|enum|"
+    "dataclasses"
 )
 _BARE_NAMES = (
     "Path|PathLike|Callable|Mapping|Sequence|Iterable|Iterator|Any|Self|ndarray|ArrayLike|"
@@ -59,7 +65,7 @@ _BARE_NAMES = (
 )
 nitpick_ignore_regex = [
     (r"py:.*", rf"({_OTHER_PROJECTS})(\..*)?"),
-    (r"py:.*", rf"({_BARE_NAMES})"),
+    (r"py:.*", rf"~?({_BARE_NAMES})"),
 ]
 
 html_theme = "furo"

@@ -92,6 +92,9 @@ def _task_roots(path: str) -> tuple[Path, list[Path]]:
     base = _directory(path)
     if storage.is_root(base):
         return base, []
+    problem = storage.marker_problem(base)  # a root whose every marker copy is damaged
+    if problem:
+        raise CliError(problem)
     roots = find_roots([base])
     if not roots:
         raise CliError(
@@ -391,8 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="resilient",
         description="Inspect, verify and prune resilient checkpoint roots; run programs resumably.",
-        epilog="exit codes: 0 ok, 1 no valid checkpoint / invalid, 2 usage or foreign directory, "
-        "3 locked, 141 stdout closed early (| head)",
+        epilog="exit codes of ls, status, latest, verify, prune, report and export: 0 ok, 1 no "
+        "valid checkpoint / invalid, 2 usage or foreign directory, 3 locked, 141 stdout closed "
+        "early (| head); those of run: resilient run --help",
     )
     parser.add_argument("--version", action="version", version=f"resilient {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

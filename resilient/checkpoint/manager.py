@@ -120,7 +120,8 @@ class CheckpointManager:
             ``{"nx": 512, "alpha": 0.2}``; not what may change between its jobs, such as the
             number of steps or, for an elastic state, the rank count). Recorded in ``root`` at
             the first save; a manager whose key differs from the recorded one raises
-            :class:`ConfigError` on every rank at construction, naming the differing keys,
+            :class:`~resilient.errors.ForeignRunError` (a :class:`ConfigError`) on every rank
+            at construction, naming the differing keys,
             before anything in ``root`` is touched (:mod:`resilient.io.runkey`).
         manifest_shard_ranks: a checkpoint set of more ranks than this writes its manifest in
             shards of about this many ranks (whole file groups) beside a small index (schema
@@ -466,10 +467,10 @@ class CheckpointManager:
                 :class:`~resilient.model.blocks.BlockSpec` (see :func:`~resilient.model.blocks.cartesian_block`).
 
         Returns:
-            ``(step, state)`` for this rank: the saved structure (dicts, lists, tuples), numpy
-            arrays, and torch tensors where tensors were saved, on their saved device where it
-            exists here (CUDA tensors read through the pinned arena into new device tensors),
-            else on the CPU (logged once per restore).
+            ``(step, state)`` for this rank, ``state`` being the saved structure (dicts,
+            lists, tuples), numpy arrays, and torch tensors where tensors were saved, on their
+            saved device where it exists here (CUDA tensors read through the pinned arena into
+            new device tensors), else on the CPU (logged once per restore).
 
         Raises:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
@@ -512,8 +513,9 @@ class CheckpointManager:
 
     @property
     def passed_over(self) -> tuple[int, ...]:
-        """Coordinator (rank 0): the steps newer than the one the last :meth:`restore` returned
-        that failed validation and were quarantined on its way (empty on the other ranks)."""
+        """The steps newer than the one the last :meth:`restore` returned that failed
+        validation and were quarantined on its way, on the coordinator (rank 0); empty on the
+        other ranks."""
         return tuple(self._restorer.passed_over)
 
     def _restore_local(

@@ -1261,6 +1261,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "would delete it before each retry)",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.epilog = (
+        "exit codes: 0 finished; 75 stopped early after a newer checkpoint (run it again: it "
+        "resumes); 93 no newer checkpoint in --max-no-progress attempts in a row (do not "
+        "retry); 74 permanent storage error; 78 the checkpoint directory is not this run's "
+        "(another run key, a declared output, deleted) or none was given, or a multi-node rule "
+        "runs in a one-node job step (do not retry: fix what the message says); 1 stopped "
+        "before any checkpoint, or 75 without a newer one; 128+N killed by signal N; else the "
+        "program's own exit code"
+    )
     return p
 
 

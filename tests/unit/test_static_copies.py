@@ -301,6 +301,21 @@ def test_resilient_run_names_a_damaged_marker_not_a_deleted_directory(tmp_path: 
     assert why is not None and "damaged" in why and "deleted" not in why, why
 
 
+@pytest.mark.parametrize("command", ["ls", "status", "latest", "verify"])
+def test_the_cli_names_a_damaged_marker_with_the_fix(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from resilient import cli
+
+    root = tmp_path / "ck"
+    make_root(root)
+    (root / filenames.ROOT_MARKER).write_text("garbage")
+    (root / filenames.ROOT_MARKER_COPY).unlink()
+    assert cli.main([command, str(root)]) == 2
+    said = capsys.readouterr().err
+    assert "is damaged" in said and "printf" in said and "no checkpoint roots" not in said, said
+
+
 SHARDED = """
 import sys
 import numpy as np

@@ -235,7 +235,7 @@ def run_resilient(
     error). The options are :func:`resilient_argv`'s.
 
     Returns:
-        0.
+        ``0`` (a non-zero exit raises).
 
     Raises:
         ResumableCommandError: ``resilient run`` exited non-zero (its exit code, for
