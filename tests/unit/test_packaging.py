@@ -137,7 +137,9 @@ def test_runtime_dependencies_have_conda_forge_counterparts(
     assert not missing, f"runtime deps missing from pixi [dependencies]: {missing}"
 
 
-@pytest.mark.parametrize("extra", ["mpich", "test", "dev", "workflows", "report", "torch"])
+@pytest.mark.parametrize(
+    "extra", ["mpich", "test", "dev", "workflows", "report", "torch", "docs"]
+)
 def test_extras_have_pixi_counterparts(
     pyproject: dict[str, Any], pixi: dict[str, Any], extra: str
 ) -> None:
