@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,40 @@ def _own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("RESILIENT_STATE_DIR", None)
     else:
         os.environ["RESILIENT_STATE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The background workflows of the two Slurm campaigns (tests/test_slurm_workflows.py and
+    tests/test_slurm_snakemake_mpi.py), started together when the first of them is needed.
+
+    Each waits minutes on Slurm's 1-minute limits and little on the CPU, so together they take
+    the time of the longer, not the sum (the partitions are OverSubscribe=FORCE). The multi-node
+    one is left out, and its tests skipped, where partition ``multi`` has fewer than 2 nodes.
+    Whatever still runs is stopped at the end of the session.
+    """
+    from tests import test_slurm_snakemake_mpi as on_nodes
+    from tests import test_slurm_workflows as engines
+    from tests.slurmutil import require_slurm
+    from tests.test_slurm_multinode import multi_nodes
+
+    require_slurm()
+    base = tmp_path_factory.mktemp("slurm-campaigns")
+    t0 = time.monotonic()
+    started: dict[str, Any] = {"snakemake_mpi": None, "snakemake_mpi_skipped": ""}
+    try:
+        started["workflows"] = engines.start_scenarios(base / "workflows", t0)
+        try:
+            multi_nodes()
+        except pytest.skip.Exception as exc:
+            started["snakemake_mpi_skipped"] = str(exc)
+        else:
+            started["snakemake_mpi"] = on_nodes.start_scenarios(base / "snakemake-mpi", t0)
+        yield started
+    finally:
+        for key in ("workflows", "snakemake_mpi"):
+            for run in (started.get(key) or {}).values():
+                run.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

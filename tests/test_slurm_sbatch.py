@@ -1,8 +1,9 @@
 """Plain sbatch templates on a real Slurm (tests/slurm/up.sh): real time limits, real signals.
 
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
-allocation of ``--time=2`` (Slurm kills at 120-150 s), so the scenarios are started together
-(the partition is OverSubscribe=FORCE) and awaited one by one.
+allocation of ``--time=2`` (Slurm kills at 120-150 s) or ``--time=1``, so the scenarios (the
+PyTorch one where PyTorch is installed) are submitted together by the module fixture (the
+partition is OverSubscribe=FORCE) and awaited one by one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import pytest
@@ -41,14 +43,28 @@ def submit(script: str, *args: str, **env: str) -> str:
     return out.stdout.strip().split(";")[0]
 
 
+TORCH_ARGS = "--steps 150 --checkpoint-every 10"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_slurm()
     base = tmp_path_factory.mktemp("sbatch")
-    dirs = {name: base / name for name in ("array", "self", "stuck", "ref")}
+    dirs: dict[str, Any] = {
+        name: base / name for name in ("array", "self", "stuck", "requeue", "torch", "ref")
+    }
     for d in dirs.values():
         d.mkdir()
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
+    if HAS_TORCH:  # 68 s of steps: 2+ allocations of 1 minute
+        submit("train-torch.sbatch", "--array=1-6%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
+               CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
+               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
+    dirs["requeue_job"] = submit(
+        "requeue.sbatch", "-o", str(dirs["requeue"] / "job.log"), "--job-name", "heat-requeue-test",
+        CKPT=str(dirs["requeue"] / "ck"), OUT=str(dirs["requeue"] / "out.h5"), **common,
+    )  # fmt: skip
     submit("array-chain.sbatch", "--array=1-6%1", "-o", str(dirs["array"] / "job-%A_%a.log"),
            CKPT=str(dirs["array"] / "ck"), OUT=str(dirs["array"] / "out.h5"), **common)  # fmt: skip
     submit("self-resubmit.sbatch", "-o", str(dirs["self"] / "job.log"), "--job-name", "heat-self-test",
@@ -81,7 +97,7 @@ def field(path: Path) -> bytes:
         return bytes(f["T"][()].tobytes())
 
 
-def test_array_chain_resumes_each_task_and_matches(scenarios: dict[str, Path]) -> None:
+def test_array_chain_resumes_each_task_and_matches(scenarios: dict[str, Any]) -> None:
     d = scenarios["array"]
     wait_for(d / "out.h5.done", ("heat-chain",))
     assert field(d / "out.h5") == field(scenarios["ref"] / "out.h5")
@@ -97,7 +113,7 @@ def test_array_chain_resumes_each_task_and_matches(scenarios: dict[str, Path]) -
 
 
 def test_self_resubmitting_job_continues_after_75_and_stops_after_0(
-    scenarios: dict[str, Path],
+    scenarios: dict[str, Any],
 ) -> None:
     d = scenarios["self"]
     wait_for(d / "out.h5", ("heat-self-test",))
@@ -112,7 +128,7 @@ def test_self_resubmitting_job_continues_after_75_and_stops_after_0(
     assert "USR1 at" in log, "the B: warning signal never reached the batch script"
 
 
-def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Path]) -> None:
+def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Any]) -> None:
     d = scenarios["stuck"]
     deadline = time.time() + 300
     while squeue_names(("heat-stuck-test",)) and time.time() < deadline:
@@ -123,54 +139,41 @@ def test_self_resubmitting_job_stops_after_93(scenarios: dict[str, Path]) -> Non
     assert "submitted job" not in log and "resilient run exited 93" in log, log
 
 
-def test_requeued_job_resumes_in_place_and_matches(tmp_path: Path) -> None:
+def test_requeued_job_resumes_in_place_and_matches(scenarios: dict[str, Any]) -> None:
     """workflows/sbatch/requeue.sbatch: each walltime stop that made progress requeues the job
     under its ID (SLURM_RESTART_COUNT 0, 1, ...), which resumes; the output equals the
     uninterrupted run's."""
-    require_slurm()
-    job = submit("requeue.sbatch", "-o", str(tmp_path / "job.log"), "--job-name", "heat-requeue-test",
-                 CKPT=str(tmp_path / "ck"), OUT=str(tmp_path / "out.h5"),
-                 HEAT_ARGS=f"{HEAT} --step-delay {DELAY}")  # fmt: skip
-    ref = tmp_path / "ref"
-    subprocess.run(
-        [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat", *HEAT.split(),
-         "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")],
-        cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    wait_for(tmp_path / "out.h5", ("heat-requeue-test",))
-    assert field(tmp_path / "out.h5") == field(ref / "out.h5")
-    ledger = read_ledger(tmp_path / "ck")
+    d, job = scenarios["requeue"], scenarios["requeue_job"]
+    wait_for(d / "out.h5", ("heat-requeue-test",))
+    assert field(d / "out.h5") == field(scenarios["ref"] / "out.h5")
+    ledger = read_ledger(d / "ck")
     codes = [r["exit_code"] for r in ledger]
     assert len(codes) >= 2 and codes[-1] == 0 and codes.count(75) == len(codes) - 1, codes
     assert {r["slurm_job_id"] for r in ledger} == {job}, ledger  # one job, requeued in place
     assert [r["slurm_restart_count"] for r in ledger] == list(range(len(ledger))), ledger
-    log = (tmp_path / "job.log").read_text()
+    log = (d / "job.log").read_text()
     starts = re.findall(r"^job (\d+) \(restart (\d+)\) on ", log, re.MULTILINE)
     assert starts == [(job, str(i)) for i in range(len(ledger))], log  # one log for all
 
 
 @pytest.mark.torch
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
-def test_torch_array_chain_resumes_and_matches(tmp_path: Path) -> None:
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+def test_torch_array_chain_resumes_and_matches(scenarios: dict[str, Any]) -> None:
     """workflows/sbatch/train-torch.sbatch: apps.train_torch on 2 srun tasks (no MPI), 1-minute
     allocations chained by an array; the output equals an uninterrupted 2-process run's."""
-    require_slurm()
-    args = "--steps 150 --checkpoint-every 10"
-    submit("train-torch.sbatch", "--array=1-6%1", "-o", str(tmp_path / "job-%A_%a.log"),
-           CKPT=str(tmp_path / "ck"), OUT=str(tmp_path / "out.h5"),
-           TRAIN_ARGS=f"{args} --step-delay 0.45")  # fmt: skip  # 68 s of steps: 2+ allocations
-    ref = tmp_path / "ref"
+    d = scenarios["torch"]
+    ref = d / "ref"
     subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", *args.split(),
+        [mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", *TORCH_ARGS.split(),
          "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")],
         cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    wait_for(tmp_path / "out.h5.done", ("torch-chain",))
-    with h5py.File(tmp_path / "out.h5") as got, h5py.File(ref / "out.h5") as want:
+    wait_for(d / "out.h5.done", ("torch-chain",))
+    with h5py.File(d / "out.h5") as got, h5py.File(ref / "out.h5") as want:
         assert sorted(got) == sorted(want) and int(got.attrs["steps"]) == 150
         for name in want:
             assert got[name][()].tobytes() == want[name][()].tobytes(), name
-    ledger = read_ledger(tmp_path / "ck")
+    ledger = read_ledger(d / "ck")
     codes = [r["exit_code"] for r in ledger]
     assert codes[-1] == 0 and codes.count(75) >= 1, codes
     assert all(r["slurm_job_id"] for r in ledger)

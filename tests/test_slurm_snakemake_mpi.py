@@ -9,7 +9,8 @@ docs/howto/snakemake.md includes, written to a temporary directory) has the mult
 'BASE/$SLURMD_NODENAME'``), node-level checkpoints and partner copies. The heat task needs
 ~120 s of compute (240 steps, 0.5 s each) and each job has 1 minute (the warning signal
 ``USR1@10`` arrives 20-50 s in: Slurm checks every 30 s), so it takes 3 or more allocations. The
-scenarios start together (the partition is OverSubscribe=FORCE) and each test awaits its own:
+scenarios start together, and together with tests/test_slurm_workflows.py's (``slurm_scenarios``
+in tests/conftest.py; the partition is OverSubscribe=FORCE), and each test awaits its own:
 
 * resubmit: the repository's Slurm profile as it is: every walltime stop fails the job and
   Snakemake resubmits (a new job ID per allocation);
@@ -32,8 +33,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ import yaml
 from resilient.job.run import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm, snakemake_job_logs
+from tests.slurmutil import snakemake_job_logs
 from tests.test_slurm_workflows import Scenario, start
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode, pytest.mark.timeout(1200)]
@@ -99,18 +98,13 @@ def start_no_requeue(d: Path, t0: float) -> Scenario:
     return start("no-requeue", d, cmd, t0)
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    require_slurm()
-    from tests.test_slurm_multinode import multi_nodes
-
-    multi_nodes()  # skips without two nodes in partition multi
-    base = tmp_path_factory.mktemp("slurm-snakemake-mpi")
-    dirs = {n: base / n for n in ("resubmit", "requeue", "nompi", "norequeue", "ref")}
+def start_scenarios(base: Path, t0: float) -> dict[str, Scenario]:
+    """This module's scenarios, started in the background (by ``slurm_scenarios`` in
+    tests/conftest.py, beside the other Slurm campaign's)."""
+    dirs = {n: base / n for n in ("resubmit", "requeue", "nompi", "norequeue")}
     for p in dirs.values():
-        p.mkdir()
-    t0 = time.monotonic()
-    runs = {
+        p.mkdir(parents=True)
+    return {
         "resubmit": start_snakemake("resubmit", dirs["resubmit"], t0, "heat", retries=8,
                                     extra=[]),
         "requeue": start_snakemake("requeue", dirs["requeue"], t0, "heat", retries=0,
@@ -119,16 +113,22 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         "nompi": start_snakemake("nompi", dirs["nompi"], t0, "heat_nompi", retries=1, extra=[]),
         "norequeue": start_no_requeue(dirs["norequeue"], t0),
     }  # fmt: skip
-    try:  # the uninterrupted reference, meanwhile, outside Slurm
-        ref = dirs["ref"]
-        cmd = [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat"]
-        cmd += [f"--{k}={v}" for k, v in CASE.items()]
-        cmd += ["--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")]
-        subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300)
-        yield {"runs": runs, "ref": field_bytes(ref / "out.h5")}
-    finally:
-        for run in runs.values():
-            run.stop()
+
+
+@pytest.fixture(scope="module")
+def scenarios(
+    slurm_scenarios: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    runs = slurm_scenarios["snakemake_mpi"]
+    if runs is None:
+        pytest.skip(slurm_scenarios["snakemake_mpi_skipped"])
+    # the uninterrupted reference, meanwhile, outside Slurm
+    ref = tmp_path_factory.mktemp("slurm-snakemake-mpi-ref")
+    cmd = [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat"]
+    cmd += [f"--{k}={v}" for k, v in CASE.items()]
+    cmd += ["--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")]
+    subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300)
+    return {"runs": runs, "ref": field_bytes(ref / "out.h5")}
 
 
 def field_bytes(path: Path) -> bytes:

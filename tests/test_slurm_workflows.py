@@ -2,8 +2,8 @@
 
 Skipped where ``sbatch`` does not work. Each scenario runs one heat task of ~100 s of compute
 (200 steps, 0.5 s each) under 1-minute allocations, so it needs at least two; the scenarios are
-started together by a module fixture (the partition is OverSubscribe=FORCE) and each test
-awaits its own:
+started together, and together with tests/test_slurm_snakemake_mpi.py's (``slurm_scenarios`` in
+tests/conftest.py; the partitions are OverSubscribe=FORCE), and each test awaits its own:
 
 * Snakemake: ``snakemake --profile configs/profiles/slurm -s workflows/Snakefile`` (the
   README's command) with a small campaign, ``runtime=1`` and a warning signal that fits a
@@ -33,7 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,14 +44,13 @@ import yaml
 from resilient.job.run import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
 
 CASE = {"nx": 64, "ny": 64, "steps": 200, "alpha": 0.2}
 DELAY = 0.5  # 100 s of compute: more than one 1-minute allocation (the app stops at ~50-58 s)
 EVERY = 10
-BUDGET_S = 900  # per scenario, from the start of the module fixture
+BUDGET_S = 900  # per scenario, from the start of the campaigns (tests/conftest.py)
 STOP_WAIT_S = 120  # after SIGINT: Snakemake scancels its jobs, Parsl its blocks
 
 # Snakemake's Slurm profile asks for --signal=USR1@60, a minute before the end of jobs of
@@ -217,35 +215,34 @@ def start_mpi(d: Path, t0: float) -> Scenario:
     return start("mpi", d, cmd, t0)
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    require_slurm()
-    base = tmp_path_factory.mktemp("slurm-workflows")
-    dirs = {n: base / n for n in ("snakemake", "parsl", "mpi", "ref")}
+def start_scenarios(base: Path, t0: float) -> dict[str, Scenario]:
+    """This module's workflows, started in the background (by ``slurm_scenarios`` in
+    tests/conftest.py, beside the other Slurm campaign's)."""
+    dirs = {n: base / n for n in ("snakemake", "parsl", "mpi")}
     for p in dirs.values():
-        p.mkdir()
-    t0 = time.monotonic()
-    runs = {
+        p.mkdir(parents=True)
+    return {
         "snakemake": start_snakemake(dirs["snakemake"], t0),
         "parsl": start_parsl(dirs["parsl"], t0),
         "mpi": start_mpi(dirs["mpi"], t0),
     }
-    try:
-        # the uninterrupted references, meanwhile, outside Slurm, on the same rank counts
-        refs = {}
-        for ranks in (4, 2):
-            r = dirs["ref"] / f"n{ranks}"
-            cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "apps.heat"]
-            cmd += [f"--{k}={v}" for k, v in CASE.items()]
-            cmd += ["--checkpoint-dir", str(r / "ck"), "--out", str(r / "out.h5")]
-            subprocess.run(
-                cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300
-            )
-            refs[ranks] = field_bytes(r / "out.h5")
-        yield {"runs": runs, "ref": refs}
-    finally:
-        for run in runs.values():
-            run.stop()
+
+
+@pytest.fixture(scope="module")
+def scenarios(
+    slurm_scenarios: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    runs = slurm_scenarios["workflows"]
+    # the uninterrupted references, meanwhile, outside Slurm, on the same rank counts
+    refs = {}
+    for ranks in (4, 2):
+        r = tmp_path_factory.mktemp(f"slurm-workflows-ref-n{ranks}")
+        cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "apps.heat"]
+        cmd += [f"--{k}={v}" for k, v in CASE.items()]
+        cmd += ["--checkpoint-dir", str(r / "ck"), "--out", str(r / "out.h5")]
+        subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300)
+        refs[ranks] = field_bytes(r / "out.h5")
+    return {"runs": runs, "ref": refs}
 
 
 def field_bytes(path: Path) -> bytes:
