@@ -247,3 +247,21 @@ def test_without_a_ledger_the_report_says_so_and_reads_finished_from_the_timelin
     assert t.finished is None and t.finished_why == (
         "its last Session has no end in the timeline: still running, or killed"
     )
+
+
+def test_a_timeline_written_before_the_raised_field_reads_as_unknown(tmp_path: Path) -> None:
+    """An ``end`` event from before ``raised`` was recorded (older roots): the report says it
+    cannot tell, and does not fail."""
+    root = tmp_path / "old"
+    _session_loop(root, 3)
+    log = root / "progress.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any(e.get("event") == "end" and "raised" in e for e in lines)
+    log.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "raised"}) + "\n"
+                           for e in lines))  # fmt: skip
+    t = task_report(root)
+    assert (t.finished, t.finished_why) == (
+        None, "its timeline does not say whether its last Session ended with an exception"
+    )  # fmt: skip
+    assert format_table([t]).endswith("; finished: unknown (its timeline does not say whether "
+                                      "its last Session ended with an exception)")  # fmt: skip
