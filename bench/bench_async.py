@@ -740,7 +740,7 @@ def history_bench(root: Path, n: int, runs: int) -> dict[str, Any]:
     """Rank 0 only: latest valid among ``n`` committed checkpoints (library and CLI), in ms."""
     from bench_history import build_root
 
-    from resilient.io.validate import latest_valid
+    from resilient.io.checkpoints import latest_valid
     from resilient.model import filenames as names
 
     t = time.perf_counter()

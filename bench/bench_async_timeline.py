@@ -86,7 +86,7 @@ class Recorder:
 
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
-    from resilient.checkpoint import checkpointer, saving
+    from resilient.checkpoint import saveset, saving
     from resilient.io import digests, fileio, staging, storage
     from resilient.io.commit import PendingDir
     from resilient.parallel import mpi
@@ -95,11 +95,11 @@ def instrument(rec: Recorder) -> None:
         setattr(owner, attr, rec.wrap(phase, getattr(owner, attr)))
 
     patch(staging.StagingArea, "stage", "copy")
-    patch(checkpointer.WriteJob, "write", "write")
+    patch(saveset.WriteJob, "write", "write")
     patch(fileio, "fsync_file", "fsync")
-    patch(checkpointer.WriteJob, "describe", "describe")
+    patch(saveset.WriteJob, "describe", "describe")
     patch(digests, "digest_arrays", "checksum")  # the helper's and the write's tasks
-    patch(checkpointer, "digest_arrays", "checksum")
+    patch(saveset, "digest_arrays", "checksum")
     patch(saving.SavePipeline, "_finish_save", "finish")
     patch(mpi.MPIComm, "barrier", "barrier")
     patch(PendingDir, "prepare", "manifest")

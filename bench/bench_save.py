@@ -154,7 +154,7 @@ PHASES: dict[str, str] = {
     "h5.preadv": "os.preadv in fileio.read_new/read_many (page faults of new arrays included)",
     "ready": "SavePipeline.ready (temporary directory, local plan, the save's first allgather)",
     "save_set": "SavePipeline.start (plan, write, fsync, gather, commit, for a blocking save)",
-    "digest": "xxh3 of the rank's arrays (checkpointer.digest_arrays, checksum.digest_arrays)",
+    "digest": "xxh3 of the rank's arrays (saveset.digest_arrays, checksum.digest_arrays)",
     "skeleton": "fileio.build_skeleton: HDF5 metadata made by h5format (leader, during its write)",
     "h5.pwrite": "os.pwrite in fileio (O_DIRECT writes of large arrays)",
     "h5.pwritev": "os.pwritev in fileio.write_file (small arrays: copy into the page cache)",
@@ -172,8 +172,8 @@ PHASES: dict[str, str] = {
 
 def install_profiler(timer: PhaseTimer) -> None:
     """Replace library functions by timing wrappers (module attributes only, code unchanged)."""
-    import resilient.checkpoint.checkpointer as ckpt
     import resilient.checkpoint.manager as man
+    import resilient.checkpoint.saveset as ckpt
     import resilient.io.fileio as h5mod
     import resilient.io.storage as storage
     import resilient.model.checksum as checksum

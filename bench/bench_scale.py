@@ -13,7 +13,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   for :class:`resilient.checkpoint.saving.SavePipeline`, ``(True, RankWritten)``: its
   :class:`~resilient.model.manifest.RankEntry` (a
   :class:`~resilient.model.manifest.DatasetTable` of ``--datasets`` arrays, its tree) and, from each
-  file's leader, a :class:`~resilient.checkpoint.checkpointer.FileWritten` with the segments of the real
+  file's leader, a :class:`~resilient.checkpoint.saveset.FileWritten` with the segments of the real
   HDF5 skeleton (:func:`resilient.io.fileio.build_skeleton`), pickled as mpi4py's lowercase
   collectives pickle it (protocol 5, one message per rank);
 * **commit**: rank 0 runs the real gather, ``commit_set`` and announce as
@@ -30,7 +30,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   summaries (one message per shard), joins the index and commits it (its *top level*);
 * **restore** from the shared root (:class:`resilient.checkpoint.restorer.Restorer`): rank 0
   validates the candidate quickly as ``Restorer._candidates`` does
-  (:func:`resilient.io.validate.validate_checkpoint`: the index read, its checksum,
+  (:func:`resilient.io.checkpoints.validate_checkpoint`: the index read, its checksum,
   ``parse_manifest``, each shard's size; without shards also every data file's size, with them
   each shard's leader checks its own files' sizes) and sends the chosen candidate's parts: one
   manifest, a scatter of every rank's part (``restorer._parts``: its own entry, a file group's
@@ -39,7 +39,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   its shard's part (``restorer._shard_parts``), and each leader (``--leader-sample`` of them
   measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
   each of its ranks its part with its entries as read. The last rank then unpickles its part,
-  parses its own entry (:func:`resilient.io.validate.load_entries`) and looks at it
+  parses its own entry (:func:`resilient.io.checkpoints.load_entries`) and looks at it
   (:func:`resilient.checkpoint.elastic.needs_elastic`): ``rank_restore_*`` is that rank's part
   before it reads its data.
 
@@ -89,7 +89,10 @@ import numpy as np
 from benchutil import library_revision, write_json
 
 from resilient._version import __version__
-from resilient.checkpoint.checkpointer import (
+from resilient.checkpoint.elastic import needs_elastic
+from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
+from resilient.checkpoint.restorer import Restorer, _Candidate, _parts, _received, _shard_parts
+from resilient.checkpoint.saveset import (
     FileWritten,
     RankPlan,
     RankWritten,
@@ -97,15 +100,12 @@ from resilient.checkpoint.checkpointer import (
     commit_set,
     write_shard,
 )
-from resilient.checkpoint.elastic import needs_elastic
-from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
-from resilient.checkpoint.restorer import Restorer, _Candidate, _parts, _received, _shard_parts
 from resilient.checkpoint.tiers import LocalTier, NodeView, _Sizes
-from resilient.io import validate
+from resilient.io import checkpoints
+from resilient.io.checkpoints import load_entries, load_manifest, validate_checkpoint
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import load_entries, load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
@@ -116,7 +116,7 @@ from resilient.parallel.collective import Collective
 from resilient.parallel.comm import SerialComm
 from resilient.parallel.setcomms import SetComms, shard_groups, shard_members
 
-LIBRARY_LIMIT = validate.MAX_MANIFEST_BYTES  # the largest manifest the library commits
+LIBRARY_LIMIT = checkpoints.MAX_MANIFEST_BYTES  # the largest manifest the library commits
 
 T = TypeVar("T")
 PROTOCOL = pickle.HIGHEST_PROTOCOL  # mpi4py 4.1's MPI.pickle.PROTOCOL (5)
@@ -403,9 +403,9 @@ def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | N
         (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
     own = pickle.loads(inbox[0])[1]  # rank 0's outcome (the gather takes it from the inbox)
     # the library refuses to commit a manifest that no restore would read (over
-    # validate.MAX_MANIFEST_BYTES, 16,384 x 300 here): lifted, to measure what the design costs
+    # checkpoints.MAX_MANIFEST_BYTES, 16,384 x 300 here): lifted, to measure what the design costs
     # there (the table says when the library refuses it)
-    validate.MAX_MANIFEST_BYTES = 1 << 40
+    checkpoints.MAX_MANIFEST_BYTES = 1 << 40
     t0 = time.perf_counter()
     shard_s = 0.0
     if sharding is None:
@@ -426,7 +426,7 @@ def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | N
     if announcer is not comm:
         comm.sent.extend(announcer.sent)
         comm.seconds["bcast"] = announcer.seconds["bcast"]
-    validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
+    checkpoints.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     assert manifest is not None  # (rank 0: the coordinator keeps it)
     return Committed(manifest, comm, took, took - shard_s, shard_s, gathered_bytes)
 
@@ -788,7 +788,7 @@ def local_commit_unsharded(
     comm = LocalRootComm(ranks, list(inbox))
     comms = set_comms(comm, ranks, per_file)
     pending = PendingDir.for_step(root, STEP).create()
-    validate.MAX_MANIFEST_BYTES = 1 << 40  # (see commit)
+    checkpoints.MAX_MANIFEST_BYTES = 1 << 40  # (see commit)
     t0 = time.perf_counter()
     done = comm.allgather(pickle.loads(inbox[0]))
     manifest = commit_set(
@@ -798,7 +798,7 @@ def local_commit_unsharded(
     TimedPending(pending, comm.seconds).commit(manifest, what="local copy")
     Collective(comm).share("committing the local copies", None)
     took = time.perf_counter() - t0
-    validate.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
+    checkpoints.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     return manifest, comm, took
 
 

@@ -98,7 +98,7 @@ from benchutil import library_revision  # noqa: E402
 
 import resilient  # noqa: E402
 from resilient.io import logs  # noqa: E402
-from resilient.io.validate import latest_valid  # noqa: E402
+from resilient.io.checkpoints import latest_valid  # noqa: E402
 from resilient.job.run import _descendants  # noqa: E402
 from resilient.model import filenames  # noqa: E402
 

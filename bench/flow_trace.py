@@ -22,7 +22,7 @@ with ``exec`` (a dataclass's generated ``__init__``/``__eq__``: it holds no logi
 that defines the class, and calling it is building a value, not handing control over) and a
 module's import-time body (``<module>``: an import, not the flow). Each change of that module is
 one *transition*, caused by one call or one return. Consecutive repeats vanish by construction,
-so the recorded sequence is the *path*, e.g. ``manager > saving > checkpointer > saving``. When
+so the recorded sequence is the *path*, e.g. ``manager > saving > saveset > saving``. When
 a thread's stack holds no resilient frame (the script before and after the call, a pool thread
 between tasks) the path has a break: a thread's tasks are *segments*, printed separated by
 ``|``. The main thread's flow is reported, then each other thread's.
@@ -65,7 +65,7 @@ calls up (``up-call``)
     or through others; imports read from the sources, those under ``TYPE_CHECKING`` left out)
     and not the other way round. A lower layer cannot name a higher one, so each is a call
     through something handed down: **the flow climbs back up by a call**. First entries count
-    too (a pool thread's first call from ``background`` into ``checkpointer`` is one). At the
+    too (a pool thread's first call from ``background`` into ``saveset`` is one). At the
     package level the same calls, where they cross packages.
 
 A segment's start (from outside the library) is an entry and nothing else. Nothing is sampled:
@@ -98,10 +98,12 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         *("filenames", "layout", "nodes", "blocks", "schema", "checksum", "tree", "h5format"),
         *("manifest", "arrays", "payload", "policies", "rotation"),
     ),
-    "io": ("fileio", "hdf5", "storage", "staging", "background", "validate", "commit", "runkey"),
+    "io": ("fileio", "hdf5", "storage", "staging", "background", "validate", "checkpoints",
+           "commit", "runkey"),
     "parallel": ("comm", "mpi", "torchdist", "collective", "topology", "setcomms"),
     "checkpoint": (
-        *("checkpointer", "reading", "elastic", "statics", "catalog", "restorer", "partner"),
+        *("checkpointer", "saveset", "reading", "elastic", "statics", "catalog", "restorer"),
+        *("partner",),
         *("tiers", "saving", "manager"),
     ),
     "job": ("session", "resumable", "slurm", "launch", "run", "exitcodes"),
@@ -112,7 +114,8 @@ _GROUPS: dict[str, tuple[str, ...]] = {
 }
 #: The package each module of the flat layout moved to (issue 24); "" is the package's
 #: ``__init__``. A renamed module is here under both names (``hdf5`` became ``fileio``,
-#: ``layout`` became ``filenames``); ``reading`` was split out of ``checkpointer`` (8beaa75).
+#: ``layout`` became ``filenames``, ``checkpointer`` ``saveset``, ``validate`` ``checkpoints``);
+#: ``reading`` was split out of ``checkpointer`` (8beaa75).
 PACKAGES: dict[str, str] = {module: group for group, names in _GROUPS.items() for module in names}
 
 # --- tracing ------------------------------------------------------------------------------

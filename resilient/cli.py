@@ -35,7 +35,7 @@ from resilient.checkpoint.statics import StaticStore
 from resilient.checkpoint.tiers import known_local_roots
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.io import storage
-from resilient.io.validate import (
+from resilient.io.checkpoints import (
     CheckpointRecord,
     latest_valid,
     list_checkpoints,

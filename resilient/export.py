@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, StaticDataError
 from resilient.io import fileio
-from resilient.io.validate import (
+from resilient.io.checkpoints import (
     latest_valid,
     load_entries,
     load_manifest,

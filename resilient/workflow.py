@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 from resilient.errors import CheckpointLockedError
 from resilient.io import storage
+from resilient.io.checkpoints import latest_valid
 from resilient.io.digests import digest_file_range
-from resilient.io.validate import latest_valid
 from resilient.model import filenames
 from resilient.model.checksum import digest_text
 

@@ -40,7 +40,7 @@ def flip_data_bit(path: Path) -> None:
     """Flip a bit in the middle of the largest array of a data file (``*.h5`` beside its
     manifest, sharded or not), so that the flip lands in data, not in HDF5's padding; where
     the manifest cannot tell (damaged, or no array in that file), :func:`flip_bit`."""
-    from resilient.io.validate import load_entries
+    from resilient.io.checkpoints import load_entries
     from resilient.model.codec import parse_manifest
 
     offset = None

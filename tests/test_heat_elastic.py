@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resilient.io.validate import validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
 from tests.mpirun import REPO, clean_env, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]

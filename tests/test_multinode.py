@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient.io.validate import load_manifest, validate_checkpoint
+from resilient.io.checkpoints import load_manifest, validate_checkpoint
 from tests.mpirun import REPO, clean_env, mpiexec, results
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]

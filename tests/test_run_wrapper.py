@@ -20,7 +20,7 @@ from typing import Any
 import h5py
 import pytest
 
-from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.io.checkpoints import latest_valid, list_checkpoints
 from resilient.job.run import _descendants, read_ledger
 from resilient.model.filenames import parse_step_dir
 from tests.mpirun import REPO, clean_env, mpiexec

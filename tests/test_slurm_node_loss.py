@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from resilient.io.validate import protected_steps
+from resilient.io.checkpoints import protected_steps
 from resilient.job.run import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec

@@ -38,7 +38,7 @@ from resilient.integrations.snakemake import (
     slurm_requeue,
 )
 from resilient.io import logs, storage
-from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.io.checkpoints import latest_valid, list_checkpoints
 from resilient.job.run import read_ledger
 from resilient.workflow import (
     checkpoint_dir,

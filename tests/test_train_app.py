@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 import pytest
 
-from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.io.checkpoints import latest_valid, list_checkpoints
 from tests.mpirun import REPO, clean_env, mpiexec, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]

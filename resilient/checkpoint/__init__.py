@@ -6,7 +6,7 @@ Owns, from the top:
     the local tier's flush), :mod:`.tiers` (the node-local tier), :mod:`.partner` (partner
     copies of the local tier), :mod:`.restorer` (the newest valid checkpoint, with fallback),
     :mod:`.catalog` (what the coordinator knows of a root), :mod:`.statics` (static data,
-    saved once), :mod:`.checkpointer` (one save of a set: plan, write, finish),
+    saved once), :mod:`.saveset` (one save of a set: plan, write, finish),
     :mod:`.reading` (one rank's read), :mod:`.elastic` (a read on another rank count).
 
 May import: :mod:`resilient.io`, :mod:`resilient.parallel`, :mod:`resilient.model`,

@@ -16,8 +16,8 @@ from typing import Any
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import InvalidCheckpointError
 from resilient.io import logs, storage
+from resilient.io.checkpoints import load_manifest, validate_checkpoint
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.policies import CheckpointInfo, KeepPolicyLike

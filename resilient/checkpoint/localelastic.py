@@ -63,8 +63,8 @@ from resilient.checkpoint.partner import (
     transfers_for,
 )
 from resilient.errors import InvalidCheckpointError, LayoutMismatchError
+from resilient.io.checkpoints import entries_from_shards, read_shard
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import entries_from_shards, read_shard
 from resilient.model.blocks import BlockSpec, intersect
 from resilient.model.codec import parse_manifest
 from resilient.model.layout import Layout

@@ -3,9 +3,9 @@
 The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
 policy. Saves in flight, their commits and the flush of a node-local tier are
 :mod:`resilient.checkpoint.saving` (the tier itself is :mod:`resilient.checkpoint.tiers`); how a set of ranks writes
-and commits one checkpoint is :mod:`resilient.checkpoint.checkpointer`; static data is
+and commits one checkpoint is :mod:`resilient.checkpoint.saveset`; static data is
 :mod:`resilient.checkpoint.statics`; restoring with fallback is :mod:`resilient.checkpoint.restorer`;
-what is on disk is :mod:`resilient.io.validate` (read) and :mod:`resilient.checkpoint.catalog` (kept in
+what is on disk is :mod:`resilient.io.checkpoints` (read) and :mod:`resilient.checkpoint.catalog` (kept in
 memory for rotation).
 """
 
@@ -33,8 +33,8 @@ from resilient.errors import (
     ResilientError,
 )
 from resilient.io import storage
+from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
-from resilient.io.validate import latest_valid
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.payload import SaveRequest, split_template

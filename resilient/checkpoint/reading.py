@@ -1,5 +1,5 @@
 """One rank's read of a checkpoint: its arrays read back, each checked against its checksum, and its
-state rebuilt (the read side of :mod:`resilient.checkpoint.checkpointer`). Local: no communication; the
+state rebuilt (the read side of :mod:`resilient.checkpoint.saveset`). Local: no communication; the
 restorer (:mod:`resilient.checkpoint.restorer`) decides what to read and agrees with the other ranks.
 
 A read of a few MiB or more checksums each piece on the caller's checksum thread while the next

@@ -3,10 +3,10 @@
 Call order of :meth:`Restorer.restore` (every step through
 :class:`~resilient.parallel.collective.Collective`)::
 
-    coordinator   next candidate from validate.iter_checkpoints (newest first; quarantines
+    coordinator   next candidate from checkpoints.iter_checkpoints (newest first; quarantines
                   checkpoints that fail quick validation; layout checked: another rank count
                   or layout needs a checkpoint that can be restored elastically, every entry
-                  of a sharded manifest loaded for it: validate.load_entries)
+                  of a sharded manifest loaded for it: checkpoints.load_entries)
     scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
                   own entry, its group's for a file group's leader, their files, the header;
                   the layout's groups only when they differ from this run's): what a rank
@@ -18,7 +18,7 @@ Call order of :meth:`Restorer.restore` (every step through
                   saved ones (one small allreduce)
     broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
     every rank    load its own entries (of a sharded manifest: its own shard only, through
-                  validate.load_entries, unless its shard's leader did; a lookup never reads a
+                  checkpoints.load_entries, unless its shard's leader did; a lookup never reads a
                   file), read its piece and its
                   static data (or, elastically, its new blocks and the replicated values:
                   resilient.checkpoint.elastic), verify checksums, run the validate hook
@@ -47,15 +47,15 @@ from resilient.errors import (
     StaticDataError,
 )
 from resilient.io import storage
-from resilient.io.devicecopy import DeviceStaging
-from resilient.io.repair import repair_static
-from resilient.io.validate import (
+from resilient.io.checkpoints import (
     check_file_sizes,
     iter_checkpoints,
     load_entries,
     load_manifest,
     read_shards,
 )
+from resilient.io.devicecopy import DeviceStaging
+from resilient.io.repair import repair_static
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError, columns_of
@@ -93,7 +93,7 @@ class _Candidate:
 def _needed(saved: Layout, current: Layout) -> list[tuple[int, ...]]:
     """The ranks whose entries each rank of ``current`` needs for a plain restore: its own, and
     a file group's leader its group's too (to reuse the file's skeleton at its next save, see
-    :func:`~resilient.checkpoint.checkpointer.seed_cache`); nothing for another layout (elastic: the whole
+    :func:`~resilient.checkpoint.saveset.seed_cache`); nothing for another layout (elastic: the whole
     manifest follows)."""
     if saved.nranks != current.nranks or saved.kind != current.kind:
         return [()] * current.nranks
@@ -442,7 +442,7 @@ class Restorer:
     def _spread(self, given: tuple[_Candidate, bool]) -> list[tuple[_Candidate, bool]]:
         """Shard leader: its shard's part of a candidate (``given``) as each of its ranks
         receives it, with the saved shards holding its entries read once, here (checked
-        against the index: :func:`~resilient.io.validate.read_shards`), each rank's entries
+        against the index: :func:`~resilient.io.checkpoints.read_shards`), each rank's entries
         handed on unparsed (each rank parses its own, in parallel: :meth:`_load`). A shard
         that cannot be read gives each rank the reason instead, which its read reports (the
         candidate then fails on every rank, and the restore falls back)."""
@@ -480,7 +480,7 @@ class Restorer:
 
     def _check_sizes(self, candidate: _Candidate) -> None:
         """Quick validation of the data files of ``candidate`` (a part: its files only) and
-        of its static data's (:func:`~resilient.io.validate.check_file_sizes`). Not collective.
+        of its static data's (:func:`~resilient.io.checkpoints.check_file_sizes`). Not collective.
 
         Raises:
             InvalidCheckpointError: a file is missing or of another size.
@@ -492,7 +492,7 @@ class Restorer:
 
     def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
-        manifest and its static data's (:func:`~resilient.io.validate.load_entries`: the shards
+        manifest and its static data's (:func:`~resilient.io.checkpoints.load_entries`: the shards
         of a sharded manifest holding them, unless its shard's leader handed them on; their
         file groups' entries). Not collective.
 

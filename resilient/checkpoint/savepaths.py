@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from resilient.checkpoint.checkpointer import claim_files
+from resilient.checkpoint.saveset import claim_files
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.io.commit import PendingDir
 from resilient.io.targets import DirectoryTarget

@@ -55,7 +55,8 @@ from typing import Any
 
 from resilient._version import __version__
 from resilient.checkpoint.catalog import Catalog, save_record
-from resilient.checkpoint.checkpointer import (
+from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
+from resilient.checkpoint.saveset import (
     Planned,
     RankWritten,
     SkeletonCache,
@@ -65,7 +66,6 @@ from resilient.checkpoint.checkpointer import (
     plan_rank,
     plan_write,
 )
-from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
 from resilient.checkpoint.statics import StaticStore
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.errors import CollectiveError, ConfigError, ResilientError
@@ -252,7 +252,7 @@ class SavePipeline:
 
     def after_restore(self, directory: Path, manifest: Manifest) -> None:
         """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
-        same structure reuse its file's skeleton (see :func:`~resilient.checkpoint.checkpointer.seed_cache`;
+        same structure reuse its file's skeleton (see :func:`~resilient.checkpoint.saveset.seed_cache`;
         the planning of that save checks that every rank of the group agrees). Nothing is read
         until that save: a restore that is not followed by one pays nothing for it. A manager
         that has saved already keeps its own skeleton (the restore of its own checkpoint).

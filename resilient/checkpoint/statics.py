@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from resilient._version import __version__
-from resilient.checkpoint.checkpointer import save_set
+from resilient.checkpoint.saveset import save_set
 from resilient.errors import ConfigError, StaticDataError
 from resilient.io import storage
 from resilient.io.commit import PendingDir

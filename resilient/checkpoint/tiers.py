@@ -53,10 +53,10 @@ from resilient.checkpoint.localelastic import drop_staging, stage_newest
 from resilient.checkpoint.partner import CopyScheme, PartnerCopies, Ring, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
+from resilient.io.checkpoints import load_entries
 from resilient.io.commit import PendingDir
 from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget
-from resilient.io.validate import load_entries
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.checksum import hash128

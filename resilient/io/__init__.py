@@ -6,7 +6,7 @@ Owns:
     :mod:`.storage` (the root, its lock, durable small files, quarantine, transient retries),
     :mod:`.logs` (the root's append-only logs: their record shapes, the one reader that skips
     damaged lines and never raises, the one append),
-    :mod:`.validate` (finding and validating checkpoints on disk: the CLI's and the
+    :mod:`.checkpoints` (finding and validating checkpoints on disk: the CLI's and the
     coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
     :mod:`.devicecopy` (device tensors copied once into a reused, pinned host arena),
     :mod:`.background` (one piece of local work on a thread, its outcome kept),

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.errors import CommitError, ConfigError
-from resilient.io import storage, validate
-from resilient.io.validate import marker_text
+from resilient.io import checkpoints, storage
+from resilient.io.checkpoints import marker_text
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json
@@ -103,16 +103,16 @@ class PendingDir:
     def prepare(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
         """Write the manifest and the marker (not yet durable: :meth:`publish` makes them so);
         ``copies``: static data's, recorded in the marker (see
-        :func:`~resilient.io.validate.marker_text`).
+        :func:`~resilient.io.checkpoints.marker_text`).
 
         Raises:
             CommitError: as :meth:`commit`.
         """
         text = manifest_json(manifest).encode()
-        if len(text) > validate.MAX_MANIFEST_BYTES:  # committed, it could never be restored
+        if len(text) > checkpoints.MAX_MANIFEST_BYTES:  # committed, it could never be restored
             raise ConfigError(
                 f"{what}: its manifest would be {len(text) / 1e6:.0f} MB, over the "
-                f"{validate.MAX_MANIFEST_BYTES >> 20} MiB a restore reads ({len(manifest.ranks)} "
+                f"{checkpoints.MAX_MANIFEST_BYTES >> 20} MiB a restore reads ({len(manifest.ranks)} "
                 "ranks x their arrays); not committed (earlier checkpoints are intact). Save "
                 "fewer, larger arrays per rank (e.g. one flat buffer for an optimizer's state)"
             )

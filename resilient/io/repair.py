@@ -2,7 +2,7 @@
 
 Static data (``static/<hash>/``) has a second copy (``static/<hash>.copy/``): its manifest,
 shards and ``COMMITTED`` always, its data files unless saved with ``static_copies=1``.
-:func:`repair_static` validates both (:func:`resilient.io.validate.resolve_static`) and
+:func:`repair_static` validates both (:func:`resilient.io.checkpoints.resolve_static`) and
 rebuilds a copy that failed from what passed, under a temporary name renamed into place, so
 that a crash leaves the old copy or the repaired one. Call it only under the root's lock (the
 restore's and the save's coordinator do).
@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from resilient.io import storage
-from resilient.io.validate import StaticSource, resolve_static
+from resilient.io.checkpoints import StaticSource, resolve_static
 from resilient.model import filenames
 from resilient.model.manifest import columns_of
 
@@ -32,7 +32,7 @@ def repair_static(static_root: Path, content: str, *, full: bool = False) -> Sta
     fails is one warning too: the intact copy is read). Returns where to read it now.
 
     Raises:
-        StaticDataError: no copy is intact (see :func:`~resilient.io.validate.resolve_static`).
+        StaticDataError: no copy is intact (see :func:`~resilient.io.checkpoints.resolve_static`).
     """
     source = resolve_static(static_root, content, full=full, shards=True)
     if not source.damaged:

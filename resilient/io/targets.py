@@ -46,8 +46,8 @@ from typing import Protocol
 
 from resilient.errors import InvalidCheckpointError
 from resilient.io import storage
+from resilient.io.checkpoints import MAX_MANIFEST_BYTES, load_manifest, marker_text
 from resilient.io.commit import PendingDir
-from resilient.io.validate import MAX_MANIFEST_BYTES, load_manifest, marker_text
 from resilient.io.wire import CHUNK, new_hash
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes

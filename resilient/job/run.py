@@ -108,7 +108,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.io import logs, storage
-from resilient.io.validate import latest_valid, protected_steps, resumable_step
+from resilient.io.checkpoints import latest_valid, protected_steps, resumable_step
 from resilient.job import handoff, nodeloss, requeue, warning
 from resilient.job.exitcodes import (
     EXIT_CONFIG,

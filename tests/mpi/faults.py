@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-import resilient.checkpoint.checkpointer
 import resilient.checkpoint.manager
 import resilient.checkpoint.restorer
+import resilient.checkpoint.saveset
 import resilient.io.fileio
 import resilient.io.logs
 import resilient.io.storage
@@ -114,7 +114,7 @@ STEPS: dict[str, tuple[Callable[[], None], Callable[[Path], None]]] = {
     "tmpdir": (lambda: _patch(PendingDir, "create"), _save),
     "create-file": (lambda: _patch(resilient.io.fileio, "create_file"), _save),
     "build-skeleton": (lambda: _patch(resilient.io.fileio, "build_skeleton"), _save),
-    "manifest": (lambda: _patch(resilient.checkpoint.checkpointer, "build_manifest"), _save),
+    "manifest": (lambda: _patch(resilient.checkpoint.saveset, "build_manifest"), _save),
     "commit-prepare": (lambda: _patch(PendingDir, "prepare"), _save),
     "commit-publish": (lambda: _patch(PendingDir, "publish"), _save),
     "save-log": (lambda: _patch(resilient.io.logs, "append_record"), _save),

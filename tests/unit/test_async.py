@@ -14,7 +14,7 @@ import pytest
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import CollectiveError
 from resilient.io import fileio
-from resilient.io.validate import latest_valid, list_checkpoints
+from resilient.io.checkpoints import latest_valid, list_checkpoints
 from resilient.job.exitcodes import EXIT_RESUME
 from resilient.job.session import Session
 from resilient.model.codec import parse_manifest

@@ -27,7 +27,7 @@ from resilient import (
 )
 from resilient.errors import InvalidCheckpointError
 from resilient.export import export
-from resilient.io.validate import marker_text, validate_checkpoint
+from resilient.io.checkpoints import marker_text, validate_checkpoint
 from resilient.model.blocks import (
     STRIPE_BYTES,
     check_tiling,

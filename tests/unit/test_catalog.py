@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import resilient.checkpoint.catalog
-import resilient.io.validate
+import resilient.io.checkpoints
 from resilient import CheckpointManager, KeepEvery, KeepLast
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.statics import StaticStore
-from resilient.io.validate import list_checkpoints
+from resilient.io.checkpoints import list_checkpoints
 from resilient.model.manifest import Manifest
 
 
@@ -32,7 +32,7 @@ def test_saves_validate_the_history_at_most_once(
     if not with_log:  # e.g. written by an older library: each checkpoint is validated once
         (root / "saves.jsonl").unlink()
     calls: list[Path] = []
-    real = resilient.io.validate.validate_checkpoint
+    real = resilient.io.checkpoints.validate_checkpoint
 
     def counting(path: Path, **kwargs: Any) -> Manifest:
         calls.append(path)

@@ -21,7 +21,12 @@ from resilient.errors import (
     InvalidCheckpointError,
     StaticDataError,
 )
-from resilient.io.validate import latest_valid, list_checkpoints, marker_text, validate_checkpoint
+from resilient.io.checkpoints import (
+    latest_valid,
+    list_checkpoints,
+    marker_text,
+    validate_checkpoint,
+)
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import parse_manifest
 from tests.unit.ckutil import SavedRoot, assert_state_equal, state_of, static_of

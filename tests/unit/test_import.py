@@ -91,7 +91,7 @@ def test_import_resilient_loads_neither_mpi4py_nor_h5py_nor_torch() -> None:
         import json, sys
         before = set(sys.modules)
         import resilient
-        import resilient.checkpoint.manager, resilient.io.validate, resilient.model.policies, resilient.job.session
+        import resilient.checkpoint.manager, resilient.io.checkpoints, resilient.model.policies, resilient.job.session
         import resilient.parallel.comm, resilient.parallel.setcomms
         new = set(sys.modules) - before
         heavy = ("mpi4py", "h5py", "snakemake", "parsl", "torch")
@@ -122,7 +122,7 @@ def test_import_resilient_installs_no_signal_handlers_and_no_logging() -> None:
             ]
         before, log_before = handlers(), log_state()
         import resilient
-        import resilient.checkpoint.manager, resilient.io.storage, resilient.checkpoint.checkpointer
+        import resilient.checkpoint.manager, resilient.io.storage, resilient.checkpoint.saveset
         print(json.dumps({
             "before": before, "after": handlers(),
             "log_before": log_before, "log_after": log_state(),

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io.validate import load_manifest, validate_checkpoint
+from resilient.io.checkpoints import load_manifest, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.codec import _index_as_text, _parse_doc, manifest_json, parse_manifest
 from resilient.model.entries import json_object

@@ -18,7 +18,7 @@ import pytest
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.tiers import known_local_roots, local_root_of
 from resilient.errors import ResilientError
-from resilient.io.validate import latest_valid, validate_checkpoint
+from resilient.io.checkpoints import latest_valid, validate_checkpoint
 from resilient.model.policies import KeepLast
 from tests.unit.ckutil import assert_state_equal, flip_dataset_byte, state_of, static_of
 

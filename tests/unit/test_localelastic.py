@@ -14,7 +14,7 @@ import pytest
 from resilient import Block, CheckpointManager, Replicated
 from resilient.checkpoint.localelastic import ShardFetch, files_needed, took_shards
 from resilient.checkpoint.partner import Ring
-from resilient.io.validate import load_manifest
+from resilient.io.checkpoints import load_manifest
 from resilient.model.blocks import BlockSpec
 from resilient.model.manifest import ShardEntry
 

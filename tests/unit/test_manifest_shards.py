@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io.validate import load_entries, load_manifest, marker_text, validate_checkpoint
+from resilient.io.checkpoints import load_entries, load_manifest, marker_text, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest

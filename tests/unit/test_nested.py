@@ -14,7 +14,7 @@ import pytest
 
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.errors import ConfigError
-from resilient.io.validate import list_checkpoints
+from resilient.io.checkpoints import list_checkpoints
 
 
 def nested_state(step: int) -> dict[str, Any]:

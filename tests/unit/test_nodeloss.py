@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient.io.validate import protected_steps, resumable_step
+from resilient.io.checkpoints import protected_steps, resumable_step
 from resilient.job.guard import trailing_no_progress
 from resilient.job.nodeloss import LostNode, is_lost, job_nodelist, lost_nodes, parse_nodes
 from resilient.job.run import RunOptions, _classify, read_ledger, run

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from resilient import CheckpointManager, cli
 from resilient.errors import InvalidCheckpointError
 from resilient.io import logs
-from resilient.io.validate import (
+from resilient.io.checkpoints import (
     latest_valid,
     list_checkpoints,
     load_manifest,

@@ -6,7 +6,7 @@ truncated or flipped, a manifest garbled, a checkpoint quarantined or its static
 and rotations with any composition of the keep policies, through the real code paths on a real
 root: ``resilient prune`` (a fresh :class:`~resilient.checkpoint.catalog.Catalog` from the save log and
 the directory listing) and a :class:`~resilient.checkpoint.manager.CheckpointManager` whose save rotates.
-After every rotation the checkpoint that :func:`~resilient.io.validate.latest_valid` found
+After every rotation the checkpoint that :func:`~resilient.io.checkpoints.latest_valid` found
 before it (or the one just saved, if newer) is still there and valid.
 """
 
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from resilient import CheckpointManager, cli
 from resilient.io import storage
-from resilient.io.validate import latest_valid, validate_checkpoint
+from resilient.io.checkpoints import latest_valid, validate_checkpoint
 from resilient.model import filenames
 from resilient.model.codec import parse_manifest
 from resilient.model.manifest import ManifestError

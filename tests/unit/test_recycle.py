@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from resilient import CheckpointManager, KeepLast
-from resilient.io.validate import validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
 from resilient.model import filenames
 
 DATA = "rank_00000.h5"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from resilient import CheckpointManager
-from resilient.io.validate import validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
 from tests.unit.ckutil import assert_state_equal, sample
 
 DTYPES = [

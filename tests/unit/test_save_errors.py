@@ -16,7 +16,7 @@ import pytest
 from resilient import CheckpointManager
 from resilient.errors import CollectiveError, CommitError, ConfigError, ResilientError
 from resilient.io import fileio
-from resilient.io.validate import list_checkpoints, validate_checkpoint
+from resilient.io.checkpoints import list_checkpoints, validate_checkpoint
 from tests.unit.ckutil import assert_state_equal, state_of, static_of
 
 
@@ -131,7 +131,7 @@ def test_a_failure_after_the_data_was_written_waits_for_its_fsync(
         raise RuntimeError("checksum unit on fire")
 
     monkeypatch.setattr("resilient.io.fileio.fsync_file", slow_fsync)
-    monkeypatch.setattr("resilient.checkpoint.checkpointer.RankPlan.entry", broken)
+    monkeypatch.setattr("resilient.checkpoint.saveset.RankPlan.entry", broken)
     with pytest.raises(CollectiveError, match="checksum unit on fire"):
         m.save(3, state_of(3), blocking=blocking)
         m.wait()
@@ -481,12 +481,12 @@ def test_a_manifest_no_restore_would_read_is_not_committed(
     """Over the manifest size a restore reads (here made small: 16,384 ranks x 300 arrays
     reach the real 256 MiB), a save is refused with the sizes and a way out, on every rank;
     the checkpoint before it still restores and no temporary directory is left."""
-    from resilient.io import validate
+    from resilient.io import checkpoints
 
     root = tmp_path / "ck"
     with CheckpointManager(root) as mgr:
         mgr.save(1, {"u": np.arange(4.0)})
-        monkeypatch.setattr(validate, "MAX_MANIFEST_BYTES", 20_000)
+        monkeypatch.setattr(checkpoints, "MAX_MANIFEST_BYTES", 20_000)
         many = {f"layer{i}.weight": np.full(3, float(i)) for i in range(400)}
         with pytest.raises(ConfigError, match=r"manifest would be 0 MB, over the 0 MiB .*fewer"):
             mgr.save(2, many)

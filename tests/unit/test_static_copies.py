@@ -22,7 +22,7 @@ import pytest
 from resilient import CheckpointManager
 from resilient.errors import ConfigError, ForeignRunError, StaticDataError
 from resilient.io import logs, storage
-from resilient.io.validate import latest_valid, list_checkpoints, resumable_step
+from resilient.io.checkpoints import latest_valid, list_checkpoints, resumable_step
 from resilient.model import filenames
 from tests.mpirun import run_mpi
 from tests.unit.ckutil import assert_state_equal, state_of, static_of

@@ -16,7 +16,7 @@ import pytest
 from resilient import CheckpointManager, Session
 from resilient.errors import ConfigError
 from resilient.io import logs
-from resilient.io.validate import list_checkpoints
+from resilient.io.checkpoints import list_checkpoints
 from resilient.job.exitcodes import EXIT_RESUME
 from resilient.job.slurm import (
     ENV_ATTEMPT,

@@ -18,7 +18,7 @@ called:
   attempt with progress that ended during this try, or, where the try's attempt was killed
   before it could say, a newer step than the ledger's last earlier attempt left), else
   ``failure_cost``. The step to resume from is the shared root's newest valid checkpoint or a
-  newer node-local one protected by partner copies (:func:`resilient.io.validate.
+  newer node-local one protected by partner copies (:func:`resilient.io.checkpoints.
   resumable_step`); a node that Slurm lost meanwhile, as ``resilient run`` recorded it, is named
   in the log line;
 * anything else costs ``failure_cost`` (1).
@@ -58,8 +58,8 @@ from resilient.integrations.parsl.commands import (
     NoProgressRefused,
     ResumableCommandError,
 )
+from resilient.io.checkpoints import resumable_step
 from resilient.io.storage import is_root
-from resilient.io.validate import resumable_step
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.run import read_ledger
 
