@@ -191,7 +191,6 @@ class Session:
         self._saved_step: int | None = None
         self.saves_this_run = 0
         self._static: Mapping[str, Any] | None = None
-        self._metrics: Mapping[str, Any] | None = None
         # rank 0 records where the attempt's time goes (resilient report's phases)
         self._timeline = Timeline(self.root, attempt=self._attempt) if self.comm.rank == 0 else None
 
