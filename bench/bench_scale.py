@@ -33,10 +33,10 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   (:func:`resilient.io.checkpoints.validate_checkpoint`: the index read, its checksum,
   ``parse_manifest``, each shard's size; without shards also every data file's size, with them
   each shard's leader checks its own files' sizes) and sends the chosen candidate's parts: one
-  manifest, a scatter of every rank's part (``restorer._parts``: its own entry, a file group's
+  manifest, a scatter of every rank's part (``restorer.rank_parts``: its own entry, a file group's
   leader its group's, their files, the header; the layout's groups stay home when they are the
   restoring run's); sharded, the first level of ``deal_through_leaders``: each shard's leader
-  its shard's part (``restorer._shard_parts``), and each leader (``--leader-sample`` of them
+  its shard's part (``restorer.shard_parts``), and each leader (``--leader-sample`` of them
   measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
   each of its ranks its part with its entries as read. The last rank then unpickles its part,
   parses its own entry (:func:`resilient.io.checkpoints.load_entries`) and looks at it
@@ -91,7 +91,7 @@ from benchutil import library_revision, write_json
 from resilient._version import __version__
 from resilient.checkpoint.elastic import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
-from resilient.checkpoint.restorer import Restorer, _Candidate, _parts, _received, _shard_parts
+from resilient.checkpoint.restorer import Candidate, Restorer, as_received, rank_parts, shard_parts
 from resilient.checkpoint.saveset import (
     FileWritten,
     RankPlan,
@@ -100,7 +100,7 @@ from resilient.checkpoint.saveset import (
     commit_set,
     write_shard,
 )
-from resilient.checkpoint.tiers import LocalTier, NodeView, _Sizes
+from resilient.checkpoint.tiers import LocalSizes, LocalTier, NodeView
 from resilient.io import checkpoints
 from resilient.io.checkpoints import load_entries, load_manifest, validate_checkpoint
 from resilient.io.commit import PendingDir
@@ -452,8 +452,8 @@ def coordinator_restore(
     """Rank 0 of a restore: its quick validation of the candidate (:func:`validate_checkpoint`,
     the data files' sizes left to the shard leaders with ``sharding``), then its sends of the candidate's parts as
     :class:`~resilient.checkpoint.restorer.Restorer` makes them (``_first_parts``): without
-    ``sharding`` a scatter of every rank's part (``_parts``), with it the leaders' scatter of
-    every shard's part (``_shard_parts``, the first level of ``deal_through_leaders``).
+    ``sharding`` a scatter of every rank's part (``rank_parts``), with it the leaders' scatter of
+    every shard's part (``shard_parts``, the first level of ``deal_through_leaders``).
     Returns the messages to ``keep`` (ranks, or shards), the comm (every message's size) and
     times. When ``load_manifest`` (or the size limit) refuses the checkpoint, its error is returned
     (``restore_error``) and the candidate holds the manifest the commit wrote instead
@@ -468,13 +468,13 @@ def coordinator_restore(
     else:
         out["validate_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    whole = _Candidate(path, manifest, None)
+    whole = Candidate(path, manifest, None)
     if sharding is None:
         comm = RootComm(current.nranks, None, keep=tuple(keep))
-        parts = [(p, False) for p in _parts(whole, current)]
+        parts = [(p, False) for p in rank_parts(whole, current)]
     else:
         comm = RootComm(len(sharding.members), None, keep=tuple(keep))
-        parts = [(p, False) for p in _shard_parts(whole, current, sharding.members)]
+        parts = [(p, False) for p in shard_parts(whole, current, sharding.members)]
     Collective(comm).deal("choosing a checkpoint", parts)  # type: ignore[arg-type]
     out["restore_scatter_s"] = time.perf_counter() - t1
     return comm.kept, comm, out
@@ -519,7 +519,7 @@ def rank_restore(received: bytes, rank: int, current: Layout) -> tuple[float, in
     docs = candidate.docs or {}
     read = 0 if sharded is None or sharded.shard_of(rank).name in docs else sharded.shard_of(rank).size
     manifest = load_entries(
-        candidate.path, _received(candidate.manifest, current), [rank], read=candidate.docs
+        candidate.path, as_received(candidate.manifest, current), [rank], read=candidate.docs
     )
     needs_elastic(manifest.ranks[rank], {})
     return time.perf_counter() - t0, read
@@ -861,7 +861,7 @@ def local_restore(
     for r in range(current.nranks):
         shard = sharded.shard_of(r)
         mine = first_of[shard.name] == r
-        sizes = _Sizes(sharded.file_of(r).name, sharded.file_of(r).size,
+        sizes = LocalSizes(sharded.file_of(r).name, sharded.file_of(r).size,
                        shard.name if mine else None, shard.size if mine else None)  # fmt: skip
         inbox.append(pickle.dumps((True, {STEP: sizes}), PROTOCOL))
     tier = object.__new__(LocalTier)  # what _pick and _needed use: the copy, groups, nodes

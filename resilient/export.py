@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from resilient._renamed import renamed_keyword
 from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, StaticDataError
 from resilient.io import fileio
@@ -143,11 +144,14 @@ def write_global_file(
         raise
 
 
-def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False) -> ExportResult:
-    """Write the Block leaves of a checkpoint of ``root`` as global arrays to ``out``.
+@renamed_keyword("root", "checkpoint_dir")
+def export(
+    checkpoint_dir: Path, out: Path, *, step: int | None = None, copy: bool = False
+) -> ExportResult:
+    """Write the Block leaves of a checkpoint of ``checkpoint_dir`` as global arrays to ``out``.
 
     Args:
-        root: the checkpoint root.
+        checkpoint_dir: the checkpoint directory (``root`` is its deprecated alias).
         out: the HDF5 file to write (replaced atomically).
         step: the checkpoint's step (default: the newest valid one).
         copy: write the data (verified) instead of virtual datasets.
@@ -157,18 +161,18 @@ def export(root: Path, out: Path, *, step: int | None = None, copy: bool = False
         InvalidCheckpointError: the checkpoint fails validation, or (with ``copy``) a checksum.
     """
     if step is None:
-        record = latest_valid(root)
+        record = latest_valid(checkpoint_dir)
         if record is None or record.manifest is None:
-            raise CheckpointNotFoundError(f"no valid checkpoint in {root}")
+            raise CheckpointNotFoundError(f"no valid checkpoint in {checkpoint_dir}")
         path, manifest = record.path, record.manifest
     else:
-        path = root / filenames.step_dir_name(step)
+        path = checkpoint_dir / filenames.step_dir_name(step)
         if not path.exists():
-            raise CheckpointNotFoundError(f"no checkpoint of step {step} in {root}")
+            raise CheckpointNotFoundError(f"no checkpoint of step {step} in {checkpoint_dir}")
         manifest = validate_checkpoint(path)
     sets = [(path, manifest)]
     if manifest.static is not None:  # its first intact copy (read only: nothing repaired)
-        source = resolve_static(root, manifest.static)
+        source = resolve_static(checkpoint_dir, manifest.static)
         if not source.dirs:
             raise StaticDataError(
                 str(source.meta), f"no whole copy: {'; '.join(w for _, w in source.damaged)}"

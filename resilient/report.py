@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from resilient._renamed import renamed_keyword
 from resilient.io import logs, storage
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.timeline import END, RESTORED, AttemptEvents, Phases, kept_until, read_events
@@ -159,10 +160,11 @@ def _finished_without_ledger(root: Path) -> tuple[bool | None, str]:
     return True, "its last Session ended without a stop or an exception"
 
 
-def task_report(root: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
-    """The report of one checkpoint root (a task); ``name`` defaults to
-    :func:`~resilient.model.filenames.task_name` of ``root``."""
-    r = Path(root)
+@renamed_keyword("root", "checkpoint_dir")
+def task_report(checkpoint_dir: str | os.PathLike[str], *, name: str | None = None) -> TaskReport:
+    """The report of one checkpoint directory (a task); ``name`` defaults to
+    :func:`~resilient.model.filenames.task_name` of it (``root`` is its deprecated alias)."""
+    r = Path(checkpoint_dir)
     ledger = [
         rec for rec in logs.read_log(r / filenames.ATTEMPT_LEDGER, logs.ATTEMPTS)
         if _num(rec, "start") is not None and _num(rec, "end") is not None

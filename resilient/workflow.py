@@ -15,7 +15,7 @@ alone: :func:`stale_siblings` lists it, :func:`cleanup` can remove it). Never ma
 directory an output of the task: engines delete a task's outputs before each retry.
 
 Nothing here imports a workflow engine: these are functions of paths and mappings.
-``python -m resilient.workflow cleanup CKPT_DIR OUTPUT...`` runs :func:`cleanup` from a shell
+``python -m resilient.workflow cleanup CHECKPOINT_DIR OUTPUT...`` runs :func:`cleanup` from a shell
 command.
 """
 
@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from resilient._renamed import renamed_keyword
 from resilient.errors import CheckpointLockedError
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid
@@ -202,13 +203,14 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return (key, digest) if key and _HEX.fullmatch(digest) else None
 
 
-def stale_siblings(ckpt_dir: PathLike) -> list[str]:
+@renamed_keyword("ckpt_dir", "checkpoint_dir")
+def stale_siblings(checkpoint_dir: PathLike) -> list[str]:
     """Other checkpoint directories of the same task and wildcards (other fingerprints).
 
     They belong to earlier parameters or inputs of this task. Nothing removes them
     automatically (they may be wanted back); ``cleanup(..., remove_stale=True)`` does.
     """
-    path = Path(ckpt_dir)
+    path = Path(checkpoint_dir)
     own = _split_name(path.name)
     if own is None:
         return []
@@ -232,9 +234,10 @@ def stale_siblings(ckpt_dir: PathLike) -> list[str]:
 # --------------------------------------------------------------------------- inspection
 
 
-def latest_checkpoint(ckpt_dir: PathLike) -> str | None:
-    """Path of the newest valid checkpoint in ``ckpt_dir`` (quick validation), else ``None``."""
-    rec = latest_valid(Path(ckpt_dir))
+@renamed_keyword("ckpt_dir", "checkpoint_dir")
+def latest_checkpoint(checkpoint_dir: PathLike) -> str | None:
+    """Path of the newest valid checkpoint in ``checkpoint_dir`` (quick validation), else ``None``."""
+    rec = latest_valid(Path(checkpoint_dir))
     return os.fspath(rec.path) if rec else None
 
 
@@ -285,8 +288,9 @@ def _clean_root(root: Path, *, keep_logs: bool) -> list[str]:
     return removed
 
 
+@renamed_keyword("ckpt_dir", "checkpoint_dir")
 def cleanup(
-    ckpt_dir: PathLike,
+    checkpoint_dir: PathLike,
     output_paths: Sequence[PathLike] | PathLike,
     keep_logs: bool = True,
     *,
@@ -305,7 +309,7 @@ def cleanup(
     Does nothing while an output is missing: the checkpoints are then the only way to resume.
 
     Raises:
-        CheckpointLockedError: a job still holds ``ckpt_dir``'s lock.
+        CheckpointLockedError: a job still holds ``checkpoint_dir``'s lock.
         OSError: a deletion failed.
     """
     if isinstance(output_paths, (str, os.PathLike)):
@@ -314,11 +318,11 @@ def cleanup(
     if missing or not output_paths:
         log.warning(
             "not cleaning %s: %s",
-            ckpt_dir,
+            checkpoint_dir,
             f"missing outputs {missing}" if missing else "no outputs given",
         )
         return []
-    root = Path(ckpt_dir)
+    root = Path(checkpoint_dir)
     removed: list[str] = []
     if storage.is_root(root):
         removed += _clean_root(root, keep_logs=keep_logs)
@@ -339,7 +343,7 @@ def cleanup(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m resilient.workflow cleanup CKPT_DIR OUTPUT...``.
+    """``python -m resilient.workflow cleanup CHECKPOINT_DIR OUTPUT...``.
 
     Exits 0 even when the cleanup fails (after a warning): it runs after a finished job, and a
     failing command would make Snakemake delete that job's outputs and run it again.
@@ -350,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("cleanup", help="delete a finished task's checkpoint data (keeps the logs)")
-    c.add_argument("ckpt_dir")
+    c.add_argument("checkpoint_dir")
     c.add_argument(
         "outputs", nargs="+", help="the task's outputs; nothing is removed unless all exist"
     )
@@ -362,13 +366,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         cleanup(
-            args.ckpt_dir,
+            args.checkpoint_dir,
             args.outputs,
             keep_logs=not args.remove_logs,
             remove_stale=args.remove_stale,
         )
     except (OSError, CheckpointLockedError) as exc:
-        log.warning("could not clean up %s (left as is): %s", args.ckpt_dir, exc)
+        log.warning("could not clean up %s (left as is): %s", args.checkpoint_dir, exc)
     return 0
 
 

@@ -118,7 +118,7 @@ def test_another_checkpoint_dir_is_named_once_and_progress_is_the_programs(
 
 @pytest.mark.mpi
 def test_a_program_without_any_directory_ends_the_task_with_78(tmp_path: Path) -> None:
-    """No ckpt_dir, no $RESILIENT_CHECKPOINT_DIR, no --checkpoint-dir: rank 0 says so once, no
+    """No checkpoint_dir, no $RESILIENT_CHECKPOINT_DIR, no --checkpoint-dir: rank 0 says so once, no
     traceback, every rank exits; `resilient run` ends with 78 and the fix, in the ledger."""
     program = [mpiexec(), "-n", "2", sys.executable, PROGRAM, "-", "--mpi"]
     proc = run(tmp_path, ["--walltime", "30"], program)

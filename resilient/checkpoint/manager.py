@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
+from resilient._renamed import renamed_keyword
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.partner import check_redundancy
 from resilient.checkpoint.reading import log_absent
@@ -85,13 +86,14 @@ def _gc_paused(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 class CheckpointManager:
-    """Save and restore per-rank state as checkpoints under ``root``.
+    """Save and restore per-rank state as checkpoints under ``checkpoint_dir``.
 
     Construction, :meth:`save`, :meth:`restore`, :meth:`latest_step`, :meth:`should_save` and
     :meth:`close` are collective over ``comm``: call them on all ranks, in the same order.
 
     Args:
-        root: the checkpoint root directory (created if needed; shared by all ranks).
+        checkpoint_dir: the checkpoint directory (created if needed; shared by all ranks).
+            ``root`` is its deprecated alias.
         comm: the ranks of this checkpoint set: an mpi4py communicator, a torch.distributed
             process group (or ``torch.distributed`` itself: its default group), a
             :class:`resilient.parallel.comm.Comm`, or ``None`` for one process. Rank 0 coordinates.
@@ -137,9 +139,10 @@ class CheckpointManager:
             (:class:`~resilient.errors.StaticDataError`) that names the file and this option.
     """
 
+    @renamed_keyword("root", "checkpoint_dir")
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        checkpoint_dir: str | os.PathLike[str],
         *,
         comm: Any = None,
         checkpoint_comm: Any = "self",
@@ -156,7 +159,7 @@ class CheckpointManager:
         manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
         static_copies: int = 2,
     ) -> None:
-        self.root = Path(root)
+        self.root = Path(checkpoint_dir)
         self.run_key = normalize_run_key(run_key)
         self.comm: Comm = as_comm(comm)
         self.keep = keep

@@ -15,7 +15,6 @@ import itertools
 import logging
 import operator
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from resilient.io import fileio, storage
 from resilient.io.devicecopy import DeviceStaging, Upload
 from resilient.io.digests import Digests
 from resilient.io.staging import allocate, fault_in
+from resilient.model import torchlazy
 from resilient.model.arrays import (
     device_exists,
     fill_leaf,
@@ -357,7 +357,7 @@ def _device_targets(
     """New tensors, by path, for the leaves without a target that were saved from a tensor on
     a device that exists here and that ``device`` copies: read through its arena, one device
     allocation each."""
-    if entry.tree is None or "torch" not in sys.modules:
+    if entry.tree is None or torchlazy.loaded() is None:
         return {}
     made = {}
     at = {name: i for i, name in enumerate(entry.datasets.names)}

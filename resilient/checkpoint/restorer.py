@@ -64,7 +64,14 @@ from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective, describe_error
 from resilient.parallel.setcomms import SetComms, deal_through_leaders
 
-__all__ = ["Restorer", "StateValidator"]
+__all__ = [
+    "Candidate",
+    "Restorer",
+    "StateValidator",
+    "as_received",
+    "rank_parts",
+    "shard_parts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +79,9 @@ StateValidator = Callable[[Mapping[str, Any]], bool]
 
 
 @dataclass(frozen=True, slots=True)
-class _Candidate:
+class Candidate:
     """A checkpoint the coordinator chose to try restoring; each rank receives its part
-    (:func:`_parts`), the whole one only for an elastic restore."""
+    (:func:`rank_parts`), the whole one only for an elastic restore."""
 
     path: Path
     manifest: Manifest
@@ -124,9 +131,9 @@ def _static_parts(
     return list(static.parts(needed, layout=_stripped(static.layout, current)))
 
 
-def _parts(
-    whole: _Candidate, current: Layout, ranks: Sequence[int] | None = None
-) -> list[_Candidate]:
+def rank_parts(
+    whole: Candidate, current: Layout, ranks: Sequence[int] | None = None
+) -> list[Candidate]:
     """The part of ``whole`` (a candidate, or a part holding what they need) each rank of
     ``current`` receives (see :func:`_needed`); ``ranks``: those ranks' only, in order."""
     m = whole.manifest
@@ -150,11 +157,11 @@ def _docs_of(part: Manifest | None, docs: Mapping[str, ShardDoc]) -> Mapping[str
     return {s.name: docs[s.name].subset(wanted) for s in sharded.shards if s.name in docs}
 
 
-def _shard_parts(
-    whole: _Candidate, current: Layout, shards: Sequence[Sequence[int]]
-) -> list[_Candidate]:
+def shard_parts(
+    whole: Candidate, current: Layout, shards: Sequence[Sequence[int]]
+) -> list[Candidate]:
     """Coordinator: the part of ``whole`` each manifest shard's leader of ``current`` receives
-    (``shards``: every shard's ranks): what its ranks need, together (:func:`_parts` of it,
+    (``shards``: every shard's ranks): what its ranks need, together (:func:`rank_parts` of it,
     made on the leader, gives each its own)."""
     m = whole.manifest
     needed = _needed(m.layout, current)
@@ -167,7 +174,7 @@ def _shard_parts(
     ]
 
 
-def _received(manifest: Manifest, current: Layout) -> Manifest:
+def as_received(manifest: Manifest, current: Layout) -> Manifest:
     """A part as received, its layout's groups put back (see :func:`_stripped`)."""
     lay = manifest.layout
     if manifest.is_part and not lay.groups:
@@ -184,7 +191,7 @@ def _holds(manifest: Manifest, rank: int) -> bool:
     return sharded is None or sharded.loaded(rank)
 
 
-def _needs_elastic(chosen: _Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
+def _needs_elastic(chosen: Candidate, rank: int, blocks: Mapping[str, BlockSpec]) -> bool:
     """Whether ``rank``, with ``blocks`` as its new blocks, must read ``chosen`` elastically
     (``chosen`` holds that rank's entries, loaded by :meth:`Restorer._load`).
 
@@ -276,8 +283,8 @@ class Restorer:
         mine: dict[str, BlockSpec] | Exception = refused or dict(blocks or {})
         while True:  # one round: every rank's blocks up, its part of a candidate down
             gathered = self.coll.gather(mine)
-            whole: _Candidate | None = None  # the coordinator's candidate, whole
-            parts: list[tuple[_Candidate, bool]] | Exception | None = None
+            whole: Candidate | None = None  # the coordinator's candidate, whole
+            parts: list[tuple[Candidate, bool]] | Exception | None = None
             if gathered is not None:
                 try:
                     asked = gathered.values()
@@ -334,9 +341,9 @@ class Restorer:
 
         static, dirs = self.coll.scatter(f"loading the static data of {path}", parts)
         if static is not None:
-            static = _received(static, self.layout)
+            static = as_received(static, self.layout)
         # this rank's path: a node-local copy's
-        chosen = _Candidate(path, manifest, static, static_dirs=dirs)
+        chosen = Candidate(path, manifest, static, static_dirs=dirs)
         # a shard that cannot be loaded: this rank's read below fails on it, saying why
         with contextlib.suppress(InvalidCheckpointError, ManifestError):
             chosen = self._load(chosen, (self.coll.rank,))
@@ -384,7 +391,7 @@ class Restorer:
             return static, dirs
 
         static, dirs = self.coll.broadcast(f"loading the static data of {path.name}", whole_static)
-        chosen = _Candidate(path, manifest, static, elastic=True, static_dirs=dirs)
+        chosen = Candidate(path, manifest, static, elastic=True, static_dirs=dirs)
         plan = self._elastic_plans(chosen)
         chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
         reasons = self._failed_reads(f"elastic restore of {path}", why, chosen)
@@ -394,7 +401,7 @@ class Restorer:
         return state, []
 
     def _failed_reads(
-        self, what: str, why: str | Exception | _StaticNote | None, chosen: _Candidate
+        self, what: str, why: str | Exception | _StaticNote | None, chosen: Candidate
     ) -> list[str]:
         """Collective: every rank's read failure (``why``; ``None``: it read its piece) as
         ``rank R: why`` lines, on every rank (empty: every rank read its piece); an exception
@@ -420,26 +427,26 @@ class Restorer:
         reasons: list[str] = self.coll.announce(what, found)
         return reasons
 
-    def _first_parts(self, whole: _Candidate) -> list[_Candidate]:
+    def _first_parts(self, whole: Candidate) -> list[Candidate]:
         """Coordinator: the parts of ``whole`` it sends: one per rank, or with shards one per
         shard (:meth:`_hand_out`)."""
         if self.shards is None:
-            return _parts(whole, self.layout)
-        return _shard_parts(whole, self.layout, self.shards.shards)
+            return rank_parts(whole, self.layout)
+        return shard_parts(whole, self.layout, self.shards.shards)
 
     def _hand_out(
-        self, what: str, parts: list[tuple[_Candidate, bool]] | Exception | None
-    ) -> tuple[_Candidate, bool]:
+        self, what: str, parts: list[tuple[Candidate, bool]] | Exception | None
+    ) -> tuple[Candidate, bool]:
         """Collective: each rank's part of the coordinator's candidate (and whether it is read
         elastically), or the coordinator's error on every rank: dealt to every rank (one
         scatter), or with shards through their leaders (:func:`deal_through_leaders`), each
         leader loading its ranks' entries (its shard read once: :meth:`_spread`)."""
         if self.shards is None:
-            got: tuple[_Candidate, bool] = self.coll.deal(what, parts)
+            got: tuple[Candidate, bool] = self.coll.deal(what, parts)
             return got
         return deal_through_leaders(self.shards, what, parts, self._spread)
 
-    def _spread(self, given: tuple[_Candidate, bool]) -> list[tuple[_Candidate, bool]]:
+    def _spread(self, given: tuple[Candidate, bool]) -> list[tuple[Candidate, bool]]:
         """Shard leader: its shard's part of a candidate (``given``) as each of its ranks
         receives it, with the saved shards holding its entries read once, here (checked
         against the index: :func:`~resilient.io.checkpoints.read_shards`), each rank's entries
@@ -472,13 +479,13 @@ class Restorer:
             return [
                 (dataclasses.replace(p, docs=_docs_of(p.manifest, docs),
                                      static_docs=_docs_of(p.static, static_docs)), elastic)
-                for p in _parts(part, self.layout, members)
+                for p in rank_parts(part, self.layout, members)
             ]  # fmt: skip
         except Exception as exc:  # (e.g. EIO): never raise here, or its shard alone would
             failed = dataclasses.replace(part, unloadable=describe_error(exc))
             return [(failed, elastic)] * len(members)
 
-    def _check_sizes(self, candidate: _Candidate) -> None:
+    def _check_sizes(self, candidate: Candidate) -> None:
         """Quick validation of the data files of ``candidate`` (a part: its files only) and
         of its static data's (:func:`~resilient.io.checkpoints.check_file_sizes`). Not collective.
 
@@ -490,7 +497,7 @@ class Restorer:
         if static is not None:
             _first_copy(candidate.static_dirs, lambda d: check_file_sizes(d, static))
 
-    def _load(self, chosen: _Candidate, ranks: Sequence[int] | None) -> _Candidate:
+    def _load(self, chosen: Candidate, ranks: Sequence[int] | None) -> Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
         manifest and its static data's (:func:`~resilient.io.checkpoints.load_entries`: the shards
         of a sharded manifest holding them, unless its shard's leader handed them on; their
@@ -518,7 +525,7 @@ class Restorer:
             )[0]
         return dataclasses.replace(chosen, manifest=manifest, static=static)
 
-    def _asks_elastic(self, whole: _Candidate, asked: Iterable[Any]) -> tuple[_Candidate, bool]:
+    def _asks_elastic(self, whole: Candidate, asked: Iterable[Any]) -> tuple[Candidate, bool]:
         """Coordinator: whether some rank's new blocks (``asked``, every rank's) differ from its
         saved ones, or the layout does; and ``whole`` with the entries this looked at loaded
         (all of them for an elastic restore, which sends the whole manifest to every rank).
@@ -536,14 +543,14 @@ class Restorer:
             return whole, False
         return self._load(whole, None), True
 
-    def _receive(self, part: _Candidate) -> _Candidate:
+    def _receive(self, part: Candidate) -> Candidate:
         """This rank's part of a candidate, its layout put back."""
-        static = None if part.static is None else _received(part.static, self.layout)
+        static = None if part.static is None else as_received(part.static, self.layout)
         return dataclasses.replace(
-            part, manifest=_received(part.manifest, self.layout), static=static
+            part, manifest=as_received(part.manifest, self.layout), static=static
         )
 
-    def _needs_elastic(self, chosen: _Candidate, blocks: Mapping[str, BlockSpec]) -> bool:
+    def _needs_elastic(self, chosen: Candidate, blocks: Mapping[str, BlockSpec]) -> bool:
         """Collective: whether the candidate must be read elastically (another layout, or a
         rank whose new blocks differ from its saved ones)."""
         if chosen.elastic:
@@ -562,8 +569,8 @@ class Restorer:
         return bool(self.coll.announce("deciding on an elastic restore", answer))
 
     def _plan(
-        self, chosen: _Candidate, elastic: bool, whole: _Candidate | None
-    ) -> tuple[_Elastic | None, _Candidate]:
+        self, chosen: Candidate, elastic: bool, whole: Candidate | None
+    ) -> tuple[_Elastic | None, Candidate]:
         """Collective: the candidate's elastic plans (if it is read ``elastic``-ally), or
         ``None`` for a plain read; and the candidate to read (for an elastic restore, which
         reads other ranks' entries, the whole one, ``whole`` on the coordinator, sent to all).
@@ -578,7 +585,7 @@ class Restorer:
         )
         return self._elastic_plans(chosen), chosen
 
-    def _elastic_plans(self, chosen: _Candidate) -> _Elastic:
+    def _elastic_plans(self, chosen: Candidate) -> _Elastic:
         """Collective (every rank plans from the whole manifest it holds): the elastic plans of
         ``chosen``, or the same :class:`LayoutMismatchError` on every rank."""
         current = self.layout.describe()
@@ -592,7 +599,7 @@ class Restorer:
 
         return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
 
-    def _candidates(self, step: int | None) -> Iterator[_Candidate]:
+    def _candidates(self, step: int | None) -> Iterator[Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way).
 
         With shards, the data files are not looked at here (100,000 files at 100,000 ranks):
@@ -630,7 +637,7 @@ class Restorer:
                 lost = lost or exc
                 continue
             elastic = saved.nranks != current.nranks or saved.kind != current.kind
-            candidate = _Candidate(record.path, record.manifest, static, elastic, static_dirs=dirs)
+            candidate = Candidate(record.path, record.manifest, static, elastic, static_dirs=dirs)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:
                     if not sized:
@@ -672,7 +679,7 @@ class Restorer:
             )
         return load_manifest(source.dirs[0], kind="static"), source.dirs
 
-    def _repair_after_read(self, chosen: _Candidate, reads: Iterable[object]) -> None:
+    def _repair_after_read(self, chosen: Candidate, reads: Iterable[object]) -> None:
         """Coordinator: a copy of the static data failed some rank's read (the rank read the
         other): check both copies fully and repair the damaged one (one warning)."""
         notes = [w for w in reads if isinstance(w, _StaticNote)]
@@ -684,7 +691,7 @@ class Restorer:
         except (StaticDataError, OSError) as exc:
             log.warning("static data %s could not be repaired: %s", chosen.manifest.static, exc)
 
-    def _check_template(self, chosen: _Candidate, into: Mapping[str, Any]) -> None:
+    def _check_template(self, chosen: Candidate, into: Mapping[str, Any]) -> None:
         """This rank: check that its template fits, before reading (not the checkpoint's fault:
         a mismatch raises :class:`ConfigError`, which :meth:`_try_read` lets through, so that
         the read's round raises it on every rank and quarantines nothing)."""
@@ -695,12 +702,12 @@ class Restorer:
 
     def _try_read(
         self,
-        chosen: _Candidate,
+        chosen: Candidate,
         validate: StateValidator | None,
         into: Mapping[str, Any],
         plan: _Elastic | None,
         blocks: Mapping[str, BlockSpec],
-    ) -> tuple[_Candidate, dict[str, Any], str | ConfigError | _StaticNote | None]:
+    ) -> tuple[Candidate, dict[str, Any], str | ConfigError | _StaticNote | None]:
         """Every rank: load this rank's entries (a plain read: :meth:`_load`) and read its
         piece; the candidate as loaded, the state read (empty if it was not) and what is wrong
         with it (``None``: nothing), or the caller's :class:`ConfigError` (``blocks`` or
@@ -728,7 +735,7 @@ class Restorer:
         except Exception as exc:  # anything wrong with this piece rejects the checkpoint
             return chosen, {}, describe_error(exc)
 
-    def _judge(self, chosen: _Candidate, reasons: list[str | _StaticNote | None]) -> bool:
+    def _judge(self, chosen: Candidate, reasons: list[str | _StaticNote | None]) -> bool:
         """Coordinator: accept the checkpoint, or quarantine it with every rank's reason (a
         rank that read its static data from the second copy read its piece)."""
         lost = _lost_in(reasons)
@@ -750,7 +757,7 @@ class Restorer:
 
     def _read(
         self,
-        chosen: _Candidate,
+        chosen: Candidate,
         validate: StateValidator | None,
         into: Mapping[str, Any],
         plan: _Elastic | None,
@@ -792,7 +799,7 @@ class Restorer:
             raise _Rejected(f"state rejected by the application's validate hook on rank {rank}")
         return state, note
 
-    def _quarantine(self, chosen: _Candidate, why: str) -> None:
+    def _quarantine(self, chosen: Candidate, why: str) -> None:
         try:
             storage.quarantine(chosen.path, chosen.manifest.step, why)
         except OSError as exc:

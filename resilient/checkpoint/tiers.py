@@ -69,6 +69,7 @@ from resilient.parallel.setcomms import SetComms
 
 __all__ = [
     "LocalCheckpoint",
+    "LocalSizes",
     "LocalTier",
     "known_local_roots",
     "local_root_of",
@@ -286,7 +287,7 @@ class LocalTier:
         if self.copies is not None and self.copies.has_partner:
             self.copies.rebuild_newest(self.target.steps, current, step=step, at_least=at_least)
         try:
-            mine: dict[int, _Sizes] | Exception = self._sizes(step, at_least)
+            mine: dict[int, LocalSizes] | Exception = self._sizes(step, at_least)
         except Exception as exc:  # raised on every rank by deal
             mine = exc
         gathered = self._coll.gather(mine)
@@ -303,25 +304,25 @@ class LocalTier:
             part = dataclasses.replace(part, layout=current)
         return LocalCheckpoint(self.target.path(part.step), part)
 
-    def _sizes(self, step: int | None, at_least: int | None) -> dict[int, _Sizes]:
+    def _sizes(self, step: int | None, at_least: int | None) -> dict[int, LocalSizes]:
         """Local: per committed local step (or only ``step``; not older than ``at_least``) the
         size of this rank's file and of its manifest shard, as this job would name them."""
         shard = None
         if self.comms.shard is not None and self.comms.shard.rank == 0:
             shard = filenames.shard_name(self.comms.shard_index)
-        out: dict[int, _Sizes] = {}
+        out: dict[int, LocalSizes] = {}
         for s in self.target.steps():
             if (step is not None and s != step) or (at_least is not None and s < at_least):
                 continue
             name = self.comms.file_name
-            out[s] = _Sizes(
+            out[s] = LocalSizes(
                 name, self.target.size(s, name),
                 shard, None if shard is None else self.target.size(s, shard),
             )  # fmt: skip
         return out
 
     def _pick(
-        self, found: Sequence[dict[int, _Sizes]], current: Layout
+        self, found: Sequence[dict[int, LocalSizes]], current: Layout
     ) -> list[Manifest | None]:
         """Coordinator: the newest step every rank found intact, as each rank's part (the whole
         index for the coordinator), or ``None`` for every rank (and why, logged)."""
@@ -423,7 +424,7 @@ class LocalTier:
 
 
 @dataclass(frozen=True, slots=True)
-class _Sizes:
+class LocalSizes:
     """What one rank finds of a committed local step: its file's name and size, and on a
     manifest shard's first rank the shard's (``None``: absent)."""
 
@@ -433,7 +434,7 @@ class _Sizes:
     shard_size: int | None
 
 
-def _complete(manifest: Manifest, found: Sequence[_Sizes]) -> bool:
+def _complete(manifest: Manifest, found: Sequence[LocalSizes]) -> bool:
     """Whether every rank's file (``found``, by rank) and every manifest shard are in the
     node-local copies with the sizes the manifest says."""
     files = {f.name: f for f in manifest.files}

@@ -1,22 +1,23 @@
 """File I/O of one process: a checkpoint's files written, read, fsynced, committed and checked.
 
-Owns:
-    :mod:`.fileio` (data files byte by byte: ``pwrite``/``preadv``, ``O_DIRECT``, fsync, reuse),
-    :mod:`.commit` (a save's temporary directory, from creation to the atomic rename),
-    :mod:`.storage` (the root, its lock, durable small files, quarantine, transient retries),
-    :mod:`.logs` (the root's append-only logs: their record shapes, the one reader that skips
-    damaged lines and never raises, the one append),
-    :mod:`.checkpoints` (finding and validating checkpoints on disk: the CLI's and the
-    coordinator's), :mod:`.staging` (the buffers of an asynchronous save),
-    :mod:`.devicecopy` (device tensors copied once into a reused, pinned host arena),
-    :mod:`.background` (one piece of local work on a thread, its outcome kept),
-    :mod:`.digests` (checksums of file ranges as they are read, and of arrays on a helper
-    thread),
-    :mod:`.runkey` (a run's identity, recorded in its root),
-    :mod:`.skeleton` (a data file's HDF5 bytes, built once on its group's leader and kept),
-    :mod:`.idle` (CPU work done between the runs of a write),
-    :mod:`.wire` (files sent and received over a channel: partner copies and their rebuild),
-    :mod:`.targets` (where checkpoints live: the storage target protocol and its implementations).
+Owns, from the top (one module a line):
+
+* :mod:`.moves`: a committed step's bytes moved from one target into another's pending step
+* :mod:`.targets`: where checkpoints live: the storage target protocol and its implementations
+* :mod:`.commit`: a save's temporary directory, from creation to the atomic rename
+* :mod:`.runkey`: a run's identity, recorded in its checkpoint directory
+* :mod:`.wire`: files sent and received over a channel (partner copies and their rebuild)
+* :mod:`.skeleton`: a data file's HDF5 bytes, built once on its group's leader and kept
+* :mod:`.repair`: a damaged copy of the static data repaired from the intact one
+* :mod:`.checkpoints`: finding and validating checkpoints on disk (the CLI's and the coordinator's)
+* :mod:`.fileio`: data files byte by byte (``pwrite``/``preadv``, ``O_DIRECT``, fsync, reuse)
+* :mod:`.devicecopy`: device tensors copied once into a reused, pinned host arena
+* :mod:`.storage`: the root, its lock, durable small files, quarantine, transient retries
+* :mod:`.logs`: the append-only logs (record shapes, the one tolerant reader, the one append)
+* :mod:`.staging`: the buffers of an asynchronous save
+* :mod:`.background`: one piece of local work on a thread, its outcome kept
+* :mod:`.digests`: checksums of file ranges as they are read, and of arrays on a helper thread
+* :mod:`.idle`: CPU work done between the runs of a write
 
 May import: :mod:`resilient.model` and :mod:`resilient.errors`. Never a communicator: what
 happens here happens on one rank; agreeing on it is :mod:`resilient.parallel`'s, above.

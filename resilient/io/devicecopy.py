@@ -26,7 +26,8 @@ exactly the arena's size, page-aligned for ``O_DIRECT``, and :meth:`DeviceStagin
 and unmaps it. Where the host cannot lock that much memory, the arena stays pageable, with one
 logged warning: the same copies, synchronous in effect.
 
-torch is never imported here: a tensor comes from a program that imported it (``sys.modules``).
+torch is never imported here: a tensor comes from a program that imported it, and the calls into
+torch go through :mod:`resilient.model.torchlazy`.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ import ctypes
 import logging
 import math
 import mmap
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from resilient.errors import ConfigError
+from resilient.model import torchlazy
 from resilient.model.arrays import as_tensor, is_tensor, storable_dtype, template_spec
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ class CudaEngine(CopyEngine):
         return device.partition(":")[0] == "cuda"
 
     def pin(self, region: mmap.mmap) -> None:
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         # cudaHostRegisterPortable (1): pinned for every CUDA context, i.e. every device
         err = int(torch.cuda.cudart().cudaHostRegister(_address(region), len(region), 1))
         if err:
@@ -185,7 +186,7 @@ class CudaEngine(CopyEngine):
             raise PinError(f"cudaHostRegister of {len(region)} bytes failed: cudaError {err}")
 
     def unpin(self, region: mmap.mmap) -> None:
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         err = int(torch.cuda.cudart().cudaHostUnregister(_address(region)))
         if err:
             _clear_cuda_error(torch)
@@ -194,7 +195,7 @@ class CudaEngine(CopyEngine):
     def to_host(self, pairs: Sequence[tuple[Any, Any]]) -> None:
         """Copy on each tensor's device's stream, after that device's current stream; one
         synchronisation per device at the end."""
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         by_device: dict[Any, list[tuple[Any, Any]]] = {}
         for tensor, host in pairs:
             by_device.setdefault(tensor.device, []).append((tensor.detach(), host))
@@ -214,7 +215,7 @@ class CudaEngine(CopyEngine):
     def _stream_after_current(self, device: Any) -> Any:
         """This engine's stream for ``device``, made to wait on the calling thread's current
         stream of that device (what is queued there is done before what is queued here)."""
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)
@@ -230,7 +231,7 @@ class _CudaUploads(Uploads):
         self._streams = streams
 
     def copy(self, host: Any, target: Any) -> None:
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         # (the stream context is per thread: set here, on whichever thread issues the copy)
         with torch.cuda.stream(self._streams[target.device]):
             target.copy_(host, non_blocking=True)
@@ -265,7 +266,7 @@ class _NoDevice(CopyEngine):
 def default_engine() -> CopyEngine | None:
     """The engine for this process: :class:`CudaEngine` where CUDA is available, else one that
     copies nothing; ``None`` while torch is not imported (asked again later)."""
-    torch = sys.modules.get("torch")
+    torch = torchlazy.loaded()
     if torch is None:
         return None
     return CudaEngine() if torch.cuda.is_available() else _NoDevice()
@@ -352,7 +353,7 @@ class DeviceStaging:
         One device allocation, no host memory besides the arena."""
         if not self.engine.wants_device(device):
             return None
-        torch = sys.modules["torch"]
+        torch = torchlazy.load()
         return torch.empty(shape, dtype=getattr(torch, torch_dtype), device=device)
 
     def stage(self, tensors: Mapping[str, Any]) -> dict[str, npt.NDArray[np.generic]]:

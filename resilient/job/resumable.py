@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from resilient._renamed import renamed_keyword
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError
@@ -74,8 +75,9 @@ class Resume:
         self.saves.append(step)
 
 
+@renamed_keyword("ckpt_dir", "checkpoint_dir")
 def resumable(
-    ckpt_dir: str | os.PathLike[str],
+    checkpoint_dir: str | os.PathLike[str],
     *,
     retries: int = 3,
     backoff_s: float = 1.0,
@@ -94,7 +96,8 @@ def resumable(
     itself (a ``TypeError`` too) are retried as ``retry_on`` says.
 
     Args:
-        ckpt_dir: checkpoint root of this function.
+        checkpoint_dir: the checkpoint directory of this function (``ckpt_dir`` is its deprecated
+            alias).
         retries: how many times to re-call after an exception (``retries + 1`` calls at most).
         backoff_s, backoff_max_s: exponential backoff between calls.
         save_when, keep: policies of the checkpoint manager.
@@ -114,7 +117,7 @@ def resumable(
         exc = rs.outcome.exception() if rs.outcome else None
         log.warning(
             "%s failed (call %d of %d): %s; resuming from the latest valid checkpoint",
-            ckpt_dir,
+            checkpoint_dir,
             rs.attempt_number,
             retries + 1,
             exc,
@@ -135,7 +138,7 @@ def resumable(
             def call() -> R:
                 nonlocal calls
                 calls += 1
-                with CheckpointManager(ckpt_dir, save_when=save_when, keep=keep) as mgr:
+                with CheckpointManager(checkpoint_dir, save_when=save_when, keep=keep) as mgr:
                     try:
                         step, state = mgr.restore(validate=validate)
                         resume = Resume(step=step, state=state, attempt=calls, manager=mgr)

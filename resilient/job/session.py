@@ -2,7 +2,7 @@
 
 ::
 
-    with resilient.Session(ckpt_dir, comm=MPI.COMM_WORLD, save_when=EverySteps(100)) as s:
+    with resilient.Session(checkpoint_dir, comm=MPI.COMM_WORLD, save_when=EverySteps(100)) as s:
         step, state = s.restore_or(initial_state)
         while step < n_steps and not s.should_stop():
             state = advance(state); step += 1
@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
+from resilient._renamed import renamed_keyword
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
@@ -57,7 +58,8 @@ class Session:
     """A checkpoint manager plus walltime and signal awareness for one run of a program.
 
     Args:
-        ckpt_dir: checkpoint root; default ``$RESILIENT_CHECKPOINT_DIR`` (set by ``resilient run``).
+        checkpoint_dir: the checkpoint directory; default ``$RESILIENT_CHECKPOINT_DIR`` (set by
+            ``resilient run``); ``ckpt_dir`` is its deprecated alias.
             Under ``resilient run`` rank 0 tells it which directory that is
             (:mod:`resilient.job.handoff`), so progress is judged there; with neither, under
             ``resilient run`` rank 0 says so in one line and every rank exits 78, elsewhere a
@@ -87,21 +89,22 @@ class Session:
             for a memory copy; the commit happens at the next save, at the latest when the
             session ends). A stop waits for the save in flight, then writes the final
             checkpoint synchronously.
-        local_dir: node-local storage for checkpoints, flushed to ``ckpt_dir`` every
+        local_dir: node-local storage for checkpoints, flushed to ``checkpoint_dir`` every
             ``flush_every`` checkpoints and always at the end of the session (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`); ``local_keep`` per node;
             ``redundancy="partner"``: a copy of each node's local checkpoint on another node.
         run_key: the parameters that define the run's result: a later run on the same
-            ``ckpt_dir`` with other values is refused (see
+            ``checkpoint_dir`` with other values is refused (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
         static_copies: copies of the static data's files, 2 or 1 (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
         environ: environment to read the deadline from (injectable for tests).
     """
 
+    @renamed_keyword("ckpt_dir", "checkpoint_dir")
     def __init__(
         self,
-        ckpt_dir: str | os.PathLike[str] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
         *,
         comm: Any = None,
         checkpoint_comm: Any = "self",
@@ -124,7 +127,7 @@ class Session:
     ) -> None:
         self._session_start = time.time()
         env = os.environ if environ is None else environ
-        root = ckpt_dir if ckpt_dir is not None else env.get(ENV_CHECKPOINT_DIR)
+        root = checkpoint_dir if checkpoint_dir is not None else env.get(ENV_CHECKPOINT_DIR)
         attempt = env.get(ENV_ATTEMPT, "")
         self._attempt = int(attempt) if attempt.isdigit() else None
         told = env.get(ENV_HANDOFF, "").strip()
@@ -188,7 +191,6 @@ class Session:
         self._saved_step: int | None = None
         self.saves_this_run = 0
         self._static: Mapping[str, Any] | None = None
-        self._metrics: Mapping[str, Any] | None = None
         # rank 0 records where the attempt's time goes (resilient report's phases)
         self._timeline = Timeline(self.root, attempt=self._attempt) if self.comm.rank == 0 else None
 
@@ -245,7 +247,7 @@ class Session:
             handoff.record(self._handoff, root, attempt=self._attempt, now=time.time())
 
     def _no_directory(self, comm: Any, *, exit_on_stop: bool) -> NoReturn:
-        """No ``ckpt_dir`` and no ``$RESILIENT_CHECKPOINT_DIR``. Under ``resilient run`` (with
+        """No ``checkpoint_dir`` and no ``$RESILIENT_CHECKPOINT_DIR``. Under ``resilient run`` (with
         ``exit_on_stop``): rank 0 says so in one line and tells the wrapper, and every rank
         exits 78 (:data:`~resilient.job.exitcodes.EXIT_CONFIG`), without a traceback; the
         wrapper ends the task with the fix. Otherwise a :class:`ConfigError`."""

@@ -13,9 +13,10 @@ Owns:
     numpy and back), :mod:`.blocks` (blocks of global arrays, replicated values),
     :mod:`.payload` (what ``save()`` is handed, checked and split);
     the decisions: :mod:`.policies` (when to save, what to keep), :mod:`.rotation` (which
-    checkpoints to delete).
+    checkpoints to delete);
+    :mod:`.torchlazy` (torch, reached lazily: the one way to it).
 
 May import: :mod:`resilient.errors` and third-party libraries (numpy, xxhash; torch lazily, in
-:mod:`.arrays` only). Nothing here reads or writes a file, talks to another rank, starts a
+:mod:`.torchlazy` only). Nothing here reads or writes a file, talks to another rank, starts a
 thread or reads the environment (tests/unit/test_layers.py checks the last two).
 """

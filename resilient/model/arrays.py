@@ -13,19 +13,20 @@ writes (without a copy where possible), and what they become again on restore:
 * anything else with ``__array__`` (jax arrays) or the buffer protocol (``memoryview``,
   ``bytearray``): ``numpy.asarray``, which shares memory where the object allows it.
 
-torch is never imported by this module: a tensor is recognised through ``sys.modules`` (a
-program holding one has imported torch already), and torch is imported on restore only for a
-leaf saved from a tensor.
+torch is never imported by this module: a tensor is recognised through
+:func:`~resilient.model.torchlazy.loaded` (a program holding one has imported torch already), and
+torch is imported (:func:`~resilient.model.torchlazy.load`) on restore only for a leaf saved from
+a tensor.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from resilient.errors import ConfigError
+from resilient.model import torchlazy
 from resilient.model.entries import dtype_itemsize
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ _WORDS = {"bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
 
 
 def _torch_tensor_type() -> Any:
-    torch = sys.modules.get("torch")
+    torch = torchlazy.loaded()
     return None if torch is None else getattr(torch, "Tensor", None)
 
 
@@ -101,7 +102,7 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
             tensor = tensor.contiguous()
         name = str(tensor.dtype).removeprefix("torch.")
         if name in _WORDS:
-            torch = sys.modules["torch"]
+            torch = torchlazy.load()
             word = torch.int16 if _WORDS[name] == "<u2" else torch.uint8
             arr = tensor.view(word).numpy().view(_WORDS[name])
         else:
@@ -140,8 +141,7 @@ def storable_dtype(dtype: str) -> bool:
 def as_tensor(arr: npt.NDArray[np.generic], name: str) -> Any:
     """A CPU tensor of torch dtype ``name`` sharing ``arr``'s memory (``arr`` as stored: the
     unsigned words of a dtype numpy lacks)."""
-    import torch  # the leaf is (or was, when it was saved) a tensor
-
+    torch = torchlazy.load()  # the leaf is (or was, when it was saved) a tensor
     if name in _WORDS:  # stored as unsigned words: view them as a signed int tensor first
         signed = "<i2" if _WORDS[name] == "<u2" else "|u1"
         return torch.from_numpy(arr.view(signed)).view(getattr(torch, name))
@@ -173,7 +173,7 @@ def restore_leaf(
 
 def device_exists(device: str) -> bool:
     """Whether torch device ``device`` (``"cuda:1"``) exists in this process."""
-    torch = sys.modules["torch"]
+    torch = torchlazy.load()
     kind, _, index = device.partition(":")
     backend = getattr(torch, kind, None)
     if backend is None or not hasattr(backend, "is_available"):

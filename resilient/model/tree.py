@@ -51,7 +51,6 @@ __all__ = [
     "Memo",
     "TreeError",
     "all_valid_paths",
-    "decode_key",
     "elastic_kinds",
     "encode_key",
     "flatten",
@@ -65,7 +64,6 @@ __all__ = [
 MAX_DEPTH = 64
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
 _COMPONENT_RE = re.compile(r"^(?:%|%i-?[0-9]{1,40}|(?:[A-Za-z0-9_.+\-]|%[0-9A-F]{2}){1,1024})\Z")
-_ESCAPE_RE = re.compile(r"%([0-9A-F]{2})")
 _SAFE_RE = re.compile(r"[A-Za-z0-9_.+\-]+\Z")
 _SAFE_BYTES = "".join(sorted(_SAFE)).encode()
 _DOTS_LINE_RE = re.compile(r"^\.+$", re.MULTILINE)
@@ -133,20 +131,6 @@ def encode_key(key: str) -> str:
     if set(text) == {"."}:
         text = "%2E" * len(text)
     return text
-
-
-def decode_key(component: str) -> str:
-    """Inverse of :func:`encode_key`."""
-    if component == "%":
-        return ""
-    raw = bytearray()
-    pos = 0
-    for m in _ESCAPE_RE.finditer(component):
-        raw += component[pos : m.start()].encode("ascii")
-        raw.append(int(m.group(1), 16))
-        pos = m.end()
-    raw += component[pos:].encode("ascii")
-    return raw.decode("utf-8", "surrogatepass")
 
 
 def is_valid_path(path: str) -> bool:

@@ -61,11 +61,6 @@ class SetComms:
         return self.shards[self.shard_index] if self.shards else ()
 
     @property
-    def leads_shard(self) -> bool:
-        """Whether this rank leads its manifest shard (``False`` without shards)."""
-        return self.shard is not None and self.shard.rank == 0
-
-    @property
     def layout(self) -> Layout:
         """This set's layout, as a manifest records it."""
         return Layout(self.kind, self.comm.size, self.groups)

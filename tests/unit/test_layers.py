@@ -87,11 +87,24 @@ def test_the_engine_rule_covers_every_module_but_the_integrations() -> None:
         assert _covers(rule["source_modules"], module) == expected, module
 
 
-def test_the_torch_rule_covers_every_module_but_torchdist_and_arrays() -> None:
+def test_the_torch_rule_covers_every_module_but_torchdist_and_torchlazy() -> None:
     rule = _rule(["torch"])
-    allowed = {"resilient.parallel.torchdist", "resilient.model.arrays"}
+    allowed = {"resilient.parallel.torchdist", "resilient.model.torchlazy"}
     for module in _modules():
         assert _covers(rule["source_modules"], module) == (module not in allowed), module
+
+
+def test_only_torchlazy_reaches_torch_through_sys_modules() -> None:
+    """What the contract cannot see: ``sys.modules["torch"]`` (or ``"torch" in sys.modules``)."""
+    root = Path(resilient.__file__).parent
+    reach = re.compile(r"sys\.modules\b.*torch|torch.*\bsys\.modules")
+    found = {
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if reach.search(line)
+    }
+    assert {where.partition(":")[0] for where in found} == {"model/torchlazy.py"}, found
 
 
 _THREADS = ("threading", "_thread", "concurrent", "multiprocessing")

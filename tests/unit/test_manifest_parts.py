@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resilient import CheckpointManager
-from resilient.checkpoint.restorer import _Candidate, _needed, _parts, _received
+from resilient.checkpoint.restorer import Candidate, _needed, as_received, rank_parts
 from resilient.errors import CollectiveError
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
@@ -61,13 +61,13 @@ def test_every_rank_gets_its_entry_and_a_leader_its_group() -> None:
 
 def test_the_layout_travels_only_when_it_is_not_this_runs() -> None:
     m = sample_manifest()
-    whole = _Candidate(Path("/x"), m, m)
-    parts = _parts(whole, m.layout)
+    whole = Candidate(Path("/x"), m, m)
+    parts = rank_parts(whole, m.layout)
     assert all(p.manifest.layout.groups == () for p in parts)  # every rank knows them
-    assert [_received(p.manifest, m.layout) for p in parts] == m.parts([(0, 1), (1,), (2,)])
+    assert [as_received(p.manifest, m.layout) for p in parts] == m.parts([(0, 1), (1,), (2,)])
     assert [p.static.ranks.held for p in parts] == [(0,), (1,), (2,)]  # type: ignore[union-attr]
     custom = Layout("node", 3, ((0,), (1, 2)))
-    moved = _parts(whole, custom)
+    moved = rank_parts(whole, custom)
     assert all(p.manifest.layout == m.layout for p in moved)
     assert [p.manifest.ranks.held for p in moved] == [(0,), (1,), (2,)]  # type: ignore[attr-defined]
 
