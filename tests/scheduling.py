@@ -39,6 +39,7 @@ __all__ = [
     "TIMING_MODULES",
     "make_scheduler",
     "mark_units",
+    "unit_of",
     "yield_cpu",
 ]
 
@@ -121,16 +122,22 @@ def yield_cpu(item: pytest.Item) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of a node id as xdist's workers report it (``--dist loadgroup`` appends
+    ``@GROUP`` to a grouped test's id)."""
+    if "@" in nodeid:
+        return nodeid.rsplit("@", 1)[1]
+    module = _module(nodeid)
+    return nodeid if module in SPLIT_MODULES else module
+
+
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
     """The scheduler of ``--dist loadgroup``: units as the module docstring says, in order."""
     from xdist.scheduler.loadscope import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc,unused-ignore]
         def _split_scope(self, nodeid: str) -> str:
-            if "@" in nodeid:
-                return nodeid.rsplit("@", 1)[1]
-            module = _module(nodeid)
-            return nodeid if module in SPLIT_MODULES else module
+            return unit_of(nodeid)
 
     config.option.loadscopereorder = False  # keep the order mark_units gave
     return UnitScheduling(config, log)
