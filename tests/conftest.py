@@ -13,6 +13,34 @@ import pytest
 SHM = Path("/dev/shm")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, group and order the items as :mod:`tests.scheduling` says."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.scheduling import mark_units
+
+        mark_units(items)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist, a test of no group runs at lower priority (tests.scheduling)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.scheduling import yield_cpu
+
+        yield_cpu(item)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (what ``bash .ci/dev test`` passes) spreads :mod:`tests.scheduling`'s
+    units; any other ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.scheduling import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """``resilient run`` without ``--checkpoint-dir`` keeps a task's ledger in its state

@@ -1,6 +1,6 @@
 """Checkpoint scenarios over a torch.distributed gloo process group; driven by tests/test_torchdist.py.
 
-Usage: python tests/torch/scenario.py SCENARIO ROOT KIND [ARG]
+Usage: python tests/torch/scenario.py SCENARIO ROOT KIND [ARG]  (save, restore: KIND,KIND,...)
 
 Started once per rank, by ``torch.distributed.run`` or by the test itself, with the env://
 variables (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``). KIND is the
@@ -84,8 +84,15 @@ def committed_steps(root: str) -> list[str]:
     return sorted(d for d in os.listdir(root) if d.startswith("step_"))
 
 
-def scenario_save(root: str, kind: str) -> None:
-    """Save steps 1..5 keeping the last two (the group as ``comm``); restore in this group."""
+def scenario_save(root: str, kinds: str) -> None:
+    """For each of the comma-separated KINDS (``node2`` last: it fakes the hostname for good),
+    in ``ROOT/KIND``: save steps 1..5 keeping the last two (the group as ``comm``) and restore
+    in this group. One process group for them all: a launch costs seconds of imports."""
+    layouts = {kind: _save_one(os.path.join(root, kind), kind) for kind in kinds.split(",")}
+    result(ok=True, layouts=layouts)
+
+
+def _save_one(root: str, kind: str) -> Any:
     with CheckpointManager(
         root, comm=dist.group.WORLD, checkpoint_comm=checkpoint_comm(kind), keep=KeepLast(2)
     ) as m:
@@ -99,18 +106,21 @@ def scenario_save(root: str, kind: str) -> None:
         assert_same(state, make_state(5))
     assert committed_steps(root) == ["step_00000004", "step_00000005"], committed_steps(root)
     with open(os.path.join(root, "step_00000005", "manifest.json")) as f:
-        layout = json.load(f)["layout"]
-    result(ok=True, layout=layout)
+        return json.load(f)["layout"]
 
 
-def scenario_restore(root: str, kind: str, expect: str) -> None:
-    """A new process group (a new job) restores bit-identically; the default group via ``dist``."""
-    with CheckpointManager(root, comm=dist, checkpoint_comm=checkpoint_comm(kind)) as m:
-        step, state = m.restore()
-        assert step == int(expect), (step, expect)
-        assert_same(state, make_state(step))
-        step, state = m.restore(step=int(expect) - 1)
-        assert_same(state, make_state(step))
+def scenario_restore(root: str, kinds: str, expect: str) -> None:
+    """A new process group (a new job) restores each of KINDS' ``ROOT/KIND`` bit-identically;
+    the default group via ``dist``."""
+    for kind in kinds.split(","):
+        with CheckpointManager(
+            os.path.join(root, kind), comm=dist, checkpoint_comm=checkpoint_comm(kind)
+        ) as m:
+            step, state = m.restore()
+            assert step == int(expect), (kind, step, expect)
+            assert_same(state, make_state(step))
+            step, state = m.restore(step=int(expect) - 1)
+            assert_same(state, make_state(step))
     result(ok=True, step=int(expect))
 
 

@@ -1,0 +1,143 @@
+"""How the suite is spread over pytest-xdist workers (``bash .ci/dev test`` runs ``-n 3``).
+
+Most of the suite's wall time is waiting, not computing: Slurm campaigns on 1-minute limits,
+walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap that waiting.
+
+A *unit* is what one worker runs, in order, in one process:
+
+- every test that needs the local Slurm (marker ``slurm`` or ``multinode``) is one unit,
+  ``slurm``: some take nodes down, the campaigns share one session fixture
+  (``slurm_scenarios``), and the cluster's partitions are shared, so they run one after the
+  other as in a serial run;
+- the modules of :data:`TIMING_MODULES` are one unit, ``timing``: their programs run under
+  walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill),
+  so they run one after the other, as in a serial run, and at normal priority while every
+  other unit runs at ``nice`` 10 (:func:`yield_cpu`): on 2 cores a CPU-bound test beside
+  them must not eat their margins (a 4-s walltime lost a stop to SIGTERM under 3 equal
+  workers);
+- the tests of a module in :data:`SPLIT_MODULES` are a unit each (independent and long);
+- every other module is a unit: its module-scoped fixtures run once, and a documentation
+  page's blocks (Sybil) share one namespace.
+
+Units start heaviest first (Slurm, timing, then :data:`HEAVY_FIRST`, measured by
+``--durations``), the rest in collection order, so that no long unit starts last. Without
+xdist nothing here is used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "HEAVY_FIRST",
+    "SLURM_GROUP",
+    "SPLIT_MODULES",
+    "TIMING_GROUP",
+    "TIMING_MODULES",
+    "make_scheduler",
+    "mark_units",
+    "unit_of",
+    "yield_cpu",
+]
+
+SLURM_GROUP = "slurm"
+TIMING_GROUP = "timing"
+
+#: Modules whose programs run under walltimes of a few seconds (``grep -rn walltime tests``).
+TIMING_MODULES = (
+    "tests/test_demo.py",
+    "tests/test_snakemake.py",
+    "tests/test_parsl.py",
+    "tests/test_run_wrapper.py",
+    "tests/test_train_torch.py",
+    "tests/test_root_fuzz.py",
+    "tests/test_warn_signal.py",
+    "tests/test_run_handoff.py",
+    "tests/test_damaged_logs.py",
+    "tests/test_docs_tutorial.py",
+    "tests/test_train_app.py",
+    "tests/unit/test_walltime.py",
+    "tests/unit/test_warning.py",
+    "tests/unit/test_guard.py",
+    "tests/unit/test_requeue.py",
+    "tests/unit/test_run_logic.py",
+    "tests/unit/test_run_engine_dirs.py",
+    "tests/unit/test_run_output_folders.py",
+)
+NICE = 10
+
+#: Modules whose tests are independent and long: each test is a unit of its own.
+SPLIT_MODULES = frozenset({"tests/test_torchdist.py"})
+
+#: The other units that take longest, in the order they start (after Slurm and timing).
+HEAVY_FIRST = (
+    "tests/test_soak.py",
+    "tests/test_torchdist.py",
+    "tests/test_multinode.py",
+    "tests/test_docs_site.py",
+    "tests/test_heat_elastic.py",
+    "tests/test_mpi_core.py",
+    "tests/test_elastic.py",
+    "tests/test_faults.py",
+    "tests/test_save_rounds.py",
+)
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("slurm") or item.get_closest_marker("multinode"):
+        return SLURM_GROUP
+    return TIMING_GROUP if _module(item.nodeid) in TIMING_MODULES else None
+
+
+def _rank(item: pytest.Item) -> int:
+    group = _group(item)
+    if group is not None:
+        return (SLURM_GROUP, TIMING_GROUP).index(group)
+    module = _module(item.nodeid)
+    return 2 + (HEAVY_FIRST.index(module) if module in HEAVY_FIRST else len(HEAVY_FIRST))
+
+
+def mark_units(items: list[pytest.Item]) -> None:
+    """Put the Slurm tests and the timing modules in a group each; order the items heaviest
+    unit first (a stable sort: within a unit, collection order)."""
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_rank)
+
+
+def yield_cpu(item: pytest.Item) -> None:
+    """Before a test of no group: lower this worker's priority to ``nice`` :data:`NICE` (for
+    good: the units of no group come last in a worker's life), so that the timing unit, at
+    normal priority, gets the CPU it needs; what the test starts inherits it."""
+    if _group(item) is None and os.getpriority(os.PRIO_PROCESS, 0) < NICE:
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of a node id as xdist's workers report it (``--dist loadgroup`` appends
+    ``@GROUP`` to a grouped test's id)."""
+    if "@" in nodeid:
+        return nodeid.rsplit("@", 1)[1]
+    module = _module(nodeid)
+    return nodeid if module in SPLIT_MODULES else module
+
+
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The scheduler of ``--dist loadgroup``: units as the module docstring says, in order."""
+    from xdist.scheduler.loadscope import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc,unused-ignore]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order mark_units gave
+    return UnitScheduling(config, log)
