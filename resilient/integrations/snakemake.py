@@ -105,7 +105,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.job.launch import find_mpiexec
-from resilient.job.run import parse_duration, parse_signal_spec
+from resilient.job.options import parse_duration, parse_signal_spec
 from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale_siblings
 
 __all__ = [

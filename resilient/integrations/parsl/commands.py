@@ -266,7 +266,7 @@ def run_resilient(
 
 def _last_reason(checkpoint_dir: PathLike) -> str:
     """The reason of the last attempt in the ledger (what a refusal refers to)."""
-    from resilient.job.run import read_ledger
+    from resilient.job.ledger import read_ledger
 
     ledger = read_ledger(Path(checkpoint_dir))
     return str(ledger[-1].get("reason", "")) if ledger else ""
