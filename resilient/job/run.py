@@ -5,7 +5,9 @@ runs CMD in its own process group, forwards stop signals, optionally plays a loc
 (warning signal, SIGTERM, SIGKILL: Slurm's sequence), and appends one JSON line to the ledger
 ``CHECKPOINT_DIR/attempts.jsonl``. Every line it logs names the task, ``resilient run [sim
 case=a]: attempt 2: ...``: ``--task`` as given, else the checkpoint directory's last two path
-components (:func:`task_label`), so the lines of concurrent runs in one log are told apart.
+components (:func:`~resilient.job.options.task_label`), so the lines of concurrent runs in one
+log are told apart. This module is the loop; its pieces are rooms of their own, listed in
+:mod:`resilient.job` (options, ledger, process, outcome, outputs, requeue, protocol).
 
 The program's :class:`~resilient.job.session.Session` tells ``resilient run`` which directory
 it actually uses (:mod:`resilient.job.handoff`), and progress is judged there: with a
@@ -444,7 +446,7 @@ def _last_result(rs: Any) -> tuple[int, AttemptRecord, Attempt]:
 
 
 def run_command_line(opts: RunOptions) -> int:
-    """Log to stderr (``resilient run [TASK]: ...``, :func:`task_label`) and :func:`run`:
+    """Log to stderr (``resilient run [TASK]: ...``, :func:`~resilient.job.options.task_label`) and :func:`run`:
     what the command line does."""
     label = task_label(opts).replace("%", "%%")  # a literal in the format
     logging.basicConfig(
