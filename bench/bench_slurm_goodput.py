@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 from benchutil import library_revision, write_json
 
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parent.parent
 BUDGET_S = 1800  # per engine and run: stopped (SIGINT, then scancel) after this

@@ -99,7 +99,7 @@ from benchutil import library_revision  # noqa: E402
 import resilient  # noqa: E402
 from resilient.io import logs  # noqa: E402
 from resilient.io.checkpoints import latest_valid  # noqa: E402
-from resilient.job.run import _descendants  # noqa: E402
+from resilient.job.process import descendants  # noqa: E402
 from resilient.model import filenames  # noqa: E402
 
 OVERHEAD_MODES = (
@@ -416,7 +416,7 @@ def child_env() -> dict[str, str]:
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> list[int]:
     """SIGKILL the process group of ``proc`` and every descendant; return the pids signalled."""
-    targets = _descendants(proc.pid)
+    targets = descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     for pid in targets:

@@ -43,8 +43,8 @@ from resilient.io.checkpoints import (
     resolve_static,
     validate_checkpoint,
 )
-from resilient.job.run import build_parser as run_parser
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
+from resilient.job.options import build_parser as run_parser
 from resilient.model import filenames
 from resilient.model.policies import KeepLast
 
@@ -380,7 +380,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from resilient.job.run import options_from_args, run_command_line
+    from resilient.job.options import options_from_args
+    from resilient.job.run import run_command_line
 
     try:
         opts = options_from_args(args)

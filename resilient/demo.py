@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.job.launch import find_mpiexec
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from resilient.report import find_roots, format_table, plot, task_report
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from resilient.job.run import read_ledger, sidecar_path
+from resilient.job.ledger import read_ledger, sidecar_path
 from resilient.model import filenames
 from tests.mpirun import REPO, clean_env
 

@@ -34,7 +34,7 @@ import pytest
 from resilient import CheckpointManager
 from resilient.errors import ConfigError
 from resilient.io import storage
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from resilient.model import filenames
 from resilient.workflow import checkpoint_dir
 from tests.mpirun import REPO, clean_env, mpiexec

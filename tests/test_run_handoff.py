@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from resilient.job.handoff import task_dir
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -21,7 +21,8 @@ import h5py
 import pytest
 
 from resilient.io.checkpoints import latest_valid, list_checkpoints
-from resilient.job.run import _descendants, read_ledger
+from resilient.job.ledger import read_ledger
+from resilient.job.process import descendants
 from resilient.model.filenames import parse_step_dir
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.unit.ckutil import flip_dataset_byte
@@ -153,7 +154,7 @@ def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, refere
             if proc.poll() is not None:
                 break
             if i % 2 == 0:  # crash: everything dies at once, the wrapper too
-                tree = _descendants(proc.pid)
+                tree = descendants(proc.pid)
                 os.killpg(proc.pid, signal.SIGKILL)
                 for pid in tree:
                     with contextlib.suppress(ProcessLookupError):
@@ -178,7 +179,7 @@ def test_hard_kills_at_random_moments_still_bit_identical(tmp_path: Path, refere
 def _ranks_of(pid: int) -> list[int]:
     """The ranks (``python -m apps.heat``) below ``pid``, once they run."""
     found = []
-    for child in _descendants(pid):
+    for child in descendants(pid):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             if b"apps.heat" in argv and not any(b"mpiexec" in w for w in argv[:1]):

@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 
 from resilient.io.checkpoints import protected_steps
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm, snakemake_job_logs

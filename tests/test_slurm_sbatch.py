@@ -20,7 +20,7 @@ from typing import Any
 import h5py
 import pytest
 
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from resilient.report import task_report
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm, squeue_names

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import snakemake_job_logs

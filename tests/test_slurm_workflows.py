@@ -41,7 +41,7 @@ import h5py
 import pytest
 import yaml
 
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests import slurmutil
 from tests.mpirun import REPO, clean_env, mpiexec
 

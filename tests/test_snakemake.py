@@ -39,7 +39,7 @@ from resilient.integrations.snakemake import (
 )
 from resilient.io import logs, storage
 from resilient.io.checkpoints import latest_valid, list_checkpoints
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from resilient.workflow import (
     checkpoint_dir,
     cleanup,

@@ -32,7 +32,7 @@ pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'resi
 from apps.train_torch import Launch, find_launch, first_host
 from resilient.errors import ConfigError
 from resilient.io.checkpoints import list_checkpoints
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.test_train_app import (
     HAVE_PROC,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.slurmutil import require_slurm
 

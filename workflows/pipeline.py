@@ -48,7 +48,7 @@ import yaml
 
 from resilient.config import load_yaml
 from resilient.errors import ConfigError
-from resilient.job.run import read_ledger
+from resilient.job.ledger import read_ledger
 from resilient.model.schema import Section
 from resilient.workflow import checkpoint_dir
 

@@ -105,7 +105,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.job.launch import find_mpiexec
-from resilient.job.run import parse_duration, parse_signal_spec
+from resilient.job.options import RunOptions, parse_duration, parse_signal_spec
 from resilient.workflow import checkpoint_dir, cleanup, latest_checkpoint, stale_siblings
 
 __all__ = [
@@ -253,15 +253,14 @@ class SimulatedWalltime:
 
     def options(self, *, min_walltime_s: float | None = None) -> list[str]:
         """``resilient run``'s options for this walltime (at least ``min_walltime_s``)."""
-        walltime = max(self.walltime_s, min_walltime_s or 0.0)
-        out = ["--walltime", f"{walltime:g}"]
+        given: dict[str, Any] = {}
         if self.signal is not None:
-            out += ["--signal", self.signal]
+            given["warn_signal"], given["warn_before_s"] = parse_signal_spec(self.signal)
         if self.kill_wait_s is not None:
-            out += ["--kill-wait", f"{self.kill_wait_s:g}"]
-        if self.requeue:
-            out.append("--requeue")
-        return out
+            given["kill_wait_s"] = self.kill_wait_s
+        walltime = max(self.walltime_s, min_walltime_s or 0.0)
+        opts = RunOptions(command=(), walltime_s=walltime, requeue=self.requeue, **given)
+        return opts.option_words()
 
 
 def simulated_walltime(workflow: Any = None) -> SimulatedWalltime | None:

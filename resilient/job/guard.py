@@ -27,7 +27,8 @@ lost node, a preemption, the OOM killer, ``kill -9``) are *interrupted*: they sa
 whether the program can make progress, so they do not count towards 93. The engine's own retry
 budget bounds how often that may happen.
 
-Pure logic but for :meth:`Invocation.here`, which reads the environment and ``/proc``.
+Pure logic but for :meth:`Invocation.here`, which reads the environment and ``/proc``
+(:mod:`resilient.job.process`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS
+from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_OK
+from resilient.job.process import ancestors, cmdline, start_ticks
 
 __all__ = [
     "SNAKEMAKE_JOB",
@@ -78,7 +80,7 @@ def trailing_no_progress(ledger: Sequence[Mapping[str, Any]]) -> int:
     """
     count = 0
     for rec in reversed(ledger):
-        if rec.get("progress") or rec.get("exit_code") == 0:
+        if rec.get("progress") or rec.get("exit_code") == EXIT_OK:
             break
         if (
             rec.get("exit_code") != EXIT_FOREIGN_RUN
@@ -204,8 +206,8 @@ _ATTEMPT = re.compile(r"^--attempt(?:=(\d+))?$")
 def _snakemake(pid: int) -> tuple[str | None, str | None]:
     """(the Snakemake process above ``pid``, why this is its retry): a cluster job's Snakemake
     carries ``--attempt N``; the main process running local jobs is told by its pid and start."""
-    for ancestor in _ancestors(pid):
-        argv = _cmdline(ancestor)
+    for ancestor in ancestors(pid):
+        argv = cmdline(ancestor)
         if not any(Path(w).name == "snakemake" or w == "snakemake" for w in argv[:3]):
             continue
         for i, word in enumerate(argv):
@@ -215,33 +217,5 @@ def _snakemake(pid: int) -> tuple[str | None, str | None]:
             n = m.group(1) or (argv[i + 1] if i + 1 < len(argv) else "")
             if n.isdigit():
                 return SNAKEMAKE_JOB, f"Snakemake attempt {n}" if int(n) > 1 else None
-        return f"snakemake pid {ancestor} started at tick {_start_ticks(ancestor)}", None
+        return f"snakemake pid {ancestor} started at tick {start_ticks(ancestor)}", None
     return None, None
-
-
-def _ancestors(pid: int) -> list[int]:
-    out: list[int] = []
-    while pid > 1 and len(out) < 64:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-        out.append(pid)
-    return out
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return [w.decode(errors="replace") for w in fh.read().split(b"\0") if w]
-    except OSError:
-        return []
-
-
-def _start_ticks(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"

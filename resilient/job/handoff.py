@@ -2,7 +2,7 @@
 which checkpoint directory it actually uses.
 
 ``resilient run`` names a small file in ``$RESILIENT_HANDOFF``
-(:data:`~resilient.job.slurm.ENV_HANDOFF`); the Session's rank 0 replaces it, when the Session
+(:data:`~resilient.job.protocol.ENV_HANDOFF`); the Session's rank 0 replaces it, when the Session
 is made, with one JSON object: ``{"root": "/abs/ckpt", "time": ..., "attempt": N}``, or
 ``"root": null`` when the program was given no directory at all. The wrapper reads it after
 each attempt and judges progress on that directory, whatever ``--checkpoint-dir`` said.

@@ -26,25 +26,46 @@ What it costs: a requeued job may not start again before ``AuthInfo=cred_expire`
 (default 120 s: slurmctld holds it with ``Reason=BeginTime`` until the old job's credential
 has expired), plus its wait in the queue.
 
-Pure logic but for :meth:`SlurmJob.query` and :func:`request`, which run ``scontrol``.
+``resilient run`` asks for the job at its start (:func:`slurm_job`, :func:`job_facts`) and,
+after the job's attempts, requeues it or passes the exit code on (:func:`after_job`); with a
+simulated walltime the requeue is its own: :func:`stopped_by_walltime` says when to start the
+program again.
+
+Pure logic but for :meth:`SlurmJob.query`, :func:`request` and :func:`after_job`, which run
+``scontrol``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from resilient.job.exitcodes import EXIT_RESUME, is_over
+from resilient.job.ledger import AttemptRecord
+from resilient.job.options import RunOptions
+from resilient.job.process import POLL_S, Attempt
 
 __all__ = [
     "DEFAULT_WINDOW_S",
     "Decision",
     "SlurmJob",
+    "after_job",
     "decide",
+    "job_facts",
     "request",
+    "restart_count",
+    "slurm_job",
+    "stopped_by_walltime",
     "window_s",
 ]
+
+log = logging.getLogger("resilient.job.run")  # the lines of ``resilient run``
 
 Scontrol = Callable[[Sequence[str]], tuple[int, str]]
 """Runs ``scontrol ARGS``: (exit status, its output, stderr included)."""
@@ -185,7 +206,7 @@ def decide(
             after it (forwarded to the program, or unheard).
         interrupted: the signal that killed the program from outside, if any.
     """
-    if exit_code != 75:
+    if exit_code != EXIT_RESUME:
         return Decision(False, f"exit {exit_code} is not a stop after progress (75)")
     came = [s for s in outside if s in _FROM_OUTSIDE]
     if came or interrupted is not None:
@@ -216,3 +237,111 @@ def request(job_id: str, *, scontrol: Scontrol = _scontrol) -> tuple[bool, str]:
     """``scontrol requeue JOB``: (done, what Slurm said)."""
     status, text = scontrol(["requeue", job_id])
     return status == 0, text or f"exit {status}"
+
+
+def slurm_job(opts: RunOptions, env: dict[str, str]) -> SlurmJob | None:
+    """With ``--requeue`` and no simulated walltime: this Slurm batch job (what ``scontrol``
+    says of it). Its restart count goes into ``env`` if the engine dropped Slurm's variable
+    (the Snakemake executor plugin keeps few ``SLURM_*`` variables in its job step).
+
+    Raises:
+        ValueError: ``--requeue`` with neither a simulated walltime nor a Slurm job.
+    """
+    if not opts.requeue or opts.walltime_s is not None:
+        return None
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        raise ValueError("requeue needs a simulated walltime (walltime_s) or a Slurm batch job")
+    return _with_restarts(SlurmJob.query(job_id), env)
+
+
+def job_facts(env: dict[str, str]) -> SlurmJob | None:
+    """In a Slurm job step that lacks the job's variables (the Snakemake executor plugin keeps
+    few ``SLURM_*`` in its step): what ``scontrol show job`` says, its restart count put into
+    ``env`` (for the ledger), its node list kept (for :mod:`resilient.job.nodeloss`)."""
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id or env.get("SLURM_NNODES"):
+        return None
+    return _with_restarts(SlurmJob.query(job_id, config=False), env)
+
+
+def _with_restarts(job: SlurmJob, env: dict[str, str]) -> SlurmJob:
+    """``job``, its restart count put into ``env`` where the engine dropped Slurm's variable."""
+    if job.restarts is not None and "SLURM_RESTART_COUNT" not in env:
+        env["SLURM_RESTART_COUNT"] = str(job.restarts)
+    return job
+
+
+def restart_count(env: Mapping[str, str]) -> int | None:
+    """``SLURM_RESTART_COUNT`` (Slurm sets it from the first requeue on); 0 in a batch
+    environment without it, ``None`` outside Slurm or where an engine dropped it."""
+    text = env.get("SLURM_RESTART_COUNT", "").strip()
+    if text.isdigit():
+        return int(text)
+    return 0 if env.get("SLURM_JOB_ID") and env.get("SLURM_NNODES") else None
+
+
+_REQUEUE_WAIT_S = 60.0  # after scontrol requeue: Slurm ends the job's processes (KillWait)
+
+
+def after_job(
+    opts: RunOptions,
+    job: SlurmJob,
+    ready: bool,
+    outcome: tuple[int, AttemptRecord, Attempt],
+    unheard: list[int],
+) -> int:
+    """After the job's attempts: requeue the job in place if its time limit stopped the
+    program after progress (:mod:`resilient.job.requeue`), else pass the exit code on. Where
+    Slurm refuses, exit 75 (the engine's retry resumes) with one warning."""
+    code, record, attempt = outcome
+    decided = decide(
+        exit_code=code,
+        stop=record.program_stop,
+        deadline=attempt.deadline,
+        window=window_s(opts.warn_before_s),
+        outside=[*attempt.forwarded, *(signal.Signals(s).name for s in unheard)],
+        interrupted=record.interrupted,
+    )
+    if not decided.requeue:
+        if code == EXIT_RESUME:
+            log.info("not requeuing Slurm job %s: %s; exit 75", job.job_id, decided.why)
+        return code
+    if not ready:
+        log.info(
+            "stopped by %s; Slurm job %s cannot be requeued (see the start): exit 75",
+            decided.why, job.job_id,
+        )  # fmt: skip
+        return code
+    done, said = request(job.job_id)
+    if not done:
+        log.warning(
+            "stopped by %s, but Slurm refused to requeue job %s (%s): exit 75, so the engine "
+            "resubmits and the next job resumes. To requeue in place submit with --requeue "
+            "(Snakemake's Slurm executor: `slurm-requeue: true`)",
+            decided.why, job.job_id, said,
+        )  # fmt: skip
+        return code
+    log.info(
+        "stopped by %s after attempt %d: requeued Slurm job %s in place (restart %d); it "
+        "starts again from the top after Slurm's AuthInfo cred_expire and its queue wait",
+        decided.why, record.attempt, job.job_id, (record.slurm_restart_count or 0) + 1,
+    )  # fmt: skip
+    deadline = time.monotonic() + _REQUEUE_WAIT_S
+    while not unheard and time.monotonic() < deadline:  # Slurm now ends this job's processes
+        time.sleep(POLL_S)
+    if not unheard:
+        log.warning("Slurm did not end job %s within %.0f s of its requeue: exit 75", job.job_id,
+                    _REQUEUE_WAIT_S)  # fmt: skip
+    return code
+
+
+def stopped_by_walltime(code: int, record: AttemptRecord, attempt: Attempt) -> bool:
+    """Did the simulated walltime end this attempt (and nothing else)?
+
+    Not if a signal came from outside (a user's Ctrl-C, a real scheduler), nor for a finished
+    program, exit 93 or 74, or a crash that no stop signal or deadline caused.
+    """
+    if attempt.forwarded or is_over(code):
+        return False
+    return code == EXIT_RESUME or record.signal is not None or record.program_stop is not None

@@ -27,21 +27,17 @@ from resilient._renamed import renamed_keyword
 from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
-from resilient.io import logs
 from resilient.io.storage import is_permanent_storage_error
 from resilient.job import handoff
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
-from resilient.job.slurm import (
-    DEFAULT_STOP_SIGNALS,
-    ENV_ATTEMPT,
+from resilient.job.protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_HANDOFF,
-    StopSignals,
-    find_deadline,
-    job_of,
+    attempt_number,
+    record_stop,
 )
+from resilient.job.slurm import DEFAULT_STOP_SIGNALS, StopSignals, find_deadline, job_of
 from resilient.job.timeline import Timeline
-from resilient.model import filenames
 from resilient.model.arrays import template_spec
 from resilient.model.blocks import unwrap
 from resilient.model.payload import split_template
@@ -128,8 +124,7 @@ class Session:
         self._session_start = time.time()
         env = os.environ if environ is None else environ
         root = checkpoint_dir if checkpoint_dir is not None else env.get(ENV_CHECKPOINT_DIR)
-        attempt = env.get(ENV_ATTEMPT, "")
-        self._attempt = int(attempt) if attempt.isdigit() else None
+        self._attempt = attempt_number(env)
         told = env.get(ENV_HANDOFF, "").strip()
         self._handoff = Path(told) if told else None  # under `resilient run`: tell it the root
         if not root:
@@ -270,9 +265,8 @@ class Session:
         if log_it:
             log.error("%s (exiting %d)", exc, EXIT_FOREIGN_RUN)
             # why, for `resilient run`'s ledger and the workflow engine's error
-            attempt = os.environ.get(ENV_ATTEMPT, "")
-            logs.append_record(self.root / filenames.STOP_LOG, {
-                "time": time.time(), "attempt": int(attempt) if attempt.isdigit() else None,
+            record_stop(self.root, {
+                "time": time.time(), "attempt": attempt_number(os.environ),
                 "reason": str(exc), "foreign": True,
             })  # fmt: skip
         raise SystemExit(EXIT_FOREIGN_RUN) from exc
@@ -436,7 +430,7 @@ class Session:
             "time_left_at_start_s": self._time_left_at_start,
             "deadline_source": self.deadline_source,
         }
-        logs.append_record(self.root / filenames.STOP_LOG, record)
+        record_stop(self.root, record)
 
     def _without_static(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self._static:

@@ -19,13 +19,10 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from resilient.job import warning
+from resilient.job.protocol import ENV_DEADLINE
 
 __all__ = [
     "DEFAULT_STOP_SIGNALS",
-    "ENV_ATTEMPT",
-    "ENV_CHECKPOINT_DIR",
-    "ENV_DEADLINE",
-    "ENV_HANDOFF",
     "StopSignals",
     "find_deadline",
     "job_of",
@@ -34,10 +31,6 @@ __all__ = [
     "squeue_time_left",
 ]
 
-ENV_DEADLINE = "RESILIENT_DEADLINE"
-ENV_ATTEMPT = "RESILIENT_ATTEMPT"
-ENV_CHECKPOINT_DIR = "RESILIENT_CHECKPOINT_DIR"
-ENV_HANDOFF = "RESILIENT_HANDOFF"  # the file a Session names its directory in (job.handoff)
 DEFAULT_STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 _SQUEUE_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")

@@ -20,7 +20,8 @@ the program listens (its imports, its set-up) or after it stopped listening (wri
   their default action back while it shuts down, before MPI finalizes.
 
 Terminating signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are never warnings here: they keep
-their meaning, "stop now". Only the standard library is imported: this runs at ``import
+their meaning, "stop now". Only the standard library is imported (and :mod:`resilient.job.protocol`,
+which names ``$RESILIENT_WARN_SIGNALS`` and imports only it): this runs at ``import
 resilient``. No function here is collective; all are per process, main thread only.
 """
 
@@ -32,8 +33,9 @@ import signal
 from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType
 
+from resilient.job.protocol import ENV_WARN_SIGNALS
+
 __all__ = [
-    "ENV_WARN_SIGNALS",
     "arm",
     "blocked",
     "is_warning",
@@ -41,8 +43,6 @@ __all__ = [
     "take_early",
     "warning_signals",
 ]
-
-ENV_WARN_SIGNALS = "RESILIENT_WARN_SIGNALS"
 
 _TERMINATING = frozenset(
     {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL, signal.SIGSTOP}

@@ -92,7 +92,7 @@ def flip_dataset_byte(step_dir: Path, name: str | None = None) -> None:
 def job_free_env(**extra: str) -> dict[str, str]:
     """This process's environment without a job's (Slurm's, a ``resilient run`` attempt's),
     with the repository on ``PYTHONPATH``: for a ``resilient run`` started by a test."""
-    from resilient.job.slurm import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_HANDOFF
+    from resilient.job.protocol import ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_DEADLINE, ENV_HANDOFF
 
     own = (ENV_DEADLINE, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_HANDOFF)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in own}

@@ -11,7 +11,8 @@ import pytest
 
 from resilient.io import logs
 from resilient.job.guard import Invocation, trailing_no_progress, verdict
-from resilient.job.run import program_stop, read_ledger, sidecar_path
+from resilient.job.ledger import read_ledger, sidecar_path
+from resilient.job.protocol import program_stop
 from resilient.model import filenames
 
 GOOD = [

@@ -15,10 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("resilient", "bench")
 
 # (file, the private name it uses): each one is a debt with its reason
-ALLOWED = {
-    # removed when the job rooms land (issue 46: `descendants` made public)
-    ("bench/bench_walltime.py", "resilient.job.run._descendants"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _modules() -> set[str]:

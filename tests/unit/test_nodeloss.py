@@ -17,8 +17,11 @@ import pytest
 
 from resilient.io.checkpoints import protected_steps, resumable_step
 from resilient.job.guard import trailing_no_progress
+from resilient.job.ledger import read_ledger
 from resilient.job.nodeloss import LostNode, is_lost, job_nodelist, lost_nodes, parse_nodes
-from resilient.job.run import RunOptions, _classify, read_ledger, run
+from resilient.job.options import RunOptions
+from resilient.job.outcome import AttemptEnd, classify
+from resilient.job.run import run
 from resilient.model import filenames
 from tests.unit.ckutil import job_free_env
 
@@ -91,9 +94,22 @@ def test_lost_nodes_are_the_jobs_own_and_nothing_when_scontrol_fails() -> None:
 
 def test_classify_a_lost_node() -> None:
     lost = "n2 (DOWN*: Not responding)"
-    reason, code = _classify(-9, "SIGTERM", True, 0, 3, lost=lost)
+    reason, code = classify(
+        AttemptEnd(
+            status=-9,
+            sent="SIGTERM",
+            progress=True,
+            no_progress_run=0,
+            max_no_progress=3,
+            lost=lost,
+        )
+    )
     assert (reason, code) == (f"Slurm lost node {lost} under it after a newer checkpoint", 75)
-    reason, code = _classify(137, None, False, 0, 3, lost=lost)
+    reason, code = classify(
+        AttemptEnd(
+            status=137, sent=None, progress=False, no_progress_run=0, max_no_progress=3, lost=lost
+        )
+    )
     assert code == 137 and reason.endswith("not counted as an attempt without progress")
 
 

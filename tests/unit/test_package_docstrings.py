@@ -13,11 +13,7 @@ PACKAGES = [
     "resilient.io",
     "resilient.model",
     "resilient.parallel",
-    pytest.param(
-        "resilient.job",
-        # the job rooms (issue 46) rewrite this docstring: drop the mark when they land
-        marks=pytest.mark.xfail(strict=True, reason="omits handoff, nodeloss and warning"),
-    ),
+    "resilient.job",
 ]
 
 

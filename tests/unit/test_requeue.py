@@ -18,8 +18,10 @@ import pytest
 
 from resilient.job import requeue
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_RESUME
+from resilient.job.ledger import read_ledger
+from resilient.job.options import RunOptions, build_parser, options_from_args
 from resilient.job.requeue import SlurmJob, decide, window_s
-from resilient.job.run import RunOptions, build_parser, options_from_args, read_ledger, run
+from resilient.job.run import run
 from resilient.job.steps import NarrowStep, narrow_step
 from tests.unit.ckutil import job_free_env
 

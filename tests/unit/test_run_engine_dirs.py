@@ -14,7 +14,9 @@ import pytest
 
 from resilient.io import logs
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN
-from resilient.job.run import RunOptions, read_ledger, run, sidecar_path
+from resilient.job.ledger import read_ledger, sidecar_path
+from resilient.job.options import RunOptions
+from resilient.job.run import run
 from resilient.workflow import cleanup
 from tests.mpirun import clean_env
 

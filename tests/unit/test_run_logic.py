@@ -18,22 +18,12 @@ from resilient.errors import CollectiveError, CommitError, ConfigError, RankFail
 from resilient.io import logs, storage
 from resilient.job import handoff
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
-from resilient.job.run import (
-    AttemptRecord,
-    RunOptions,
-    _before_first_step,
-    _classify,
-    _say_startup,
-    _Where,
-    parse_duration,
-    parse_signal_spec,
-    program_stop,
-    read_ledger,
-    run,
-    task_label,
-)
+from resilient.job.ledger import AttemptRecord, Where, read_ledger
+from resilient.job.options import RunOptions, parse_duration, parse_signal_spec, task_label
+from resilient.job.outcome import AttemptEnd, before_first_step, classify, say_startup
+from resilient.job.protocol import ENV_ATTEMPT, ENV_DEADLINE, ENV_HANDOFF, program_stop
+from resilient.job.run import run
 from resilient.job.session import Session
-from resilient.job.slurm import ENV_ATTEMPT, ENV_DEADLINE, ENV_HANDOFF
 from resilient.model import filenames
 from tests.unit.ckutil import job_free_env
 
@@ -149,7 +139,11 @@ def test_parse_signal_spec_bad(text: str) -> None:
 def test_classify(
     status: int, sent: str | None, progress: bool, run_: int, code: int, words: str
 ) -> None:
-    reason, got = _classify(status, sent, progress, run_, 3)
+    reason, got = classify(
+        AttemptEnd(
+            status=status, sent=sent, progress=progress, no_progress_run=run_, max_no_progress=3
+        )
+    )
     assert got == code
     assert words in reason
 
@@ -201,7 +195,17 @@ def test_classify_a_stop_before_the_first_checkpoint(
     words: str,
 ) -> None:
     progress = status == EXIT_RESUME
-    reason, got = _classify(status, sent, progress, run_, 3, stop=stop, walltime_s=3.0)
+    reason, got = classify(
+        AttemptEnd(
+            status=status,
+            sent=sent,
+            progress=progress,
+            no_progress_run=run_,
+            max_no_progress=3,
+            stop=stop,
+            walltime_s=3.0,
+        )
+    )
     assert got == code
     assert words in reason, reason
     assert ("crashed" in reason) is (words == "crashed (exit 1)" or status == 3)
@@ -210,7 +214,17 @@ def test_classify_a_stop_before_the_first_checkpoint(
 def test_classify_a_slow_start_in_a_long_enough_walltime_says_so() -> None:
     """4 s of walltime, a 2-s margin, a start that took 3.4 s: not a walltime too short."""
     stop = stop_record(margin_s=2.0, time_left_at_start_s=0.6)
-    reason, code = _classify(1, None, False, 1, 3, stop=stop, walltime_s=4.0)
+    reason, code = classify(
+        AttemptEnd(
+            status=1,
+            sent=None,
+            progress=False,
+            no_progress_run=1,
+            max_no_progress=3,
+            stop=stop,
+            walltime_s=4.0,
+        )
+    )
     assert code == 1
     assert reason.startswith(
         f"{FIRST}: it started 3.4 s into its walltime of 4 s, leaving 0.6 s, less than the "
@@ -219,7 +233,17 @@ def test_classify_a_slow_start_in_a_long_enough_walltime_says_so() -> None:
 
 
 def test_classify_without_walltime_names_the_time_left_at_the_start() -> None:
-    reason, _ = _classify(1, None, False, 1, 3, stop=stop_record(), walltime_s=None)
+    reason, _ = classify(
+        AttemptEnd(
+            status=1,
+            sent=None,
+            progress=False,
+            no_progress_run=1,
+            max_no_progress=3,
+            stop=stop_record(),
+            walltime_s=None,
+        )
+    )
     assert reason.startswith(f"{FIRST}: walltime 2.4 s is shorter than the program's stop margin")
 
 
@@ -672,15 +696,43 @@ def test_a_tasks_own_directory_is_keyed_by_where_and_what_it_runs(tmp_path: Path
 def test_an_attempt_the_walltime_ended_before_its_first_step_says_so(
     session: bool, words: str
 ) -> None:
-    first = _before_first_step(8.2, 8.0, session=session)
+    first = before_first_step(8.2, 8.0, session=session)
     assert first is not None and first.startswith(words), first
-    assert _before_first_step(8.2, None, session=session) is None  # no walltime of its own
-    reason, code = _classify(-15, "SIGTERM", False, 1, 2, before_first_step=first)
+    assert before_first_step(8.2, None, session=session) is None  # no walltime of its own
+    reason, code = classify(
+        AttemptEnd(
+            status=-15,
+            sent="SIGTERM",
+            progress=False,
+            no_progress_run=1,
+            max_no_progress=2,
+            before_first_step=first,
+        )
+    )
     assert reason == f"{first}; killed (SIGTERM)" and code == 128 + 15
-    reason, code = _classify(-9, "SIGKILL", False, 2, 2, before_first_step=first)
+    reason, code = classify(
+        AttemptEnd(
+            status=-9,
+            sent="SIGKILL",
+            progress=False,
+            no_progress_run=2,
+            max_no_progress=2,
+            before_first_step=first,
+        )
+    )
     assert reason.startswith(first) and code == EXIT_NO_PROGRESS
     # killed from outside, not by the walltime: said as such
-    reason, _ = _classify(-9, None, False, 1, 2, outside="SIGKILL", before_first_step=first)
+    reason, _ = classify(
+        AttemptEnd(
+            status=-9,
+            sent=None,
+            progress=False,
+            no_progress_run=1,
+            max_no_progress=2,
+            outside="SIGKILL",
+            before_first_step=first,
+        )
+    )
     assert reason.startswith("killed from outside")
 
 
@@ -692,9 +744,7 @@ def test_a_session_under_resilient_run_tells_it_its_directory(tmp_path: Path) ->
     assert handoff.read(told) == handoff.HandOff(root=tmp_path / "ck", time=ANY, attempt=2)
 
 
-def test_a_session_without_a_directory(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_session_without_a_directory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Outside `resilient run`: a ConfigError. Under it: one line, the wrapper told, exit 78."""
     with pytest.raises(ConfigError, match="no checkpoint directory given"):
         Session(environ={})
@@ -714,18 +764,18 @@ def test_the_first_attempt_warns_below_five_start_ups_of_compute(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("WARNING", logger="resilient.job.run")
-    where = _Where(given=None)
-    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.0), 6.0, False)
+    where = Where(given=None)
+    say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.0), 6.0, False)
     assert not caplog.records  # 5 s of compute: five start-ups
-    where = _Where(given=None)
-    _say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.25), 6.0, False)
-    _say_startup(where, AttemptRecord(attempt=2, start=0.0, startup_s=1.25), 6.0, False)
+    where = Where(given=None)
+    say_startup(where, AttemptRecord(attempt=1, start=0.0, startup_s=1.25), 6.0, False)
+    say_startup(where, AttemptRecord(attempt=2, start=0.0, startup_s=1.25), 6.0, False)
     (said,) = [r.getMessage() for r in caplog.records]  # once
     assert "took 1.2 s of the 6 s walltime" in said and "at least 7.5 s" in said, said
     caplog.clear()
-    where = _Where(given=None)
-    _say_startup(where, AttemptRecord(attempt=1, start=0.0), None, True)  # no walltime: none
-    _say_startup(where, AttemptRecord(attempt=1, start=0.0), 8.0, True)
+    where = Where(given=None)
+    say_startup(where, AttemptRecord(attempt=1, start=0.0), None, True)  # no walltime: none
+    say_startup(where, AttemptRecord(attempt=1, start=0.0), 8.0, True)
     (said,) = [r.getMessage() for r in caplog.records]
     assert "did not reach its first step within its 8 s walltime" in said
 
@@ -736,7 +786,7 @@ def test_the_ledger_moves_from_the_tasks_directory_to_the_programs(tmp_path: Pat
     own, mine = tmp_path / "own", tmp_path / "mine"
     own.mkdir()
     mine.mkdir()
-    where = _Where(given=None, own=own)
+    where = Where(given=None, own=own)
     for n in (1, 2):
         where.append(AttemptRecord(attempt=n, start=float(n), reason=f"before {n}"))
     logs.append_record(

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN
-from resilient.job.run import RunOptions, run
+from resilient.job.options import RunOptions
+from resilient.job.run import run
 from tests.mpirun import clean_env
 
 WRITE = "echo hi > out/sub/sim.h5 && echo > other/y.txt"

@@ -290,14 +290,16 @@ def test_both_markers_damaged_is_named_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_resilient_run_names_a_damaged_marker_not_a_deleted_directory(tmp_path: Path) -> None:
-    from resilient.job.run import RunOptions, _not_this_runs, sidecar_path
+    from resilient.job.ledger import sidecar_path
+    from resilient.job.options import RunOptions
+    from resilient.job.outputs import not_this_runs
 
     root = tmp_path / "ck"
     make_root(root)
     logs.append_record(sidecar_path(root), {"attempt": 1, "exit_code": 75, "time": 0.0})
     (root / filenames.ROOT_MARKER).write_text("garbage")
     (root / filenames.ROOT_MARKER_COPY).unlink()
-    why = _not_this_runs(RunOptions(command=("true",)), root)
+    why = not_this_runs(RunOptions(command=("true",)), root)
     assert why is not None and "damaged" in why and "deleted" not in why, why
 
 

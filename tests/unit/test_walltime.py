@@ -18,9 +18,8 @@ from resilient.errors import ConfigError
 from resilient.io import logs
 from resilient.io.checkpoints import list_checkpoints
 from resilient.job.exitcodes import EXIT_RESUME
+from resilient.job.protocol import ENV_ATTEMPT, ENV_DEADLINE
 from resilient.job.slurm import (
-    ENV_ATTEMPT,
-    ENV_DEADLINE,
     StopSignals,
     find_deadline,
     parse_signal,

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterator
 
 from resilient.job import warning
+from resilient.job.protocol import ENV_WARN_SIGNALS
 
 PROBE = textwrap.dedent(
     """
@@ -71,7 +72,7 @@ def test_the_variable_alone_records_a_warning_from_import_resilient_on() -> None
         "import json, os, signal, sys, time\nimport resilient",
         1,
     )
-    env = {"PATH": "/usr/bin:/bin", warning.ENV_WARN_SIGNALS: "USR1"}
+    env = {"PATH": "/usr/bin:/bin", ENV_WARN_SIGNALS: "USR1"}
     proc = spawn(probe, env, block=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["received"] == "SIGUSR1"
@@ -84,7 +85,7 @@ def test_without_the_mask_or_the_variable_the_warning_still_kills() -> None:
 
 
 def test_warning_signals_names_only_non_terminating_signals() -> None:
-    env = {warning.ENV_WARN_SIGNALS: "USR1, SIGUSR2 TERM 2 bogus 12"}
+    env = {ENV_WARN_SIGNALS: "USR1, SIGUSR2 TERM 2 bogus 12"}
     assert warning.warning_signals(env) == (signal.SIGUSR1, signal.SIGUSR2)
     assert warning.warning_signals({}) == ()
     assert not warning.is_warning(signal.SIGTERM) and warning.is_warning(signal.SIGUSR2)
@@ -102,7 +103,7 @@ def test_a_programs_own_handler_is_kept_and_gets_the_held_back_signal() -> None:
         print(json.dumps({"before": before, "after": got}))
         """
     )
-    env = {"PATH": "/usr/bin:/bin", warning.ENV_WARN_SIGNALS: "SIGUSR1"}
+    env = {"PATH": "/usr/bin:/bin", ENV_WARN_SIGNALS: "SIGUSR1"}
     proc = spawn(probe, env, block=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"before": [], "after": [int(signal.SIGUSR1)]}

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS
+from resilient.job.ledger import read_ledger
+from resilient.job.options import RunOptions, parse_signal_spec
 
 __all__ = [
     "ForeignRunRefused",
@@ -131,11 +133,6 @@ def _word(value: Any) -> str:
     return str(value)
 
 
-def _duration(seconds: float) -> str:
-    text = f"{float(seconds):.3f}".rstrip("0").rstrip(".")
-    return text or "0"
-
-
 def resilient_argv(
     argv: Sequence[Any],
     *,
@@ -154,30 +151,31 @@ def resilient_argv(
     Options left ``None`` (or ``requeue=False``) are not passed: ``resilient run``'s defaults
     apply. ``outputs`` are the app's declared outputs (paths or Parsl ``File`` objects,
     ``--outputs``): their folders are created before the program starts. ``signal`` is
-    ``SIG@SECONDS`` (``"USR1@30"``). ``python`` defaults to :data:`sys.executable` of the process
+    ``SIG@SECONDS`` (``"USR1@30"``; :func:`resilient.job.options.parse_signal_spec`). The words
+    are :meth:`resilient.job.options.RunOptions.argv`'s. ``python`` defaults to :data:`sys.executable` of the process
     that builds the command. ``task`` names every line ``resilient run`` logs (``resilient run
     [simulate hot]: attempt 2: ...``); left ``None``, ``resilient run`` names them after the
     checkpoint directory's last two path components (``heat/hot-1a2b3c4d5e6f`` for
     ``checkpoint_dir(root, "heat", params, wildcards={"case": "hot"})``), which already tell two
     tasks apart.
     """
-    words = [python or sys.executable, "-m", "resilient.cli", "run"]
-    words += ["--checkpoint-dir", _word(checkpoint_dir)]
-    if outputs:
-        words += ["--outputs", *(_word(o) for o in outputs)]
-    if task is not None:
-        words += ["--task", task]
-    if walltime_s is not None:
-        words += ["--walltime", _duration(walltime_s)]
+    given: dict[str, Any] = {}
     if signal is not None:
-        words += ["--signal", signal]
+        given["warn_signal"], given["warn_before_s"] = parse_signal_spec(signal)
     if max_no_progress is not None:
-        words += ["--max-no-progress", str(int(max_no_progress))]
+        given["max_no_progress"] = int(max_no_progress)
     if retries is not None:
-        words += ["--retries", str(int(retries))]
-    if requeue:
-        words.append("--requeue")
-    return [*words, "--", *(_word(a) for a in argv)]
+        given["retries"] = int(retries)
+    opts = RunOptions(
+        command=tuple(_word(a) for a in argv),
+        checkpoint_dir=Path(_word(checkpoint_dir)),
+        outputs=tuple(Path(_word(o)) for o in outputs),
+        walltime_s=walltime_s,
+        requeue=requeue,
+        task=task,
+        **given,
+    )
+    return [python or sys.executable, "-m", "resilient.cli", "run", *opts.argv()]
 
 
 def resilient_command(
@@ -266,7 +264,5 @@ def run_resilient(
 
 def _last_reason(checkpoint_dir: PathLike) -> str:
     """The reason of the last attempt in the ledger (what a refusal refers to)."""
-    from resilient.job.run import read_ledger
-
     ledger = read_ledger(Path(checkpoint_dir))
     return str(ledger[-1].get("reason", "")) if ledger else ""

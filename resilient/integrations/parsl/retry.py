@@ -60,8 +60,8 @@ from resilient.integrations.parsl.commands import (
 )
 from resilient.io.checkpoints import resumable_step
 from resilient.io.storage import is_root
-from resilient.job.exitcodes import EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS, EXIT_PERMANENT, EXIT_RESUME
-from resilient.job.run import read_ledger
+from resilient.job.exitcodes import EXIT_RESUME, FINAL, ends_run, is_final
+from resilient.job.ledger import read_ledger
 
 if TYPE_CHECKING:
     from parsl.dataflow.taskrecord import TaskRecord
@@ -74,13 +74,6 @@ sets up (``parsl.log`` in the run directory), so each decision is logged right a
 own ``Task 1 try 0 failed with exception of type BashExitFailure``."""
 
 RetryHandler = Callable[[Exception, "TaskRecord"], float]
-
-_FINAL = {
-    EXIT_NO_PROGRESS: "no progress for too long",
-    EXIT_PERMANENT: "permanent storage error",
-    EXIT_FOREIGN_RUN: "the checkpoint directory belongs to another run",
-}
-
 
 def exit_code_of(exc: BaseException) -> int | None:
     """The exit code a failed try reported (a bash app, :func:`run_resilient`), else ``None``."""
@@ -256,7 +249,7 @@ def _refusal(exc: Exception, task_record: Any) -> ResumableCommandError | None:
     """For a try that ended the run for good (78, 93): the typed error the script sees
     (:class:`ForeignRunRefused`, :class:`NoProgressRefused`), with the ledger's reason."""
     code = exit_code_of(exc)
-    if code not in (EXIT_FOREIGN_RUN, EXIT_NO_PROGRESS):
+    if code is None or not ends_run(code):
         return None
     if isinstance(exc, (ForeignRunRefused, NoProgressRefused)):
         return exc  # run_resilient raised it already
@@ -282,8 +275,8 @@ def _decide(
     if code == EXIT_RESUME:
         lost = f" (Slurm lost node {', '.join(progress.lost_nodes)})" if progress.lost_nodes else ""
         return walltime_cost, f"stopped early after a newer checkpoint{lost} (exit {code})"
-    if code in _FINAL:
-        return math.inf, f"failed with exit {code} ({_FINAL[code]})"
+    if code is not None and is_final(code):
+        return math.inf, f"failed with exit {code} ({FINAL[code]})"
     if isinstance(exc, (ManagerLost, WorkerLost)):
         cost = walltime_cost if progress.advanced else failure_cost
         return cost, f"lost its worker ({type(exc).__name__}; {progress.describe()})"

@@ -1,0 +1,203 @@
+"""The program's processes: its tree in ``/proc``, the signals sent to it, one launch of it.
+
+:func:`descendants` and :func:`ancestors` read the process tree from ``/proc`` (MPI launchers
+put their ranks in sessions of their own, so a signal to the program's process group misses
+them): :func:`signal_tree` sends a signal to all of them, and :mod:`resilient.job.guard` tells
+the engine above ``resilient run`` by its ancestors (:func:`cmdline`, :func:`start_ticks`).
+:class:`Attempt` is one launch of the command: the warning signal held until the program
+listens (:mod:`resilient.job.warning`), the local walltime played as Slurm's sequence (warning
+signal, SIGTERM, SIGKILL) and the stop signals that reach ``resilient run`` passed on
+(:class:`Signals`, its signal handler).
+
+Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from resilient.job import warning
+from resilient.job.options import RunOptions, say_seconds
+from resilient.job.protocol import ENV_WARN_SIGNALS
+
+__all__ = [
+    "Attempt",
+    "Signals",
+    "ancestors",
+    "cmdline",
+    "descendants",
+    "parent",
+    "signal_tree",
+    "start_ticks",
+]
+
+log = logging.getLogger("resilient.job.run")  # the lines of ``resilient run``
+
+POLL_S = 0.05
+"""How often ``resilient run`` looks at the program and the clock."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, ppid, ...), or
+    ``None`` (gone, or not readable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def parent(pid: int) -> int | None:
+    """The parent of ``pid``, or ``None``."""
+    fields = _stat(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> str:
+    """When ``pid`` started, in clock ticks after boot (``?`` if unknown): with the pid, it
+    names one process across pid reuse."""
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else "?"
+
+
+def cmdline(pid: int) -> list[str]:
+    """The command line of ``pid`` (empty if unknown)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [w.decode(errors="replace") for w in fh.read().split(b"\0") if w]
+    except OSError:
+        return []
+
+
+def ancestors(pid: int) -> list[int]:
+    """The parent of ``pid``, its parent, and so on up to init (at most 64)."""
+    out: list[int] = []
+    while pid > 1 and len(out) < 64:
+        up = parent(pid)
+        if up is None:
+            break
+        pid = up
+        out.append(pid)
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (MPI launchers put ranks in sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        up = parent(int(entry))
+        if up is not None:
+            children.setdefault(up, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def signal_tree(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send ``sig`` to the child's process group and every descendant."""
+    targets = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class Attempt:
+    """One launch of the command, with timers and signal forwarding."""
+
+    def __init__(self, opts: RunOptions, env: Mapping[str, str], deadline: float | None) -> None:
+        self.opts = opts
+        self.env = env
+        self.deadline = deadline
+        self.pending: list[int] = []
+        self.forwarded: list[str] = []  # signals from outside, passed on to the program
+
+    def run(self) -> tuple[int, str | None]:
+        """Run to completion; return (exit status or -signal, our last signal sent).
+
+        The program starts with the warning signal blocked and named in
+        ``$RESILIENT_WARN_SIGNALS`` (:mod:`resilient.job.warning`): one that arrives before it
+        listens waits, instead of killing it, until its ``StopSignals`` takes it.
+        """
+        warn = self.opts.warn_signal
+        env = dict(self.env)
+        held = (warn,) if warning.is_warning(warn) else ()
+        if held:
+            env[ENV_WARN_SIGNALS] = warn.name
+        with warning.blocked(held):
+            proc = subprocess.Popen(list(self.opts.command), env=env, start_new_session=True)
+        warn_at = term_at = kill_at = None
+        if self.deadline is not None and self.opts.walltime_s is not None:
+            warn_before = self.opts.warn_before_s
+            if warn_before is None:
+                warn_before = max(1.0, min(60.0, 0.1 * self.opts.walltime_s))
+            warn_at, term_at = self.deadline - warn_before, self.deadline
+            kill_at = self.deadline + self.opts.kill_wait_s
+        last: str | None = None
+        term_sent_at: float | None = None
+        while proc.poll() is None:
+            now = time.time()
+            while self.pending:
+                sig = signal.Signals(self.pending.pop(0))
+                log.info("forwarding %s to the program", sig.name)
+                signal_tree(proc, sig)
+                last = sig.name
+                self.forwarded.append(sig.name)
+                if sig in (signal.SIGTERM, signal.SIGINT) and term_sent_at is None:
+                    term_sent_at = now
+            if warn_at is not None and now >= warn_at:
+                log.info(
+                    "walltime: %s %s before the limit",
+                    self.opts.warn_signal.name,
+                    say_seconds(max(0.0, term_at - now) if term_at else 0.0),
+                )
+                signal_tree(proc, self.opts.warn_signal)
+                last, warn_at = self.opts.warn_signal.name, None
+            if term_at is not None and now >= term_at:
+                log.info("walltime reached: SIGTERM")
+                signal_tree(proc, signal.SIGTERM)
+                last, term_at = "SIGTERM", None
+                term_sent_at = now
+            if (kill_at is not None and now >= kill_at) or (
+                term_sent_at is not None and now >= term_sent_at + self.opts.kill_wait_s
+            ):
+                log.info("kill-wait over: SIGKILL")
+                signal_tree(proc, signal.SIGKILL)
+                last, kill_at, term_sent_at = "SIGKILL", None, None
+            time.sleep(POLL_S)
+        return proc.returncode, last
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)  # acted upon by the polling loop
+
+
+class Signals:
+    """Where the stop signals ``resilient run`` handles go: to the attempt running now
+    (:attr:`attempt`), else into :attr:`unheard` (they came while no program ran)."""
+
+    def __init__(self) -> None:
+        self.attempt: Attempt | None = None
+        self.unheard: list[int] = []
+
+    def forward(self, signum: int, frame: Any) -> None:
+        """The signal handler."""
+        if self.attempt is not None:
+            self.attempt.on_signal(signum, frame)
+        else:
+            self.unheard.append(signum)
