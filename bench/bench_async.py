@@ -5,6 +5,7 @@ Run::
     mpiexec -n 4 python bench/bench_async.py [--mib 128] [--runs 5] [--json PATH] [--dir DIR]
                                              [--modes a,b,...] [--history-n 10000]
                                              [--drop-caches] [--no-heat]
+    mpiexec -n 4 python bench/bench_async.py --side-by-side   # async until durable vs sync
 
 Every rank holds one float64 buffer of ``--mib`` MiB, allocated and prefaulted once and reused
 by every run. One untimed warm-up run of every mode (with content checks), then ``--runs``
@@ -190,6 +191,9 @@ NEEDS = {
     "orbax_async": "orbax",
 }
 SYNC_PEERS = ("np_save", "h5py", "torch_save", "dcp_save", "orbax_std")
+# --side-by-side: an async save until durable against a sync save of the same state, both
+# writing over the files rotation dropped (KeepLast(1)), and the raw writes as the floors
+SIDE_BY_SIDE = ("raw", "raw_over", "sync_self", "async")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -371,6 +375,8 @@ class Bench:
         self.runs: dict[str, int] = dict.fromkeys(MODES, 0)
         self.latest: dict[str, Path] = {}
         self.disk_bytes: dict[str, int] = {}
+        self.inodes: dict[str, set[int]] = {}  # rank 0: data files' inodes of a manager's saves
+        self.files: dict[str, int] = {}  # rank 0: data files of a manager's checkpoint
         self.mgrs: dict[str, Any] = {}
         self.aligned: mmap.mmap | None = None  # raw_over_direct's page-aligned copy of buf
         self.bounce: Any = None  # mover_over's bounce buffer, reused by its runs
@@ -524,10 +530,20 @@ class Bench:
         mgr = self.mgrs[mode]
         sleep_barrier()
         t0 = time.perf_counter()
-        mgr.save(step, {"x": self.buf})
+        where = mgr.save(step, {"x": self.buf})
         t = time.perf_counter() - t0
+        self._note_inodes(mode, where)
         sleep_barrier()
         return {"save": t}
+
+    def _note_inodes(self, mode: str, checkpoint: Path) -> None:
+        """Untimed, rank 0: the inodes of the committed checkpoint's data files (with
+        ``KeepLast(1)`` saves that write over the dropped checkpoint's files cycle through
+        two sets: two inodes per file)."""
+        if RANK == 0:
+            inodes = [p.stat().st_ino for p in checkpoint.glob("*.h5")]
+            self.inodes.setdefault(mode, set()).update(inodes)
+            self.files[mode] = len(inodes)
 
     def m_sync_self(self, check: bool) -> dict[str, float]:
         return self._sync("sync_self")
@@ -543,10 +559,12 @@ class Bench:
         mgr = self.mgrs[mode]
         sleep_barrier()
         t0 = time.perf_counter()
-        mgr.save(step, {"x": self.buf}, blocking=False, **kwargs)
+        where = mgr.save(step, {"x": self.buf}, blocking=False, **kwargs)
         t1 = time.perf_counter()
         mgr.wait()
         t2 = time.perf_counter()
+        if mode != "local":
+            self._note_inodes(mode, where)
         sleep_barrier()
         return {names[0]: t1 - t0, names[1]: t2 - t0}
 
@@ -998,6 +1016,38 @@ def time_ratio(times: dict[str, list[float]], a: str, b: str) -> tuple[float, fl
     return med, paired
 
 
+# (a, b): the time multiples a / b of the side-by-side summary
+SIDE_BY_SIDE_RATIOS = (
+    ("async.durable", "sync_self.save"),
+    ("sync_self.save", "raw.write"),
+    ("async.durable", "raw.write"),
+    ("sync_self.save", "raw_over.write"),
+    ("async.durable", "raw_over.write"),
+)
+
+
+def side_by_side(times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The time multiples ``a / b`` of :data:`SIDE_BY_SIDE_RATIOS` measured in this run: ratio
+    of the medians, and the median, min and max of the per-round ratios."""
+    out = []
+    for a, b in SIDE_BY_SIDE_RATIOS:
+        if a in times and b in times:
+            per_round = [x / y for x, y in zip(times[a], times[b], strict=True)]
+            med, paired = time_ratio(times, a, b)
+            out.append({"a": a, "b": b, "ratio": med, "paired": paired,
+                        "paired_min": min(per_round), "paired_max": max(per_round)})  # fmt: skip
+    return out
+
+
+def print_side_by_side(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    print("\nSide by side (time multiples a / b: ratio of medians; per-round median [min-max])\n")
+    for r in rows:
+        print(f"- {r['a']} / {r['b']}: {r['ratio']:.2f}; per round {r['paired']:.2f} "
+              f"[{r['paired_min']:.2f}-{r['paired_max']:.2f}]")  # fmt: skip
+
+
 def check_targets(
     times: dict[str, list[float]], history: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
@@ -1110,6 +1160,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--modes", default=None, help="comma-separated subset of the modes (default all)"
     )
     p.add_argument("--list", action="store_true", help="print the modes and exit")
+    p.add_argument("--side-by-side", action="store_true",
+                   help=f"only the modes {','.join(SIDE_BY_SIDE)} (unless --modes), nothing after "
+                        "the rounds (--no-heat --history-n 0 --heat-app-runs 0): the async save "
+                        "until durable against the sync save, in one run")  # fmt: skip
     p.add_argument("--drop-caches", action="store_true",
                    help="cold reads via 'echo 3 > /proc/sys/vm/drop_caches' (root) instead of "
                         "posix_fadvise(DONTNEED) on the files read")  # fmt: skip
@@ -1126,6 +1180,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heat-app-steps", type=int, default=40, help="steps of each apps.heat run")
     p.add_argument("--heat-app-every", type=int, default=5, help="apps.heat --checkpoint-every")
     args = p.parse_args(argv)
+    if args.side_by_side:
+        args.modes = args.modes or ",".join(SIDE_BY_SIDE)
+        args.no_heat, args.history_n, args.heat_app_runs = True, 0, 0
     if args.mib < 1 or args.runs < 1:
         p.error("--mib and --runs must be positive")
     return args
@@ -1189,6 +1246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line = " ".join(f"{m}={times[f'{m}.{MODES[m][1][0]}'][-1]:.3f}" for m in order)
                 print(f"round {rnd + 1}/{args.runs}: {line}", file=sys.stderr, flush=True)
         disk = dict(bench.disk_bytes)
+        inodes = {m: len(found) / max(bench.files[m], 1) for m, found in bench.inodes.items()}
+        saves = {m: bench.runs[m] for m in inodes}
         bench.close()
         bench = None
         if args.history_n > 0:
@@ -1283,6 +1342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"| {r['extra_s']:.2f} ({r['paired_extra_s']:.2f}) | {r['extra_per_save_s']:.3f} |")  # fmt: skip
     else:
         print(f"\nHeat loop: {heat_note}")
+    side = side_by_side(times)
+    print_side_by_side(side)
+    if inodes:
+        print("\nInodes per data file over a manager's saves (2: each save wrote over the files "
+              "rotation dropped; one per save: new files): "
+              + ", ".join(f"{m} {n:g} over {saves[m]} saves" for m, n in inodes.items()))  # fmt: skip
     print_targets(targets)
     if args.json:
         doc = {
@@ -1312,6 +1377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "history": history,
             "heat": heat if heat else heat_note,
             "targets": targets,
+            "side_by_side": side,
+            "data_file_inodes": inodes,
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"\nJSON written to {args.json}")

@@ -5,6 +5,7 @@ a file with another name for its bytes is never written over, and no trash is le
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import h5py
@@ -48,6 +49,46 @@ def test_the_next_save_writes_over_the_dropped_checkpoints_file(tmp_path: Path) 
     validate_checkpoint(root / filenames.step_dir_name(4), full=True)
     with h5py.File(data_file(root, 4)) as f:  # still an ordinary HDF5 file
         assert f["rank_00000/u"][...].tobytes() == state(4)["u"].tobytes()
+    assert not [p for p in root.iterdir() if filenames.is_trash(p.name)], "trash left after close"
+
+
+@pytest.mark.parametrize("finish", ["wait", "poll", "next save"])
+def test_an_async_save_writes_over_the_dropped_checkpoints_file(
+    tmp_path: Path, finish: str
+) -> None:
+    """Asynchronous saves take the sync save's path: each writes over the file of the
+    checkpoint rotation dropped (two inodes in turn), however it is finished; while it is in
+    flight the newest committed step is whole (its file is not the one written), and every
+    step restores bit-identically."""
+    root = tmp_path / "ck"
+    inodes: dict[int, int] = {}
+    with CheckpointManager(root, keep=KeepLast(1)) as mgr:
+        for step in range(1, 6):
+            mgr.save(step, state(step), blocking=False)
+            if step > 1:  # the previous step is committed and whole while this one is written
+                validate_checkpoint(root / filenames.step_dir_name(step - 1), full=True)
+                inodes[step - 1] = data_file(root, step - 1).stat().st_ino
+            if finish == "wait":
+                mgr.wait()
+            elif finish == "poll":
+                while not mgr.poll():
+                    time.sleep(0.01)
+            if finish != "next save":
+                inodes[step] = data_file(root, step).stat().st_ino
+                got_step, got = mgr.restore()
+                assert got_step == step
+                for name, want in state(step).items():
+                    assert got[name].tobytes() == want.tobytes(), (step, name)
+        mgr.wait()
+        inodes[5] = data_file(root, 5).stat().st_ino
+        step, got = mgr.restore()
+    assert step == 5
+    for name, want in state(5).items():
+        assert got[name].tobytes() == want.tobytes(), name
+    assert inodes[1] != inodes[2]
+    for s in (3, 4, 5):  # each step's file is the one of the step two before: taken, written over
+        assert inodes[s] == inodes[s - 2], (s, inodes)
+    validate_checkpoint(root / filenames.step_dir_name(5), full=True)
     assert not [p for p in root.iterdir() if filenames.is_trash(p.name)], "trash left after close"
 
 
