@@ -366,7 +366,8 @@ class SavePipeline:
                 functools.partial(
                     plan_write,
                     self.comms,
-                    pending.path,
+                    self._path.target,
+                    pending,
                     request.data,
                     step=request.step,
                     cache=self._skeletons,

@@ -14,7 +14,8 @@ Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's fi
     target.create(pending)                       # the step's pending place; readers ignore it
                                                  # (shared=True: every rank of a node may)
     target.write(pending, name, data)            # small files, each durable
-    target.write_data(pending, name, ...)        # a data file: arrays at their offsets (and,
+    target.create_file(pending, name)            # a data file, empty, by its group's leader
+    target.write_data(pending, name, ...)        # its arrays at their offsets (and,
                                                  # on its group's leader, HDF5's own bytes)
     w = target.open_writer(pending, name, ...)   # or any file by byte ranges (copies, moves,
     w.write(view, pos); w.close(sync=True)       # transfers between nodes)
@@ -101,6 +102,15 @@ class Target(Protocol):
         Raises:
             OSError: with the errno of the failure (ENOSPC: the target is full); the file may
                 be torn, the pending copy is never listed.
+        """
+        ...
+
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """Create the data file ``name`` of the pending copy, empty (its group's writers fill
+        it with :meth:`write_data`).
+
+        Raises:
+            FileExistsError: ``name`` exists (a second writer of one pending copy).
         """
         ...
 
@@ -321,6 +331,10 @@ class DirectoryTarget:
         """See :meth:`Target.sync_data`."""
         fileio.fsync_file(pending.path / name)
 
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.create_file`."""
+        fileio.create_file(pending.path / name)
+
     def open_writer(
         self, pending: PendingDir, name: str, *, direct: bool = False, exclusive: bool = True
     ) -> fileio.RangeWriter:
@@ -468,6 +482,10 @@ class MemoryTarget:
                     out.write(memoryview(data), offset)
         finally:
             out.close(sync=sync)
+
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.create_file`."""
+        self.open_writer(pending, name).close(sync=False)
 
     def sync_data(self, pending: PendingDir, name: str) -> None:
         """See :meth:`Target.sync_data` (nothing to do)."""

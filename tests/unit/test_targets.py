@@ -259,6 +259,9 @@ class TargetTests:
         offsets = skeleton.offsets[0]
         pending = target.pending(1)
         target.create(pending)
+        target.create_file(pending, "rank_00000.h5")
+        with pytest.raises(FileExistsError):
+            target.create_file(pending, "rank_00000.h5")
         target.write_data(pending, "rank_00000.h5", offsets, arrays, skeleton=lambda: skeleton,
                           sync=False)  # fmt: skip
         target.sync_data(pending, "rank_00000.h5")
