@@ -46,7 +46,12 @@ def test_a_corrupt_source_is_refused_naming_the_range(tmp_path: Path) -> None:
     dest.create(pending)
     with pytest.raises(InvalidCheckpointError, match="rank 1 dataset 'x'") as info:
         move_ranges(
-            source, 3, "f.h5", dest, pending, [(0, 10, digest_bytes(b"other"), "rank 1 dataset 'x'")]
+            source,
+            3,
+            "f.h5",
+            dest,
+            pending,
+            [(0, 10, digest_bytes(b"other"), "rank 1 dataset 'x'")],
         )
     assert info.value.path == str(source.path(3))
 

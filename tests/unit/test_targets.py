@@ -274,9 +274,7 @@ class TargetTests:
         for offset, meta in skeleton.meta_bytes:
             assert data[offset : offset + len(meta)] == meta
 
-    def test_copy_and_link_bring_a_committed_file_into_a_pending_copy(
-        self, target: Target
-    ) -> None:
+    def test_copy_and_link_bring_a_committed_file_into_a_pending_copy(self, target: Target) -> None:
         self.save(target.child("a"), 1, {"rank_00000.h5": DATA, "rank_00001.h5": DATA[:7]})
         source, other = target.child("a"), target.child("b")
         pending = other.pending(1)
@@ -291,7 +289,6 @@ class TargetTests:
         assert other.read(1, "rank_00000.h5") == DATA
         assert other.read(1, "rank_00001.h5") == DATA[:7]
         assert digest == _digest(DATA[:7])
-
 
     def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Make a removal fail after the step left the listing."""
