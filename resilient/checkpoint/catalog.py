@@ -17,7 +17,6 @@ from resilient.checkpoint.statics import StaticStore
 from resilient.errors import InvalidCheckpointError
 from resilient.io import logs, storage
 from resilient.io.checkpoints import load_manifest, validate_checkpoint
-from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.policies import CheckpointInfo, KeepPolicyLike
@@ -60,7 +59,7 @@ class Catalog:
         does not know (an older library, a log line lost in a crash) is validated once. Static
         references of quarantined and invalid checkpoints come from their manifests.
         """
-        names = DirectoryTarget(self.root).names()
+        names = storage.names_in(self.root)
         logged = _logged_entries(self.root / filenames.SAVE_LOG)
         found: dict[int, _Entry] = {}
         for name in names:

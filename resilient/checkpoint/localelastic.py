@@ -413,7 +413,7 @@ def _held(copies: PartnerCopies, own_steps: Callable[[], list[int]]) -> dict[int
     try:
         return copies.inventory(own_steps(), None)
     except OSError as exc:
-        log.warning("could not list the local tier %s: %s", copies.local.root, exc)
+        log.warning("could not list the local tier %s: %s", copies.local, exc)
         return {}
 
 

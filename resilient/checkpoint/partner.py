@@ -46,7 +46,7 @@ from typing import Any, Protocol, TypeVar
 
 from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
 from resilient.io.commit import PendingDir
-from resilient.io.targets import DirectoryTarget
+from resilient.io.targets import Target
 from resilient.io.wire import Outgoing, receive_files, send_files
 from resilient.model import filenames
 from resilient.model.checksum import hash128
@@ -123,7 +123,7 @@ class CopyScheme(Protocol):
 
 def make_copy_scheme(
     name: str,
-    local: DirectoryTarget,
+    local: Target,
     nodes: Sequence[tuple[int, str]],
     coll: Collective,
     *,
@@ -207,7 +207,7 @@ class Held:
 
     manifest: str
     files: dict[str, tuple[Path, int, str | None]]
-    partner: DirectoryTarget | None = None  # the partner copies some of them come from
+    partner: Target | None = None  # the partner copies some of them come from
 
     def summary(self) -> tuple[str, dict[str, str]]:
         """What the coordinator is told of it: the content address of the manifest (xxh3-128;
@@ -415,7 +415,7 @@ class PartnerCopies:
     """
 
     def __init__(
-        self, local: DirectoryTarget, ring: Ring, coll: Collective, channel: Channel, *, keep: int
+        self, local: Target, ring: Ring, coll: Collective, channel: Channel, *, keep: int
     ) -> None:
         self.local = local
         self.partners = local.child(filenames.PARTNER_DIR)
@@ -438,7 +438,7 @@ class PartnerCopies:
         """Whether there is a partner at all (two nodes or more)."""
         return len(self.ring) > 1
 
-    def partner_target(self, label: str) -> DirectoryTarget:
+    def partner_target(self, label: str) -> Target:
         """Where this node keeps the copies of node ``label``."""
         return self.partners.child(filenames.partner_dir_name(label))
 
@@ -526,7 +526,7 @@ class PartnerCopies:
             for step in sorted(mine.steps(), reverse=True)[self.keep :]:
                 mine.remove(step)
         except OSError as exc:
-            log.warning("could not rotate the partner copies in %s: %s", self.partners.root, exc)
+            log.warning("could not rotate the partner copies in %s: %s", self.partners, exc)
 
     # ------------------------------------------------------------------ rebuild
 
@@ -553,7 +553,7 @@ class PartnerCopies:
         return held
 
     def rebuild(
-        self, plan: Rebuild, held: Mapping[int, Held], *, into: DirectoryTarget | None = None
+        self, plan: Rebuild, held: Mapping[int, Held], *, into: Target | None = None
     ) -> str | None:
         """Collective over the nodes named in ``plan`` (their first ranks; other ranks return at
         once): run the plan's transfers and commit each receiving node's copy of the step.
@@ -597,7 +597,7 @@ class PartnerCopies:
         plan: Rebuild,
         receives: list[tuple[int, int, tuple[str, ...]]],
         mine: Held | None,
-        target: DirectoryTarget,
+        target: Target,
     ) -> str | None:
         """Build this node's copy of the step in a temporary directory of ``target``: link the
         files it has, copy those it holds as a partner, receive the rest; commit it if all went
@@ -611,12 +611,12 @@ class PartnerCopies:
                 for n, (p, _, d) in mine.files.items()
                 if d is None and n not in needed and p.parent != pending.path
             ]
-            error = _attempt(lambda: _link_all(target, pending, own))
+            error = _attempt(lambda: _link_all(target, pending, own, self.local, plan.step))
         for src, _, names in receives:
             if src == self.node:  # held here as a partner copy: verify while copying
                 assert mine is not None
                 if error is None:
-                    error = self._copy_verified(mine, names, pending, target)
+                    error = self._copy_verified(mine, plan.step, names, pending, target)
                     if error and mine.partner is not None:
                         self._quarantine(mine.partner, plan.step, error)
                 continue
@@ -637,7 +637,7 @@ class PartnerCopies:
         held: Mapping[int, Held],
         what: str,
         *,
-        into: DirectoryTarget | None = None,
+        into: Target | None = None,
     ) -> list[str]:
         """Collective over :attr:`coll`: :meth:`rebuild` on every rank, then what went wrong
         on any node, on every rank (empty: every node's copy is committed; an exception of the
@@ -720,26 +720,27 @@ class PartnerCopies:
         try:
             return self.inventory(own_steps(), current)
         except OSError as exc:
-            log.warning("could not list the local tier %s: %s", self.local.root, exc)
+            log.warning("could not list the local tier %s: %s", self.local, exc)
             return {}
 
     def _copy_verified(
-        self, held: Held, names: Sequence[str], pending: PendingDir, target: DirectoryTarget
+        self, held: Held, step: int, names: Sequence[str], pending: PendingDir, target: Target
     ) -> str | None:
-        """Copy files this node holds as a partner into ``pending`` (of ``target``), checking
-        their digests."""
+        """Copy files this node holds of ``step`` as a partner into ``pending`` (of
+        ``target``), checking their digests."""
         for name in names:
             path, _, digest = held.files[name]
+            source = self.local if digest is None or held.partner is None else held.partner
             try:
-                copied = target.copy(pending, name, path)
+                copied = target.copy(pending, name, source, step)
             except OSError as exc:
                 return f"copying {path}: {exc.strerror or exc}"
             if digest is not None and copied != digest:
                 return f"{path}: its bytes do not match the digest recorded when it was copied"
         return None
 
-    def _quarantine(self, partner: DirectoryTarget, step: int, reason: str) -> None:
-        path = partner.path(step)
+    def _quarantine(self, partner: Target, step: int, reason: str) -> None:
+        path = partner.where(step)
         log.warning("partner copy %s is corrupt, quarantined: %s", path, reason)
         try:
             partner.quarantine(step, reason)
@@ -791,16 +792,23 @@ def _attempt(fn: Callable[[], object]) -> str | None:
     return None
 
 
-def _link_all(target: DirectoryTarget, pending: PendingDir, files: list[tuple[str, Path]]) -> None:
-    for name, path in files:
-        target.link(pending, name, path)
+def _link_all(
+    target: Target,
+    pending: PendingDir,
+    files: list[tuple[str, Path]],
+    source: Target,
+    step: int,
+) -> None:
+    """The ``files`` of ``source``'s committed ``step`` into ``pending`` (of ``target``)."""
+    for name, _ in files:
+        target.link(pending, name, source, step)
 
 
 def _missing(name: str) -> Outgoing:
     return Outgoing(name, Path("/nonexistent") / name, 0, None)
 
 
-def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, str]] | None:
+def _partner_record(target: Target, step: int) -> dict[str, tuple[int, str]] | None:
     """``{file: (size, digest)}`` of a partner copy's record (``None`` if unreadable)."""
     try:
         doc = json.loads(target.read(step, filenames.PARTNER_RECORD))
@@ -823,7 +831,7 @@ def _partner_record(target: DirectoryTarget, step: int) -> dict[str, tuple[int, 
 
 
 def _held_in(
-    target: DirectoryTarget,
+    target: Target,
     step: int,
     current: Layout | None,
     record: dict[str, tuple[int, str]] | None,
@@ -837,7 +845,7 @@ def _held_in(
         return None
     if current is not None and manifest.layout != current:
         return None
-    path = target.path(step)
+    path = Path(target.where(step))  # what io.wire sends from (a directory target's files)
     files: dict[str, tuple[Path, int, str | None]] = {}
     sizes = {f.name: f.size for f in manifest.files}
     if manifest.sharded is not None:

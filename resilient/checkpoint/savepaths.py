@@ -25,7 +25,7 @@ from pathlib import Path
 from resilient.checkpoint.saveset import claim_files
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.io.commit import PendingDir
-from resilient.io.targets import DirectoryTarget
+from resilient.io.targets import Target
 from resilient.parallel.setcomms import SetComms
 
 __all__ = ["LocalTierCommit", "Made", "SavePath", "SharedRootCommit"]
@@ -54,9 +54,14 @@ class SharedRootCommit:
 
     recycles = True
 
-    def __init__(self, shared: DirectoryTarget, comms: SetComms) -> None:
+    def __init__(self, shared: Target, comms: SetComms) -> None:
         self.shared = shared
         self.comms = comms
+
+    @property
+    def target(self) -> Target:
+        """Where the save's files go: the shared root."""
+        return self.shared
 
     def make(self, step: int, token: str, recycled: Path | None) -> Made:
         """Coordinator: create the save's temporary directory in the shared root and claim the
@@ -95,6 +100,11 @@ class LocalTierCommit:
 
     def __init__(self, tier: LocalTier) -> None:
         self.tier = tier
+
+    @property
+    def target(self) -> Target:
+        """Where the save's files go: this node's local tier."""
+        return self.tier.target
 
     def make(self, step: int, token: str, recycled: Path | None) -> Made:
         """Coordinator: only the token of every node's temporary directory."""

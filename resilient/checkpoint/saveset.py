@@ -42,6 +42,7 @@ from resilient.io.commit import PendingDir
 from resilient.io.digests import Digests
 from resilient.io.idle import IdleWork
 from resilient.io.skeleton import Skeleton
+from resilient.io.targets import Target
 from resilient.model import filenames, h5format
 from resilient.model.blocks import stripe_rows
 from resilient.model.checksum import (
@@ -219,7 +220,9 @@ class WriteJob:
     A blocking save writes here, hands the fsync to a thread and describes meanwhile.
     """
 
-    path: Path
+    target: Target  # where the data file goes: ``name`` in its pending copy ``pending``
+    pending: PendingDir
+    name: str
     plan: RankPlan
     offsets: Sequence[int | None]  # in the plan's order
     arrays: Mapping[str, npt.NDArray[np.generic]]
@@ -244,11 +247,11 @@ class WriteJob:
             arr = self.arrays[k]
             rows = stripe_rows(arr.shape, arr.dtype.itemsize)
             stripes[k] = Stripes(rows, tuple(digest_stripes(arr, rows)))
-        entry = self.plan.entry(self.path.name, self.offsets, digests, stripes)
+        entry = self.plan.entry(self.name, self.offsets, digests, stripes)
         file = None
         if self.skeleton is not None:
             built = self.skeleton.get()
-            file = FileWritten(self.path.name, built.size, built.meta_segments, self.members)
+            file = FileWritten(self.name, built.size, built.meta_segments, self.members)
         return RankWritten(entry, file)
 
     def digests_alongside(self, parts: int = 8) -> tuple[IdleWork, Digests]:
@@ -276,20 +279,22 @@ class WriteJob:
     def write(self, *, sync: bool = True, alongside: IdleWork | None = None) -> None:
         """Write this rank's arrays at their offsets (and, on the leader, HDF5's own bytes),
         fsync (or not: then :attr:`fsync` must follow); ``alongside``: CPU work to do while the
-        disk writes (see :func:`fileio.write_file`)."""
+        disk writes (see :meth:`Target.write_data <resilient.io.targets.Target.write_data>`)."""
         arrays = list(map(self.arrays.__getitem__, self.plan.names))
         skeleton = self.skeleton.get if self.skeleton is not None else None
         write = functools.partial(
-            fileio.write_file, self.path, self.offsets, arrays, skeleton=skeleton, sync=sync,
-            idle=alongside.run_one if alongside is not None else None, bounce=self.bounce,
+            self.target.write_data, self.pending, self.name, self.offsets, arrays,
+            skeleton=skeleton, sync=sync, bounce=self.bounce,
+            idle=alongside.run_one if alongside is not None else None,
         )  # fmt: skip
-        storage.retry_io(write, what=f"writing {self.path}")
+        storage.retry_io(write, what=f"writing {self.pending.path / self.name}")
 
     @property
     def fsync(self) -> Callable[[], None]:
         """What fsyncs what :meth:`write` wrote with ``sync=False`` (for any thread)."""
-        sync = functools.partial(fileio.fsync_file, self.path)
-        return functools.partial(storage.retry_io, sync, what=f"writing {self.path}")
+        sync = functools.partial(self.target.sync_data, self.pending, self.name)
+        what = f"writing {self.pending.path / self.name}"
+        return functools.partial(storage.retry_io, sync, what=what)
 
 
 def plan_rank(comms: SetComms, data: LocalData, cache: SkeletonCache) -> int | None:
@@ -313,7 +318,8 @@ def plan_rank(comms: SetComms, data: LocalData, cache: SkeletonCache) -> int | N
 
 def plan_write(
     comms: SetComms,
-    directory: Path,
+    target: Target,
+    pending: PendingDir,
     data: LocalData,
     *,
     step: int,
@@ -324,7 +330,7 @@ def plan_write(
     bounce: fileio.Bounce | None = None,
     digester: Executor | None = None,
 ) -> WriteJob:
-    """This rank's write of a save into ``directory``, planned by :func:`plan_rank` (its write
+    """This rank's write of a save into ``pending`` (of ``target``), planned by :func:`plan_rank` (its write
     goes through ``bounce`` and its checksums through ``digester``, the caller's, if given: see
     :class:`resilient.io.fileio.Bounce` and :class:`resilient.io.digests.Digests`).
 
@@ -338,7 +344,6 @@ def plan_write(
     rank from planning, raised on every rank of the group. ``data`` must stay unchanged until
     the job has run.
     """
-    path = directory / comms.file_name
     leader = comms.group.rank == 0
     plan = cache.plan
     if not reuse:
@@ -355,7 +360,9 @@ def plan_write(
         answer: _Skeleton | Exception | None = None
         if gathered is not None:
             try:
-                answer = _plan_file(path, comms.kind, gathered.values(), cache, claimed=claimed)
+                answer = _plan_file(
+                    target, pending, comms, gathered.values(), cache, claimed=claimed
+                )
             except Exception as exc:
                 answer = exc
         planned = group.announce(f"planning {comms.file_name} of step {step}", answer)
@@ -369,8 +376,9 @@ def plan_write(
     assert skeleton is not None or not leader
     members = comms.members if leader else ()
     return WriteJob(
-        path, plan, cache.offsets, dict(data.arrays), skeleton, members, bounce, digester
-    )
+        target, pending, comms.file_name, plan, cache.offsets, dict(data.arrays), skeleton,
+        members, bounce, digester,
+    )  # fmt: skip
 
 
 def claim_files(comms: SetComms, recycled: Path, directory: Path) -> frozenset[str]:
@@ -392,7 +400,13 @@ def _claimed(source: Path, path: Path) -> bool:
 
 
 def _plan_file(
-    path: Path, kind: str, offers: Sequence[_Offer], cache: SkeletonCache, *, claimed: bool
+    target: Target,
+    pending: PendingDir,
+    comms: SetComms,
+    offers: Sequence[_Offer],
+    cache: SkeletonCache,
+    *,
+    claimed: bool,
 ) -> _Skeleton:
     """Leader: reuse the cached skeleton if every rank offers the same structure, else create
     the file (unless ``claimed``: a dropped checkpoint's file is there to write over)."""
@@ -408,18 +422,19 @@ def _plan_file(
     }
     missing = [r for r, s in specs.items() if s is None]
     if missing:  # a rank's "as last time" refers to a skeleton this leader no longer has
-        raise RuntimeError(f"planning {path.name}: no cached structure for ranks {missing}")
+        raise RuntimeError(f"planning {comms.file_name}: no cached structure for ranks {missing}")
     members = [(r, s) for r, s in specs.items() if s is not None]
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
     if not claimed:
+        path = pending.path / comms.file_name
         storage.retry_io(
-            functools.partial(fileio.create_file, path),
+            functools.partial(target.create_file, pending, comms.file_name),
             what=f"creating {path}",
             cleanup=functools.partial(storage.remove_file, path),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
-    cache.skeleton = Skeleton(functools.partial(fileio.build_skeleton, kind, members))
+    cache.skeleton = Skeleton(functools.partial(fileio.build_skeleton, comms.kind, members))
     return _Skeleton(cache.generation, offsets)
 
 
@@ -577,6 +592,7 @@ def _write_shard_file(
 
 def save_set(
     comms: SetComms,
+    target: Target,
     pending: PendingDir,
     *,
     step: int,
@@ -590,8 +606,8 @@ def save_set(
     copies: int | None = None,
 ) -> None:
     """Collective over ``comms.comm``: call on all ranks. Write ``data`` of every rank into
-    ``pending`` and commit it (:func:`plan_rank`, :func:`plan_write`, :meth:`WriteJob.run`,
-    :func:`commit_set`).
+    ``pending`` (of ``target``: where the data files go) and commit it (:func:`plan_rank`,
+    :func:`plan_write`, :meth:`WriteJob.run`, :func:`commit_set`).
 
     ``copy``: a second directory (static data's second copy), committed after ``pending``
     with the same manifest and shards (copied by the coordinator); with ``copies=2`` every
@@ -610,14 +626,14 @@ def save_set(
         failed = exc
     planned = Planned.of(
         lambda: plan_write(
-            comms, pending.path, data, step=step, cache=cache, reuse=False, failed=failed
+            comms, target, pending, data, step=step, cache=cache, reuse=False, failed=failed
         )
     )
     try:
         job = planned.result()
         written: RankWritten | Exception = job.run()
         if copy is not None and copies == 2:  # the same bytes into the second copy
-            dataclasses.replace(job, path=copy.path / job.path.name).write()
+            dataclasses.replace(job, pending=copy).write()
     except Exception as exc:
         written = exc
     gathered = gather_set(comms, written, pending.path, kind=kind, step=step)

@@ -366,7 +366,8 @@ class SavePipeline:
                 functools.partial(
                     plan_write,
                     self.comms,
-                    pending.path,
+                    self._path.target,
+                    pending,
                     request.data,
                     step=request.step,
                     cache=self._skeletons,
@@ -633,7 +634,9 @@ class SavePipeline:
         pending: PendingDir = self._coll.announce(
             f"creating a temporary directory in {self.root}", made
         )
-        task = self._writer.submit(self.local.flush_job(checkpoint, pending, bounce=self._bounce))
+        task = self._writer.submit(
+            self.local.flush_job(checkpoint, self.shared, pending, bounce=self._bounce)
+        )
         self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
 
     def _finish_flush(self, flight: _FlushFlight) -> None:

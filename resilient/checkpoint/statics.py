@@ -23,6 +23,7 @@ from resilient.errors import ConfigError, StaticDataError
 from resilient.io import storage
 from resilient.io.commit import PendingDir
 from resilient.io.repair import add_second_copy, repair_static
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
@@ -90,8 +91,9 @@ class StaticStore:
             ),
         )
         save_set(
-            comms, pending, step=step, data=data or LocalData({}, {}), kind="static",
-            library_version=__version__, copy=copy, copies=self.copies,
+            comms, DirectoryTarget(self.root), pending, step=step,
+            data=data or LocalData({}, {}), kind="static", library_version=__version__,
+            copy=copy, copies=self.copies,
         )  # fmt: skip
         self._known_good.add(content)
 

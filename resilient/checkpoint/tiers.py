@@ -56,7 +56,7 @@ from resilient.io import fileio, storage
 from resilient.io.checkpoints import load_entries
 from resilient.io.commit import PendingDir
 from resilient.io.moves import move_ranges
-from resilient.io.targets import DirectoryTarget
+from resilient.io.targets import DirectoryTarget, Target
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.checksum import hash128
@@ -226,12 +226,13 @@ class LocalTier:
     def flush_job(
         self,
         checkpoint: LocalCheckpoint,
+        into: Target,
         pending: PendingDir,
         *,
         bounce: fileio.Bounce | None = None,
     ) -> Callable[[], None]:
-        """This rank's part of moving ``checkpoint`` from this tier into ``pending`` (the shared
-        root's pending step; :func:`~resilient.io.moves.move_ranges`, through ``bounce``, the
+        """This rank's part of moving ``checkpoint`` from this tier into ``pending`` (``into``'s
+        pending step, the shared root's; :func:`~resilient.io.moves.move_ranges`, through ``bounce``, the
         caller's buffer, if given): its datasets' bytes, on a file's first rank HDF5's own
         bytes too, and, of a sharded manifest, on the first rank of the first file of a shard
         the shard.
@@ -257,12 +258,12 @@ class LocalTier:
                     (s.offset, s.length, s.checksum, "HDF5 metadata") for s in file.meta_segments
                 ]
             move = functools.partial(move_ranges, self.target, manifest.step, bounce=bounce)
-            move(file.name, pending, ranges, size=file.size if leader else None)
+            move(file.name, into, pending, ranges, size=file.size if leader else None)
             sharded = manifest.sharded
             shard = None if sharded is None else sharded.shard_of(rank)
             if leader and shard is not None and shard.files[0] == file.name:
                 whole = [(0, shard.size, shard.checksum, f"manifest shard {shard.name}")]
-                move(shard.name, pending, whole, size=shard.size)
+                move(shard.name, into, pending, whole, size=shard.size)
 
         return run
 

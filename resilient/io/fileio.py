@@ -61,6 +61,9 @@ __all__ = [
     "write_file",
     "FileReader",
     "FileWriter",
+    "RangeReader",
+    "RangeWriter",
+    "pump",
     "open_read",
 ]
 
@@ -526,55 +529,112 @@ def _write_bounced(dfd: int, bounce: memoryview, span: _Span) -> None:
         pos += n
 
 
+class RangeReader(Protocol):
+    """A file of a committed step, read at the offsets asked for (a target's
+    :meth:`~resilient.io.targets.Target.open_reader`). Local; the caller closes it."""
+
+    def read(self, view: memoryview, pos: int) -> None:
+        """Fill ``view`` with the file's bytes from ``pos`` on.
+
+        Raises:
+            EOFError: the file ends first.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the file (idempotent)."""
+        ...
+
+
+class RangeWriter(Protocol):
+    """A file of a pending step, written at the offsets given (a target's
+    :meth:`~resilient.io.targets.Target.open_writer`). Local; the caller closes it."""
+
+    def write(self, view: memoryview, pos: int) -> None:
+        """Write ``view`` at ``pos``."""
+        ...
+
+    def resize(self, size: int) -> None:
+        """Set the file's size."""
+        ...
+
+    def close(self, *, sync: bool) -> None:
+        """Make the file durable (with ``sync``), then release it, even if that fails.
+
+        Raises:
+            OSError: the file could not be made durable.
+        """
+        ...
+
+
+class _Hash(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+
+def pump(
+    reader: RangeReader,
+    writer: RangeWriter,
+    chunk: memoryview,
+    offset: int,
+    length: int,
+    hash: _Hash,
+) -> None:
+    """The library's one copy loop: ``length`` bytes from ``offset`` of ``reader`` to the same
+    offset of ``writer``, through ``chunk`` (a bounce buffer), each piece hashed into ``hash``
+    as it is read.
+
+    Raises:
+        EOFError: ``reader`` ends first.
+    """
+    pos, end = offset, offset + length
+    while pos < end:
+        view = chunk[: min(len(chunk), end - pos)]
+        reader.read(view, pos)
+        hash.update(view)
+        writer.write(view, pos)
+        pos += len(view)
+
+
 def copy_ranges(
-    src: Path,
-    dst: Path,
+    reader: RangeReader,
+    writer: RangeWriter,
     ranges: Sequence[tuple[int, int, str, str]],
     *,
+    where: str,
     size: int | None = None,
     bounce: Bounce | None = None,
 ) -> None:
-    """Copy byte ranges of ``src`` to the same offsets of ``dst``, verifying each one, then fsync.
-    The bytes pass through ``bounce``'s buffer (none given: one mapped for this call).
+    """Copy byte ranges of ``reader`` to the same offsets of ``writer``, verifying each one
+    (:func:`pump`). The bytes pass through ``bounce``'s buffer (none given: one mapped for this
+    call). ``writer`` is left open (its owner closes it, with the fsync).
 
     Each range is ``(offset, length, xxh3-64 hex digest, label)``; its bytes are hashed as they
     are read, so a corrupt source is never copied as if it were good. Like :func:`write_file`,
-    several ranks may copy parts of one file concurrently: ``dst`` is created if missing and
-    never truncated; the one passing ``size`` sets the file's size.
+    several ranks may copy parts of one file concurrently: the destination is created if
+    missing and never truncated; the one passing ``size`` sets the file's size.
+
+    Args:
+        where: the source file, for messages.
 
     Raises:
         ValueError: a range's bytes do not match its digest (naming its label).
-        EOFError: ``src`` ends early.
+        EOFError: the source ends early.
     """
     import xxhash
 
     need = max((n for _, n, _, _ in ranges), default=0)
-    sfd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    dfd = open_direct(dst) if need >= DIRECT_MIN else None
-    try:
-        with _bounce(bounce, need) as chunk:
-            if size is not None:
-                os.ftruncate(fd, size)
-            for offset, length, expected, label in ranges:
-                h = xxhash.xxh3_64()
-                pos, end = offset, offset + length
-                while pos < end:
-                    n = min(len(chunk), end - pos)
-                    got = os.preadv(sfd, [chunk[:n]], pos)
-                    if got == 0:
-                        raise EOFError(f"{src.name} ends at byte {pos}, expected {end}")
-                    h.update(chunk[:got])
-                    aligned = dfd is not None and pos % _ALIGN == 0 and got % _ALIGN == 0
-                    _pwrite_all(dfd if aligned else fd, chunk[:got], pos)  # type: ignore[arg-type]
-                    pos += got
-                if h.hexdigest() != expected:
-                    raise ValueError(f"checksum mismatch in {src}: {label}")
-            os.fsync(fd)
-    finally:
-        for f in (sfd, fd, dfd):
-            if f is not None:
-                os.close(f)
+    with _bounce(bounce, need) as chunk:
+        if size is not None:
+            writer.resize(size)
+        for offset, length, expected, label in ranges:
+            h = xxhash.xxh3_64()
+            try:
+                pump(reader, writer, chunk, offset, length, h)
+            except EOFError as exc:
+                name = where.rsplit("/", 1)[-1]
+                raise EOFError(f"{name}: {exc}, expected {offset + length}") from None
+            if h.hexdigest() != expected:
+                raise ValueError(f"checksum mismatch in {where}: {label}")
 
 
 class ReadWatcher(Protocol):
@@ -929,23 +989,35 @@ class FileReader:
 
 
 class FileWriter:
-    """A new file written piece by piece at the offsets given, then fsynced. Local.
+    """A file written piece by piece at the offsets given, then fsynced (a
+    :class:`RangeWriter`). Local.
 
     With ``direct``, page-aligned pieces from page-aligned memory go through ``O_DIRECT`` where
-    the filesystem allows it: no page cache to fill (and evict) on the receiving node.
+    the filesystem allows it: no page cache to fill (and evict) on the receiving node. With
+    ``exclusive`` the file is new; without, it is created if missing and never truncated
+    (several writers may fill parts of it).
 
     Raises:
-        OSError: ``path`` exists or cannot be created.
+        OSError: ``path`` exists (``exclusive``) or cannot be created.
     """
 
-    def __init__(self, path: Path, *, direct: bool) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._direct = open_direct(path) if direct else None
+    def __init__(self, path: Path, *, direct: bool, exclusive: bool = True) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            self._direct = open_direct(path) if direct else None
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def write(self, view: memoryview, pos: int) -> None:
         """Write ``view`` at ``pos``."""
         aligned = self._direct is not None and pos % _ALIGN == 0 and len(view) % _ALIGN == 0
         _pwrite_all(self._direct if aligned and self._direct is not None else self.fd, view, pos)
+
+    def resize(self, size: int) -> None:
+        """Set the file's size."""
+        os.ftruncate(self.fd, size)
 
     def close(self, *, sync: bool) -> None:
         """fsync the file (with ``sync``), then close it, even if the fsync fails.

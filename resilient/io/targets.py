@@ -13,16 +13,28 @@ Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's fi
     pending = target.pending(step, token=token)  # pure: names only (every rank may call it)
     target.create(pending)                       # the step's pending place; readers ignore it
                                                  # (shared=True: every rank of a node may)
-    target.write(pending, name, data)            # small files, each durable (data files are
-                                                 # written by resilient.io.fileio or io.wire
-                                                 # into pending.path of a DirectoryTarget)
+    target.write(pending, name, data)            # small files, each durable
+    target.create_file(pending, name)            # a data file, empty, by its group's leader
+    target.write_data(pending, name, ...)        # its arrays at their offsets (and,
+                                                 # on its group's leader, HDF5's own bytes)
+    w = target.open_writer(pending, name, ...)   # or any file by byte ranges (copies, moves,
+    w.write(view, pos); w.close(sync=True)       # transfers between nodes)
     target.commit(pending, manifest, what=...)   # manifest + marker durable, then visible
     # or, on any failure:
     target.rollback(pending)
 
 Readers: :meth:`~Target.steps` lists the committed steps; :meth:`~Target.manifest`,
-:meth:`~Target.size` and :meth:`~Target.read` look into one. :meth:`~Target.remove` and
-:meth:`~Target.quarantine` take a step out of the listing atomically.
+:meth:`~Target.size`, :meth:`~Target.read` and :meth:`~Target.open_reader` (byte ranges) look
+into one. :meth:`~Target.copy` and :meth:`~Target.link` bring a committed file of another
+target into a pending copy (the one copy loop: :func:`resilient.io.fileio.pump`).
+:meth:`~Target.remove` and :meth:`~Target.quarantine` take a step out of the listing
+atomically. A target holds targets of its own (:meth:`~Target.child`: partner copies, the
+staged copies of an elastic restore).
+
+Capability of :class:`DirectoryTarget` alone: :meth:`DirectoryTarget.path`, the directory of a
+committed step, for what opens data files by name (a restore's ``preadv`` of many arrays
+through one descriptor, :mod:`resilient.checkpoint.reading` and :mod:`~resilient.checkpoint.
+elastic`; the catalog's validation; the recycling of a dropped step's files).
 
 What a crash between two calls leaves:
 
@@ -39,13 +51,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io import storage
+from resilient.io import fileio, storage
 from resilient.io.checkpoints import MAX_MANIFEST_BYTES, load_manifest, marker_text
 from resilient.io.commit import PendingDir
 from resilient.io.wire import CHUNK, new_hash
@@ -54,7 +66,11 @@ from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest
 from resilient.model.manifest import Manifest, ManifestError
 
-__all__ = ["DirectoryTarget", "MemoryTarget", "Target"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["DirectoryTarget", "MemoryTarget", "Target", "copy_file"]
 
 
 class Target(Protocol):
@@ -89,6 +105,70 @@ class Target(Protocol):
         """
         ...
 
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """Create the data file ``name`` of the pending copy, empty (its group's writers fill
+        it with :meth:`write_data`).
+
+        Raises:
+            FileExistsError: ``name`` exists (a second writer of one pending copy).
+        """
+        ...
+
+    def write_data(
+        self,
+        pending: PendingDir,
+        name: str,
+        offsets: Sequence[int | None],
+        arrays: Sequence[npt.NDArray[np.generic]],
+        *,
+        skeleton: Callable[[], fileio.FileSkeleton] | None = None,
+        idle: Callable[[], None] | None = None,
+        bounce: fileio.Bounce | None = None,
+        sync: bool = True,
+    ) -> None:
+        """Write each array's bytes at its offset of the data file ``name`` of the pending
+        copy, created if missing and never truncated (the ranks of a group fill one file); the
+        group's leader passes ``skeleton`` (HDF5's own bytes and the file's size, written after
+        the data); durable unless ``sync`` is false (then :meth:`sync_data` must follow). See
+        :func:`resilient.io.fileio.write_file` for ``idle`` and ``bounce``.
+
+        Raises:
+            OSError: with the errno of the failure.
+        """
+        ...
+
+    def sync_data(self, pending: PendingDir, name: str) -> None:
+        """Make the data file ``name`` of the pending copy durable (after
+        ``write_data(..., sync=False)``)."""
+        ...
+
+    def open_writer(
+        self, pending: PendingDir, name: str, *, direct: bool = False, exclusive: bool = True
+    ) -> fileio.RangeWriter:
+        """The file ``name`` of the pending copy, to write by byte ranges: new (``exclusive``),
+        or created if missing and never truncated. ``direct``: large aligned pieces may bypass
+        a cache (``O_DIRECT``).
+
+        Raises:
+            OSError: ``name`` exists (``exclusive``), or it cannot be created.
+        """
+        ...
+
+    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+        """Copy the file ``name`` of ``source``'s committed ``step`` as ``name`` of the pending
+        copy, durably; returns the xxh3-128 digest of the bytes copied
+        (:func:`resilient.io.wire.new_hash`).
+
+        Raises:
+            OSError: the source is unreadable, ``name`` exists, or the write failed.
+        """
+        ...
+
+    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+        """The file ``name`` of ``source``'s committed ``step`` as ``name`` of the pending copy,
+        durably: shared where the storage allows it (a hard link), else copied."""
+        ...
+
     def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
         """Write the manifest and marker, make them durable, then list the step at once.
 
@@ -121,12 +201,41 @@ class Target(Protocol):
         """
         ...
 
+    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+        """The file ``name`` of a committed step, to read by byte ranges.
+
+        Raises:
+            OSError: no such step or file (a symlink is not followed).
+        """
+        ...
+
+    def where(self, step: int) -> str:
+        """Where the committed ``step`` lives, for messages (a directory's path)."""
+        ...
+
     def remove(self, step: int) -> None:
         """Take a committed step out of the listing at once, then delete it."""
         ...
 
     def quarantine(self, step: int, reason: str) -> None:
         """Take a committed step out of the listing, kept aside with ``reason``."""
+        ...
+
+    def names(self) -> list[str]:
+        """The names of the entries of the target (steps, pending copies, trash, children;
+        none if it is missing)."""
+        ...
+
+    def child(self, name: str) -> Target:
+        """The target kept under ``name`` in this one (made by its first :meth:`create`)."""
+        ...
+
+    def children(self) -> list[Target]:
+        """The targets kept in this one, by name (symlinks not followed)."""
+        ...
+
+    def drop(self) -> None:
+        """Remove the whole target, children included."""
         ...
 
 
@@ -142,6 +251,9 @@ class DirectoryTarget:
 
     root: Path
 
+    def __str__(self) -> str:
+        return str(self.root)
+
     def clean_up(self) -> None:
         """See :meth:`Target.clean_up`."""
         if self.root.is_dir() and not self.root.is_symlink():
@@ -152,26 +264,31 @@ class DirectoryTarget:
         return [s for s in map(filenames.parse_step_dir, self.names()) if s is not None]
 
     def names(self) -> list[str]:
-        """The names of the entries in :attr:`root` (none if it is missing)."""
+        """See :meth:`Target.names` (the entries of :attr:`root`)."""
         return storage.names_in(self.root)
 
     def path(self, step: int) -> Path:
-        """The directory of the committed ``step`` (for the data files' readers and copiers)."""
+        """The directory of the committed ``step``: this target's capability for what opens
+        data files by name (see the module)."""
         return self.root / filenames.step_dir_name(step)
 
+    def where(self, step: int) -> str:
+        """See :meth:`Target.where`."""
+        return str(self.path(step))
+
     def child(self, name: str) -> DirectoryTarget:
-        """The target in the subdirectory ``name`` (a partner copy's place)."""
+        """See :meth:`Target.child` (the subdirectory ``name``)."""
         return DirectoryTarget(self.root / name)
 
-    def children(self) -> list[DirectoryTarget]:
-        """The targets in subdirectories (symlinks not followed)."""
+    def children(self) -> list[Target]:
+        """See :meth:`Target.children` (the subdirectories)."""
         if self.root.is_symlink():
             return []
         subs = [self.root / n for n in sorted(self.names())]
         return [DirectoryTarget(p) for p in subs if p.is_dir() and not p.is_symlink()]
 
     def drop(self) -> None:
-        """Remove the whole target (renamed to trash first)."""
+        """See :meth:`Target.drop` (renamed to trash first)."""
         storage.remove_tree(self.root)
 
     def pending(self, step: int, *, token: str | None = None) -> PendingDir:
@@ -191,32 +308,57 @@ class DirectoryTarget:
         """See :meth:`Target.commit`."""
         pending.commit(manifest, what=what)
 
-    def link(self, pending: PendingDir, name: str, source: Path) -> None:
-        """The file ``source`` (of another step on this filesystem) as ``name`` of the pending
-        copy: hard-linked (no bytes moved), or copied and fsynced where links are refused."""
-        dst = pending.path / name
-        try:
-            os.link(source, dst)
-        except OSError:
-            shutil.copyfile(source, dst)
-            storage.fsync_files([dst])
+    def write_data(
+        self,
+        pending: PendingDir,
+        name: str,
+        offsets: Sequence[int | None],
+        arrays: Sequence[npt.NDArray[np.generic]],
+        *,
+        skeleton: Callable[[], fileio.FileSkeleton] | None = None,
+        idle: Callable[[], None] | None = None,
+        bounce: fileio.Bounce | None = None,
+        sync: bool = True,
+    ) -> None:
+        """See :meth:`Target.write_data` (:func:`resilient.io.fileio.write_file`: ``pwrite``,
+        ``O_DIRECT`` for large arrays, fsync)."""
+        fileio.write_file(
+            pending.path / name, offsets, arrays, skeleton=skeleton, idle=idle, bounce=bounce,
+            sync=sync,
+        )  # fmt: skip
 
-    def copy(self, pending: PendingDir, name: str, source: Path) -> str:
-        """Copy the file ``source`` as ``name`` of the pending copy, durably; returns the
-        xxh3-128 digest of the bytes copied (:func:`resilient.io.wire.new_hash`).
+    def sync_data(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.sync_data`."""
+        fileio.fsync_file(pending.path / name)
 
-        Raises:
-            OSError: ``source`` unreadable, ``name`` exists, or the write failed.
-        """
-        h = new_hash()
-        with open(source, "rb") as src, open(pending.path / name, "xb") as dst:
-            while chunk := src.read(CHUNK):
-                h.update(chunk)
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        digest: str = h.hexdigest()
-        return digest
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.create_file`."""
+        fileio.create_file(pending.path / name)
+
+    def open_writer(
+        self, pending: PendingDir, name: str, *, direct: bool = False, exclusive: bool = True
+    ) -> fileio.RangeWriter:
+        """See :meth:`Target.open_writer` (:class:`resilient.io.fileio.FileWriter`)."""
+        return fileio.FileWriter(pending.path / name, direct=direct, exclusive=exclusive)
+
+    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+        """See :meth:`Target.open_reader` (:class:`resilient.io.fileio.FileReader`)."""
+        return fileio.FileReader(self.path(step) / name)
+
+    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+        """See :meth:`Target.copy`."""
+        return copy_file(source, step, name, self, pending)
+
+    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+        """See :meth:`Target.link`: a hard link when ``source`` is a directory on this
+        filesystem (no bytes moved), else a copy."""
+        if isinstance(source, DirectoryTarget):
+            try:
+                os.link(source.path(step) / name, pending.path / name)
+                return
+            except OSError:
+                pass
+        copy_file(source, step, name, self, pending)
 
     def rollback(self, pending: PendingDir) -> None:
         """See :meth:`Target.rollback`."""
@@ -251,15 +393,44 @@ class MemoryTarget:
     """A target in a dictionary: directory name -> file name -> bytes (tests, no disk).
 
     A rename of a key stands for the directory target's rename, so the two list, commit and
-    crash alike; what a crash leaves is lost with the process.
+    crash alike; what a crash leaves is lost with the process. A file written by ranges is
+    published at each :meth:`~resilient.io.fileio.RangeWriter.close` of one of its writers.
     """
 
     dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    subs: dict[str, MemoryTarget] = field(default_factory=dict)
+    _growing: dict[tuple[str, str], bytearray] = field(default_factory=dict, repr=False)
+
+    def names(self) -> list[str]:
+        """See :meth:`Target.names` (children that hold nothing are not listed)."""
+        return [*self.dirs, *(n for n, sub in self.subs.items() if sub.names())]
+
+    def child(self, name: str) -> MemoryTarget:
+        """See :meth:`Target.child`."""
+        return self.subs.setdefault(name, MemoryTarget())
+
+    def children(self) -> list[Target]:
+        """See :meth:`Target.children`."""
+        return [self.subs[n] for n in sorted(self.subs) if self.subs[n].names()]
+
+    def drop(self) -> None:
+        """See :meth:`Target.drop`."""
+        self.dirs.clear()
+        self.subs.clear()
+        self._growing.clear()
+
+    def where(self, step: int) -> str:
+        """See :meth:`Target.where`."""
+        return f"memory:{filenames.step_dir_name(step)}"
+
+    def __str__(self) -> str:
+        return "memory"
 
     def clean_up(self) -> None:
         """See :meth:`Target.clean_up`."""
         for name in [n for n in self.dirs if filenames.parse_tmp_dir(n) is not None]:
             del self.dirs[name]
+        self._growing.clear()
 
     def steps(self) -> list[int]:
         """See :meth:`Target.steps`."""
@@ -284,17 +455,90 @@ class MemoryTarget:
             raise FileExistsError(str(pending.path / name))
         files[name] = bytes(data)
 
+    def write_data(
+        self,
+        pending: PendingDir,
+        name: str,
+        offsets: Sequence[int | None],
+        arrays: Sequence[npt.NDArray[np.generic]],
+        *,
+        skeleton: Callable[[], fileio.FileSkeleton] | None = None,
+        idle: Callable[[], None] | None = None,
+        bounce: fileio.Bounce | None = None,
+        sync: bool = True,
+    ) -> None:
+        """See :meth:`Target.write_data`."""
+        out = self.open_writer(pending, name, exclusive=False)
+        try:
+            for offset, arr in zip(offsets, arrays, strict=True):
+                if offset is not None:
+                    out.write(arr.data.cast("B"), offset)
+                if idle is not None:
+                    idle()
+            if skeleton is not None:
+                built = skeleton()
+                out.resize(built.size)
+                for offset, data in built.meta_bytes:
+                    out.write(memoryview(data), offset)
+        finally:
+            out.close(sync=sync)
+
+    def create_file(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.create_file`."""
+        self.open_writer(pending, name).close(sync=False)
+
+    def sync_data(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.sync_data` (nothing to do)."""
+        if name not in self._pending(pending):
+            raise FileNotFoundError(str(pending.path / name))
+
+    def open_writer(
+        self, pending: PendingDir, name: str, *, direct: bool = False, exclusive: bool = True
+    ) -> fileio.RangeWriter:
+        """See :meth:`Target.open_writer`."""
+        files = self._pending(pending)
+        key = (pending.path.name, name)
+        if exclusive and (name in files or key in self._growing):
+            raise FileExistsError(str(pending.path / name))
+        buf = self._growing.setdefault(key, bytearray(files.get(name, b"")))
+        files[name] = bytes(buf)
+        return _MemoryWriter(files, name, buf)
+
+    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+        """See :meth:`Target.open_reader`."""
+        return _MemoryReader(self.read(step, name))
+
+    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+        """See :meth:`Target.copy`."""
+        return copy_file(source, step, name, self, pending)
+
+    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+        """See :meth:`Target.link` (the bytes are shared: they never change)."""
+        if source is self:
+            files = self._pending(pending)
+            if name in files:
+                raise FileExistsError(str(pending.path / name))
+            files[name] = self.read(step, name)
+            return
+        copy_file(source, step, name, self, pending)
+
     def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
         """See :meth:`Target.commit`."""
         files = self._pending(pending)
         text = manifest_json(manifest).encode()
         files[filenames.MANIFEST] = text
         files[filenames.COMMITTED] = marker_text(manifest.step, digest_bytes(text)).encode()
+        self._forget(pending)
         self.dirs[pending.final.name] = self.dirs.pop(pending.path.name)
 
     def rollback(self, pending: PendingDir) -> None:
         """See :meth:`Target.rollback`."""
+        self._forget(pending)
         self.dirs.pop(pending.path.name, None)
+
+    def _forget(self, pending: PendingDir) -> None:
+        for key in [k for k in self._growing if k[0] == pending.path.name]:
+            del self._growing[key]
 
     def manifest(self, step: int) -> Manifest:
         """See :meth:`Target.manifest`."""
@@ -345,3 +589,69 @@ class MemoryTarget:
             return self.dirs[pending.path.name]
         except KeyError:
             raise FileNotFoundError(str(pending.path)) from None
+
+
+@dataclass(slots=True)
+class _MemoryReader:
+    data: bytes
+
+    def read(self, view: memoryview, pos: int) -> None:
+        if pos + len(view) > len(self.data):
+            raise EOFError(f"the file ends at byte {max(pos, len(self.data))}")
+        view[:] = self.data[pos : pos + len(view)]
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _MemoryWriter:
+    files: dict[str, bytes]
+    name: str
+    buf: bytearray
+
+    def write(self, view: memoryview, pos: int) -> None:
+        end = pos + len(view)
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[pos:end] = view
+
+    def resize(self, size: int) -> None:
+        if size < len(self.buf):
+            del self.buf[size:]
+        else:
+            self.buf.extend(bytes(size - len(self.buf)))
+
+    def close(self, *, sync: bool) -> None:
+        self.files[self.name] = bytes(self.buf)
+
+
+def copy_file(source: Target, step: int, name: str, dest: Target, pending: PendingDir) -> str:
+    """Copy the file ``name`` of ``source``'s committed ``step`` as ``name`` of ``dest``'s
+    pending copy, durably, through the one copy loop (:func:`resilient.io.fileio.pump`);
+    returns the xxh3-128 digest of its bytes. What :meth:`Target.copy` does, for every target.
+
+    Raises:
+        OSError: the source is unreadable, ``name`` exists, or the write failed.
+    """
+    size = source.size(step, name)
+    if size is None:
+        raise FileNotFoundError(f"{source.where(step)}/{name}")
+    h = new_hash()
+    reader = source.open_reader(step, name)
+    try:
+        writer = dest.open_writer(pending, name)
+        try:
+            with fileio.Bounce(min(CHUNK, max(size, 1))) as bounce, bounce.lend() as chunk:
+                fileio.pump(reader, writer, chunk, 0, size, h)
+        except EOFError as exc:
+            writer.close(sync=False)
+            raise OSError(f"{source.where(step)}/{name}: {exc}") from None
+        except BaseException:
+            writer.close(sync=False)
+            raise
+        writer.close(sync=True)
+    finally:
+        reader.close()
+    digest: str = h.hexdigest()
+    return digest

@@ -206,6 +206,90 @@ class TargetTests:
         after.clean_up()
         assert after.steps() == [2]
 
+    # ------------------------------------------------------------------ the data path
+
+    def test_children_are_targets_of_their_own(self, target: Target) -> None:
+        node = target.child(filenames.PARTNER_DIR).child("nodeA")
+        self.save(node, 5)
+        assert node.steps() == [5]
+        assert target.steps() == []
+        assert target.names() == [filenames.PARTNER_DIR]
+        (child,) = target.children()
+        assert child.children() == [node]
+        node.drop()
+        assert child.children() == []
+
+    def test_a_file_written_by_ranges_reads_back_by_ranges(self, target: Target) -> None:
+        pending = target.pending(1)
+        target.create(pending)
+        first = target.open_writer(pending, "rank_00000.h5", exclusive=False)
+        second = target.open_writer(pending, "rank_00000.h5", exclusive=False)
+        second.write(memoryview(DATA[5000:]), 5000)  # two writers fill parts of one file
+        first.resize(len(DATA))
+        first.write(memoryview(DATA[:5000]), 0)
+        first.close(sync=True)
+        second.close(sync=True)
+        with pytest.raises(FileExistsError):
+            target.open_writer(pending, "rank_00000.h5")
+        target.commit(pending, manifest_of(1), what="step 1")
+        assert target.read(1, "rank_00000.h5") == DATA
+        reader = target.open_reader(1, "rank_00000.h5")
+        try:
+            piece = bytearray(10)
+            reader.read(memoryview(piece), 4995)
+            assert bytes(piece) == DATA[4995:5005]
+            with pytest.raises(EOFError, match="ends at byte"):
+                reader.read(memoryview(bytearray(10)), len(DATA) - 5)
+        finally:
+            reader.close()
+        with pytest.raises(FileNotFoundError):
+            target.open_reader(1, "rank_00009.h5")
+        assert str(target.where(1)).endswith(filenames.step_dir_name(1))
+
+    def test_a_data_file_is_written_at_its_offsets_with_its_skeleton(self, target: Target) -> None:
+        import numpy as np
+
+        from resilient.io import fileio
+
+        arrays: list[np.ndarray[Any, Any]] = [
+            np.arange(10, dtype=np.float64),
+            np.ones((2, 3), dtype=np.int32),
+        ]
+        skeleton = fileio.build_skeleton("self", [(0, [("a", (10,), "<f8"), ("b", (2, 3), "<i4")])])
+        offsets = skeleton.offsets[0]
+        pending = target.pending(1)
+        target.create(pending)
+        target.create_file(pending, "rank_00000.h5")
+        with pytest.raises(FileExistsError):
+            target.create_file(pending, "rank_00000.h5")
+        target.write_data(pending, "rank_00000.h5", offsets, arrays, skeleton=lambda: skeleton,
+                          sync=False)  # fmt: skip
+        target.sync_data(pending, "rank_00000.h5")
+        target.commit(pending, manifest_of(1), what="step 1")
+        data = target.read(1, "rank_00000.h5")
+        assert len(data) == skeleton.size
+        for offset, arr in zip(offsets, arrays, strict=True):
+            assert offset is not None
+            assert data[offset : offset + arr.nbytes] == arr.tobytes()
+        for offset, meta in skeleton.meta_bytes:
+            assert data[offset : offset + len(meta)] == meta
+
+    def test_copy_and_link_bring_a_committed_file_into_a_pending_copy(self, target: Target) -> None:
+        self.save(target.child("a"), 1, {"rank_00000.h5": DATA, "rank_00001.h5": DATA[:7]})
+        source, other = target.child("a"), target.child("b")
+        pending = other.pending(1)
+        other.create(pending)
+        other.link(pending, "rank_00000.h5", source, 1)
+        digest = other.copy(pending, "rank_00001.h5", source, 1)
+        with pytest.raises(FileExistsError):
+            other.copy(pending, "rank_00001.h5", source, 1)
+        with pytest.raises(FileNotFoundError):
+            other.copy(pending, "rank_00002.h5", source, 1)
+        other.commit(pending, manifest_of(1), what="a rebuilt step")
+        assert other.read(1, "rank_00000.h5") == DATA
+        assert other.read(1, "rank_00001.h5") == DATA[:7]
+        assert digest == _digest(DATA[:7])
+
     def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Make a removal fail after the step left the listing."""
         raise NotImplementedError
@@ -263,17 +347,6 @@ class TestDirectoryTarget(TargetTests):
         assert (kept / "rank_00000.h5").read_bytes() == DATA
         assert b"bad bytes" in (kept / filenames.QUARANTINE_INFO).read_bytes()
 
-    def test_children_are_targets_of_their_own(self, target: Target) -> None:
-        assert isinstance(target, DirectoryTarget)
-        node = target.child(filenames.PARTNER_DIR).child("nodeA")
-        self.save(node, 5)
-        assert node.steps() == [5]
-        assert target.steps() == []
-        (child,) = target.children()
-        assert child.children() == [node]
-        node.drop()
-        assert child.children() == []
-
     def test_a_symlinked_step_file_is_not_followed_for_its_size(
         self, target: Target, tmp_path: Path
     ) -> None:
@@ -282,23 +355,6 @@ class TestDirectoryTarget(TargetTests):
         (tmp_path / "big").write_bytes(DATA)
         (target.path(1) / "rank_00001.h5").symlink_to(tmp_path / "big")
         assert target.size(1, "rank_00001.h5") != len(DATA)
-
-    def test_link_and_copy_move_a_committed_file_into_a_pending_copy(
-        self, target: Target, tmp_path: Path
-    ) -> None:
-        assert isinstance(target, DirectoryTarget)
-        self.save(target, 1)
-        other = DirectoryTarget(tmp_path / "other")
-        pending = other.pending(1)
-        other.create(pending)
-        source = target.path(1) / "rank_00000.h5"
-        other.link(pending, "rank_00000.h5", source)
-        digest = other.copy(pending, "rank_00001.h5", source)
-        with pytest.raises(FileExistsError):
-            other.copy(pending, "rank_00001.h5", source)
-        other.commit(pending, manifest_of(1), what="a rebuilt step")
-        assert other.read(1, "rank_00000.h5") == other.read(1, "rank_00001.h5") == DATA
-        assert digest == _digest(DATA)
 
     def test_a_missing_root_is_created_by_the_first_pending_copy(self, target: Target) -> None:
         assert isinstance(target, DirectoryTarget)
@@ -357,3 +413,19 @@ class TestMemoryTarget(TargetTests):
         target.dirs[filenames.step_dir_name(1)][filenames.COMMITTED] = b"{"
         with pytest.raises(InvalidCheckpointError, match="garbled"):
             target.manifest(1)
+
+
+@pytest.mark.parametrize("kinds", [("memory", "directory"), ("directory", "memory")])
+def test_copies_cross_from_one_kind_of_target_to_another(
+    kinds: tuple[str, str], tmp_path: Path
+) -> None:
+    def make(kind: str, name: str) -> Target:
+        return MemoryTarget() if kind == "memory" else DirectoryTarget(tmp_path / name)
+
+    source, dest = make(kinds[0], "source"), make(kinds[1], "dest")
+    TargetTests().save(source, 2)
+    pending = dest.pending(2)
+    dest.create(pending)
+    dest.link(pending, "rank_00000.h5", source, 2)
+    dest.commit(pending, manifest_of(2), what="step 2")
+    assert dest.read(2, "rank_00000.h5") == DATA
