@@ -40,7 +40,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
   each of its ranks its part with its entries as read. The last rank then unpickles its part,
   parses its own entry (:func:`resilient.io.checkpoints.load_entries`) and looks at it
-  (:func:`resilient.checkpoint.elastic.needs_elastic`): ``rank_restore_*`` is that rank's part
+  (:func:`resilient.checkpoint.elasticread.needs_elastic`): ``rank_restore_*`` is that rank's part
   before it reads its data.
 
 The **critical paths** add up what runs one after the other, the slowest of what runs in
@@ -89,7 +89,7 @@ import numpy as np
 from benchutil import library_revision, write_json
 
 from resilient._version import __version__
-from resilient.checkpoint.elastic import needs_elastic
+from resilient.checkpoint.elasticread import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
 from resilient.checkpoint.restorer import Restorer, _Candidate, _parts, _received, _shard_parts
 from resilient.checkpoint.saveset import (

@@ -1,8 +1,10 @@
 """CheckpointManager: steps, policies and rotation; the public API of the core.
 
 The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
-policy. Saves in flight, their commits and the flush of a node-local tier are
-:mod:`resilient.checkpoint.saving` (the tier itself is :mod:`resilient.checkpoint.tiers`); how a set of ranks writes
+policy. Saves in flight and their commits are :mod:`resilient.checkpoint.saving`; where they
+are committed and where a restore looks first, the shared root alone or a node-local tier over
+it (its partner copies, flushes and restore chain), :mod:`resilient.checkpoint.savepaths` and
+:mod:`resilient.checkpoint.tiermanager`; how a set of ranks writes
 and commits one checkpoint is :mod:`resilient.checkpoint.saveset`; static data is
 :mod:`resilient.checkpoint.statics`; restoring with fallback is :mod:`resilient.checkpoint.restorer`;
 what is on disk is :mod:`resilient.io.checkpoints` (read) and :mod:`resilient.checkpoint.catalog` (kept in

@@ -42,6 +42,7 @@ from resilient.checkpoint.savepaths import (
 )
 from resilient.checkpoint.saveset import RankWritten, commit_set, gather_set
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
+from resilient.checkpoint.tierstaging import TierStaging
 from resilient.errors import ResilientError
 from resilient.io import logs
 from resilient.io.background import BackgroundWriter
@@ -134,6 +135,7 @@ class LocalTierManager:
         self._clock = clock
         self._follow = follow
         self._coll = Collective(comms.comm)
+        self.staging = TierStaging(tier)  # elastic restores staged from the nodes' copies
         self._unprotected_said = False
         self._unflushed: LocalCheckpoint | None = None
         self._commits = 0
@@ -428,7 +430,7 @@ class LocalTierManager:
         the next save is newer, and the old nodes' copies keep it until then."""
         failed: set[int] = set()
         for _ in range(3):
-            staged = self.tier.stage_elastic(
+            staged = self.staging.stage(
                 blocks, step=step, at_least=shared, excluded=frozenset(failed)
             )
             if staged is None:
@@ -438,7 +440,7 @@ class LocalTierManager:
                     staged.path, staged.manifest, validate=validate, into=into, blocks=blocks
                 )
             finally:  # every rank has read (the read's last round gathers them all)
-                self.tier.drop_staged()
+                self.staging.drop()
             if state is not None:
                 return staged.manifest.step, state
             if self._coll.is_coordinator:
