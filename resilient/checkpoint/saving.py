@@ -225,10 +225,11 @@ class SavePipeline:
             self._skeletons.seed = (directory, manifest)
         self.shared.static_known = manifest.static
 
-    def _follow(self, flight: Flight) -> None:
-        """Local: take background work a restore started (nothing else in flight)."""
+    def _follow(self, start: Callable[[], Flight]) -> None:
+        """Local: start background work after a restore (``start``), unless something is in
+        flight already."""
         if self._in_flight is None:
-            self._in_flight = flight
+            self._in_flight = start()
 
     # ------------------------------------------------------------------ saving
 

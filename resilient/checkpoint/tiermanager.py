@@ -111,7 +111,8 @@ class LocalTierManager:
         bounce: the aligned buffer the flushes copy through.
         flush_every: flush every this many commits.
         clock: monotonic clock.
-        follow: hands a flight started by a restore (partner copies again) to the pipeline.
+        follow: starts background work after a restore (partner copies again) through the
+            pipeline, which holds what is in flight (and starts nothing while something is).
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class LocalTierManager:
         bounce: Bounce,
         flush_every: int,
         clock: Callable[[], float],
-        follow: Callable[[Flight], None],
+        follow: Callable[[Callable[[], Flight]], None],
     ) -> None:
         self.tier = tier
         self.shared = shared
@@ -248,7 +249,9 @@ class LocalTierManager:
         job = self.tier.partner_copy_job(checkpoint)
         if job is not None:
             self._follow(
-                _Protecting(self, checkpoint, self._writer.submit(job), self._clock(), False)
+                lambda: _Protecting(
+                    self, checkpoint, self._writer.submit(job), self._clock(), False
+                )
             )
 
     def _finish_protect(self, flight: _Protecting) -> Flight | None:
