@@ -86,7 +86,7 @@ class Recorder:
 
 def instrument(rec: Recorder) -> None:
     """Wrap the library's phases (see the module docstring)."""
-    from resilient.checkpoint import saveset, saving
+    from resilient.checkpoint import savepaths, saveset, saving
     from resilient.io import digests, fileio, staging, storage
     from resilient.io.commit import PendingDir
     from resilient.parallel import mpi
@@ -100,13 +100,13 @@ def instrument(rec: Recorder) -> None:
     patch(saveset.WriteJob, "describe", "describe")
     patch(digests, "digest_arrays", "checksum")  # the helper's and the write's tasks
     patch(saveset, "digest_arrays", "checksum")
-    patch(saving.SavePipeline, "_finish_save", "finish")
+    patch(saving.SavePipeline, "_finish", "finish")
     patch(mpi.MPIComm, "barrier", "barrier")
     patch(PendingDir, "prepare", "manifest")
     patch(PendingDir, "publish", "publish")
     patch(PendingDir, "create", "create dir")
     patch(saving, "plan_write", "plan")
-    patch(saving.SavePipeline, "_after_commit", "log+rotate")
+    patch(savepaths.SharedRoot, "after_commit", "log+rotate")
     setattr(storage, "shutil", _Rmtree(rec))  # noqa: B010  (the rotation's unlinks)
 
 

@@ -161,7 +161,7 @@ PHASES: dict[str, str] = {
     "h5.fsync": "os.fsync in the fileio module (skeleton + data to disk)",
     "commit": "PendingDir.prepare: manifest + COMMITTED written (rank 0)",
     "publish": "PendingDir.publish: their fsync, rename, fsync of the parent (rank 0)",
-    "rotate": "SavePipeline._after_commit: save log + rotation (rank 0)",
+    "rotate": "SharedRoot.after_commit: save log + rotation (rank 0)",
     "catalog.apply": "rotate: Catalog.apply (trash the deleted checkpoints, collect static data)",
     "move_to_trash": "rotate: storage.move_to_trash (rename + fsync dir)",
     "st.rmtree": "shutil.rmtree in storage (unlink the old files: frees blocks + page cache)",
@@ -181,6 +181,7 @@ def install_profiler(timer: PhaseTimer) -> None:
     from resilient.checkpoint import restorer
     from resilient.checkpoint.catalog import Catalog
     from resilient.checkpoint.restorer import Restorer
+    from resilient.checkpoint.savepaths import SharedRoot
     from resilient.checkpoint.saving import SavePipeline
     from resilient.io.commit import PendingDir
 
@@ -189,7 +190,7 @@ def install_profiler(timer: PhaseTimer) -> None:
 
     patch(man.CheckpointManager, "save", "save")
     patch(man.CheckpointManager, "restore", "restore")
-    patch(SavePipeline, "_after_commit", "rotate")
+    patch(SharedRoot, "after_commit", "rotate")
     patch(Restorer, "_try_read", "try_read")
     patch(SavePipeline, "ready", "ready")
     patch(SavePipeline, "start", "save_set")

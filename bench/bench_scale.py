@@ -40,7 +40,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
   each of its ranks its part with its entries as read. The last rank then unpickles its part,
   parses its own entry (:func:`resilient.io.checkpoints.load_entries`) and looks at it
-  (:func:`resilient.checkpoint.elastic.needs_elastic`): ``rank_restore_*`` is that rank's part
+  (:func:`resilient.checkpoint.elasticread.needs_elastic`): ``rank_restore_*`` is that rank's part
   before it reads its data.
 
 The **critical paths** add up what runs one after the other, the slowest of what runs in
@@ -89,7 +89,7 @@ import numpy as np
 from benchutil import library_revision, write_json
 
 from resilient._version import __version__
-from resilient.checkpoint.elastic import needs_elastic
+from resilient.checkpoint.elasticread import needs_elastic
 from resilient.checkpoint.manager import DEFAULT_SHARD_RANKS
 from resilient.checkpoint.restorer import Candidate, Restorer, as_received, rank_parts, shard_parts
 from resilient.checkpoint.saveset import (
@@ -380,7 +380,7 @@ class Committed:
 
 def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | None) -> Committed:
     """Rank 0's part of a save from the gather to the published checkpoint in ``root``, as
-    ``SavePipeline._finish_save`` runs it (:func:`gather_set`, ``commit_set`` and announce,
+    ``SharedRootSaves.commit`` runs it (:func:`gather_set`, ``commit_set`` and announce,
     ``prepare``/``publish`` of a real :class:`PendingDir`, timed: :class:`TimedPending`).
     Without ``sharding``: one gather of every rank's message. With it, two levels, as
     ``gather_set`` runs them: rank 0 leads shard 0 (gathers its shard's messages and writes
@@ -806,7 +806,7 @@ def local_commit_sharded(
     inbox: list[bytes], per_file: int, root: Path, sharding: Sharding
 ) -> tuple[Manifest, LocalRootComm, float]:
     """Rank 0's part of a sharded save with a node-local tier, as
-    ``SavePipeline._local_index`` and ``_finish_save`` run it: it leads shard 0 (gather, write
+    ``LocalTierManager._index`` and ``commit`` run it: it leads shard 0 (gather, write
     its shard into its node's temporary directory), gathers the shards' summaries, builds the
     index (``commit_set``), broadcasts it, commits its node's copy and learns every node's
     outcome (the allgather). The other shards are in the directory before (their leaders)."""

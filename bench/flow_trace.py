@@ -102,9 +102,9 @@ _GROUPS: dict[str, tuple[str, ...]] = {
            "commit", "runkey"),
     "parallel": ("comm", "mpi", "torchdist", "collective", "topology", "setcomms"),
     "checkpoint": (
-        *("checkpointer", "saveset", "reading", "elastic", "statics", "catalog", "restorer"),
-        *("partner",),
-        *("tiers", "saving", "manager"),
+        *("checkpointer", "saveset", "reading", "elastic", "elasticread", "statics", "catalog"),
+        *("restorer", "partner", "tierstaging"),
+        *("tiers", "savepaths", "tiermanager", "saving", "manager"),
     ),
     "job": ("session", "resumable", "slurm", "launch", "run", "exitcodes"),
     "top": (

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient._renamed import renamed_keyword
-from resilient.checkpoint.elastic import ReadStats, StoredBlock, read_stored_block
+from resilient.checkpoint.elasticread import ReadStats, StoredBlock, read_stored_block
 from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, StaticDataError
 from resilient.io import fileio
 from resilient.io.checkpoints import (

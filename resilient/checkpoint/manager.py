@@ -1,8 +1,10 @@
 """CheckpointManager: steps, policies and rotation; the public API of the core.
 
 The manager decides *when* and *which*: the save policy, the step bookkeeping and the keep
-policy. Saves in flight, their commits and the flush of a node-local tier are
-:mod:`resilient.checkpoint.saving` (the tier itself is :mod:`resilient.checkpoint.tiers`); how a set of ranks writes
+policy. Saves in flight and their commits are :mod:`resilient.checkpoint.saving`; where they
+are committed and where a restore looks first, the shared root alone or a node-local tier over
+it (its partner copies, flushes and restore chain), :mod:`resilient.checkpoint.savepaths` and
+:mod:`resilient.checkpoint.tiermanager`; how a set of ranks writes
 and commits one checkpoint is :mod:`resilient.checkpoint.saveset`; static data is
 :mod:`resilient.checkpoint.statics`; restoring with fallback is :mod:`resilient.checkpoint.restorer`;
 what is on disk is :mod:`resilient.io.checkpoints` (read) and :mod:`resilient.checkpoint.catalog` (kept in
@@ -201,13 +203,13 @@ class CheckpointManager:
         )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
         self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
-        self._local: LocalTier | None = None
+        local: LocalTier | None = None
         if local_dir is not None:
             try:
-                self._local = LocalTier(
+                local = LocalTier(
                     local_dir, self.root, self.set_comms, keep=local_keep, redundancy=redundancy
                 )
-                tiers = self._local.listing()
+                tiers = local.listing()
                 self._coll.broadcast(
                     "recording the local tier", lambda: record_local_tiers(self.root, tiers)
                 )
@@ -217,8 +219,9 @@ class CheckpointManager:
         self._pipeline = SavePipeline(
             self.root, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
-            local=self._local, flush_every=flush_every, clock=clock, committed=self._committed,
+            local=local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
+        self._path = self._pipeline.path  # the shared root, or a node-local tier over it
         self._restorer = Restorer(
             self.root, self._coll, self._catalog, layout=self.set_comms.layout,
             memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
@@ -498,13 +501,9 @@ class CheckpointManager:
             refused = None
         except Exception as exc:
             leaves, specs, refused = None, {}, exc
-        local = None
         self._restorer.absent_devices.clear()
-        if self._local is not None:  # the local copies are looked at first
-            self._coll.share("checking the restore's arguments", refused)
-            local = self._restore_local(step, validate, leaves, specs)
-        restored, state = local or self._restorer.restore(
-            step, validate=validate, into=leaves, blocks=specs, refused=refused
+        restored, state = self._path.restore(  # a node-local tier looks at its own copies first
+            self._restorer, step, validate=validate, into=leaves, blocks=specs, refused=refused
         )
         if self._restorer.last_restored is not None:  # a restart's first save skips planning
             self._pipeline.after_restore(*self._restorer.last_restored)
@@ -520,77 +519,6 @@ class CheckpointManager:
         validation and were quarantined on its way, on the coordinator (rank 0); empty on the
         other ranks."""
         return tuple(self._restorer.passed_over)
-
-    def _restore_local(
-        self,
-        step: int | None,
-        validate: StateValidator | None,
-        into: Mapping[str, Any] | None,
-        blocks: Mapping[str, BlockSpec],
-    ) -> tuple[int, dict[str, Any]] | None:
-        """Collective: the newest local checkpoint if every rank has it intact and it is at
-        least as new as the newest one in ``root``; else the newest one of another layout (or
-        another decomposition) that the nodes can stage between them for an elastic restore
-        (:meth:`_restore_staged`); ``None`` to restore from ``root``."""
-        assert self._local is not None
-        shared = self.latest_step() if step is None else None
-        found = self._local.newest(self.layout, step=step, at_least=shared)
-        if found is None:
-            return self._restore_staged(step, shared, validate, into, blocks)
-        state, reasons = self._restorer.read(
-            found.path, found.manifest, validate=validate, into=into, blocks=blocks
-        )
-        if state is None and not reasons:  # new blocks: an elastic restore reads other files
-            return self._restore_staged(step, shared, validate, into, blocks)
-        if state is None:
-            why = "; ".join(reasons[:4])
-            log.warning("local copy %s failed validation, using %s: %s", found.path, self.root, why)
-            self._local.discard(found, why)
-            return None
-        if step is None and (shared is None or shared < found.manifest.step):
-            self._pipeline.adopt_unflushed(found)  # not in the shared root: close() flushes it
-        self._pipeline.protect(found)  # partner copies again, for the nodes of this job
-        return found.manifest.step, state
-
-    def _restore_staged(
-        self,
-        step: int | None,
-        shared: int | None,
-        validate: StateValidator | None,
-        into: Mapping[str, Any] | None,
-        blocks: Mapping[str, BlockSpec],
-    ) -> tuple[int, dict[str, Any]] | None:
-        """Collective: an elastic restore of the newest local step (or ``step``; not older
-        than ``shared``, the shared root's newest) of any layout, staged on every node from
-        its own and partner copies (:mod:`resilient.checkpoint.localelastic`); a staged step
-        that fails its read is passed over for the next older one. ``None``: none, use the
-        shared root.
-
-        The step is not adopted as this run's unflushed checkpoint (it has another layout):
-        the next save is newer, and the old nodes' copies keep it until then."""
-        assert self._local is not None
-        failed: set[int] = set()
-        for _ in range(3):
-            staged = self._local.stage_elastic(
-                blocks, step=step, at_least=shared, excluded=frozenset(failed)
-            )
-            if staged is None:
-                return None
-            try:
-                state, reasons = self._restorer.read_elastic(
-                    staged.path, staged.manifest, validate=validate, into=into, blocks=blocks
-                )
-            finally:  # every rank has read (the read's last round gathers them all)
-                self._local.drop_staged()
-            if state is not None:
-                return staged.manifest.step, state
-            if self.comm.rank == 0:
-                log.warning(
-                    "local step %d staged for an elastic restore failed validation: %s",
-                    staged.manifest.step, "; ".join(reasons[:4]),
-                )  # fmt: skip
-            failed.add(staged.manifest.step)
-        return None
 
     def _check_open(self) -> None:
         if self._closed:

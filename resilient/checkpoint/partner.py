@@ -562,7 +562,7 @@ class PartnerCopies:
 
         ``into``: commit every node's copy there instead of in its local tier, also where
         nothing is received (a staged copy for an elastic restore:
-        :mod:`resilient.checkpoint.localelastic`)."""
+        :mod:`resilient.checkpoint.tierstaging`)."""
         if not self.acts:
             return None
         sends = [t for t in plan.transfers if t[0] == self.node and t[1] != self.node]

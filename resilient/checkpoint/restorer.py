@@ -21,7 +21,7 @@ Call order of :meth:`Restorer.restore` (every step through
                   checkpoints.load_entries, unless its shard's leader did; a lookup never reads a
                   file), read its piece and its
                   static data (or, elastically, its new blocks and the replicated values:
-                  resilient.checkpoint.elastic), verify checksums, run the validate hook
+                  resilient.checkpoint.elasticread), verify checksums, run the validate hook
     coordinator   accept, or quarantine it with every rank's reason and try the next older one
 """
 
@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from resilient.checkpoint.catalog import Catalog
-from resilient.checkpoint.elastic import ElasticPlan, ReadStats, needs_elastic, read_elastic
+from resilient.checkpoint.elasticread import (
+    ElasticPlan,
+    ReadStats,
+    another_layout,
+    needs_elastic,
+    read_elastic,
+)
 from resilient.checkpoint.reading import check_template, read_rank
 from resilient.errors import (
     CheckpointNotFoundError,
@@ -368,7 +374,7 @@ class Restorer:
         """Collective over ``coll``: every rank reads its new blocks of the checkpoint whose
         whole manifest (every entry; the same on every rank) is ``manifest``, from ``path``:
         this rank's own directory of it (a node's staged copy of a node-local checkpoint,
-        :mod:`resilient.checkpoint.localelastic`, holding the files its ranks read; static data
+        :mod:`resilient.checkpoint.tierstaging`, holding the files its ranks read; static data
         from :attr:`root`). Every stripe read is verified; nothing is quarantined here.
 
         Returns:
@@ -636,7 +642,7 @@ class Restorer:
                 )  # fmt: skip
                 lost = lost or exc
                 continue
-            elastic = saved.nranks != current.nranks or saved.kind != current.kind
+            elastic = another_layout(saved, current)
             candidate = Candidate(record.path, record.manifest, static, elastic, static_dirs=dirs)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:

@@ -1,12 +1,14 @@
-"""Saves from planning to commit, at most one in flight, and the flush of a node-local tier.
+"""Saves from planning to commit, at most one in flight (with what a commit leaves to do).
 
 :class:`SavePipeline` is the manager's writer: it plans a save (collective), hands the bytes to
 a background thread (or writes them here, for a blocking save: the same path), and commits the
-save collectively when asked (:meth:`SavePipeline.wait`, :meth:`SavePipeline.poll`). With a
-node-local tier (:mod:`resilient.checkpoint.tiers`) a save is committed on every node, and every
-``flush_every`` commits a flush to the shared root starts in the background, committed the same
-way. Logging and rotation run only after a commit in the shared root: a checkpoint is never
-deleted before a newer one is durable (KempnerForge#102).
+save collectively when asked (:meth:`SavePipeline.wait`, :meth:`SavePipeline.poll`) through
+its :class:`~resilient.checkpoint.savepaths.SavePath`, chosen once: the shared root
+(:class:`~resilient.checkpoint.savepaths.SharedRootSaves`) or a node-local tier
+(:class:`~resilient.checkpoint.tiermanager.LocalTierManager`: a save is committed on every node,
+and every ``flush_every`` commits a flush to the shared root starts in the background, committed
+the same way). Logging and rotation run only after a commit in the shared root: a checkpoint is
+never deleted before a newer one is durable (KempnerForge#102).
 
 A blocking save reads as a script of three collective operations when the structure of every
 file group and the static data are those of the previous save (more otherwise: a group that
@@ -47,41 +49,43 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from resilient._version import __version__
-from resilient.checkpoint.catalog import Catalog, save_record
-from resilient.checkpoint.savepaths import LocalTierCommit, Made, SavePath, SharedRootCommit
+from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.savepaths import (
+    Flight,
+    Made,
+    SavePath,
+    SharedRoot,
+    SharedRootSaves,
+    Written,
+)
 from resilient.checkpoint.saveset import (
     Planned,
     RankWritten,
     SkeletonCache,
     WriteJob,
-    commit_set,
-    gather_set,
     plan_rank,
     plan_write,
 )
 from resilient.checkpoint.statics import StaticStore
-from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
-from resilient.errors import CollectiveError, ConfigError, ResilientError
-from resilient.io import logs, storage
+from resilient.checkpoint.tiermanager import LocalTierManager
+from resilient.checkpoint.tiers import LocalTier
+from resilient.errors import ConfigError
+from resilient.io import storage
 from resilient.io.background import BackgroundWriter
 from resilient.io.commit import PendingDir
 from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
 from resilient.io.runkey import record_run_key
 from resilient.io.staging import StagingArea
-from resilient.io.targets import DirectoryTarget
-from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
 from resilient.model.policies import KeepPolicyLike
-from resilient.parallel.collective import Collective, Gathered, failure_of
+from resilient.parallel.collective import Collective
 from resilient.parallel.setcomms import SetComms
 
 __all__ = ["SavePipeline"]
@@ -124,16 +128,6 @@ class Ready:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Committed:
-    """What the coordinator announces after a commit in the shared root: the newest
-    checkpoint that rotation dropped (its files for the next save to write over), and whether
-    the static data the checkpoint refers to is still known to be stored."""
-
-    recycled: Path | None
-    static_known: bool
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class _SaveFlight:
     """A save whose data is being written."""
 
@@ -149,34 +143,6 @@ class _SaveFlight:
         return self.task.done() and (self.written is None or self.written.done())
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _ProtectFlight:
-    """A local checkpoint being copied to partner nodes (then maybe flushed)."""
-
-    checkpoint: LocalCheckpoint
-    task: Future[str | None]
-    start: float
-    flush_due: bool
-
-    def done(self) -> bool:
-        """Whether this rank's part is done."""
-        return self.task.done()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _FlushFlight:
-    """A local checkpoint being copied to the shared root."""
-
-    checkpoint: LocalCheckpoint
-    pending: PendingDir
-    task: Future[None]
-    start: float
-
-    def done(self) -> bool:
-        """Whether this rank's part is done."""
-        return self.task.done()
-
-
 class SavePipeline:
     """The saves of one manager. Every method but :attr:`in_flight` and :meth:`shutdown` is
     collective over ``comms.comm``.
@@ -189,7 +155,9 @@ class SavePipeline:
         run_key: recorded in the shared root at the first save (``None``: none).
         deleter: deletes what rotation drops, in the background.
         keep: keep policy of the shared root (``None`` keeps everything).
-        local: the node-local tier, if any.
+        local: the node-local tier, if any: chooses the :class:`SavePath`
+            (:class:`~resilient.checkpoint.tiermanager.LocalTierManager` over it, else
+            :class:`~resilient.checkpoint.savepaths.SharedRootSaves`).
         flush_every: with ``local``: flush every this many commits.
         clock: monotonic clock.
         committed: called on every rank after each save's commit with its cost in seconds.
@@ -211,20 +179,13 @@ class SavePipeline:
         committed: Callable[[float], None],
     ) -> None:
         self.root = root
-        self.shared = DirectoryTarget(root)
         self.comms = comms
-        self.keep = keep
-        self.local = local
-        # where a save is committed, chosen once: the shared root or every node's local tier
-        self._path: SavePath = (
-            SharedRootCommit(self.shared, comms) if local is None else LocalTierCommit(local)
+        self.shared = SharedRoot(
+            root, catalog=catalog, statics=statics, keep=keep, deleter=deleter, clock=clock
         )
-        self.flush_every = flush_every
         self._coll = Collective(comms.comm)
-        self._catalog = catalog
         self._statics = statics
         self._run_key = run_key
-        self._deleter = deleter
         self._clock = clock
         self._committed = committed
         self._staging = StagingArea()
@@ -235,15 +196,17 @@ class SavePipeline:
         self._bounce = Bounce()  # O_DIRECT's aligned buffer: reused by every save, then closed
         # the checksum thread of every save (and, lent, restore): started at the first use
         self.digester = ThreadPoolExecutor(1, thread_name_prefix="resilient-digest")
-        self._in_flight: _SaveFlight | _ProtectFlight | _FlushFlight | None = None
-        self._unprotected_said = False
-        self._unflushed: LocalCheckpoint | None = None
-        self._local_commits = 0
-        # a checkpoint that rotation dropped, whose data files the next save writes over
-        # (:func:`resilient.io.fileio.claim_file`); the same on every rank
-        self._recycled: Path | None = None
-        # the static content the last save referred to, known stored by every rank
-        self._static_known: str | None = None
+        self._in_flight: _SaveFlight | Flight | None = None
+        # where a save is committed and a restore looks first, chosen once: the shared root,
+        # or every node's local tier (its partner copies, flushes and restore chain its own)
+        self.path: SavePath = (
+            SharedRootSaves(self.shared, comms)
+            if local is None
+            else LocalTierManager(
+                local, self.shared, comms, writer=self._writer, bounce=self._bounce,
+                flush_every=flush_every, clock=clock, follow=self._follow,
+            )
+        )  # fmt: skip
 
     @property
     def in_flight(self) -> bool:
@@ -260,12 +223,13 @@ class SavePipeline:
         look-up."""
         if self._skeletons.specs is None:
             self._skeletons.seed = (directory, manifest)
-        self._static_known = manifest.static
+        self.shared.static_known = manifest.static
 
-    def adopt_unflushed(self, checkpoint: LocalCheckpoint) -> None:
-        """A restored local checkpoint that is not in the shared root yet: flush it at the
-        latest in :meth:`flush`."""
-        self._unflushed = checkpoint
+    def _follow(self, start: Callable[[], Flight]) -> None:
+        """Local: start background work after a restore (``start``), unless something is in
+        flight already."""
+        if self._in_flight is None:
+            self._in_flight = start()
 
     # ------------------------------------------------------------------ saving
 
@@ -299,7 +263,7 @@ class SavePipeline:
         if self._coll.is_coordinator and isinstance(mine, _Ask):
             try:
                 mine = dataclasses.replace(
-                    mine, made=self._path.make(mine.step, storage.new_token(), self._recycled)
+                    mine, made=self.path.make(mine.step, storage.new_token())
                 )
             except Exception as exc:
                 mine = exc
@@ -315,17 +279,17 @@ class SavePipeline:
         assert isinstance(request, SaveRequest)
         made = asked[0].made
         assert made is not None
-        pending = self._path.pending(request.step, made)
+        pending = self.path.pending(request.step, made)
         static = StaticStore.content(self.comms.kind, [a.static for a in asked])
         try:
             record_key = first and self._run_key is not None
-            if record_key or (static is not None and static != self._static_known):
+            if record_key or (static is not None and static != self.shared.static_known):
                 self._store_static(what, request, static, record_key=record_key)
         except Exception:
             if made.pending is not None and self._coll.is_coordinator:
                 made.pending.rollback()
             raise
-        failed = self._path.create(pending)
+        failed = self.path.create(pending)
         generations = {asked[r].generation for r in self.comms.members}
         return Ready(
             request, static, pending, reuse=None not in generations and len(generations) == 1,
@@ -366,7 +330,7 @@ class SavePipeline:
                 functools.partial(
                     plan_write,
                     self.comms,
-                    self._path.target,
+                    self.path.target,
                     pending,
                     request.data,
                     step=request.step,
@@ -414,7 +378,7 @@ class SavePipeline:
         """Collective: finish what is in flight, including a flush that a commit starts."""
         while self._in_flight is not None:
             flight, self._in_flight = self._in_flight, None
-            self._finish(flight)
+            self._in_flight = self._finish(flight)
 
     def poll(self) -> bool:
         """Collective: finish what is in flight if every rank's part is done; ``True`` when
@@ -424,16 +388,15 @@ class SavePipeline:
         if self.comms.comm.any_true(not self._in_flight.done()):
             return False
         flight, self._in_flight = self._in_flight, None
-        self._finish(flight)
+        self._in_flight = self._finish(flight)
         return self._in_flight is None
 
     def flush(self) -> None:
         """Collective: finish what is in flight, then copy the newest local checkpoint to the
         shared root if it is not there yet, and wait for that."""
         self.wait()
-        if self._unflushed is not None:
-            self._start_flush()
-            self.wait()
+        self._in_flight = self.path.flush()
+        self.wait()
 
     def shutdown(self) -> None:
         """Local: stop the writer and checksum threads and free the staging, device staging and
@@ -444,256 +407,18 @@ class SavePipeline:
         self._staging.release()
         self.devices.close()
         self._bounce.close()
-        if self._recycled is not None and self._coll.is_coordinator:
-            self._deleter.delete([self._recycled])
-        self._recycled = None
+        self.path.close()
 
-    def _finish(self, flight: _SaveFlight | _ProtectFlight | _FlushFlight) -> None:
-        if isinstance(flight, _FlushFlight):
-            self._finish_flush(flight)
-        elif isinstance(flight, _ProtectFlight):
-            self._finish_protect(flight)
-        else:
-            self._finish_save(flight)
-
-    def _finish_save(self, flight: _SaveFlight) -> None:
-        """Collective: every rank's outcome (its data durable) to the coordinator, which
-        commits; then everyone learns the outcome (the same error on every rank)."""
-        request, pending, local = flight.request, flight.pending, self.local
-        what = f"save of checkpoint step {request.step}"
-        written = _written(flight)
-        if local is None:  # (with shards: each shard's leader writes its shard on the way up)
-            gathered = gather_set(
-                self.comms, written, pending.path, kind="checkpoint", step=request.step
-            )
-            answer = None if gathered is None else self._commit(gathered, flight)
-            committed: _Committed = self._coll.announce(what, answer)
-            self._recycled = committed.recycled
-            self._static_known = flight.static if committed.static_known else None
-            self._committed(self._clock() - flight.start)
-            return
-        # every node commits its own copy: every rank builds the manifest (at the time the
-        # last rank finished), or with shards the coordinator builds the index and announces
-        # it; every node's leader commits, and everyone learns who failed
-        try:
-            copied: Manifest | Exception
-            if self.comms.shard is None:
-                done = self._coll.share(what, _stamped(written))
-                try:
-                    copied = commit_set(
-                        self.comms, [w for w, _ in done], step=request.step,
-                        static=flight.static, metrics=request.metrics,
-                        library_version=__version__, at=max(t for _, t in done),
-                    )  # fmt: skip
-                except Exception as exc:
-                    copied = exc
-            else:
-                copied = self._local_index(written, flight)
-            try:
-                if not isinstance(copied, Exception):
-                    local.commit(pending, copied)
-            except Exception as exc:
-                copied = exc
-            failed = copied if isinstance(copied, Exception) else None
-            self._coll.share(f"committing the local copies of step {request.step}", failed)
-        except Exception:
-            local.rollback(pending)
-            raise
-        assert not isinstance(copied, Exception)
-        self._static_known = flight.static  # (in the shared root: rotated by flushes only)
-        checkpoint = LocalCheckpoint(pending.final, copied)
-        self._unflushed = checkpoint
-        self._local_commits += 1
+    def _finish(self, flight: _SaveFlight | Flight) -> Flight | None:
+        """Collective: finish ``flight``; the background work it starts, if any."""
+        if not isinstance(flight, _SaveFlight):
+            return flight.finish()
+        save = Written(
+            flight.request, flight.static, flight.pending, _written(flight), flight.start
+        )
+        self.path.commit(save)
         self._committed(self._clock() - flight.start)
-        flush_due = self._local_commits % self.flush_every == 0
-        protect = local.partner_copy_job(checkpoint)
-        if protect is not None:
-            task = self._writer.submit(protect)
-            self._in_flight = _ProtectFlight(checkpoint, task, self._clock(), flush_due)
-        elif flush_due:
-            self._start_flush()
-
-    def _local_index(self, written: RankWritten | Exception, flight: _SaveFlight) -> Manifest:
-        """Collective: the index of a save with a node-local tier and a sharded manifest. Each
-        shard's leader writes its shard into its node's temporary directory (a shard never
-        spans two nodes) on the way up (:func:`gather_set`), the coordinator builds the index
-        from the shards and announces it;
-        returned with this rank's own entry loaded (for its flush). The same error on every
-        rank if any of that failed."""
-        request = flight.request
-        what = f"save of checkpoint step {request.step}"
-        gathered = gather_set(
-            self.comms, written, flight.pending.path, kind="checkpoint", step=request.step
-        )
-        answer: Manifest | Exception | None = None
-        if gathered is not None:
-            try:
-                answer = commit_set(
-                    self.comms, gathered.values(), step=request.step, static=flight.static,
-                    metrics=request.metrics, library_version=__version__,
-                )  # fmt: skip
-            except Exception as exc:
-                answer = exc
-        index: Manifest = self._coll.announce(what, answer)
-        assert isinstance(written, RankWritten) and index.sharded is not None
-        own = index.sharded.with_entries({self.comms.comm.rank: written.entry})
-        return dataclasses.replace(index, ranks=own)
-
-    def _commit(self, gathered: Gathered[Any], flight: _SaveFlight) -> _Committed | Exception:
-        """Coordinator: commit a save in the shared root (or roll it back), log it and rotate;
-        what to announce."""
-        request = flight.request
-        try:
-            manifest = commit_set(
-                self.comms, gathered.values(), step=request.step, static=flight.static,
-                metrics=request.metrics, library_version=__version__, pending=flight.pending,
-            )  # fmt: skip
-        except Exception as exc:
-            flight.pending.rollback()
-            return exc
-        try:
-            recycled = self._after_commit(manifest, flight.start)
-            return _Committed(recycled, self._still_stored(flight.static))
-        except Exception as exc:
-            return _failed_after_commit("recording the save", exc)
-
-    def _still_stored(self, static: str | None) -> bool:
-        """Coordinator, after rotation: whether the static content ``static`` is stored."""
-        return static is not None and self._statics.is_stored(static)
-
-    # ------------------------------------------------------------------ partner copies
-
-    def protect(self, checkpoint: LocalCheckpoint) -> None:
-        """Collective: copy a restored local checkpoint to the partner nodes again, in the
-        background (nothing else in flight). A lost node's partner copies were lost with it,
-        and a job on another node set has another ring: until this is done, a second loss
-        would find nothing."""
-        job = self._path.partner_copy_job(checkpoint)
-        if job is None or self._in_flight is not None:
-            return
-        self._in_flight = _ProtectFlight(checkpoint, self._writer.submit(job), self._clock(), False)
-
-    def _finish_protect(self, flight: _ProtectFlight) -> None:
-        """Collective: learn whether every node's partner copy is committed; record it in the
-        shared root if so, else warn (once per run: the next save tries again)."""
-        step = flight.checkpoint.manifest.step
-        try:
-            mine: str | Exception | None = flight.task.result()
-        except Exception as exc:
-            mine = exc
-        gathered = self._coll.gather(mine)
-        answer: tuple[list[str], Exception | None] | Exception | None = None
-        if gathered is not None:
-            try:
-                problems = [p for p in gathered.values() if p]
-            except Exception as exc:
-                answer = exc
-            else:
-                answer = (problems, None if problems else self._log_protect(flight))
-        try:
-            problems, failed = self._coll.announce(f"protecting step {step}", answer)
-        except ResilientError as exc:
-            problems, failed = [str(exc)], None
-        if failed is not None:  # the copies are committed, but their log could not be written
-            raise failed
-        if problems and self._coll.is_coordinator:
-            level = logging.DEBUG if self._unprotected_said else logging.WARNING
-            log.log(level, "local checkpoint step %d is valid but not protected (the next save "
-                    "tries again): %s", step, problems[0])  # fmt: skip
-        self._unprotected_said = self._unprotected_said or bool(problems)
-        if flight.flush_due:
-            self._start_flush()
-
-    def _log_protect(self, flight: _ProtectFlight) -> Exception | None:
-        """Coordinator: record that every node's partner copy is committed; the error every
-        rank then raises if that failed."""
-        manifest = flight.checkpoint.manifest
-        took = round(self._clock() - flight.start, 6)
-        record = {"time": time.time(), "step": manifest.step, "protect_s": took,
-                  "bytes": manifest.nbytes}  # fmt: skip
-        try:
-            logs.append_record(self.root / filenames.PROTECT_LOG, record)
-        except Exception as exc:
-            return _failed_after_commit("recording the partner copies", exc)
-        return None
-
-    # ------------------------------------------------------------------ flushing
-
-    def _start_flush(self) -> None:
-        """Collective: start copying the newest local checkpoint to the shared root."""
-        assert self.local is not None and self._unflushed is not None
-        checkpoint, self._unflushed = self._unflushed, None
-        step = checkpoint.manifest.step
-        made: PendingDir | Exception | None = None
-        if self._coll.is_coordinator:
-            try:
-                made = self.shared.pending(step)
-                self.shared.create(made)
-            except Exception as exc:
-                made = exc
-        pending: PendingDir = self._coll.announce(
-            f"creating a temporary directory in {self.root}", made
-        )
-        task = self._writer.submit(
-            self.local.flush_job(checkpoint, self.shared, pending, bounce=self._bounce)
-        )
-        self._in_flight = _FlushFlight(checkpoint, pending, task, self._clock())
-
-    def _finish_flush(self, flight: _FlushFlight) -> None:
-        """Collective: every rank's copy (durable) to the coordinator, which commits it in the
-        shared root, logs and rotates; then everyone learns the outcome."""
-        manifest, pending = flight.checkpoint.manifest, flight.pending
-        what = f"flush of checkpoint step {manifest.step} to {self.root}"
-        try:
-            copied: Exception | None = flight.task.result()
-        except Exception as exc:
-            copied = exc
-        gathered = self._coll.gather(copied)
-        answer: bool | Exception | None = None
-        if gathered is not None:
-            try:
-                gathered.values()
-                self.shared.commit(pending, manifest, what=what)
-            except Exception as exc:
-                self.shared.rollback(pending)
-                answer = exc
-            else:
-                try:
-                    self._after_commit(manifest, flight.start, flushed=True)
-                    answer = self._still_stored(self._static_known)
-                except Exception as exc:
-                    answer = _failed_after_commit("recording the flush", exc)
-        if not self._coll.announce(what, answer):  # rotation may have dropped the static data
-            self._static_known = None
-
-    # ------------------------------------------------------------------ after a commit
-
-    def _after_commit(
-        self, manifest: Manifest, start: float, *, flushed: bool = False
-    ) -> Path | None:
-        """Coordinator: log the save (or flush), then rotate (a failed rotation only warns).
-
-        Returns the newest checkpoint that rotation dropped, kept for the next save to write
-        over its files (without a node-local tier); the one kept before, and the rest of the
-        trash, are deleted in the background."""
-        took = round(self._clock() - start, 6)
-        extra = {"flush_s": took, "tier": "local"} if flushed else {"cost_s": took}
-        logs.append_record(
-            self.root / filenames.SAVE_LOG,
-            {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
-        )
-        if self.keep is None:
-            return None  # nothing is ever deleted: no need to know the history
-        try:
-            self._catalog.add(manifest)
-            trashed = self._catalog.apply(self._catalog.plan(self.keep))
-        except (OSError, ResilientError) as exc:
-            log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
-            return self._recycled
-        reuse = trashed.checkpoints[-1] if trashed.checkpoints and self._path.recycles else None
-        drop = [p for p in (self._recycled, *trashed.paths) if p is not None and p != reuse]
-        self._deleter.delete(drop)
-        return reuse
+        return self.path.after_save()
 
 
 def _write_described(job: WriteJob, written: Callable[[], None]) -> RankWritten:
@@ -740,19 +465,6 @@ def _written(flight: _SaveFlight) -> RankWritten | Exception:
         except Exception as exc:
             done = done if isinstance(done, Exception) else exc
     return done
-
-
-def _stamped(written: RankWritten | Exception) -> tuple[RankWritten, float] | Exception:
-    """This rank's outcome with the time it is durable (or the write's error)."""
-    return written if isinstance(written, Exception) else (written, time.time())
-
-
-def _failed_after_commit(what: str, exc: Exception) -> Exception:
-    """Coordinator: the error every rank raises when logging or rotating after a commit
-    failed (the checkpoint is committed: nothing is rolled back)."""
-    if isinstance(exc, ResilientError):
-        return exc
-    return CollectiveError(what, {0: failure_of(exc, 0)})
 
 
 def _same_step(steps: list[int]) -> None:

@@ -31,8 +31,12 @@ every rank of a node must expand it to the same directory.
   what lost or replaced nodes lack from those copies.
 * A restore on another rank count, layout or decomposition stages on each node the files its
   ranks read of the newest step the nodes hold between them, own and partner copies of any
-  layout, in ``<local root>/elastic/`` (:mod:`resilient.checkpoint.localelastic`), before it
+  layout, in ``<local root>/elastic/`` (:mod:`resilient.checkpoint.tierstaging`), before it
   looks at the shared root.
+
+What a manager does with the tier (its commits, partner copies, flushes and restore chain) is
+:mod:`resilient.checkpoint.tiermanager`. Collective: construction and :meth:`LocalTier.newest`;
+every other method is local.
 
 SCR's cache plus flush (``SCR_FLUSH``), without SCR's C library and job scripts.
 """
@@ -45,12 +49,11 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.localelastic import drop_staging, stage_newest
-from resilient.checkpoint.partner import CopyScheme, PartnerCopies, Ring, make_copy_scheme
+from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.checkpoints import load_entries
@@ -58,12 +61,11 @@ from resilient.io.commit import PendingDir
 from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget, Target
 from resilient.model import filenames
-from resilient.model.blocks import BlockSpec
 from resilient.model.checksum import hash128
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest
 from resilient.parallel.collective import Collective
-from resilient.parallel.comm import Channel, Comm
+from resilient.parallel.comm import Comm
 from resilient.parallel.nodes import expand_node_path, node_label
 from resilient.parallel.setcomms import SetComms
 
@@ -150,7 +152,7 @@ class LocalTier:
         self._coll.check("checking the local tier's layout", self._check_nodes)
         self.root = local_root_of(node_dir, shared_root)
         self.target = DirectoryTarget(self.root)
-        self.staging = self.target.child(filenames.ELASTIC_DIR)  # see stage_elastic
+        self.staging = self.target.child(filenames.ELASTIC_DIR)  # see tierstaging
         self._coll.check(f"opening the local tier {self.root}", self._open)
         self.copies: CopyScheme | None = None
         if redundancy is not None:
@@ -158,9 +160,6 @@ class LocalTier:
                 redundancy, self.target, [(v.leader, v.label) for v in self.views],
                 self._coll, keep=keep, shared_root=shared_root,
             )  # fmt: skip
-        self._mover: PartnerCopies | None = (
-            self.copies if isinstance(self.copies, PartnerCopies) else None
-        )
 
     @property
     def is_node_leader(self) -> bool:
@@ -366,49 +365,6 @@ class LocalTier:
             needed[view.leader].add(r)
         return [tuple(sorted(n)) for n in needed]
 
-    def stage_elastic(
-        self,
-        blocks: Mapping[str, BlockSpec],
-        *,
-        step: int | None = None,
-        at_least: int | None = None,
-        excluded: frozenset[int] = frozenset(),
-    ) -> LocalCheckpoint | None:
-        """Collective: stage on every node, in :attr:`staging`, what its ranks read of the
-        newest step (or ``step``; not older than ``at_least``, none of ``excluded``) of any
-        layout that the nodes can complete between them from their own and partner copies
-        (:mod:`resilient.checkpoint.localelastic`); ``None`` when there is none. The result's
-        manifest is the whole one (every entry), its path this rank's node's staged copy, to be
-        read elastically and then dropped (:meth:`drop_staged`).
-
-        Without partner copies, the channel between the nodes is opened at the first call;
-        where it cannot be (MPI without ``MPI_THREAD_MULTIPLE``), only steps that every node
-        can stage from its own files are used.
-        """
-        if self._mover is None:
-            ring = Ring.of([(v.leader, v.label) for v in self.views])
-            channel: Channel = _NoChannel()
-            if len(ring) > 1:
-                try:
-                    channel = self._coll.check(
-                        "opening a channel for an elastic restore", self.comms.comm.channel
-                    )
-                except ConfigError as exc:  # the same on every rank
-                    if self._coll.is_coordinator:
-                        log.warning("%s: nodes cannot exchange files for an elastic restore", exc)
-            self._mover = PartnerCopies(self.target, ring, self._coll, channel, keep=self.keep)
-        staged = stage_newest(
-            self._mover, self.staging, self.target.steps, blocks,
-            current=self.comms.layout, step=step, at_least=at_least,
-            excluded=excluded, wire=not isinstance(self._mover.channel, _NoChannel),
-        )  # fmt: skip
-        return None if staged is None else LocalCheckpoint(staged.path, staged.manifest)
-
-    def drop_staged(self) -> None:
-        """Local: this node's leader removes what :meth:`stage_elastic` staged (best effort)."""
-        if self._mover is not None:
-            drop_staging(self._mover, self.staging)
-
     def discard(self, checkpoint: LocalCheckpoint, reason: str) -> None:
         """Local: this node's leader quarantines its copy of a checkpoint that failed a restore."""
         if not self.is_node_leader:
@@ -448,16 +404,6 @@ def _complete(manifest: Manifest, found: Sequence[LocalSizes]) -> bool:
         return True
     present = {f.shard: f.shard_size for f in found if f.shard is not None}
     return all(present.get(s.name) == s.size for s in sharded.shards)
-
-
-class _NoChannel:
-    """The channel of a job on one node: every file a staging needs is on that node."""
-
-    def send(self, dest: int, data: bytes | bytearray | memoryview) -> None:
-        raise ValueError(f"no other node to send to (rank {dest})")
-
-    def recv(self, source: int, into: bytearray | memoryview) -> None:
-        raise ValueError(f"no other node to receive from (rank {source})")
 
 
 def _per_node(layout: Layout) -> str:

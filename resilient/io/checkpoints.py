@@ -218,7 +218,7 @@ def entries_from_shards(
 ) -> Manifest:
     """``manifest`` with every entry loaded from ``shards``, the bytes of its shards by name,
     read elsewhere (on the nodes holding them: an elastic restore from the node-local tier,
-    :mod:`resilient.checkpoint.localelastic`), each checked against the index as
+    :mod:`resilient.checkpoint.tierstaging`), each checked against the index as
     :func:`load_entries` checks what it reads. No I/O; ``where`` names them in errors.
 
     Raises:

@@ -11,7 +11,7 @@ every rank::
 
 Both are wrappers: a save records them in the state's tree (:mod:`resilient.model.tree`) and a restore
 on the same rank count gives back the plain values. A restore on another rank count (see
-:mod:`resilient.checkpoint.elastic`) gives each rank its new block of every :class:`Block` leaf and saved
+:mod:`resilient.checkpoint.elasticread`) gives each rank its new block of every :class:`Block` leaf and saved
 rank 0's copy of every :class:`Replicated` subtree.
 
 The rest of this module is the arithmetic of blocks: balanced splits (:func:`block_1d`,

@@ -147,7 +147,7 @@ def static_tmp_dir_name(token: str) -> str:
 
 
 def local_tier_dir_name(shared_root_name: str, path_digest: str) -> str:
-    """Name of a node-local tier's root (in ``local_dir``) for a shared root called
+    """Name of a node-local tier's root (in the node-local storage) for a shared root called
     ``shared_root_name`` whose absolute path hashes to ``path_digest``."""
     return f"{shared_root_name}-{path_digest[:12]}"
 

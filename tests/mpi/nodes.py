@@ -18,11 +18,19 @@ import numpy as np
 from mpi4py import MPI
 
 from resilient import Block, CheckpointManager, KeepLast, Replicated, block_1d
+from resilient.checkpoint.tiermanager import LocalTierManager
+from resilient.checkpoint.tiers import LocalTier
 from resilient.errors import ResilientError
 from resilient.parallel.nodes import node_label
 
 world = MPI.COMM_WORLD
 rank = world.rank
+
+
+def local_tier(m: CheckpointManager) -> LocalTier | None:
+    """The manager's node-local tier, if it has one."""
+    path = m._path
+    return path.tier if isinstance(path, LocalTierManager) else None
 
 
 def make_state(step: int) -> dict[str, Any]:
@@ -58,7 +66,7 @@ def scenario_save(root: str, local_dir: str, steps: str, *how: str) -> None:
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))
         m.wait()  # the flush of an even step has reached the shared root
-    result(local_root=str(m._local.root) if m._local else None)
+    result(local_root=str(tier.root) if (tier := local_tier(m)) else None)
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
@@ -89,7 +97,7 @@ def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> N
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))
         m.wait()
-    result(local_root=str(m._local.root) if m._local else None)
+    result(local_root=str(tier.root) if (tier := local_tier(m)) else None)
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
@@ -117,7 +125,7 @@ def scenario_elastic_save(
     for step in range(1, int(steps) + 1):
         m.save(step, elastic_state(step))
         m.wait()
-    result(local_root=str(m._local.root) if m._local else None)
+    result(local_root=str(tier.root) if (tier := local_tier(m)) else None)
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
@@ -138,7 +146,7 @@ def scenario_elastic_restore(
         assert got["meta"] == {"step": step}, got["meta"]
         assert got["g"].tobytes() == want.tobytes(), step
         m.save(step + 1, elastic_state(step + 1))
-        staging = m._local.staging.root if m._local else None
+        staging = tier.staging.root if (tier := local_tier(m)) else None
     # the node's leader drops the staging on its own (local): look after close's collectives
     result(step=step, staged_left=staging is not None and staging.exists())
 

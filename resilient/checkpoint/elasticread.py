@@ -1,8 +1,13 @@
-"""Restoring a checkpoint on another rank count: each rank reads its new blocks. No MPI.
+"""An elastic restore's plan and reads: each rank reads its new blocks. No communication.
 
 A checkpoint whose per-rank data is all declared (:class:`~resilient.model.blocks.Block` leaves and
 :class:`~resilient.model.blocks.Replicated` subtrees) can be restored on any number of ranks, from
-files of any layout. Call order (the collective parts are :mod:`resilient.checkpoint.restorer`'s)::
+files of any layout. Whether a restore is elastic (:func:`another_layout`, :func:`is_elastic`,
+:func:`needs_elastic`), what it reads (:class:`ElasticPlan`) and the reads themselves
+(:func:`read_elastic`) are this module's; every function here is local. The collective rounds
+around them (who decides, who receives the whole manifest) are
+:mod:`resilient.checkpoint.restorer`'s; the staging of a step from a node-local tier's copies
+before it is read is :mod:`resilient.checkpoint.tierstaging`'s. Call order::
 
     coordinator   ElasticPlan.of(manifest)   which leaves are blocks, which are replicated;
                                              anything else is a LayoutMismatchError naming it
@@ -22,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +37,7 @@ from resilient.io import fileio, storage
 from resilient.model.arrays import fill_leaf, restore_leaf, template_spec, writable_view
 from resilient.model.blocks import BlockSpec, intersect, stripe_range
 from resilient.model.checksum import digest_array, digest_bytes
+from resilient.model.layout import Layout
 from resilient.model.manifest import DatasetEntry, Manifest, RankEntry
 from resilient.model.tiling import block_of, check_blocks
 from resilient.model.tree import elastic_kinds, leaf_paths, structure_of, unflatten
@@ -46,6 +52,8 @@ __all__ = [
     "ElasticPlan",
     "ReadStats",
     "StoredBlock",
+    "another_layout",
+    "is_elastic",
     "needs_elastic",
     "read_elastic",
     "read_stored_block",
@@ -143,6 +151,25 @@ def _differences(first: RankEntry, other: RankEntry, rank: int) -> list[str]:
         diff = sorted(p for p in a if json.dumps(structure_of(["a", p, dict(a[p])]))
                       != json.dumps(structure_of(["a", p, dict(b[p])])))  # fmt: skip
     return diff or [f"<the structure of rank {rank} differs from rank 0's>"]
+
+
+def another_layout(saved: Layout, current: Layout) -> bool:
+    """Whether a checkpoint of layout ``saved`` can only be read elastically on ``current``:
+    another rank count or kind of layout."""
+    return (saved.nranks, saved.kind) != (current.nranks, current.kind)
+
+
+def is_elastic(
+    manifest: Manifest, current: Layout, wanted: Sequence[Mapping[str, BlockSpec]]
+) -> bool:
+    """Whether restoring ``manifest`` (every entry loaded) on ``current`` with the new blocks
+    ``wanted`` (every rank's) is an elastic restore: :func:`another_layout`, or a rank whose
+    new blocks differ from its saved ones (:func:`needs_elastic`)."""
+    if another_layout(manifest.layout, current):
+        return True
+    return any(
+        blocks and needs_elastic(manifest.ranks[r], blocks) for r, blocks in enumerate(wanted)
+    )
 
 
 def needs_elastic(entry: RankEntry, blocks: Mapping[str, BlockSpec]) -> bool:

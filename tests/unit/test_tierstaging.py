@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from resilient import Block, CheckpointManager, Replicated
-from resilient.checkpoint.localelastic import ShardFetch, files_needed, took_shards
 from resilient.checkpoint.partner import Ring
+from resilient.checkpoint.tiermanager import LocalTierManager
+from resilient.checkpoint.tierstaging import ShardFetch, files_needed, took_shards
 from resilient.io.checkpoints import load_manifest
 from resilient.model.blocks import BlockSpec
 from resilient.model.manifest import ShardEntry
@@ -34,10 +35,10 @@ def _crashed_run(tmp_path: Path, steps: int) -> Path:
     m = CheckpointManager(tmp_path / "ck", local_dir=tmp_path / "local", flush_every=1000)
     for step in range(1, steps + 1):
         m.save(step, {"g": Block(_global(step), SHAPE, (0, 0)), "t": _replicated(step)})
-    local = m._local
-    assert local is not None
+    local = m._path
+    assert isinstance(local, LocalTierManager)
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
-    return local.root
+    return local.tier.root
 
 
 def test_new_blocks_are_read_from_the_newest_local_step(

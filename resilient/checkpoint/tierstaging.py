@@ -1,11 +1,12 @@
-"""An elastic restore from the node-local tier: a step saved on other ranks or nodes, staged.
+"""The node-local tier's staging of an elastic restore: a step saved on other ranks or nodes.
 
 A job restarted on another rank count (or another decomposition, or other nodes) cannot read
 the node-local checkpoints as they are: each rank's new blocks overlap stored blocks of files
 that may sit on any node of the old job, as its own copy or as a partner copy
 (:mod:`resilient.checkpoint.partner`). Before the shared root is looked at, the nodes of this
-job stage the newest step they can complete between them. Call order (every round through
-:class:`~resilient.parallel.collective.Collective`; :func:`stage_newest`)::
+job stage the newest step they can complete between them (:meth:`TierStaging.stage`, called by
+the tier's restore chain, :mod:`resilient.checkpoint.tiermanager`). Call order (every round
+through :class:`~resilient.parallel.collective.Collective`; :func:`stage_newest`)::
 
     every rank    its new blocks; a node's first rank also what its node holds of every
                   step, of any layout (own copies and partner copies, sizes checked, partner
@@ -41,6 +42,11 @@ then the old nodes' own and partner copies still hold it.
 
 Why only the overlapping files: a restart on fewer nodes would otherwise move every node's
 files to every node (the whole checkpoint times the node count over the wire).
+
+Which calls are collective: :meth:`TierStaging.stage` and :func:`stage_newest` (over the
+checkpoint set's communicator); :meth:`TierStaging.drop` and :func:`drop_staging` are local;
+the planning (:func:`files_needed`, :func:`plan_staging`, :func:`took_shards`) is pure. What is
+staged is then read like any checkpoint of another layout (:mod:`resilient.checkpoint.elasticread`).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.elastic import ElasticPlan, needs_elastic
+from resilient.checkpoint.elasticread import ElasticPlan, is_elastic
 from resilient.checkpoint.partner import (
     Held,
     Inventories,
@@ -62,7 +68,8 @@ from resilient.checkpoint.partner import (
     gather_inventories,
     transfers_for,
 )
-from resilient.errors import InvalidCheckpointError, LayoutMismatchError
+from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
+from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
 from resilient.io.checkpoints import entries_from_shards, read_shard
 from resilient.io.targets import DirectoryTarget
 from resilient.model.blocks import BlockSpec, intersect
@@ -70,11 +77,13 @@ from resilient.model.codec import parse_manifest
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError, ShardEntry
 from resilient.parallel.collective import Collective
+from resilient.parallel.comm import Channel
 
 __all__ = [
     "ShardFetch",
     "Staged",
     "StagePlan",
+    "TierStaging",
     "files_needed",
     "plan_staging",
     "stage_newest",
@@ -214,7 +223,7 @@ def plan_staging(
             except (ManifestError, InvalidCheckpointError) as exc:
                 why = why or f"local checkpoint step {step}'s manifest shards: {exc}"
                 continue
-        if not _is_elastic(manifest, current, wanted):
+        if not is_elastic(manifest, current, wanted):
             continue
         try:
             needs = files_needed(manifest, ring, wanted, current=current.describe())
@@ -298,18 +307,73 @@ def took_shards(
     return held, got
 
 
-def _is_elastic(
-    manifest: Manifest, current: Layout, wanted: Sequence[Mapping[str, BlockSpec]]
-) -> bool:
-    """Whether restoring ``manifest`` on ``current`` with the new blocks ``wanted`` is an
-    elastic restore (the restorer's rule: another rank count or kind of layout, or a rank
-    whose new blocks differ from its saved ones)."""
-    saved = manifest.layout
-    if (saved.nranks, saved.kind) != (current.nranks, current.kind):
-        return True
-    return any(
-        blocks and needs_elastic(manifest.ranks[r], blocks) for r, blocks in enumerate(wanted)
-    )
+class TierStaging:
+    """The elastic restores a node-local tier stages in ``<local root>/elastic/`` on every node.
+
+    Args:
+        tier: the node-local tier (its nodes, own copies and partner copies).
+    """
+
+    def __init__(self, tier: LocalTier) -> None:
+        self.tier = tier
+        self._coll = Collective(tier.comms.comm)
+        copies = tier.copies
+        # the mover: partner copies if the tier keeps them, else made at the first staging
+        self._mover: PartnerCopies | None = copies if isinstance(copies, PartnerCopies) else None
+
+    def stage(
+        self,
+        blocks: Mapping[str, BlockSpec],
+        *,
+        step: int | None = None,
+        at_least: int | None = None,
+        excluded: frozenset[int] = frozenset(),
+    ) -> LocalCheckpoint | None:
+        """Collective: stage on every node, in the tier's :attr:`~LocalTier.staging`, what its
+        ranks read of the newest step (or ``step``; not older than ``at_least``, none of
+        ``excluded``) of any layout that the nodes can complete between them from their own
+        and partner copies; ``None`` when there is none. The result's manifest is the whole
+        one (every entry), its path this rank's node's staged copy, to be read elastically and
+        then dropped (:meth:`drop`).
+
+        Without partner copies, the channel between the nodes is opened at the first call;
+        where it cannot be (MPI without ``MPI_THREAD_MULTIPLE``), only steps that every node
+        can stage from its own files are used.
+        """
+        tier = self.tier
+        if self._mover is None:
+            ring = Ring.of([(v.leader, v.label) for v in tier.views])
+            channel: Channel = _NoChannel()
+            if len(ring) > 1:
+                try:
+                    channel = self._coll.check(
+                        "opening a channel for an elastic restore", tier.comms.comm.channel
+                    )
+                except ConfigError as exc:  # the same on every rank
+                    if self._coll.is_coordinator:
+                        log.warning("%s: nodes cannot exchange files for an elastic restore", exc)
+            self._mover = PartnerCopies(tier.target, ring, self._coll, channel, keep=tier.keep)
+        staged = stage_newest(
+            self._mover, tier.staging, tier.target.steps, blocks,
+            current=tier.comms.layout, step=step, at_least=at_least,
+            excluded=excluded, wire=not isinstance(self._mover.channel, _NoChannel),
+        )  # fmt: skip
+        return None if staged is None else LocalCheckpoint(staged.path, staged.manifest)
+
+    def drop(self) -> None:
+        """Local: this node's leader removes what :meth:`stage` staged (best effort)."""
+        if self._mover is not None:
+            drop_staging(self._mover, self.tier.staging)
+
+
+class _NoChannel:
+    """The channel of a job on one node: every file a staging needs is on that node."""
+
+    def send(self, dest: int, data: bytes | bytearray | memoryview) -> None:
+        raise ValueError(f"no other node to send to (rank {dest})")
+
+    def recv(self, source: int, into: bytearray | memoryview) -> None:
+        raise ValueError(f"no other node to receive from (rank {source})")
 
 
 def stage_newest(
