@@ -5,10 +5,11 @@ walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap tha
 
 A *unit* is what one worker runs, in order, in one process:
 
-- every test that needs the local Slurm (marker ``slurm`` or ``multinode``) is one unit,
-  ``slurm``: some take nodes down, the campaigns share one session fixture
-  (``slurm_scenarios``), and the cluster's partitions are shared, so they run one after the
-  other as in a serial run;
+- the Slurm modules (``tests/test_slurm_*.py``) are one unit, ``slurm``: some take nodes
+  down, the campaigns share one session fixture (``slurm_scenarios``), and the cluster's
+  partitions are shared, so they run one after the other as in a serial run (the one
+  Slurm test elsewhere, ``srun`` in ``test_warn_signal.py``, uses partition ``debug``, on
+  n1, which no test takes down);
 - the modules of :data:`TIMING_MODULES` are one unit, ``timing``: their programs run under
   walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill),
   so they run one after the other, as in a serial run, and at normal priority while every
@@ -18,6 +19,10 @@ A *unit* is what one worker runs, in order, in one process:
 - the tests of a module in :data:`SPLIT_MODULES` are a unit each (independent and long);
 - every other module is a unit: its module-scoped fixtures run once, and a documentation
   page's blocks (Sybil) share one namespace.
+
+A unit is known from the test's node id alone: xdist's own groups (``--dist loadgroup`` with
+``xdist_group`` markers) rename node ids, which pytest 9.2 no longer allows (the groups are
+silently lost), so they are not used.
 
 Units start heaviest first (Slurm, timing, then :data:`HEAVY_FIRST`, measured by
 ``--durations``), the rest in collection order, so that no long unit starts last. Without
@@ -44,6 +49,7 @@ __all__ = [
 ]
 
 SLURM_GROUP = "slurm"
+SLURM_PREFIX = "tests/test_slurm_"
 TIMING_GROUP = "timing"
 
 #: Modules whose programs run under walltimes of a few seconds (``grep -rn walltime tests``).
@@ -90,14 +96,15 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def _group(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("slurm") or item.get_closest_marker("multinode"):
+def _group(nodeid: str) -> str | None:
+    module = _module(nodeid)
+    if module.startswith(SLURM_PREFIX):
         return SLURM_GROUP
-    return TIMING_GROUP if _module(item.nodeid) in TIMING_MODULES else None
+    return TIMING_GROUP if module in TIMING_MODULES else None
 
 
 def _rank(item: pytest.Item) -> int:
-    group = _group(item)
+    group = _group(item.nodeid)
     if group is not None:
         return (SLURM_GROUP, TIMING_GROUP).index(group)
     module = _module(item.nodeid)
@@ -105,12 +112,8 @@ def _rank(item: pytest.Item) -> int:
 
 
 def mark_units(items: list[pytest.Item]) -> None:
-    """Put the Slurm tests and the timing modules in a group each; order the items heaviest
-    unit first (a stable sort: within a unit, collection order)."""
-    for item in items:
-        group = _group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """Order the items heaviest unit first (a stable sort: within a unit, collection order);
+    the scheduler hands out the units in this order."""
     items.sort(key=_rank)
 
 
@@ -118,21 +121,22 @@ def yield_cpu(item: pytest.Item) -> None:
     """Before a test of no group: lower this worker's priority to ``nice`` :data:`NICE` (for
     good: the units of no group come last in a worker's life), so that the timing unit, at
     normal priority, gets the CPU it needs; what the test starts inherits it."""
-    if _group(item) is None and os.getpriority(os.PRIO_PROCESS, 0) < NICE:
+    if _group(item.nodeid) is None and os.getpriority(os.PRIO_PROCESS, 0) < NICE:
         os.setpriority(os.PRIO_PROCESS, 0, NICE)
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of a node id as xdist's workers report it (``--dist loadgroup`` appends
-    ``@GROUP`` to a grouped test's id)."""
-    if "@" in nodeid:
-        return nodeid.rsplit("@", 1)[1]
+    """The unit of a test, from its node id."""
+    group = _group(nodeid)
+    if group is not None:
+        return group
     module = _module(nodeid)
     return nodeid if module in SPLIT_MODULES else module
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The scheduler of ``--dist loadgroup``: units as the module docstring says, in order."""
+    """The scheduler of ``--dist loadgroup`` here: units as the module docstring says, in the
+    order :func:`mark_units` gave."""
     from xdist.scheduler.loadscope import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc,unused-ignore]

@@ -2,58 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-import pytest
+from dataclasses import dataclass
 
 from tests import scheduling
 
 
 @dataclass
 class Item:
-    """What scheduling reads of a pytest item: its node id and its markers."""
+    """What scheduling reads of a pytest item: its node id."""
 
     nodeid: str
-    markers: list[Any] = field(default_factory=list)
-
-    def get_closest_marker(self, name: str) -> Any:
-        return next((m for m in reversed(self.markers) if m.name == name), None)
-
-    def add_marker(self, marker: Any) -> None:
-        self.markers.append(getattr(marker, "mark", marker))
 
 
-def units(items: list[Item]) -> list[tuple[str, str | None]]:
-    scheduling.mark_units(items)  # type: ignore[arg-type]
-    out = []
-    for item in items:
-        group = item.get_closest_marker("xdist_group")
-        out.append((item.nodeid, group.args[0] if group else None))
-    return out
-
-
-def test_slurm_tests_are_one_unit_first_then_the_timing_unit_then_the_heavy_modules() -> None:
+def test_units_start_slurm_first_then_timing_then_the_heavy_modules_then_the_rest() -> None:
     items = [
         Item("tests/unit/test_tree.py::test_a"),
         Item("tests/test_soak.py::test_b"),
         Item("tests/test_warn_signal.py::test_local"),
-        Item("tests/test_warn_signal.py::test_srun", [pytest.mark.slurm.mark]),
-        Item("tests/test_slurm_multinode.py::test_lost", [pytest.mark.multinode.mark]),
+        Item("tests/test_slurm_multinode.py::test_lost"),
         Item("tests/test_demo.py::test_demo"),
     ]
-    assert units(items) == [
-        ("tests/test_warn_signal.py::test_srun", "slurm"),
+    scheduling.mark_units(items)  # type: ignore[arg-type]
+    got = [(item.nodeid, scheduling.unit_of(item.nodeid)) for item in items]
+    assert got == [
         ("tests/test_slurm_multinode.py::test_lost", "slurm"),
         ("tests/test_warn_signal.py::test_local", "timing"),
         ("tests/test_demo.py::test_demo", "timing"),
-        ("tests/test_soak.py::test_b", None),
-        ("tests/unit/test_tree.py::test_a", None),
+        ("tests/test_soak.py::test_b", "tests/test_soak.py"),
+        ("tests/unit/test_tree.py::test_a", "tests/unit/test_tree.py"),
     ]
 
 
 def test_a_unit_is_a_group_a_split_test_or_a_module() -> None:
-    assert scheduling.unit_of("tests/test_slurm_sbatch.py::test_array@slurm") == "slurm"
+    assert scheduling.unit_of("tests/test_slurm_sbatch.py::test_array[x]") == "slurm"
+    assert scheduling.unit_of("tests/test_parsl.py::test_flow") == "timing"
     one = "tests/test_torchdist.py::test_round_trip_is_bit_identical[4]"
     assert scheduling.unit_of(one) == one
     assert scheduling.unit_of("tests/unit/test_tree.py::test_a[x]") == "tests/unit/test_tree.py"
