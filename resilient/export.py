@@ -256,19 +256,17 @@ def _replicated(
     directory: Path, file: str, d: Any, stats: ReadStats
 ) -> Callable[[], Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]]:
     def pieces() -> Iterator[tuple[tuple[int, ...], npt.NDArray[Any]]]:
-        import os
-
         import numpy as np
 
         arr: npt.NDArray[np.generic] = np.empty(d.shape, dtype=np.dtype(d.dtype))
         if d.offset is not None and d.nbytes:
-            fd = os.open(directory / file, os.O_RDONLY | os.O_NOFOLLOW)
+            reader = fileio.FileReader(directory / file)
             try:
-                fileio.read_many(fd, [(d.offset, arr)])
+                fileio.read_many(reader, [(d.offset, arr)])
             except EOFError as exc:
                 raise InvalidCheckpointError(str(directory), f"{file} truncated: {exc}") from None
             finally:
-                os.close(fd)
+                reader.close()
             stats.bytes_read += d.nbytes
         if digest_array(arr) != d.checksum:
             raise InvalidCheckpointError(

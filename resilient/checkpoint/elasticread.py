@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,11 +234,11 @@ def read_elastic(
     for path, d in plan.replicated.items():
         targets[path] = _target(path, into.get(path), d.shape, np.dtype(d.dtype))
 
-    files: dict[str, int] = {}
+    files: dict[str, fileio.FileReader] = {}
 
-    def fd_of(name: str) -> int:
+    def reader_of(name: str) -> fileio.FileReader:
         if name not in files:
-            files[name] = fileio.open_read(directory / name)
+            files[name] = fileio.FileReader(directory / name)
             stats.files.add(name)
         return files[name]
 
@@ -249,11 +248,11 @@ def read_elastic(
             out = targets[path][0]
             for sb in stored:  # only the files this rank reads are opened (a staged copy of
                 if intersect(sb.spec, want) is not None:  # a node-local one holds only those)
-                    _copy_overlap(fd_of(sb.file), sb, want, out, stats, directory, path)
+                    _copy_overlap(reader_of(sb.file), sb, want, out, stats, directory, path)
         for path, d in plan.replicated.items():
             out = targets[path][0]
             if d.offset is not None and d.nbytes:
-                fileio.read_many(fd_of(plan.rank0_file), [(d.offset, out)])
+                fileio.read_many(reader_of(plan.rank0_file), [(d.offset, out)])
                 stats.bytes_read += d.nbytes
                 stats.reads += 1
             if digest_array(out) != d.checksum:
@@ -268,8 +267,8 @@ def read_elastic(
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"a data file is truncated: {exc}") from None
     finally:
-        for fd in files.values():
-            os.close(fd)
+        for reader in files.values():
+            reader.close()
     for path, (arr, template) in targets.items():
         if template is not None and arr is not template:
             fill_leaf(template, arr)
@@ -310,7 +309,7 @@ def _target(
 
 
 def _copy_overlap(
-    fd: int,
+    reader: fileio.RangeReader,
     sb: StoredBlock,
     want: BlockSpec,
     out: npt.NDArray[Any],
@@ -333,7 +332,7 @@ def _copy_overlap(
     first_stripe, stop_stripe = stripe_range(first, first + common.shape[0], rows_per)
     row0, row1 = first_stripe * rows_per, min(stop_stripe * rows_per, d.shape[0])
     buf = np.empty((row1 - row0, *d.shape[1:]), dtype=np.dtype(d.dtype))
-    fileio.read_many(fd, [(d.offset + row0 * row_bytes, buf)])
+    fileio.read_many(reader, [(d.offset + row0 * row_bytes, buf)])
     stats.bytes_read += buf.nbytes
     stats.reads += 1
     raw = memoryview(buf.reshape(-1).view("u1"))  # type: ignore[arg-type]
@@ -371,11 +370,11 @@ def read_stored_block(directory: Path, sb: StoredBlock, *, stats: ReadStats) -> 
     import numpy as np
 
     out = np.empty(sb.spec.shape, dtype=np.dtype(sb.dataset.dtype))
-    fd = fileio.open_read(directory / sb.file)
+    reader = fileio.FileReader(directory / sb.file)
     try:
-        _copy_overlap(fd, sb, sb.spec, out, stats, directory, sb.dataset.name)
+        _copy_overlap(reader, sb, sb.spec, out, stats, directory, sb.dataset.name)
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"{sb.file} truncated: {exc}") from None
     finally:
-        os.close(fd)
+        reader.close()
     return out

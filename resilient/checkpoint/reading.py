@@ -14,7 +14,6 @@ import functools
 import itertools
 import logging
 import operator
-import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -45,11 +44,23 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     pass
 
-__all__ = ["check_template", "log_absent", "read_rank"]
+__all__ = ["Opener", "check_template", "in_directory", "log_absent", "read_rank"]
+
+
+Opener = Callable[[str], fileio.RangeReader]
+"""Opens a data file of one committed copy of a step by name (a target's
+``functools.partial(target.open_reader, step)``, or :func:`in_directory`)."""
+
+
+def in_directory(directory: Path) -> Opener:
+    """The opener of the data files in ``directory`` (a step's, a node-local copy's, a static
+    data copy's), read as a :class:`~resilient.io.targets.DirectoryTarget` reads them."""
+    return lambda name: fileio.FileReader(directory / name)
 
 
 def read_rank(
-    directory: Path,
+    files: Opener,
+    where: str,
     manifest: Manifest,
     rank: int,
     *,
@@ -60,7 +71,8 @@ def read_rank(
     absent: set[str] | None = None,
 ) -> dict[str, Any]:
     """Read one rank's state from a checkpoint, verifying each array's checksum, and rebuild its
-    structure (torch tensors where tensors were saved).
+    structure (torch tensors where tensors were saved). The data file is read through
+    ``files`` (``where``: the copy's place, for messages).
 
     What a failed read leaves in ``into``: arrays read into in place (numpy arrays, CPU
     tensors) may hold any part of the checkpoint's bytes; device tensors may hold the verified
@@ -88,19 +100,21 @@ def read_rank(
     """
     missing: set[str] = set() if absent is None else absent
     state = storage.retry_io(
-        lambda: _read_rank(directory, manifest, rank, into or {}, memo, digester, device, missing),
-        what=f"reading {directory} for rank {rank}",
+        lambda: _read_rank(
+            files, where, manifest, rank, into or {}, memo, digester, device, missing
+        ),
+        what=f"reading {where} for rank {rank}",
     )
     if absent is None and missing:
-        log_absent(directory, missing)
+        log_absent(where, missing)
     return state
 
 
-def log_absent(directory: Path, devices: set[str]) -> None:
-    """Say, in one line, that tensors of ``directory`` saved on ``devices`` came back on the
-    CPU."""
+def log_absent(where: str | Path, devices: set[str]) -> None:
+    """Say, in one line, that tensors of ``where`` (a copy of a step) saved on ``devices`` came
+    back on the CPU."""
     log.warning("%s: tensors saved on %s are restored on the CPU (no such device here)",
-                directory, ", ".join(sorted(devices)))  # fmt: skip
+                where, ", ".join(sorted(devices)))  # fmt: skip
 
 
 def check_template(entry: RankEntry, into: Mapping[str, Any], *, what: str) -> None:
@@ -185,7 +199,8 @@ def _is_writable(target: Any) -> bool:
 
 
 def _read_rank(
-    directory: Path,
+    files: Opener,
+    where: str,
     manifest: Manifest,
     rank: int,
     into: Mapping[str, Any],
@@ -240,7 +255,7 @@ def _read_rank(
     upload = None if device is None or not on_device else device.upload(on_device)
     try:
         arrays = _read_verified(
-            directory, entry, rank, direct, fresh_at, offsets, shapes, dtypes, sizes, digests,
+            files, where, entry, rank, direct, fresh_at, offsets, shapes, dtypes, sizes, digests,
             upload,
         )  # fmt: skip
     finally:
@@ -269,7 +284,8 @@ def _read_rank(
 
 
 def _read_verified(
-    directory: Path,
+    files: Opener,
+    where: str,
     entry: RankEntry,
     rank: int,
     direct: list[Any],
@@ -297,10 +313,10 @@ def _read_verified(
         pending = set(upload.pending)
         on = {i: n for i, n in enumerate(names) if n in pending}
         checks = _Checks(digests, upload, on, table.checksums)
-    fd = fileio.open_read(directory / entry.file)
+    reader = files(entry.file)
     try:
         new = fileio.read_new(
-            fd,
+            reader,
             offsets,
             shapes,
             list(map(numpy_dtypes.__getitem__, dtypes)),
@@ -322,7 +338,7 @@ def _read_verified(
                 ]
                 items = [(table.offsets[i], direct[i]) for i in at]
             fileio.read_many(
-                fd,
+                reader,
                 items,  # type: ignore[arg-type]
                 arrived=None if digests is None else _Told(digests, at, checks),
             )
@@ -332,9 +348,9 @@ def _read_verified(
             else:
                 arrays = direct  # (no None among them)
     except EOFError as exc:
-        raise InvalidCheckpointError(str(directory), f"{entry.file} truncated: {exc}") from None
+        raise InvalidCheckpointError(where, f"{entry.file} truncated: {exc}") from None
     finally:
-        os.close(fd)
+        reader.close()
         got = None if digests is None else digests.result()  # no thread reads them after this
     if got is None:
         got = digest_arrays(arrays)
@@ -344,7 +360,7 @@ def _read_verified(
     if "".join(got) != table.digests:
         bad = next(n for n, g, w in zip(names, got, table.checksums, strict=True) if g != w)
         raise InvalidCheckpointError(
-            str(directory), f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
+            where, f"checksum mismatch: rank {rank} dataset {bad!r} in {entry.file}"
         )
     if upload is not None:  # what was not copied as it was read (small reads, empty tensors)
         upload.put(upload.pending)

@@ -45,7 +45,7 @@ from resilient.checkpoint.elasticread import (
     needs_elastic,
     read_elastic,
 )
-from resilient.checkpoint.reading import check_template, read_rank
+from resilient.checkpoint.reading import check_template, in_directory, read_rank
 from resilient.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -790,10 +790,12 @@ class Restorer:
                 read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
                 device=self.devices, absent=self.absent_devices,
             )  # fmt: skip
-            state = read(chosen.path, chosen.manifest)
+            state = read(in_directory(chosen.path), str(chosen.path), chosen.manifest)
             static = chosen.static
             if static is not None:
-                got, note = _first_copy(chosen.static_dirs, lambda d: read(d, static))
+                got, note = _first_copy(
+                    chosen.static_dirs, lambda d: read(in_directory(d), str(d), static)
+                )
                 state.update(got)
         if validate is None:
             return state, note

@@ -541,6 +541,13 @@ class RangeReader(Protocol):
         """
         ...
 
+    def readv(self, buffers: list[_Buffer], pos: int) -> int:
+        """Read the file's bytes from ``pos`` on into ``buffers``, one after the other, in one
+        call (a file's: one ``preadv``, the buffers its iovecs); the count read: less than
+        asked where the file ends or the read stopped short, 0 at the end of the file
+        (:func:`read_many` and :func:`read_new` go on from there)."""
+        ...
+
     def close(self) -> None:
         """Release the file (idempotent)."""
         ...
@@ -656,13 +663,13 @@ _READ_CHUNK = 2 << 20  # a span is read this many bytes at a time when someone i
 
 
 def read_many(
-    fd: int,
+    reader: RangeReader,
     items: Sequence[tuple[int, npt.NDArray[np.generic]]],
     *,
     arrived: ReadWatcher | None = None,
     fresh: bool = False,
 ) -> None:
-    """Fill each C-contiguous array with the bytes of ``fd`` at its offset.
+    """Fill each C-contiguous array with the bytes of ``reader`` at its offset.
 
     Arrays lying close together (HDF5's metadata between them) are read by one ``preadv`` per
     run of up to 512 of them: the arrays themselves are its iovecs (the bytes between them go
@@ -700,7 +707,7 @@ def read_many(
             stop = int(np.searchsorted(end[k:b], start[k] + limit, "right")) + k
             stop = min(max(stop, k + 1), b, k + _IOV_MAX // 2)
             if arrived is not None and stop == k + 1 and end[k] - start[k] > limit:
-                _read_pieces(fd, ordered[k], int(start[k]), int(order[k]), arrived, fresh=fresh)
+                _read_pieces(reader, ordered[k], int(start[k]), int(order[k]), arrived, fresh=fresh)
                 k = stop
                 continue
             if fresh and arrived is not None:  # their pages in one call each, not by faults
@@ -710,14 +717,14 @@ def read_many(
             holes = np.flatnonzero(gaps[k : stop - 1] > 0)
             for h in holes[::-1].tolist():  # from the back: the positions stay right
                 bufs.insert(h + 1, scratch[: int(gaps[k + h])])
-            _preadv_all(fd, bufs, int(start[k]), int(end[stop - 1] - start[k]))
+            _preadv_all(reader, bufs, int(start[k]), int(end[stop - 1] - start[k]))
             if arrived is not None:
                 arrived.arrays(order[k:stop].tolist(), ordered[k:stop])
             k = stop
 
 
 def _read_pieces(
-    fd: int,
+    reader: RangeReader,
     array: npt.NDArray[np.generic],
     offset: int,
     position: int,
@@ -736,7 +743,7 @@ def _read_pieces(
         if ready is not None:
             ready()
         piece = data[pos:end]
-        _preadv_all(fd, [piece], offset + pos, len(piece))
+        _preadv_all(reader, [piece], offset + pos, len(piece))
         watcher.piece(position, piece, end >= size)
         ready = after
 
@@ -746,7 +753,7 @@ _MAX_READ = 1 << 62
 
 
 def read_new(
-    fd: int,
+    reader: RangeReader,
     offsets: Sequence[int | None],
     shapes: Sequence[tuple[int, ...]],
     dtypes: Sequence[np.dtype[Any]],
@@ -755,7 +762,7 @@ def read_new(
     arrived: ReadWatcher | None = None,
     nbytes: Sequence[int] | None = None,
 ) -> list[npt.NDArray[Any]]:
-    """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``fd``, in order
+    """New arrays holding the datasets at ``offsets`` (``None``: empty) of ``reader``, in order
     (``nbytes``: their sizes, if known).
 
     Small datasets (< 1 MiB) lying close together are read by one ``preadv`` into one new
@@ -792,7 +799,7 @@ def read_new(
     for i in large:
         out[i] = allocate(shapes[i], dtypes[i], populate=arrived is None)
     told = None if arrived is None else _Renumbered(arrived, large)
-    read_many(fd, [(int(starts[i]), out[i]) for i in large], arrived=told, fresh=True)
+    read_many(reader, [(int(starts[i]), out[i]) for i in large], arrived=told, fresh=True)
     small = present[sizes[present] < DIRECT_MIN]
     order = small[np.argsort(starts[small], kind="stable")]
     begin, end = starts[order], starts[order] + sizes[order]
@@ -806,7 +813,7 @@ def read_new(
         index = order[a:b].tolist()
         views = _views(arena, begin[a:b] - base, sizes[order[a:b]], index, shapes, dtypes)
         if arrived is None:
-            _preadv_all(fd, [arena[int(begin[a]) - base :]], int(begin[a]))
+            _preadv_all(reader, [arena[int(begin[a]) - base :]], int(begin[a]))
         else:  # in pieces of whole arrays, each told once read
             relative_end = end[a:b] - base
             ends = relative_end.tolist()
@@ -816,7 +823,7 @@ def read_new(
                 stop = int(np.searchsorted(relative_end, pos + _READ_CHUNK, "right"))
                 stop = max(stop, k + 1)
                 upto = max(ends[k:stop])
-                _preadv_all(fd, [arena[pos:upto]], base + pos)
+                _preadv_all(reader, [arena[pos:upto]], base + pos)
                 arrived.arrays(index[k:stop], views[k:stop])
                 pos, k = upto, stop
         if (begin[a:b] % _VIEW_ALIGN).any():  # a view misaligned for its dtype is copied
@@ -927,11 +934,13 @@ def _aligned_empty(nbytes: int) -> npt.NDArray[Any]:
 _SPAN_GAP = 64 << 10  # arrays at most this far apart are read as one span
 
 
-def _preadv_all(fd: int, bufs: list[_Buffer], pos: int, total: int | None = None) -> None:
+def _preadv_all(
+    reader: RangeReader, bufs: list[_Buffer], pos: int, total: int | None = None
+) -> None:
     """Fill ``bufs`` from ``pos`` on (``total``: their byte count, if the caller knows it)."""
     first = 0
     while first < len(bufs):
-        n = os.preadv(fd, bufs[first:], pos)  # type: ignore[arg-type]  # numpy: a buffer
+        n = reader.readv(bufs[first:], pos)
         if n == 0:
             raise EOFError(f"file ends at byte {pos}")
         if n == total:  # all of it (the usual case): no walk over the pieces
@@ -960,7 +969,8 @@ def open_read(path: Path) -> int:
 
 
 class FileReader:
-    """A file read piece by piece at the offsets asked for. Local; the caller closes it.
+    """A file read piece by piece at the offsets asked for (a :class:`RangeReader`). Local; the
+    caller closes it.
 
     Raises:
         OSError: ``path`` cannot be opened.
@@ -980,6 +990,10 @@ class FileReader:
             if got == 0:
                 raise EOFError(f"the file ends at byte {pos}")
             view, pos = view[got:], pos + got
+
+    def readv(self, buffers: list[_Buffer], pos: int) -> int:
+        """See :meth:`RangeReader.readv` (one ``os.preadv``)."""
+        return os.preadv(self.fd, buffers, pos)  # type: ignore[arg-type]  # numpy: a buffer
 
     def close(self) -> None:
         """Close the file (idempotent)."""

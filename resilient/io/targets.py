@@ -31,10 +31,12 @@ target into a pending copy (the one copy loop: :func:`resilient.io.fileio.pump`)
 atomically. A target holds targets of its own (:meth:`~Target.child`: partner copies, the
 staged copies of an elastic restore).
 
-Capability of :class:`DirectoryTarget` alone: :meth:`DirectoryTarget.path`, the directory of a
-committed step, for what opens data files by name (a restore's ``preadv`` of many arrays
-through one descriptor, :mod:`resilient.checkpoint.reading` and :mod:`~resilient.checkpoint.
-elastic`; the catalog's validation; the recycling of a dropped step's files).
+A restore reads a rank's data file through :meth:`~Target.open_reader`
+(:mod:`resilient.checkpoint.reading`): a reader's ``readv`` fills many arrays in one call (a
+directory's: one ``preadv``). Capability of :class:`DirectoryTarget` alone:
+:meth:`DirectoryTarget.path`, the directory of a committed step, for what opens data files by
+name (the elastic restore, :mod:`~resilient.checkpoint.elastic`; the catalog's validation; the
+recycling of a dropped step's files).
 
 What a crash between two calls leaves:
 
@@ -54,7 +56,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.errors import InvalidCheckpointError
 from resilient.io import fileio, storage
@@ -599,6 +601,17 @@ class _MemoryReader:
         if pos + len(view) > len(self.data):
             raise EOFError(f"the file ends at byte {max(pos, len(self.data))}")
         view[:] = self.data[pos : pos + len(view)]
+
+    def readv(self, buffers: list[memoryview | npt.NDArray[Any]], pos: int) -> int:
+        start = pos
+        for buffer in buffers:
+            view = memoryview(buffer).cast("B")  # type: ignore[arg-type]  # numpy: a buffer
+            n = max(0, min(len(view), len(self.data) - pos))
+            view[:n] = self.data[pos : pos + n]
+            pos += n
+            if n < len(view):
+                break
+        return pos - start
 
     def close(self) -> None:
         pass

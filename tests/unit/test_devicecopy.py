@@ -308,12 +308,12 @@ def logged_reads(monkeypatch: pytest.MonkeyPatch, engine: CountingEngine) -> lis
     real = fileio._preadv_all
     waited: list[bool] = []
 
-    def read(fd: int, bufs: Any, pos: int, total: int | None = None) -> None:
+    def read(reader: fileio.RangeReader, bufs: Any, pos: int, total: int | None = None) -> None:
         if engine.sessions:  # (a restore's reads: its copies are set up first)
             if sum(kind == "read" for kind, _ in engine.events) == 5:
                 waited.append(engine.uploaded.wait(10.0))
             engine.events.append(("read", pos))
-        real(fd, bufs, pos, total)
+        real(reader, bufs, pos, total)
 
     monkeypatch.setattr(fileio, "_preadv_all", read)
     return waited

@@ -51,17 +51,17 @@ def write(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> None:
 
 
 def read_back(path: Path, arrays: list[np.ndarray], offsets: list[int]) -> list[Any]:
-    fd = os.open(path, os.O_RDONLY)
+    reader = fileio.FileReader(path)
     try:
         return fileio.read_new(
-            fd,
+            reader,
             [o if a.nbytes else None for o, a in zip(offsets, arrays, strict=True)],
             [a.shape for a in arrays],
             [a.dtype for a in arrays],
             allocate=allocate,
         )
     finally:
-        os.close(fd)
+        reader.close()
 
 
 @pytest.mark.parametrize("gap", [0, 8, 3, 70_000])
@@ -96,11 +96,11 @@ def test_read_many_fills_existing_arrays_across_gaps_and_iov_max(tmp_path: Path)
     offsets = layout(arrays, [i % 3 * 8 for i in range(len(arrays))])
     write(tmp_path / "f", arrays, offsets)
     targets = [np.empty_like(a) for a in arrays]
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    reader = fileio.FileReader(tmp_path / "f")
     try:
-        fileio.read_many(fd, list(zip(offsets, targets, strict=True))[::-1])
+        fileio.read_many(reader, list(zip(offsets, targets, strict=True))[::-1])
     finally:
-        os.close(fd)
+        reader.close()
     assert all(t.tobytes() == a.tobytes() for t, a in zip(targets, arrays, strict=True))
 
 
@@ -111,14 +111,14 @@ def test_a_truncated_file_is_an_eof_error(tmp_path: Path) -> None:
     os.truncate(tmp_path / "f", offsets[-3])
     with pytest.raises(EOFError):
         read_back(tmp_path / "f", arrays, offsets)
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    reader = fileio.FileReader(tmp_path / "f")
     try:
         with pytest.raises(EOFError):
             fileio.read_many(
-                fd, [(o, np.empty_like(a)) for o, a in zip(offsets, arrays, strict=True)]
+                reader, [(o, np.empty_like(a)) for o, a in zip(offsets, arrays, strict=True)]
             )
     finally:
-        os.close(fd)
+        reader.close()
 
 
 def test_short_reads_and_writes_are_resumed(
@@ -143,11 +143,11 @@ def test_short_reads_and_writes_are_resumed(
     got = read_back(tmp_path / "f", arrays, offsets)
     assert all(h.tobytes() == w.tobytes() for h, w in zip(got, arrays, strict=True))
     targets = [np.empty_like(a) for a in arrays]
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    reader = fileio.FileReader(tmp_path / "f")
     try:
-        fileio.read_many(fd, list(zip(offsets, targets, strict=True)))
+        fileio.read_many(reader, list(zip(offsets, targets, strict=True)))
     finally:
-        os.close(fd)
+        reader.close()
     assert all(t.tobytes() == w.tobytes() for t, w in zip(targets, arrays, strict=True))
 
 
@@ -236,11 +236,11 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
     order = rng.permutation(len(arrays)).tolist()
     req = [arrays[i] for i in order]
     req_offsets = [offsets[i] for i in order]
-    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    source = fileio.FileReader(tmp_path / "f")
     try:
         if reader == "read_new":
             fileio.read_new(
-                fd,
+                source,
                 [o if a.nbytes else None for o, a in zip(req_offsets, req, strict=True)],
                 [a.shape for a in req],
                 [a.dtype for a in req],
@@ -249,9 +249,9 @@ def test_arrived_tells_each_array_once_complete_while_reading_on(
             )
         else:
             targets = [np.empty_like(a) for a in req]
-            fileio.read_many(fd, list(zip(req_offsets, targets, strict=True)), arrived=watcher)
+            fileio.read_many(source, list(zip(req_offsets, targets, strict=True)), arrived=watcher)
     finally:
-        os.close(fd)
+        source.close()
     positions = [p for p, _ in watcher.told]
     assert sorted(positions) == [i for i, a in enumerate(req) if a.nbytes]
     assert all(data == req[p].tobytes() for p, data in watcher.told)

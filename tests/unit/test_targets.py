@@ -240,6 +240,17 @@ class TargetTests:
             assert bytes(piece) == DATA[4995:5005]
             with pytest.raises(EOFError, match="ends at byte"):
                 reader.read(memoryview(bytearray(10)), len(DATA) - 5)
+            # a vectored read fills its buffers one after the other, and says how much it read
+            # (less where the file ends, 0 past it)
+            import numpy as np
+
+            head, words = bytearray(3), np.zeros(2, dtype=np.int64)
+            assert reader.readv([memoryview(head), words], 100) == 19
+            assert bytes(head) + words.tobytes() == DATA[100:119]
+            tail: list[Any] = [memoryview(bytearray(4)), memoryview(bytearray(8))]
+            assert reader.readv(tail, len(DATA) - 6) == 6
+            assert bytes(tail[0]) + bytes(tail[1][:2]) == DATA[-6:]
+            assert reader.readv([memoryview(bytearray(4))], len(DATA)) == 0
         finally:
             reader.close()
         with pytest.raises(FileNotFoundError):
