@@ -58,7 +58,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         d.mkdir()
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
     if HAS_TORCH:  # 68 s of steps: 2+ allocations of 1 minute
-        submit("train-torch.sbatch", "--array=1-6%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
+        submit("train-torch.sbatch", "--array=1-10%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
                TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
     dirs["requeue_job"] = submit(
