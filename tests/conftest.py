@@ -32,8 +32,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` (what ``bash .ci/dev test`` passes) spreads :mod:`tests.scheduling`'s
-    units; any other ``--dist`` is xdist's own."""
+    """``--dist loadgroup`` (what ``RESILIENT_TEST_WORKERS=N bash .ci/dev test`` passes)
+    spreads :mod:`tests.scheduling`'s units; any other ``--dist`` is xdist's own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from tests.scheduling import make_scheduler
