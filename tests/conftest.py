@@ -31,6 +31,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
+    """On the controller, before the workers start: ``nice`` must rank every process
+    (:func:`tests.scheduling.nice_across_sessions`), undone when the session ends."""
+    from tests.scheduling import nice_across_sessions
+
+    scope = nice_across_sessions()
+    line = scope.__enter__()
+    config.add_cleanup(lambda: scope.__exit__(None, None, None))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"scheduling: {line}")
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` (what ``RESILIENT_TEST_WORKERS=N bash .ci/dev test`` passes)
     spreads :mod:`tests.scheduling`'s units; any other ``--dist`` is xdist's own."""
