@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -36,9 +37,9 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
     (:func:`tests.scheduling.nice_across_sessions`), undone when the session ends."""
     from tests.scheduling import nice_across_sessions
 
-    scope = nice_across_sessions()
-    line = scope.__enter__()
-    config.add_cleanup(lambda: scope.__exit__(None, None, None))
+    undo = contextlib.ExitStack()
+    line = undo.enter_context(nice_across_sessions())
+    config.add_cleanup(undo.close)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"scheduling: {line}")
