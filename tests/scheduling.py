@@ -6,31 +6,31 @@ walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap tha
 
 A *unit* is what one worker runs, in order, in one process:
 
-- the Slurm modules (``tests/test_slurm_*.py``) are one unit, ``slurm``: some take nodes
-  down, the campaigns share one session fixture (``slurm_scenarios``), and the cluster's
-  partitions are shared, so they run one after the other as in a serial run (the one
-  Slurm test elsewhere, ``srun`` in ``test_warn_signal.py``, uses partition ``debug``, on
-  n1, which no test takes down);
-- the modules of :data:`TIMING_MODULES` are one unit, ``timing``: their programs run under
-  walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill),
-  so they run one after the other, as in a serial run, at ``nice`` -5 where allowed (root,
-  as CI runs) while every other unit runs at ``nice`` 10 (:func:`yield_cpu`): on 2 cores the
-  Slurm jobs and a CPU-bound test beside them must not eat their margins (at equal priority,
-  start-ups took 2.4-2.8 s of 2.5-3-s walltimes and 3 such tests ended in 93);
+- the *timed* unit: the Slurm modules (``tests/test_slurm_*.py``), then the modules of
+  :data:`TIMING_MODULES`, one after the other on one worker, as in a serial run. Their
+  programs race clocks: Slurm jobs on 1-minute limits (and the campaigns of the session
+  fixture ``slurm_scenarios`` beside the other Slurm tests, some of which take nodes down),
+  walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill).
+  Two of them side by side eat each other's start-ups: with the Slurm modules and the timing
+  modules on two workers, 6-7 tests failed a run (see below). The timing modules run at
+  ``nice`` -5 where allowed (root, as CI runs);
 - the tests of a module in :data:`SPLIT_MODULES` are a unit each (independent and long);
 - every other module is a unit: its module-scoped fixtures run once, and a documentation
-  page's blocks (Sybil) share one namespace.
+  page's blocks (Sybil) share one namespace. These units run at ``nice`` 10
+  (:func:`yield_cpu`): they compute but race no clock, so on 2 cores they take what the
+  timed unit leaves. ``nice`` reaches every process only with autogroup scheduling off
+  (:func:`nice_across_sessions`).
 
 A unit is known from the test's node id alone: xdist's own groups (``--dist loadgroup`` with
 ``xdist_group`` markers) rename node ids, which pytest 9.2 no longer allows (the groups are
 silently lost), so they are not used.
 
-Measured on this 2-core machine (2026-11-28): 36 min 26 s for the whole suite on 3 workers
-against about 55 min serially, but 7 tests failed, every one for want of CPU at a start-up:
-walltimes of 2.5-3 s (Parsl, ``test_run_wrapper``) beside the Slurm jobs, and the sbatch
-PyTorch chain beside the local PyTorch tests. With the timing unit at ``nice`` -5 a second
-run had 3 failures in its first 6 % when it was stopped.
-So CI runs the suite serially until those tests tolerate a shared machine.
+Measured on this 2-core machine (2026-11-28), before the timed unit: 36 min 26 s for the
+whole suite on 3 workers against about 55 min serially, but 7 tests failed, every one for
+want of CPU at a start-up (walltimes of 2.5-3 s beside the Slurm jobs, the sbatch PyTorch
+chain beside the local PyTorch tests); with autogroup off and three helpers' builds beside it
+at ``nice`` 19, 6 failed in 43 min 29 s (the same kinds, and a 4-rank MPI test at ``nice`` 10
+past its 240-s limit).
 
 Units start heaviest first (Slurm, timing, then :data:`HEAVY_FIRST`, measured by
 ``--durations``), the rest in collection order, so that no long unit starts last. Without
@@ -51,6 +51,7 @@ __all__ = [
     "HEAVY_FIRST",
     "SLURM_GROUP",
     "SPLIT_MODULES",
+    "TIMED_UNIT",
     "TIMING_GROUP",
     "TIMING_MODULES",
     "make_scheduler",
@@ -63,6 +64,7 @@ __all__ = [
 SLURM_GROUP = "slurm"
 SLURM_PREFIX = "tests/test_slurm_"
 TIMING_GROUP = "timing"
+TIMED_UNIT = "timed"  # the Slurm modules, then the timing modules
 
 #: Modules whose programs run under walltimes of a few seconds (``grep -rn walltime tests``).
 TIMING_MODULES = (
@@ -131,11 +133,12 @@ def mark_units(items: list[pytest.Item]) -> None:
 
 
 def yield_cpu(item: pytest.Item) -> None:
-    """Before each test: the timing unit's worker asks for ``nice`` :data:`TIMING_NICE`
-    (allowed to root, as CI runs; elsewhere it stays at 0) and every unit of no group's
-    worker takes ``nice`` :data:`NICE` (for good: those units run last in a worker's life or
-    on a worker of their own), so that a start-up under a walltime of seconds gets the CPU
-    before the Slurm jobs and the CPU-bound tests; what the test starts inherits it."""
+    """Before each test: a test of the timing modules asks for ``nice`` :data:`TIMING_NICE`
+    (allowed to root, as CI runs; elsewhere it stays at 0), the Slurm tests before them keep
+    the worker's 0, and every unit outside the timed unit takes ``nice`` :data:`NICE` (for
+    good: the timed unit starts first, so those units run after it or on workers of their
+    own), so that a start-up under a walltime of seconds gets the CPU before the CPU-bound
+    tests; what the test starts inherits it."""
     group = _group(item.nodeid)
     want = TIMING_NICE if group == TIMING_GROUP else NICE if group is None else None
     if want is None or os.getpriority(os.PRIO_PROCESS, 0) == want:
@@ -184,9 +187,8 @@ def nice_across_sessions() -> Iterator[str]:
 
 def unit_of(nodeid: str) -> str:
     """The unit of a test, from its node id."""
-    group = _group(nodeid)
-    if group is not None:
-        return group
+    if _group(nodeid) is not None:
+        return TIMED_UNIT
     module = _module(nodeid)
     return nodeid if module in SPLIT_MODULES else module
 
