@@ -14,7 +14,7 @@ class Item:
     nodeid: str
 
 
-def test_units_start_slurm_first_then_timing_then_the_heavy_modules_then_the_rest() -> None:
+def test_the_timed_unit_starts_first_slurm_then_timing_then_the_heavy_modules_then_the_rest() -> None:
     items = [
         Item("tests/unit/test_tree.py::test_a"),
         Item("tests/test_soak.py::test_b"),
@@ -25,17 +25,17 @@ def test_units_start_slurm_first_then_timing_then_the_heavy_modules_then_the_res
     scheduling.mark_units(items)  # type: ignore[arg-type]
     got = [(item.nodeid, scheduling.unit_of(item.nodeid)) for item in items]
     assert got == [
-        ("tests/test_slurm_multinode.py::test_lost", "slurm"),
-        ("tests/test_warn_signal.py::test_local", "timing"),
-        ("tests/test_demo.py::test_demo", "timing"),
+        ("tests/test_slurm_multinode.py::test_lost", "timed"),
+        ("tests/test_warn_signal.py::test_local", "timed"),
+        ("tests/test_demo.py::test_demo", "timed"),
         ("tests/test_soak.py::test_b", "tests/test_soak.py"),
         ("tests/unit/test_tree.py::test_a", "tests/unit/test_tree.py"),
     ]
 
 
-def test_a_unit_is_a_group_a_split_test_or_a_module() -> None:
-    assert scheduling.unit_of("tests/test_slurm_sbatch.py::test_array[x]") == "slurm"
-    assert scheduling.unit_of("tests/test_parsl.py::test_flow") == "timing"
+def test_a_unit_is_the_timed_unit_a_split_test_or_a_module() -> None:
+    assert scheduling.unit_of("tests/test_slurm_sbatch.py::test_array[x]") == "timed"
+    assert scheduling.unit_of("tests/test_parsl.py::test_flow") == "timed"
     one = "tests/test_torchdist.py::test_round_trip_is_bit_identical[4]"
     assert scheduling.unit_of(one) == one
     assert scheduling.unit_of("tests/unit/test_tree.py::test_a[x]") == "tests/unit/test_tree.py"
