@@ -41,7 +41,7 @@ def test_restore_or_into_of_another_shape_names_the_leaf(tmp_path: Path) -> None
     _saved(root)
     for wrong in ({"u": np.empty((3, 3))}, {"w": np.empty(4, dtype=np.int64)}):
         with Session(root, environ={}) as s, pytest.raises(ConfigError) as info:
-            s.restore_or(lambda: wrong, into=wrong)
+            s.restore_or(wrong, into=wrong)
         (leaf,) = wrong
         assert repr(leaf) in str(info.value) or leaf in str(info.value), info.value
     with Session(root, environ={}) as s:  # nothing was quarantined: the checkpoint is intact
