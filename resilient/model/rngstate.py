@@ -1,7 +1,7 @@
 """The random streams a training draws from, as a state of arrays: a resume draws what an
 uninterrupted run would have drawn.
 
-:func:`rng_state` takes the global generators (Python's :mod:`random`, numpy's legacy global
+:func:`rng_state` takes the global generators (Python's ``random``, numpy's legacy global
 ``np.random``, and, where the program has imported torch, torch's CPU generator and, where
 CUDA is initialised, every CUDA device's) and the generators the loop owns, given by name
 (``np.random.Generator``, ``random.Random``, ``torch.Generator``), and returns them as a
@@ -52,8 +52,8 @@ def rng_state(generators: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
     Args:
         generators: the generators the loop owns, by a name of the caller's choosing (the
-            same names for :func:`set_rng_state`): ``np.random.Generator``, ``random.Random``
-            or ``torch.Generator``.
+            same names for :func:`~resilient.set_rng_state`): ``np.random.Generator``,
+            ``random.Random`` or ``torch.Generator``.
 
     Returns:
         ``{"format", "python", "numpy", "torch"?, "generators"?}``: ``torch`` where the
@@ -141,8 +141,8 @@ def _encode(value: Any) -> Any:
 
 
 def set_rng_state(saved: Mapping[str, Any], generators: Mapping[str, Any] | None = None) -> None:
-    """Set this process's random streams from a state of :func:`rng_state` (restored from a
-    checkpoint), and the given generators (the same names as at the save).
+    """Set this process's random streams from a state of :func:`~resilient.rng_state` (restored
+    from a checkpoint), and the given generators (the same names as at the save).
 
     Everything is checked before anything is set. CUDA states are set on the devices that
     exist here; where CUDA is not available, or a saved device is missing, one warning says
@@ -246,6 +246,7 @@ def _torch_setters(value: Any) -> list[Any]:
             "but it draws other numbers than an uninterrupted run would",
             missing, "CUDA is not available here" if here == 0 else f"{here} device(s) here",
         )  # fmt: skip
+
     def on_device(index: int, state: np.ndarray) -> Callable[[], None]:
         return lambda: torch.cuda.set_rng_state(torch.from_numpy(state.copy()), index)
 

@@ -41,8 +41,8 @@ class Training:
         )
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         g = torch.Generator().manual_seed(3)
-        self.data = torch.utils.data.TensorDataset(torch.randn(40, 6, generator=g),
-                                                   torch.randint(0, 2, (40,), generator=g))  # fmt: skip
+        x, y = torch.randn(40, 6, generator=g), torch.randint(0, 2, (40,), generator=g)
+        self.data = torch.utils.data.TensorDataset(x, y)
         self.aug = np.random.default_rng(5)  # the loop's own generator
         random.seed(7)
         torch.manual_seed(8)
