@@ -18,7 +18,8 @@ Tree nodes (JSON arrays, first element the tag)::
     ["a", path]              an array leaf (numpy)
     ["a", path, {meta}]      an array leaf with metadata, e.g. {"torch": "bfloat16"}; a
                              :class:`~resilient.model.blocks.Block` leaf has
-                             {"block": {"global_shape": [...], "start": [...]}}
+                             {"block": {"global_shape": [...], "start": [...]}}, a DTensor
+                             leaf that and {"dtensor": {"mesh": [...], "placements": [...]}}
     ["r", node]              a :class:`~resilient.model.blocks.Replicated` subtree
     ["d", [[k, key, node]]]  a mapping; k is "s" (str key) or "i" (int key)
     ["p", path, [key, ...]]  a mapping of str keys to numpy arrays without metadata (a state
