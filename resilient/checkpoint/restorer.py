@@ -838,7 +838,9 @@ def _check_dtensors(
                 needs_target(elastic.metas, into, blocks, where=where)
         return
     for manifest in (chosen.manifest, chosen.static):
-        tree = None if manifest is None else manifest.ranks[rank].tree
+        if manifest is None or not _holds(manifest, rank):
+            continue  # (an entry that could not be loaded: the read says why)
+        tree = manifest.ranks[rank].tree
         if tree is not None:
             needs_target(leaf_metas(tree), into, blocks, where=where)
 
