@@ -40,7 +40,7 @@ from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
-from resilient.model.payload import SaveRequest, split_template
+from resilient.model.payload import SaveRequest, local_targets, put_back, split_template
 from resilient.model.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective
@@ -467,7 +467,12 @@ class CheckpointManager:
                 overwrites every leaf it holds (a leaf it lacks keeps what was there; with no
                 fallback, :class:`CheckpointNotFoundError` leaves the targets so).
                 A ``Block(np.empty(shape), global_shape, start)`` leaf is this rank's new block
-                of that leaf, read in place.
+                of that leaf, read in place. A DTensor leaf (FSDP2, tensor parallelism) is one
+                too: its whole local piece, read into its local tensor from the stored pieces
+                that overlap it, whatever mesh or rank count saved them; the result holds the
+                DTensor itself. A checkpoint's DTensor leaves need targets here (or blocks in
+                ``blocks``): only this run's DTensors know its mesh and placements
+                (:mod:`resilient.model.dtensors`).
             blocks: this rank's new block of each Block leaf, by leaf path (``"u"``,
                 ``"model/layer1.weight"``): ``(global_shape, start, shape)`` or a
                 :class:`~resilient.model.blocks.BlockSpec` (see :func:`~resilient.model.blocks.cartesian_block`).
@@ -482,8 +487,8 @@ class CheckpointManager:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
             LayoutMismatchError: the newest checkpoint has another layout or rank count and
                 per-rank data that is neither a Block nor Replicated (its ``keys`` name them).
-            ConfigError: ``into`` does not fit the checkpoint, or an elastic restore lacks the
-                new block of a Block leaf (naming it).
+            ConfigError: ``into`` does not fit the checkpoint, an elastic restore lacks the
+                new block of a Block leaf, or a DTensor leaf has no target (naming it).
         """
         self._check_open()
         self.wait()
@@ -496,8 +501,11 @@ class CheckpointManager:
                 specs[path] = _block_spec(path, value)
             return leaves, specs
 
+        swaps: dict[int, Any] = {}  # DTensors of into=, by their local tensors read into
         try:  # checked by every rank in the restore's first round (the same error everywhere)
             leaves, specs = arguments()
+            if leaves is not None:
+                leaves, swaps = local_targets(leaves)
             refused = None
         except Exception as exc:
             leaves, specs, refused = None, {}, exc
@@ -511,7 +519,7 @@ class CheckpointManager:
             where = self._restorer.last_restored
             log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
         self._last_saved_step = restored
-        return restored, state
+        return restored, put_back(state, swaps)
 
     @property
     def passed_over(self) -> tuple[int, ...]:
