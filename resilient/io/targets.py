@@ -60,13 +60,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.io import fileio, logs, storage
-from resilient.io.checkpoints import MAX_MANIFEST_BYTES, load_manifest, marker_text
+from resilient.io.checkpoints import check_manifest, load_manifest, marker_text
 from resilient.io.commit import PendingDir
 from resilient.io.wire import CHUNK, new_hash
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
-from resilient.model.codec import manifest_json, parse_manifest
-from resilient.model.manifest import Manifest, ManifestError
+from resilient.model.codec import manifest_json
+from resilient.model.manifest import Manifest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -663,26 +663,14 @@ class MemoryTarget:
             del self._growing[key]
 
     def manifest(self, step: int) -> Manifest:
-        """See :meth:`Target.manifest`."""
-        where = f"memory:{filenames.step_dir_name(step)}"
+        """See :meth:`Target.manifest` (:func:`resilient.io.checkpoints.check_manifest`)."""
+        where = self.where(step)
         files = self.dirs.get(filenames.step_dir_name(step))
         if files is None:
             raise InvalidCheckpointError(where, "does not exist")
-        marker, text = files.get(filenames.COMMITTED), files.get(filenames.MANIFEST)
-        if marker is None:
-            raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)")
-        if text is None or len(text) > MAX_MANIFEST_BYTES:
-            raise InvalidCheckpointError(where, "manifest.json is missing")
-        try:
-            expected = json.loads(marker)["manifest_checksum"]
-        except (ValueError, KeyError, TypeError):
-            raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
-        if digest_bytes(text) != expected:
-            raise InvalidCheckpointError(where, "manifest.json does not match its checksum")
-        try:
-            return parse_manifest(text)
-        except ManifestError as exc:
-            raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+        return check_manifest(
+            where, files.get(filenames.COMMITTED), lambda: files.get(filenames.MANIFEST)
+        )
 
     def size(self, step: int, name: str) -> int | None:
         """See :meth:`Target.size`."""
