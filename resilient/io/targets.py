@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["DirectoryTarget", "MemoryTarget", "RootHold", "Target", "copy_file", "open_target"]
+__all__ = ["DirectoryTarget", "MemoryTarget", "RootHold", "Target", "copy_file"]
 
 
 class Target(Protocol):
@@ -754,14 +754,6 @@ class _MemoryWriter:
 
     def close(self, *, sync: bool) -> None:
         self.files[self.name] = bytes(self.buf)
-
-
-def open_target(where: str | os.PathLike[str] | Target) -> Target:
-    """The target a checkpoint directory names: a path gives a :class:`DirectoryTarget`, a
-    target is used as it is (a :class:`MemoryTarget`, another backend)."""
-    if isinstance(where, (str, os.PathLike)):
-        return DirectoryTarget(Path(where))
-    return where
 
 
 def copy_file(source: Target, step: int, name: str, dest: Target, pending: PendingDir) -> str:
