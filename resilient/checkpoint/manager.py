@@ -38,6 +38,7 @@ from resilient.errors import (
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
+from resilient.io.targets import DirectoryTarget, RootHold, Target
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.payload import SaveRequest, local_targets, put_back, split_template
@@ -169,7 +170,9 @@ class CheckpointManager:
         self.gc_every = gc_every
         self._clock = clock
         self._coll = Collective(self.comm)
-        self._lock = storage.RootLock(self.root, owner=lock_owner)
+        self.target: Target = DirectoryTarget(self.root)
+        self._lock_owner = lock_owner
+        self._held: RootHold | None = None
         self._deleter = storage.BackgroundDeleter()
         self._statics = StaticStore(self.root, copies=static_copies)
         self._catalog = Catalog(self.root, self._statics)
@@ -214,10 +217,10 @@ class CheckpointManager:
                     "recording the local tier", lambda: record_local_tiers(self.root, tiers)
                 )
             except BaseException:
-                self._lock.release()
+                self._release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.set_comms, catalog=self._catalog, statics=self._statics,
+            self.root, self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
@@ -230,13 +233,19 @@ class CheckpointManager:
 
     def _open_root(self) -> None:
         try:
-            storage.ensure_root(self.root)
-            self._lock.acquire()
-            check_run_key(self.root, self.run_key)
-            storage.cleanup_leftovers(self.root)
+            self.target.prepare_root()
+            self._held = self.target.lock(self._lock_owner)
+            check_run_key(self.target, self.run_key)
+            self.target.clean_up()
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        """Local: drop the root's lock, if this process holds it."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -251,7 +260,7 @@ class CheckpointManager:
             self._pipeline.shutdown()
         self._deleter.wait()
         self.comm.barrier()
-        self._lock.release()
+        self._release()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -268,7 +277,7 @@ class CheckpointManager:
             self._closed = True
             self._pipeline.shutdown()  # what was in flight is removed by the next run
             self._deleter.wait()
-            self._lock.release()
+            self._release()
 
     @property
     def layout(self) -> Layout:
