@@ -9,9 +9,9 @@ shard of each global batch through a ``DistributedSampler`` (``set_epoch`` per e
 averages the gradients.
 
 The checkpoint holds, per rank: the model's, the optimizer's and the scheduler's state dicts,
-the three RNG states (torch's CPU generator as a uint8 tensor, the numpy generator's
-``bit_generator.state``, ``random.getstate()``), the data position (epoch, batch in the epoch)
-and the loss. The sampler's order is a function of its seed and the epoch, so the position
+the random streams (:func:`resilient.rng_state`: torch's generator, Python's, numpy's global one
+and the loop's own numpy ``Generator``), the data position (epoch, batch in the epoch) and the
+loss. The sampler's order is a function of its seed and the epoch, so the position
 alone restores the data stream. A run killed and resumed any number of times ends bit-identical
 to an uninterrupted run on the same number of ranks.
 
@@ -72,6 +72,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from resilient import rng_state, set_rng_state
 from resilient.config import CheckpointConfig, load_checkpoint_config, tier_options
 from resilient.errors import ConfigError
 from resilient.job.session import Session
@@ -237,20 +238,11 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """This rank's checkpoint state (tensors by reference: the save copies what it needs)."""
-        version, internal, gauss = random.getstate()
         return {
             "model": self.model.state_dict(),
             "optim": self.optim.state_dict(),
             "sched": self.sched.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": self.np_rng.bit_generator.state,
-                "python": {
-                    "version": version,
-                    "state": np.array(internal, dtype=np.uint32),
-                    "gauss_next": gauss,
-                },
-            },
+            "rng": rng_state({"augment": self.np_rng}),  # every stream a step draws from
             "data": {"epoch": self.epoch, "batch": self.batch},
             "loss": self.loss,
         }
@@ -260,11 +252,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        self.np_rng.bit_generator.state = dict(rng["numpy"])
-        py = rng["python"]
-        random.setstate((int(py["version"]), tuple(int(v) for v in py["state"]), py["gauss_next"]))
+        set_rng_state(state["rng"], {"augment": self.np_rng})
         self.epoch, self.batch = int(state["data"]["epoch"]), int(state["data"]["batch"])
         self.loss = None if state["loss"] is None else float(state["loss"])
 

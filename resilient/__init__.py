@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         SavePolicy,
         YoungDaly,
     )
+    from resilient.model.rngstate import rng_state, set_rng_state
     from resilient.parallel.comm import Comm, SerialComm
 
 # The rest is imported when first used: ``from resilient.job.slurm import StopSignals``, which a
@@ -93,6 +94,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("Resume", "resumable"), "job.resumable"),
     "Session": "job.session",
+    **dict.fromkeys(("rng_state", "set_rng_state"), "model.rngstate"),
 }
 
 
@@ -124,6 +126,8 @@ __all__ = [
     "Session",
     "YoungDaly",
     "resumable",
+    "rng_state",
+    "set_rng_state",
     "CheckpointInfo",
     "CheckpointLockedError",
     "CheckpointManager",

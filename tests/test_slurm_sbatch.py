@@ -2,8 +2,8 @@
 
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
 allocation of ``--time=2`` (Slurm kills at 120-150 s) or ``--time=1``, so the scenarios (the
-PyTorch one where PyTorch is installed) are submitted together by the module fixture (the
-partition is OverSubscribe=FORCE) and awaited one by one.
+PyTorch ones, srun tasks and ``srun torchrun``, where PyTorch is installed) are submitted
+together by the module fixture (the partition is OverSubscribe=FORCE) and awaited one by one.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_slurm()
     base = tmp_path_factory.mktemp("sbatch")
     dirs: dict[str, Any] = {
-        name: base / name for name in ("array", "self", "stuck", "requeue", "torch", "ref")
+        name: base / name
+        for name in ("array", "self", "stuck", "requeue", "torch", "torchrun", "ref")
     }
     for d in dirs.values():
         d.mkdir()
@@ -60,6 +61,13 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if HAS_TORCH:  # 68 s of steps: 2+ allocations of 1 minute
         submit("train-torch.sbatch", "--array=1-10%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
+               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
+        # the same under `srun torchrun`, whose agent Slurm's --signal reaches too; a signal
+        # that comes during torchrun's start-up (Slurm sent it at once in one allocation) kills
+        # the agent before it handles it: an attempt without progress, which may happen twice
+        submit("train-torchrun.sbatch", "--array=1-10%1",
+               "-o", str(dirs["torchrun"] / "job-%A_%a.log"), CKPT=str(dirs["torchrun"] / "ck"),
+               OUT=str(dirs["torchrun"] / "out.h5"), MAX_NO_PROGRESS="4",
                TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
     dirs["requeue_job"] = submit(
         "requeue.sbatch", "-o", str(dirs["requeue"] / "job.log"), "--job-name", "heat-requeue-test",
@@ -156,24 +164,60 @@ def test_requeued_job_resumes_in_place_and_matches(scenarios: dict[str, Any]) ->
     assert starts == [(job, str(i)) for i in range(len(ledger))], log  # one log for all
 
 
-@pytest.mark.torch
-@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
-def test_torch_array_chain_resumes_and_matches(scenarios: dict[str, Any]) -> None:
-    """workflows/sbatch/train-torch.sbatch: apps.train_torch on 2 srun tasks (no MPI), 1-minute
-    allocations chained by an array; the output equals an uninterrupted 2-process run's."""
-    d = scenarios["torch"]
-    ref = d / "ref"
+@pytest.fixture(scope="module")
+def torch_reference(scenarios: dict[str, Any]) -> Path:
+    """An uninterrupted 2-process run of apps.train_torch (mpiexec, outside Slurm)."""
+    ref: Path = scenarios["torch"] / "ref"
     subprocess.run(
         [mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", *TORCH_ARGS.split(),
          "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5")],
         cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=300,
     )  # fmt: skip
+    return ref / "out.h5"
+
+
+def assert_same_model(got: Path, want: Path) -> None:
+    with h5py.File(got) as g, h5py.File(want) as w:
+        assert sorted(g) == sorted(w) and int(g.attrs["steps"]) == 150
+        for name in w:
+            assert g[name][()].tobytes() == w[name][()].tobytes(), name
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+def test_torch_array_chain_resumes_and_matches(
+    scenarios: dict[str, Any], torch_reference: Path
+) -> None:
+    """workflows/sbatch/train-torch.sbatch: apps.train_torch on 2 srun tasks (no MPI), 1-minute
+    allocations chained by an array; the output equals an uninterrupted 2-process run's."""
+    d = scenarios["torch"]
     wait_for(d / "out.h5.done", ("torch-chain",))
-    with h5py.File(d / "out.h5") as got, h5py.File(ref / "out.h5") as want:
-        assert sorted(got) == sorted(want) and int(got.attrs["steps"]) == 150
-        for name in want:
-            assert got[name][()].tobytes() == want[name][()].tobytes(), name
+    assert_same_model(d / "out.h5", torch_reference)
     ledger = read_ledger(d / "ck")
     codes = [r["exit_code"] for r in ledger]
     assert codes[-1] == 0 and codes.count(75) >= 1, codes
     assert all(r["slurm_job_id"] for r in ledger)
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
+def test_srun_torchrun_under_slurms_signal_stops_with_75_and_matches(
+    scenarios: dict[str, Any], torch_reference: Path
+) -> None:
+    """workflows/sbatch/train-torchrun.sbatch: ``srun torchrun --nproc-per-node 2
+    --signals-to-handle ...,SIGUSR1`` under ``--signal=USR1@30`` (to every process of the step):
+    the agent waits for its workers, which stop, checkpoint and exit 75; the agent exits 1,
+    and ``resilient run`` reports 75 from the Sessions' stop record; the chain ends with the
+    output of an uninterrupted run."""
+    d = scenarios["torchrun"]
+    wait_for(d / "out.h5.done", ("torchrun-chain",))
+    assert_same_model(d / "out.h5", torch_reference)
+    ledger = read_ledger(d / "ck")
+    codes = [r["exit_code"] for r in ledger]
+    assert codes[-1] == 0 and codes.count(75) >= 1, ledger
+    stops = [r for r in ledger if r["exit_code"] == 75]
+    assert all("exited 1 after its Session's stop" in r["reason"] for r in stops), stops
+    logs = "".join(p.read_text() for p in sorted(d.glob("job-*.log")))
+    assert "Received 10 death signal" in logs, logs  # the agent handled SIGUSR1 ...
+    assert "closing signal SIGUSR1" in logs, logs  # ... and passed it on to its workers
+    assert "STOPPED rank=1" in logs and "reason=signal SIGUSR1" in logs, logs

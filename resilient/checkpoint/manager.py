@@ -38,9 +38,10 @@ from resilient.errors import (
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
+from resilient.io.targets import DirectoryTarget, RootHold, Target
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
-from resilient.model.payload import SaveRequest, split_template
+from resilient.model.payload import SaveRequest, local_targets, put_back, split_template
 from resilient.model.policies import KeepPolicyLike, SaveContext, SavePolicyLike
 from resilient.model.tree import Memo
 from resilient.parallel.collective import Collective
@@ -169,7 +170,9 @@ class CheckpointManager:
         self.gc_every = gc_every
         self._clock = clock
         self._coll = Collective(self.comm)
-        self._lock = storage.RootLock(self.root, owner=lock_owner)
+        self.target: Target = DirectoryTarget(self.root)
+        self._lock_owner = lock_owner
+        self._held: RootHold | None = None
         self._deleter = storage.BackgroundDeleter()
         self._statics = StaticStore(self.root, copies=static_copies)
         self._catalog = Catalog(self.root, self._statics)
@@ -214,10 +217,10 @@ class CheckpointManager:
                     "recording the local tier", lambda: record_local_tiers(self.root, tiers)
                 )
             except BaseException:
-                self._lock.release()
+                self._release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.set_comms, catalog=self._catalog, statics=self._statics,
+            self.root, self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
@@ -230,13 +233,19 @@ class CheckpointManager:
 
     def _open_root(self) -> None:
         try:
-            storage.ensure_root(self.root)
-            self._lock.acquire()
-            check_run_key(self.root, self.run_key)
-            storage.cleanup_leftovers(self.root)
+            self.target.prepare_root()
+            self._held = self.target.lock(self._lock_owner)
+            check_run_key(self.target, self.run_key)
+            self.target.clean_up()
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        """Local: drop the root's lock, if this process holds it."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -251,7 +260,7 @@ class CheckpointManager:
             self._pipeline.shutdown()
         self._deleter.wait()
         self.comm.barrier()
-        self._lock.release()
+        self._release()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -268,7 +277,7 @@ class CheckpointManager:
             self._closed = True
             self._pipeline.shutdown()  # what was in flight is removed by the next run
             self._deleter.wait()
-            self._lock.release()
+            self._release()
 
     @property
     def layout(self) -> Layout:
@@ -467,7 +476,12 @@ class CheckpointManager:
                 overwrites every leaf it holds (a leaf it lacks keeps what was there; with no
                 fallback, :class:`CheckpointNotFoundError` leaves the targets so).
                 A ``Block(np.empty(shape), global_shape, start)`` leaf is this rank's new block
-                of that leaf, read in place.
+                of that leaf, read in place. A DTensor leaf (FSDP2, tensor parallelism) is one
+                too: its whole local piece, read into its local tensor from the stored pieces
+                that overlap it, whatever mesh or rank count saved them; the result holds the
+                DTensor itself. A checkpoint's DTensor leaves need targets here (or blocks in
+                ``blocks``): only this run's DTensors know its mesh and placements
+                (:mod:`resilient.model.dtensors`).
             blocks: this rank's new block of each Block leaf, by leaf path (``"u"``,
                 ``"model/layer1.weight"``): ``(global_shape, start, shape)`` or a
                 :class:`~resilient.model.blocks.BlockSpec` (see :func:`~resilient.model.blocks.cartesian_block`).
@@ -482,8 +496,8 @@ class CheckpointManager:
             CheckpointNotFoundError: no valid checkpoint (or ``step`` is not valid).
             LayoutMismatchError: the newest checkpoint has another layout or rank count and
                 per-rank data that is neither a Block nor Replicated (its ``keys`` name them).
-            ConfigError: ``into`` does not fit the checkpoint, or an elastic restore lacks the
-                new block of a Block leaf (naming it).
+            ConfigError: ``into`` does not fit the checkpoint, an elastic restore lacks the
+                new block of a Block leaf, or a DTensor leaf has no target (naming it).
         """
         self._check_open()
         self.wait()
@@ -496,8 +510,11 @@ class CheckpointManager:
                 specs[path] = _block_spec(path, value)
             return leaves, specs
 
+        swaps: dict[int, Any] = {}  # DTensors of into=, by their local tensors read into
         try:  # checked by every rank in the restore's first round (the same error everywhere)
             leaves, specs = arguments()
+            if leaves is not None:
+                leaves, swaps = local_targets(leaves)
             refused = None
         except Exception as exc:
             leaves, specs, refused = None, {}, exc
@@ -511,7 +528,7 @@ class CheckpointManager:
             where = self._restorer.last_restored
             log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
         self._last_saved_step = restored
-        return restored, state
+        return restored, put_back(state, swaps)
 
     @property
     def passed_over(self) -> tuple[int, ...]:

@@ -63,10 +63,11 @@ from resilient.io.checkpoints import (
 from resilient.io.devicecopy import DeviceStaging
 from resilient.io.repair import repair_static
 from resilient.model.blocks import BlockSpec
+from resilient.model.dtensors import needs_target
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, ManifestError, columns_of
 from resilient.model.shards import ShardDoc
-from resilient.model.tree import Memo
+from resilient.model.tree import Memo, leaf_metas
 from resilient.parallel.collective import Collective, describe_error
 from resilient.parallel.setcomms import SetComms, deal_through_leaders
 
@@ -774,6 +775,7 @@ class Restorer:
         and what failed of a copy of the static data before the other was read."""
         rank = self.coll.rank
         note: _StaticNote | None = None
+        _check_dtensors(chosen, plan, rank, into, blocks)
         if plan is not None:
             stats = ReadStats()
             self.last_read = stats
@@ -814,6 +816,33 @@ class Restorer:
             log.warning("could not quarantine %s: %s", chosen.path, exc)
         self.catalog.quarantined(chosen.manifest.step)
         self.passed_over.append(chosen.manifest.step)
+
+
+def _check_dtensors(
+    chosen: Candidate,
+    plan: _Elastic | None,
+    rank: int,
+    into: Mapping[str, Any],
+    blocks: Mapping[str, BlockSpec],
+) -> None:
+    """Check that every DTensor leaf this rank reads has a target (see
+    :func:`~resilient.model.dtensors.needs_target`).
+
+    Raises:
+        ConfigError: naming the first one without (the caller's fault: nothing is quarantined).
+    """
+    where = f"restore of {chosen.path.name}"
+    if plan is not None:
+        for elastic in (plan.state, plan.static):
+            if elastic is not None:
+                needs_target(elastic.metas, into, blocks, where=where)
+        return
+    for manifest in (chosen.manifest, chosen.static):
+        if manifest is None or not _holds(manifest, rank):
+            continue  # (an entry that could not be loaded: the read says why)
+        tree = manifest.ranks[rank].tree
+        if tree is not None:
+            needs_target(leaf_metas(tree), into, blocks, where=where)
 
 
 class _Rejected(Exception):

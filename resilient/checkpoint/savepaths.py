@@ -39,9 +39,9 @@ from resilient.checkpoint.restorer import Restorer, StateValidator
 from resilient.checkpoint.saveset import RankWritten, claim_files, commit_set, gather_set
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import CollectiveError, ResilientError
-from resilient.io import logs, storage
+from resilient.io import storage
 from resilient.io.commit import PendingDir
-from resilient.io.targets import DirectoryTarget, Target
+from resilient.io.targets import Target
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.manifest import Manifest
@@ -147,6 +147,7 @@ class SharedRoot:
 
     Args:
         root: the shared checkpoint root.
+        target: its target.
         catalog: the shared root's history, for rotation.
         statics: the shared root's static data.
         keep: keep policy of the shared root (``None`` keeps everything).
@@ -157,6 +158,7 @@ class SharedRoot:
     def __init__(
         self,
         root: Path,
+        target: Target,
         *,
         catalog: Catalog,
         statics: StaticStore,
@@ -165,7 +167,7 @@ class SharedRoot:
         clock: Callable[[], float],
     ) -> None:
         self.root = root
-        self.target: Target = DirectoryTarget(root)
+        self.target = target
         self.catalog = catalog
         self.statics = statics
         self.keep = keep
@@ -187,8 +189,8 @@ class SharedRoot:
         one kept before, and the rest of the trash, are deleted in the background."""
         took = round(self.clock() - start, 6)
         extra = {"flush_s": took, "tier": "local"} if flushed else {"cost_s": took}
-        logs.append_record(
-            self.root / filenames.SAVE_LOG,
+        self.target.append_record(
+            filenames.SAVE_LOG,
             {"time": time.time(), **extra, "bytes": manifest.nbytes, **save_record(manifest)},
         )
         if self.keep is None:

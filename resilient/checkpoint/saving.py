@@ -82,6 +82,7 @@ from resilient.io.devicecopy import DeviceStaging
 from resilient.io.fileio import Bounce
 from resilient.io.runkey import record_run_key
 from resilient.io.staging import StagingArea
+from resilient.io.targets import Target
 from resilient.model.manifest import Manifest
 from resilient.model.payload import SaveRequest
 from resilient.model.policies import KeepPolicyLike
@@ -149,6 +150,7 @@ class SavePipeline:
 
     Args:
         root: the shared checkpoint root.
+        target: the shared checkpoint root's target.
         comms: who writes which file.
         catalog: the shared root's history, for rotation.
         statics: the shared root's static data.
@@ -166,6 +168,7 @@ class SavePipeline:
     def __init__(
         self,
         root: Path,
+        target: Target,
         comms: SetComms,
         *,
         catalog: Catalog,
@@ -181,7 +184,7 @@ class SavePipeline:
         self.root = root
         self.comms = comms
         self.shared = SharedRoot(
-            root, catalog=catalog, statics=statics, keep=keep, deleter=deleter, clock=clock
+            root, target, catalog=catalog, statics=statics, keep=keep, deleter=deleter, clock=clock
         )
         self._coll = Collective(comms.comm)
         self._statics = statics
@@ -306,7 +309,7 @@ class SavePipeline:
             try:
                 if record_key:
                     assert self._run_key is not None
-                    record_run_key(self.root, self._run_key)
+                    record_run_key(self.shared.target, self._run_key)
                 answer = static is None or self._statics.is_stored(static)
             except Exception as exc:
                 answer = exc

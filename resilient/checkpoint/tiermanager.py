@@ -44,7 +44,6 @@ from resilient.checkpoint.saveset import RankWritten, commit_set, gather_set
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.checkpoint.tierstaging import TierStaging
 from resilient.errors import ResilientError
-from resilient.io import logs
 from resilient.io.background import BackgroundWriter
 from resilient.io.checkpoints import latest_valid
 from resilient.io.commit import PendingDir
@@ -299,7 +298,7 @@ class LocalTierManager:
         record = {"time": time.time(), "step": manifest.step, "protect_s": took,
                   "bytes": manifest.nbytes}  # fmt: skip
         try:
-            logs.append_record(self.shared.root / filenames.PROTECT_LOG, record)
+            self.shared.target.append_record(filenames.PROTECT_LOG, record)
         except Exception as exc:
             return failed_after_commit("recording the partner copies", exc)
         return None

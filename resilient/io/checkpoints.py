@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointRecord",
     "StaticSource",
     "check_file_sizes",
+    "check_manifest",
     "entries_from_shards",
     "iter_checkpoints",
     "latest_valid",
@@ -126,20 +127,50 @@ def load_manifest(path: Path, *, kind: str = "checkpoint", memo: Memo | None = N
         raise InvalidCheckpointError(where, "is a symlink (not followed)")
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidCheckpointError(where, "is not a directory")
+
+    def read(name: str, limit: int) -> bytes | None:
+        try:
+            return _read_small(path / name, limit)
+        except FileNotFoundError:
+            return None
+
+    return check_manifest(
+        where, read(filenames.COMMITTED, 1 << 16),
+        lambda: read(filenames.MANIFEST, MAX_MANIFEST_BYTES), kind=kind, memo=memo,
+    )  # fmt: skip
+
+
+def check_manifest(
+    where: str,
+    marker: bytes | None,
+    manifest_bytes: Callable[[], bytes | None],
+    *,
+    kind: str = "checkpoint",
+    memo: Memo | None = None,
+) -> Manifest:
+    """The manifest of a committed set from the bytes of its ``COMMITTED`` marker and of its
+    manifest (read by ``manifest_bytes`` once the marker parses; ``None``: the file is
+    missing), checked against each other: what every target's
+    :meth:`~resilient.io.targets.Target.manifest` returns. ``where`` names the set in errors.
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    if marker is None:
+        raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)")
+    if len(marker) > 1 << 16:
+        raise InvalidCheckpointError(where, f"{filenames.COMMITTED} is implausibly large")
     try:
-        marker_raw = _read_small(path / filenames.COMMITTED, 1 << 16)
-    except FileNotFoundError:
-        raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)") from None
-    try:
-        marker = json.loads(marker_raw)
-        expected = marker["manifest_checksum"]
-        marked_step = marker["step"]
+        doc = json.loads(marker)
+        expected = doc["manifest_checksum"]
+        marked_step = doc["step"]
     except (ValueError, KeyError, TypeError, RecursionError):
         raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
-    try:
-        text = _read_small(path / filenames.MANIFEST, MAX_MANIFEST_BYTES)
-    except FileNotFoundError:
-        raise InvalidCheckpointError(where, "manifest.json is missing") from None
+    text = manifest_bytes()
+    if text is None:
+        raise InvalidCheckpointError(where, "manifest.json is missing")
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise InvalidCheckpointError(where, f"{filenames.MANIFEST} is implausibly large")
     if digest_bytes(text) != expected:
         raise InvalidCheckpointError(
             where, "manifest.json does not match its checksum in COMMITTED"

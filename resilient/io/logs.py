@@ -40,7 +40,9 @@ __all__ = [
     "STOPS",
     "LogKind",
     "append_record",
+    "parse_log",
     "read_log",
+    "record_line",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,10 +152,11 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def _warn_once(what: str, path: Path, message: str, *args: object) -> None:
+def _warn_once(what: str, where: str, message: str, *args: object) -> None:
     """Log ``message`` at warning level the first time for ``what`` (reading, appending) of
-    ``path`` in this process, at debug level after that."""
-    key = f"{what}:{os.path.abspath(path)}"
+    the log ``where`` (a path, or another target's name of it) in this process, at debug level
+    after that."""
+    key = f"{what}:{os.path.abspath(where)}"
     with _warned_lock:
         first = key not in _warned
         _warned.add(key)
@@ -172,9 +175,16 @@ def read_log(path: Path, kind: LogKind) -> list[dict[str, Any]]:
         return []
     except OSError as exc:
         _warn_once(
-            "read", path, "cannot read the %s %s (%s): going on without it", kind.name, path, exc
-        )
+            "read", str(path), "cannot read the %s %s (%s): going on without it", kind.name,
+            path, exc,
+        )  # fmt: skip
         return []
+    return parse_log(data, kind, where=str(path))
+
+
+def parse_log(data: bytes, kind: LogKind, *, where: str) -> list[dict[str, Any]]:
+    """The valid records of a log's bytes ``data``, in order (see :func:`read_log`; ``where``
+    names the log in the warning). Never raises."""
     out: list[dict[str, Any]] = []
     skipped = 0
     for raw in data.split(b"\n"):
@@ -191,11 +201,16 @@ def read_log(path: Path, kind: LogKind) -> list[dict[str, Any]]:
             skipped += 1
     if skipped:
         _warn_once(
-            "read", path, "the %s %s has %d damaged line%s (torn, not UTF-8, or of the wrong "
-            "shape): skipped, using its %d valid record%s", kind.name, path, skipped,
+            "read", where, "the %s %s has %d damaged line%s (torn, not UTF-8, or of the wrong "
+            "shape): skipped, using its %d valid record%s", kind.name, where, skipped,
             "" if skipped == 1 else "s", len(out), "" if len(out) == 1 else "s",
         )  # fmt: skip
     return out
+
+
+def record_line(record: Mapping[str, Any]) -> bytes:
+    """``record`` as one line of a log (JSON, newline-terminated)."""
+    return (json.dumps(record, allow_nan=True) + "\n").encode()
 
 
 def append_record(path: Path, record: Mapping[str, Any], *, durable: bool = False) -> None:
@@ -205,13 +220,12 @@ def append_record(path: Path, record: Mapping[str, Any], *, durable: bool = Fals
     Best effort by default: a log must never fail a save, so an ``OSError`` is one warning
     per file per process. ``durable=True`` (the attempt ledger): fsynced, and an ``OSError``
     is raised."""
-    line = (json.dumps(record, allow_nan=True) + "\n").encode()
     try:
-        _append(path, line, durable=durable)
+        _append(path, record_line(record), durable=durable)
     except OSError as exc:
         if durable:
             raise
-        _warn_once("append", path, "could not append to %s: %s", path, exc)
+        _warn_once("append", str(path), "could not append to %s: %s", path, exc)
 
 
 def _append(path: Path, line: bytes, *, durable: bool) -> None:

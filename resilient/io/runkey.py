@@ -1,7 +1,7 @@
 """A run's identity: the parameters that define its result, recorded in its checkpoint root.
 
 A program declares them (``CheckpointManager(..., run_key={"nx": 512, "alpha": 0.2})``). The
-first save records them in ``<root>/run_key.json`` and, with a checksum, in its copy
+first save records them in the root's ``run_key.json`` and, with a checksum, in its copy
 ``run_key.copy.json`` (either repairs the other); a later manager on the same root with a
 different key is refused before it touches anything, so a changed parameter never "resumes"
 another run's checkpoints. Keys are compared as JSON values; a root without a record (written
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from resilient.errors import ConfigError, ForeignRunError
-from resilient.io import storage
+from resilient.io.targets import Target
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 
@@ -53,14 +51,16 @@ def _canonical(key: Mapping[str, Any]) -> str:
     return json.dumps(key, sort_keys=True)
 
 
-def _read_json(path: Path) -> Any:
-    """The JSON value in ``path``; ``_MISSING`` if absent, ``_DAMAGED`` if unreadable."""
+def _read_json(target: Target, name: str) -> Any:
+    """The JSON value in the root's file ``name``; ``_MISSING`` if absent, ``_DAMAGED`` if
+    unreadable."""
     try:
-        if path.stat().st_size > _MAX_RECORD:
+        data = target.read_root(name)
+        if data is None:
+            return _MISSING
+        if len(data) > _MAX_RECORD:
             return _DAMAGED
-        return json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return _MISSING
+        return json.loads(data)
     except (OSError, ValueError, RecursionError):
         return _DAMAGED
 
@@ -69,13 +69,12 @@ _MISSING = object()
 _DAMAGED = object()
 
 
-def _recorded(root: Path) -> dict[str, Any] | None:
+def _recorded(root: Target) -> dict[str, Any] | None:
     """The recorded key: from ``run_key.json`` and its copy with a checksum
     (``run_key.copy.json``), the one that checks; a damaged or missing copy is written again
     from the other (one warning; a copy added to a root written before the copies: one info
     line). ``None``: no record, or none that reads (a warning if one was there)."""
-    first_path, copy_path = root / filenames.RUN_KEY, root / filenames.RUN_KEY_COPY
-    first, copy = _read_json(first_path), _read_json(copy_path)
+    first, copy = _read_json(root, filenames.RUN_KEY), _read_json(root, filenames.RUN_KEY_COPY)
     checksum = copy.get("checksum") if isinstance(copy, dict) else None
     copied = copy.get("run_key") if isinstance(copy, dict) else None
     copy_ok = isinstance(copied, dict) and checksum == hash128(_canonical(copied))
@@ -104,7 +103,7 @@ def _recorded(root: Path) -> dict[str, Any] | None:
     return None
 
 
-def _repair(root: Path, key: Mapping[str, Any], name: str, state: str) -> None:
+def _repair(root: Target, key: Mapping[str, Any], name: str, state: str) -> None:
     """Write ``name`` (one copy of the run key) again from ``key``, the other copy's."""
     try:
         _write(root, key, names=(name,))
@@ -119,7 +118,7 @@ def _repair(root: Path, key: Mapping[str, Any], name: str, state: str) -> None:
 
 
 def _write(
-    root: Path,
+    root: Target,
     key: Mapping[str, Any],
     *,
     names: tuple[str, ...] = (filenames.RUN_KEY, filenames.RUN_KEY_COPY),
@@ -132,13 +131,10 @@ def _write(
         ),
     }
     for name in names:
-        tmp = root / f".{name}.{storage.new_token()}"
-        storage.write_durable(tmp, docs[name].encode())
-        os.replace(tmp, root / name)
-    storage.fsync_dir(root)
+        root.replace_root(name, docs[name].encode())
 
 
-def check_run_key(root: Path, key: Mapping[str, Any] | None) -> None:
+def check_run_key(root: Target, key: Mapping[str, Any] | None) -> None:
     """Refuse ``key`` if ``root`` records another one (local: reads one small file).
 
     Raises:
@@ -170,7 +166,7 @@ def _show(doc: Mapping[str, Any], key: str) -> str:
     return json.dumps(doc[key]) if key in doc else "absent"
 
 
-def record_run_key(root: Path, key: Mapping[str, Any] | None) -> None:
+def record_run_key(root: Target, key: Mapping[str, Any] | None) -> None:
     """Record ``key`` in ``root`` unless a key is recorded already (local, atomic, durable)."""
     if key is None or _recorded(root) is not None:
         return

@@ -53,26 +53,26 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from resilient.errors import InvalidCheckpointError
-from resilient.io import fileio, storage
-from resilient.io.checkpoints import MAX_MANIFEST_BYTES, load_manifest, marker_text
+from resilient.errors import CheckpointLockedError, InvalidCheckpointError
+from resilient.io import fileio, logs, storage
+from resilient.io.checkpoints import check_manifest, load_manifest, marker_text
 from resilient.io.commit import PendingDir
 from resilient.io.wire import CHUNK, new_hash
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
-from resilient.model.codec import manifest_json, parse_manifest
-from resilient.model.manifest import Manifest, ManifestError
+from resilient.model.codec import manifest_json
+from resilient.model.manifest import Manifest
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["DirectoryTarget", "MemoryTarget", "Target", "copy_file"]
+__all__ = ["DirectoryTarget", "MemoryTarget", "RootHold", "Target", "copy_file"]
 
 
 class Target(Protocol):
@@ -240,6 +240,57 @@ class Target(Protocol):
         """Remove the whole target, children included."""
         ...
 
+    # the root's own files: its marker, lock, run key and logs (a checkpoint root's target)
+
+    def prepare_root(self) -> None:
+        """Make the target a checkpoint root if it is none yet (under the lock's owner, before
+        :meth:`lock`).
+
+        Raises:
+            ConfigError: it holds something else (a directory: not empty and no marker).
+        """
+        ...
+
+    def lock(self, owner: Mapping[str, str] | None = None) -> RootHold:
+        """Take the root's exclusive lock at once (never waits), held until
+        :meth:`RootHold.release`; ``owner``: facts for the error a second holder gets.
+
+        Raises:
+            CheckpointLockedError: another holder has it.
+        """
+        ...
+
+    def read_root(self, name: str) -> bytes | None:
+        """The bytes of the root's small file ``name`` (``None``: there is none).
+
+        Raises:
+            OSError: it cannot be read.
+        """
+        ...
+
+    def replace_root(self, name: str, data: bytes) -> None:
+        """Replace (or create) the root's small file ``name`` with ``data`` at once, durably: a
+        reader sees the old bytes or the new ones."""
+        ...
+
+    def append_record(self, name: str, record: Mapping[str, Any]) -> None:
+        """Append ``record`` to the root's log ``name`` as one JSON line, best effort (a
+        failure is one warning per log and process: a log never fails a save)."""
+        ...
+
+    def read_log(self, name: str, kind: logs.LogKind) -> list[dict[str, Any]]:
+        """The valid records of the root's log ``name`` in order; never raises (see
+        :func:`resilient.io.logs.parse_log`)."""
+        ...
+
+
+class RootHold(Protocol):
+    """A root's lock, held (:meth:`Target.lock`)."""
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class DirectoryTarget:
@@ -389,6 +440,38 @@ class DirectoryTarget:
         """See :meth:`Target.quarantine` (renamed, with the reason written beside)."""
         storage.quarantine(self.path(step), step, reason)
 
+    def prepare_root(self) -> None:
+        """See :meth:`Target.prepare_root` (:func:`resilient.io.storage.ensure_root`: the
+        directory created, both copies of its marker written)."""
+        storage.ensure_root(self.root)
+
+    def lock(self, owner: Mapping[str, str] | None = None) -> RootHold:
+        """See :meth:`Target.lock` (:class:`resilient.io.storage.RootLock`: ``flock``)."""
+        held = storage.RootLock(self.root, owner=owner)
+        held.acquire()
+        return held
+
+    def read_root(self, name: str) -> bytes | None:
+        """See :meth:`Target.read_root`."""
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def replace_root(self, name: str, data: bytes) -> None:
+        """See :meth:`Target.replace_root` (written under a hidden name, renamed over it,
+        the directory fsynced)."""
+        storage.replace_file(self.root / name, data)
+        storage.fsync_dir(self.root)
+
+    def append_record(self, name: str, record: Mapping[str, Any]) -> None:
+        """See :meth:`Target.append_record` (:func:`resilient.io.logs.append_record`)."""
+        logs.append_record(self.root / name, record)
+
+    def read_log(self, name: str, kind: logs.LogKind) -> list[dict[str, Any]]:
+        """See :meth:`Target.read_log` (:func:`resilient.io.logs.read_log`)."""
+        return logs.read_log(self.root / name, kind)
+
 
 @dataclass(slots=True)
 class MemoryTarget:
@@ -401,11 +484,13 @@ class MemoryTarget:
 
     dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)
     subs: dict[str, MemoryTarget] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # the root's own small files
     _growing: dict[tuple[str, str], bytearray] = field(default_factory=dict, repr=False)
+    _held: list[_MemoryHold] = field(default_factory=list, repr=False)
 
     def names(self) -> list[str]:
         """See :meth:`Target.names` (children that hold nothing are not listed)."""
-        return [*self.dirs, *(n for n, sub in self.subs.items() if sub.names())]
+        return [*self.dirs, *self.files, *(n for n, sub in self.subs.items() if sub.names())]
 
     def child(self, name: str) -> MemoryTarget:
         """See :meth:`Target.child`."""
@@ -419,7 +504,42 @@ class MemoryTarget:
         """See :meth:`Target.drop`."""
         self.dirs.clear()
         self.subs.clear()
+        self.files.clear()
         self._growing.clear()
+
+    def prepare_root(self) -> None:
+        """See :meth:`Target.prepare_root` (nothing: a dictionary holds nothing foreign)."""
+
+    def lock(self, owner: Mapping[str, str] | None = None) -> RootHold:
+        """See :meth:`Target.lock`: a lock of this process (the dictionary is this process's
+        alone); a second holder is refused until the first releases it."""
+        if any(not h.released for h in self._held):
+            holder = json.dumps(self._held[-1].owner)
+            raise CheckpointLockedError(
+                f"{self} is in use by another job ({holder}); two jobs must not write one "
+                "checkpoint root"
+            )
+        held = _MemoryHold({"pid": os.getpid(), **(owner or {})})
+        self._held[:] = [held]
+        return held
+
+    def read_root(self, name: str) -> bytes | None:
+        """See :meth:`Target.read_root`."""
+        return self.files.get(name)
+
+    def replace_root(self, name: str, data: bytes) -> None:
+        """See :meth:`Target.replace_root`."""
+        self.files[name] = bytes(data)
+
+    def append_record(self, name: str, record: Mapping[str, Any]) -> None:
+        """See :meth:`Target.append_record`."""
+        old = self.files.get(name, b"")
+        torn = b"\n" if old and not old.endswith(b"\n") else b""
+        self.files[name] = old + torn + logs.record_line(record)
+
+    def read_log(self, name: str, kind: logs.LogKind) -> list[dict[str, Any]]:
+        """See :meth:`Target.read_log`."""
+        return logs.parse_log(self.files.get(name, b""), kind, where=f"memory:{name}")
 
     def where(self, step: int) -> str:
         """See :meth:`Target.where`."""
@@ -543,26 +663,14 @@ class MemoryTarget:
             del self._growing[key]
 
     def manifest(self, step: int) -> Manifest:
-        """See :meth:`Target.manifest`."""
-        where = f"memory:{filenames.step_dir_name(step)}"
+        """See :meth:`Target.manifest` (:func:`resilient.io.checkpoints.check_manifest`)."""
+        where = self.where(step)
         files = self.dirs.get(filenames.step_dir_name(step))
         if files is None:
             raise InvalidCheckpointError(where, "does not exist")
-        marker, text = files.get(filenames.COMMITTED), files.get(filenames.MANIFEST)
-        if marker is None:
-            raise InvalidCheckpointError(where, "no COMMITTED marker (incomplete save)")
-        if text is None or len(text) > MAX_MANIFEST_BYTES:
-            raise InvalidCheckpointError(where, "manifest.json is missing")
-        try:
-            expected = json.loads(marker)["manifest_checksum"]
-        except (ValueError, KeyError, TypeError):
-            raise InvalidCheckpointError(where, "COMMITTED marker is garbled") from None
-        if digest_bytes(text) != expected:
-            raise InvalidCheckpointError(where, "manifest.json does not match its checksum")
-        try:
-            return parse_manifest(text)
-        except ManifestError as exc:
-            raise InvalidCheckpointError(where, f"bad manifest: {exc}") from None
+        return check_manifest(
+            where, files.get(filenames.COMMITTED), lambda: files.get(filenames.MANIFEST)
+        )
 
     def size(self, step: int, name: str) -> int | None:
         """See :meth:`Target.size`."""
@@ -591,6 +699,15 @@ class MemoryTarget:
             return self.dirs[pending.path.name]
         except KeyError:
             raise FileNotFoundError(str(pending.path)) from None
+
+
+@dataclass(slots=True)
+class _MemoryHold:
+    owner: dict[str, object]
+    released: bool = False
+
+    def release(self) -> None:
+        self.released = True
 
 
 @dataclass(slots=True)

@@ -163,6 +163,18 @@ def _killed_by_a_signal(end: AttemptEnd) -> tuple[str, bool] | None:
     return reason, True
 
 
+def _launcher_failed_after_a_stop(end: AttemptEnd) -> tuple[str, bool] | None:
+    """The program's Session stopped, checkpointed and recorded it, yet the command exited
+    nonzero: a launcher between (``torchrun``, whose agent reports its workers' exit 75 as a
+    failure and exits 1; ``srun`` passing that on, or its task's death by a signal as 128+N)
+    that a signal from outside reached too (Slurm's ``--signal`` of a job step)."""
+    stop = end.stop
+    if not (end.status > 0 and end.progress and stop is not None and stop.get("saved") is True):
+        return None
+    why = str(stop.get("reason") or "stop requested")
+    return f"exited {end.status} after its Session's stop ({why})", True
+
+
 def _crashed(end: AttemptEnd) -> tuple[str, bool] | None:
     return f"crashed (exit {end.status})", False
 
@@ -173,6 +185,7 @@ WHAT_HAPPENED: tuple[Happened, ...] = (
     _lost_a_node,
     _killed_from_outside,
     _killed_by_a_signal,
+    _launcher_failed_after_a_stop,
     _crashed,
 )
 """What happened to an attempt the program did not end with its own verdict: the first rule

@@ -285,6 +285,7 @@ class Session:
         static: Mapping[str, Any] | None = None,
         step: int = 0,
         blocks: Mapping[str, Any] | None = None,
+        into: Mapping[str, Any] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Collective: the newest valid checkpoint's ``(step, state)``, else ``(step, initial)``.
 
@@ -297,10 +298,20 @@ class Session:
         with other parameters (Block leaves may differ: an elastic restore). Either way the state comes back
         without wrappers: ``initial``'s and ``static``'s Blocks and Replicated values are
         unwrapped too.
+
+        ``into`` (for example ``{"model": model.state_dict()}``) restores in place, as
+        :meth:`~resilient.checkpoint.manager.CheckpointManager.restore` does: the restored arrays
+        and tensors are written into those very objects (no second copy in host memory; the
+        target's device wins over the saved one), and the state returned holds them. Its
+        shapes and dtypes are checked against the checkpoint first: a mismatch is a
+        :class:`ConfigError` naming the leaf, on every rank. Without a checkpoint the targets
+        are left as they are and ``initial`` is returned.
         """
         self._static = static
         try:
-            restored_step, state = self.manager.restore(validate=self.validate, blocks=blocks)
+            restored_step, state = self.manager.restore(
+                validate=self.validate, blocks=blocks, into=into
+            )
         except CheckpointNotFoundError:
             init = initial() if callable(initial) else initial
             state = unwrap(dict(init))

@@ -11,7 +11,9 @@ Owns:
     without HDF5);
     the state: :mod:`.tree` (nested states as named leaves), :mod:`.arrays` (array leaves as
     numpy and back), :mod:`.blocks` (blocks of global arrays, replicated values),
-    :mod:`.payload` (what ``save()`` is handed, checked and split);
+    :mod:`.dtensors` (DTensor leaves as blocks of their global tensors),
+    :mod:`.payload` (what ``save()`` is handed, checked and split), :mod:`.rngstate` (the
+    random streams a training draws from, as arrays);
     the decisions: :mod:`.policies` (when to save, what to keep), :mod:`.rotation` (which
     checkpoints to delete);
     :mod:`.torchlazy` (torch, reached lazily: the one way to it).

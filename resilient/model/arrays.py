@@ -10,6 +10,8 @@ writes (without a copy where possible), and what they become again on restore:
   size, their dtype recorded, so a reader without torch still gets the bits. They come back as
   tensors of the saved dtype, on the saved device when it exists here, else on the CPU (the
   caller logs that: :func:`restore_leaf` tells it);
+* DTensors (FSDP2, tensor parallelism): this rank's block of the global tensor, or an empty
+  block where another rank writes the same replica (:mod:`resilient.model.dtensors`);
 * anything else with ``__array__`` (jax arrays) or the buffer protocol (``memoryview``,
   ``bytearray``): ``numpy.asarray``, which shares memory where the object allows it.
 
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from resilient.errors import ConfigError
-from resilient.model import torchlazy
+from resilient.model import dtensors, torchlazy
 from resilient.model.entries import dtype_itemsize
 
 if TYPE_CHECKING:
@@ -73,9 +75,14 @@ def leaf_meta(value: Any) -> Mapping[str, Any] | None:
     if isinstance(value, (np.ndarray, np.generic)):
         return {}
     if is_tensor(value):
-        meta = {"torch": str(value.dtype).removeprefix("torch.")}
+        meta: dict[str, Any] = {"torch": str(value.dtype).removeprefix("torch.")}
         if value.device.type != "cpu":
             meta["device"] = str(value.device)
+        if dtensors.is_dtensor(value):  # a Block of its global tensor, as this rank stores it
+            piece = dtensors.piece(value, what="DTensor")
+            meta["block"] = {"global_shape": list(piece.global_shape),
+                             "start": list(piece.stored_start)}  # fmt: skip
+            meta["dtensor"] = dict(piece.meta)
         return meta
     if isinstance(value, (str, bytes, int, float, bool)) or value is None:
         return None
@@ -94,6 +101,8 @@ def to_numpy(value: Any, *, what: str) -> npt.NDArray[np.generic]:
 
     if type(value) is np.ndarray and value.flags.c_contiguous and storable_dtype(value.dtype.str):
         return value  # the common case, checked in ~1 us
+    if dtensors.is_dtensor(value):
+        value = dtensors.piece(value, what=what).stored
     if is_tensor(value):
         tensor = value.detach()
         if tensor.device.type != "cpu":

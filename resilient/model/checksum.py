@@ -21,6 +21,7 @@ __all__ = [
     "hash128",
 ]
 
+
 def digest_bytes(data: bytes | bytearray | memoryview) -> str:
     """xxh3-64 of ``data`` as 16 hex digits."""
     return xxhash.xxh3_64_hexdigest(data)
@@ -53,6 +54,8 @@ def digest_stripes(arr: npt.NDArray[np.generic], rows: int) -> list[str]:
     """xxh3-64 of each stripe of ``rows`` rows (axis 0) of a C-contiguous array (no copy)."""
     if arr.ndim == 0 or arr.shape[0] == 0:
         return []
+    if not arr.nbytes:  # rows of no bytes (another axis is empty): empty stripes
+        return [digest_bytes(b"")] * -(-arr.shape[0] // rows)
     view = memoryview(arr.reshape(-1).view("u1"))  # type: ignore[arg-type]
     step = rows * (arr.nbytes // arr.shape[0])
     return [digest_bytes(view[pos : pos + step]) for pos in range(0, len(view), step)]

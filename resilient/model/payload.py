@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.errors import ConfigError
+from resilient.model import dtensors
 from resilient.model.arrays import leaf_meta, storable_dtype, to_numpy
 from resilient.model.blocks import BlockSpec
 from resilient.model.checksum import digest_array
@@ -23,7 +24,15 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["DeviceCopy", "LocalData", "SaveRequest", "split_state", "split_template"]
+__all__ = [
+    "DeviceCopy",
+    "LocalData",
+    "SaveRequest",
+    "local_targets",
+    "put_back",
+    "split_state",
+    "split_template",
+]
 
 
 class DeviceCopy(Protocol):
@@ -94,6 +103,9 @@ def split_state(
         flat = flatten(state, leaf_meta, what=what, plain=_plain_types(), memo=memo)
     except TreeError as exc:
         raise ConfigError(str(exc)) from None
+    for p, meta in flat.metas.items():
+        if "dtensor" in meta:  # what this rank stores of it: its local piece, or none
+            flat.arrays[p] = dtensors.piece(flat.arrays[p], what=f"{what}[{p!r}]").stored
     values = list(flat.arrays.values())
     on_device: Mapping[str, Any] = {}
     if set(map(type, values)) <= _plain_types() and _all_storable(values):
@@ -145,7 +157,8 @@ def split_template(
 ) -> tuple[dict[str, Any], dict[str, BlockSpec]]:
     """A restore template's array leaves by path (the arrays a restore reads into) and its
     :class:`~resilient.model.blocks.Block` leaves' blocks by path (what an elastic restore reads into
-    them), from one pass over it.
+    them), from one pass over it. A DTensor leaf is a block: its whole local piece (the
+    caller reads into its local tensor: :func:`local_targets`).
 
     Raises:
         ConfigError: the template is not a state (see :func:`split_state`), or a block is not
@@ -167,12 +180,43 @@ def split_template(
         # numpy scalars are immutable: they come back as new values, like JSON leaves
         arrays = {p: v for p, v in arrays.items() if not isinstance(v, np.generic)}
     for p, meta in flat.metas.items():
+        if "dtensor" in meta:  # every rank reads all it holds (a replica too)
+            piece = dtensors.piece(flat.arrays[p], what=f"restore template[{p!r}]")
+            blocks[p] = BlockSpec(piece.global_shape, piece.start, tuple(piece.local.shape))
+            continue
         block = meta.get("block")
         if block is not None:
             shape, _ = template_spec(flat.arrays[p])
             blocks[p] = BlockSpec.of(block["global_shape"], block["start"], shape,
                                      what=f"restore template[{p!r}]")  # fmt: skip
     return arrays, blocks
+
+
+def local_targets(arrays: Mapping[str, Any]) -> tuple[dict[str, Any], dict[int, Any]]:
+    """A restore template's array leaves (of :func:`split_template`) with each DTensor replaced
+    by its local tensor (read into in place: the DTensor's own memory), and the DTensors by the
+    ``id`` of their local tensors, for :func:`put_back`."""
+    swaps: dict[int, Any] = {}
+    out = dict(arrays)
+    for path, value in arrays.items():
+        if dtensors.is_dtensor(value):
+            local = dtensors.piece(value, what=f"restore template[{path!r}]").local
+            out[path] = local
+            swaps[id(local)] = value
+    return out, swaps
+
+
+def put_back(state: Any, swaps: Mapping[int, Any]) -> Any:
+    """``state`` (a restored structure of dicts, lists and tuples) with each leaf whose ``id``
+    is in ``swaps`` (a local tensor read into) replaced by its DTensor."""
+    if not swaps:
+        return state
+    if isinstance(state, dict):
+        return {k: put_back(v, swaps) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        items = [put_back(v, swaps) for v in state]
+        return tuple(items) if isinstance(state, tuple) else items
+    return swaps.get(id(state), state)
 
 
 @dataclass(frozen=True, slots=True)

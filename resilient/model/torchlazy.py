@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["load", "loaded"]
+__all__ = ["dtensor_type", "load", "loaded"]
 
 
 def loaded() -> Any | None:
@@ -29,3 +29,10 @@ def load() -> Any:
     import torch
 
     return torch
+
+
+def dtensor_type() -> Any | None:
+    """``torch.distributed.tensor.DTensor`` if this process has imported that module (a
+    program holding a DTensor has), else ``None``; never imports it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else getattr(module, "DTensor", None)

@@ -18,7 +18,8 @@ Tree nodes (JSON arrays, first element the tag)::
     ["a", path]              an array leaf (numpy)
     ["a", path, {meta}]      an array leaf with metadata, e.g. {"torch": "bfloat16"}; a
                              :class:`~resilient.model.blocks.Block` leaf has
-                             {"block": {"global_shape": [...], "start": [...]}}
+                             {"block": {"global_shape": [...], "start": [...]}}, a DTensor
+                             leaf that and {"dtensor": {"mesh": [...], "placements": [...]}}
     ["r", node]              a :class:`~resilient.model.blocks.Replicated` subtree
     ["d", [[k, key, node]]]  a mapping; k is "s" (str key) or "i" (int key)
     ["p", path, [key, ...]]  a mapping of str keys to numpy arrays without metadata (a state
@@ -251,7 +252,10 @@ def _flatten(
 ) -> Any:
     if depth > MAX_DEPTH:
         raise TreeError(f"{_where(what, path)}: nested deeper than {MAX_DEPTH} levels")
-    meta = is_array(value)
+    try:
+        meta = is_array(value)
+    except ValueError as exc:  # an array leaf that cannot be stored (a DTensor's placement)
+        raise TreeError(f"{_where(what, path)}: {exc}") from None
     if meta is not None:
         if not path:
             raise TreeError(f"{what} must be a mapping, not an array")
@@ -273,6 +277,8 @@ def _flatten(
         meta = is_array(value.local)
         if meta is None or not path:
             raise TreeError(f"{_where(what, path)}: a Block must wrap an array, inside a mapping")
+        if "block" in meta:
+            raise TreeError(f"{_where(what, path)}: a DTensor is a block already (unwrap it)")
         block = {"global_shape": list(value.global_shape), "start": list(value.start)}
         full = {**meta, "block": block}
         out.arrays[path] = value.local
@@ -528,7 +534,8 @@ class ElasticKinds:
     """What each part of a (checked) tree is for a restore on another rank count.
 
     Attributes:
-        blocks: Block leaves: path -> their metadata (with ``"block"``).
+        blocks: Block leaves: path -> their metadata (with ``"block"``); a DTensor leaf is
+            one, inside a Replicated subtree too (its global tensor is the same on every rank).
         replicated: array leaves inside a Replicated subtree.
         blocking: paths of everything else (plain arrays and JSON values outside a Replicated
             subtree): per-rank data that cannot be given to another rank count.
@@ -551,10 +558,10 @@ def elastic_kinds(tree: Any) -> ElasticKinds:
             walk(node[1], path, True)
         elif tag == "a":
             meta = node[2] if len(node) == 3 else {}
-            if inside:
-                replicated.add(node[1])
-            elif "block" in meta:
+            if "block" in meta:  # (inside a Replicated value: a DTensor, the same global tensor)
                 blocks[node[1]] = meta
+            elif inside:
+                replicated.add(node[1])
             else:
                 blocking.append(node[1])
         elif tag == "j":

@@ -180,6 +180,11 @@ SHORT = f"{FIRST}: walltime 3 s is shorter than the program's stop margin 10 s (
         (1, None, 1, stop_record(time_left_at_start_s=30.0), 1, f"{FIRST} (deadline in 1 s)"),
         (1, None, 1, stop_record(time_left_at_start_s=-2.0), 1, "deadline had passed"),
         (1, None, 1, stop_record(saved=True), 1, "crashed (exit 1)"),  # not what Session does
+        # torchrun (under srun) after its workers stopped on Slurm's signal, checkpointed, exited 75
+        (1, None, 0, stop_record(saved=True, reason="signal SIGUSR1"), EXIT_RESUME,
+         "exited 1 after its Session's stop (signal SIGUSR1) after a newer checkpoint"),
+        (138, None, 0, stop_record(saved=True, reason="signal SIGUSR1"), EXIT_RESUME,
+         "exited 138 after its Session's stop"),
         (1, None, 1, stop_record(margin_s="?"), 1, f"{FIRST} (deadline in 1 s)"),
         (3, None, 1, None, 3, "crashed (exit 3)"),
         (-9, "SIGKILL", 1, stop_record(), 128 + 9, "killed (SIGKILL)"),  # died, did not stop
@@ -194,7 +199,7 @@ def test_classify_a_stop_before_the_first_checkpoint(
     code: int,
     words: str,
 ) -> None:
-    progress = status == EXIT_RESUME
+    progress = status == EXIT_RESUME or code == EXIT_RESUME
     reason, got = classify(
         AttemptEnd(
             status=status,

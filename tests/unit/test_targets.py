@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from resilient.errors import InvalidCheckpointError
+from resilient.errors import CheckpointLockedError, InvalidCheckpointError
+from resilient.io import logs
 from resilient.io.commit import PendingDir
 from resilient.io.targets import DirectoryTarget, MemoryTarget, Target
 from resilient.io.wire import new_hash
@@ -304,6 +305,44 @@ class TargetTests:
     def crash_in_remove(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Make a removal fail after the step left the listing."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ the root's own files
+
+    def test_a_root_is_prepared_locked_once_and_released(self, target: Target) -> None:
+        target.prepare_root()
+        target.prepare_root()  # a root already: nothing changes
+        held = target.lock({"job": "1"})
+        with pytest.raises(CheckpointLockedError, match="in use by another job"):
+            target.lock()
+        held.release()
+        held.release()  # idempotent
+        target.lock().release()  # free again
+
+    def test_small_files_of_the_root_are_replaced_whole(self, target: Target) -> None:
+        target.prepare_root()
+        assert target.read_root(filenames.RUN_KEY) is None
+        target.replace_root(filenames.RUN_KEY, b"first")
+        target.replace_root(filenames.RUN_KEY, b"second")
+        assert target.read_root(filenames.RUN_KEY) == b"second"
+        assert filenames.RUN_KEY in target.names()
+        assert target.steps() == []
+        target.clean_up()
+        assert target.read_root(filenames.RUN_KEY) == b"second"
+
+    def test_a_log_of_the_root_reads_back_its_records_past_a_torn_line(
+        self, target: Target
+    ) -> None:
+        target.prepare_root()
+        assert target.read_log(filenames.SAVE_LOG, logs.SAVES) == []
+        target.append_record(filenames.SAVE_LOG, {"step": 1, "time": 1.0})
+        self.tear_root(target, filenames.SAVE_LOG, b'{"step": 2, "ti')
+        target.append_record(filenames.SAVE_LOG, {"step": 3, "time": 3.0})
+        records = target.read_log(filenames.SAVE_LOG, logs.SAVES)
+        assert [r["step"] for r in records] == [1, 3]
+
+    def tear_root(self, target: Target, name: str, tail: bytes) -> None:
+        """Append ``tail`` (a torn line) to the root's file ``name``."""
+        target.replace_root(name, (target.read_root(name) or b"") + tail)
 
 
 class TestDirectoryTarget(TargetTests):
