@@ -97,6 +97,7 @@ SPLIT_MODULES = frozenset({"tests/test_torchdist.py"})
 HEAVY_FIRST = (
     "tests/test_soak.py",
     "tests/test_torchdist.py",
+    "tests/test_dtensor.py",
     "tests/test_multinode.py",
     "tests/test_docs_site.py",
     "tests/test_heat_elastic.py",
