@@ -1,5 +1,5 @@
-"""How the suite is spread over pytest-xdist workers (``bash .ci/dev test``, as CI runs it:
-3 workers; ``RESILIENT_TEST_WORKERS=0`` runs it serially).
+"""How the suite is spread over pytest-xdist workers (``RESILIENT_TEST_WORKERS=3 bash .ci/dev
+test``; CI runs it serially, the default).
 
 Most of the suite's wall time is waiting, not computing: Slurm campaigns on 1-minute limits,
 walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap that waiting.

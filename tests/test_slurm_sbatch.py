@@ -58,14 +58,18 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for d in dirs.values():
         d.mkdir()
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
-    if HAS_TORCH:  # 68 s of steps: 2+ allocations of 1 minute
-        submit("train-torch.sbatch", "--array=1-10%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
+    # 68 s of steps: 2+ allocations of 1 minute, 16 allowed: the two chains and the heat jobs
+    # share the 2 cores, and a PyTorch start-up took 10-29 s of an allocation's 30 s before
+    # Slurm's warning (an attempt then gains a step or none); the tasks left after the run has
+    # finished exit 0 at once
+    if HAS_TORCH:
+        submit("train-torch.sbatch", "--array=1-16%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
                TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
         # the same under `srun torchrun`, whose agent Slurm's --signal reaches too; a signal
         # that comes during torchrun's start-up (Slurm sent it at once in one allocation) kills
         # the agent before it handles it: an attempt without progress, which may happen twice
-        submit("train-torchrun.sbatch", "--array=1-10%1",
+        submit("train-torchrun.sbatch", "--array=1-16%1",
                "-o", str(dirs["torchrun"] / "job-%A_%a.log"), CKPT=str(dirs["torchrun"] / "ck"),
                OUT=str(dirs["torchrun"] / "out.h5"), MAX_NO_PROGRESS="4",
                TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
