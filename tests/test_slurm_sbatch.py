@@ -187,6 +187,17 @@ def assert_same_model(got: Path, want: Path) -> None:
             assert g[name][()].tobytes() == w[name][()].tobytes(), name
 
 
+def finished_torch_chain(d: Path, job: str, reference: Path) -> list[dict[str, Any]]:
+    """Wait for the array chain ``job`` writing into ``d``; its output equals ``reference`` and
+    its ledger ends in 0 after at least one stop (75). Returns the ledger."""
+    wait_for(d / "out.h5.done", (job,))
+    assert_same_model(d / "out.h5", reference)
+    ledger = read_ledger(d / "ck")
+    codes = [r["exit_code"] for r in ledger]
+    assert codes[-1] == 0 and codes.count(75) >= 1, ledger
+    return ledger
+
+
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
 def test_torch_array_chain_resumes_and_matches(
@@ -194,12 +205,7 @@ def test_torch_array_chain_resumes_and_matches(
 ) -> None:
     """workflows/sbatch/train-torch.sbatch: apps.train_torch on 2 srun tasks (no MPI), 1-minute
     allocations chained by an array; the output equals an uninterrupted 2-process run's."""
-    d = scenarios["torch"]
-    wait_for(d / "out.h5.done", ("torch-chain",))
-    assert_same_model(d / "out.h5", torch_reference)
-    ledger = read_ledger(d / "ck")
-    codes = [r["exit_code"] for r in ledger]
-    assert codes[-1] == 0 and codes.count(75) >= 1, codes
+    ledger = finished_torch_chain(scenarios["torch"], "torch-chain", torch_reference)
     assert all(r["slurm_job_id"] for r in ledger)
 
 
@@ -214,11 +220,7 @@ def test_srun_torchrun_under_slurms_signal_stops_with_75_and_matches(
     and ``resilient run`` reports 75 from the Sessions' stop record; the chain ends with the
     output of an uninterrupted run."""
     d = scenarios["torchrun"]
-    wait_for(d / "out.h5.done", ("torchrun-chain",))
-    assert_same_model(d / "out.h5", torch_reference)
-    ledger = read_ledger(d / "ck")
-    codes = [r["exit_code"] for r in ledger]
-    assert codes[-1] == 0 and codes.count(75) >= 1, ledger
+    ledger = finished_torch_chain(d, "torchrun-chain", torch_reference)
     stops = [r for r in ledger if r["exit_code"] == 75]
     assert all("exited 1 after its Session's stop" in r["reason"] for r in stops), stops
     logs = "".join(p.read_text() for p in sorted(d.glob("job-*.log")))
