@@ -3,7 +3,8 @@
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
 allocation of ``--time=2`` (Slurm kills at 120-150 s) or ``--time=1``, so the scenarios (the
 PyTorch ones, srun tasks and ``srun torchrun``, where PyTorch is installed) are submitted
-together by the module fixture (the partition is OverSubscribe=FORCE) and awaited one by one.
+together, with the other Slurm campaigns (``slurm_scenarios`` in tests/conftest.py; the
+partition is OverSubscribe=FORCE), and awaited one by one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from resilient.job.ledger import read_ledger
 from resilient.report import task_report
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm, squeue_names
+from tests.slurmutil import squeue_names
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -47,10 +48,9 @@ TORCH_ARGS = "--steps 150 --checkpoint-every 10"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-@pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    require_slurm()
-    base = tmp_path_factory.mktemp("sbatch")
+def start_scenarios(base: Path) -> dict[str, Any]:
+    """This module's jobs, submitted (by ``slurm_scenarios`` in tests/conftest.py, beside the
+    other Slurm campaigns: the partitions are OverSubscribe=FORCE, and the jobs mostly wait)."""
     dirs: dict[str, Any] = {
         name: base / name
         for name in ("array", "self", "stuck", "requeue", "torch", "torchrun", "ref")
@@ -85,6 +85,29 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     submit("self-resubmit.sbatch", "-o", str(dirs["stuck"] / "job.log"), "--job-name", "heat-stuck-test",
            CKPT=str(dirs["stuck"] / "ck"), OUT=str(dirs["stuck"] / "out.h5"), PROGRAM="false",
            MAX_NO_PROGRESS="1", HEAT_ARGS="")  # fmt: skip
+    return dirs
+
+
+JOB_NAMES = (
+    "torch-chain",
+    "torchrun-chain",
+    "heat-requeue-test",
+    "heat-chain",
+    "heat-self-test",
+    "heat-stuck-test",
+)
+
+
+def stop_scenarios() -> None:
+    """Cancel whatever of this module's jobs still runs (at the end of the session)."""
+    for name in JOB_NAMES:
+        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture(scope="module")
+def scenarios(slurm_scenarios: dict[str, Any]) -> dict[str, Any]:
+    """The submitted jobs' directories, and the uninterrupted reference, run meanwhile."""
+    dirs: dict[str, Any] = slurm_scenarios["sbatch"]
     # the uninterrupted reference, meanwhile, outside Slurm
     subprocess.run(
         [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat", *HEAT.split(),
@@ -95,11 +118,21 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def wait_for(path: Path, names: tuple[str, ...], timeout_s: float = 720) -> None:
-    """Until ``path`` exists and no job of ``names`` is pending or running."""
+    """Until ``path`` exists and no job of ``names`` is pending or running; an error at once
+    (with the end of the jobs' logs) once the jobs have been gone for 20 s without it."""
     deadline = time.time() + timeout_s
+    gone_since = None
     while time.time() < deadline:
-        if path.exists() and not squeue_names(names):
+        queued = squeue_names(names)
+        if path.exists() and not queued:
             return
+        if queued or path.exists():
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.time()
+        elif time.time() - gone_since > 20:
+            logs = "".join(p.read_text()[-1500:] for p in sorted(path.parent.glob("*.log")))
+            raise AssertionError(f"the jobs {names} ended without {path}:\n{logs[-6000:]}")
         time.sleep(3)
     raise AssertionError(f"timed out waiting for {path} (jobs still queued: {squeue_names(names)})")
 

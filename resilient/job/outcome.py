@@ -74,6 +74,8 @@ class AttemptEnd:
     """The job's nodes that Slurm lost meanwhile (:mod:`resilient.job.nodeloss`)."""
     before_first_step: str | None = None
     """That the walltime ended it before its first step, and its start-up (:func:`before_first_step`)."""
+    finished: bool = False
+    """The program's Session ended its loop on its own in this attempt (its timeline's end)."""
 
 
 Happened = Callable[[AttemptEnd], "tuple[str, bool] | None"]
@@ -175,6 +177,17 @@ def _launcher_failed_after_a_stop(end: AttemptEnd) -> tuple[str, bool] | None:
     return f"exited {end.status} after its Session's stop ({why})", True
 
 
+def _launcher_failed_after_the_run_finished(end: AttemptEnd) -> tuple[str, bool] | None:
+    """The program's Session finished its loop and saved its last step, yet the command exited
+    nonzero: seen with ``srun torchrun`` when Slurm's ``--signal`` reaches the agent as its
+    workers finish (the agent then exits 1). 75 like a stop: the next attempt restores the last
+    step and finishes at once; a program that fails after its loop every time makes no
+    progress the next time, and ends in 93."""
+    if not (end.status > 0 and end.progress and end.finished):
+        return None
+    return f"exited {end.status} after its Session finished its loop and saved its last step", True
+
+
 def _crashed(end: AttemptEnd) -> tuple[str, bool] | None:
     return f"crashed (exit {end.status})", False
 
@@ -186,6 +199,7 @@ WHAT_HAPPENED: tuple[Happened, ...] = (
     _killed_from_outside,
     _killed_by_a_signal,
     _launcher_failed_after_a_stop,
+    _launcher_failed_after_the_run_finished,
     _crashed,
 )
 """What happened to an attempt the program did not end with its own verdict: the first rule

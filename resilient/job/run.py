@@ -288,8 +288,8 @@ class _Job:
         """One launch of the program: judged, classified, recorded in the ledger and logged."""
         ledger = self.where.ledger()
         record, attempt, told, judged = self._launch(len(ledger) + 1)
-        self._judge_progress(record, judged)
-        end = self._end(record, attempt, ledger)
+        events = self._judge_progress(record, judged)
+        end = self._end(record, attempt, ledger, events)
         record.reason, record.exit_code = classify(end)
         if told is not None and told.root is None:  # the program has no directory at all
             record.reason, record.exit_code = NO_DIRECTORY, EXIT_CONFIG
@@ -338,9 +338,11 @@ class _Job:
             say_mismatch(where, told.root)
         return record, attempt, told, judged
 
-    def _judge_progress(self, record: AttemptRecord, judged: Path | None) -> None:
+    def _judge_progress(
+        self, record: AttemptRecord, judged: Path | None
+    ) -> AttemptEvents | None:
         """Whether the attempt made progress, on the directory the program uses (``judged``:
-        where the newest step before was read)."""
+        where the newest step before was read); the attempt's timeline events, if any."""
         where = self.where
         ckpt = where.progress_dir
         record.program_dir = str(where.program) if where.program is not None else None
@@ -353,9 +355,14 @@ class _Job:
         record.progress = made is not None and (base is None or made > base)
         if learned and (events is None or not events.timed):
             record.progress = False  # its checkpoints there are older than this attempt
+        return events
 
     def _end(
-        self, record: AttemptRecord, attempt: Attempt, ledger: list[dict[str, Any]]
+        self,
+        record: AttemptRecord,
+        attempt: Attempt,
+        ledger: list[dict[str, Any]],
+        events: AttemptEvents | None,
     ) -> AttemptEnd:
         """What ``resilient run`` saw of the attempt's end (put into its record too)."""
         status, sent = int(record.exit_status or 0), record.signal
@@ -392,6 +399,7 @@ class _Job:
             outside=record.interrupted,
             lost=", ".join(node.describe() for node in lost) or None,
             before_first_step=first_step,
+            finished=events is not None and events.finished,
         )
 
     def _relaunch(self, result: tuple[int, AttemptRecord, Attempt]) -> bool:

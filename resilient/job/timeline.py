@@ -165,6 +165,9 @@ class AttemptEvents:
     loop_end: float | None = None
     ended_at: float | None = None
     final_step: int | None = None
+    finished: bool = False
+    """The Session ended its loop on its own: neither stopped early nor left by an exception
+    (an ``end`` event that does not say, from an older version, does not count)."""
     samples: tuple[tuple[float, int], ...] = field(default=())
 
     @classmethod
@@ -203,6 +206,8 @@ class AttemptEvents:
             loop_end=min(end, float(ended["loop_end"])) if ended is not None else None,
             ended_at=float(ended["time"]) if ended is not None else None,
             final_step=_int(ended, "step") if ended is not None else None,
+            finished=ended is not None and ended.get("stopped") is False
+            and "raised" in ended and ended["raised"] is None,
             samples=tuple(samples),
         )  # fmt: skip
 

@@ -265,3 +265,23 @@ def test_a_timeline_written_before_the_raised_field_reads_as_unknown(tmp_path: P
     )  # fmt: skip
     assert format_table([t]).endswith("; finished: unknown (its timeline does not say whether "
                                       "its last Session ended with an exception)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("end", "finished"),
+    [
+        ({"stopped": False, "raised": None}, True),
+        ({"stopped": True, "raised": None}, False),  # stopped early
+        ({"stopped": False, "raised": "ValueError"}, False),
+        ({"stopped": False}, False),  # an older end event: it does not say
+    ],
+)
+def test_an_attempt_finished_when_its_sessions_loop_ended_on_its_own(
+    end: dict[str, object], finished: bool
+) -> None:
+    events = [
+        {"time": 1.0, "step": 0, "event": "restored", "resumed": False},
+        {"time": 5.0, "step": 9, "event": "end", "loop_end": 4.9, **end},
+    ]
+    assert AttemptEvents.of(events, 0.0, 6.0).finished is finished
+    assert not AttemptEvents.of(events, 5.5, 6.0).finished  # not in this attempt

@@ -216,6 +216,34 @@ def test_classify_a_stop_before_the_first_checkpoint(
     assert ("crashed" in reason) is (words == "crashed (exit 1)" or status == 3)
 
 
+@pytest.mark.parametrize(
+    ("status", "progress", "finished", "run_", "code", "words"),
+    [
+        # srun torchrun: Slurm's signal reached the agent as its workers finished the run
+        (1, True, True, 0, EXIT_RESUME,
+         "exited 1 after its Session finished its loop and saved its last step"),
+        (1, True, False, 0, 1, "crashed (exit 1)"),  # the loop did not end on its own
+        (1, False, True, 1, 1, "crashed (exit 1)"),  # nothing new saved: no retry for free
+        (1, False, True, 2, EXIT_NO_PROGRESS, "crashed (exit 1)"),  # a failure after the loop
+        (0, True, True, 0, 0, "finished"),
+    ],
+)  # fmt: skip
+def test_classify_a_nonzero_exit_after_the_sessions_loop_finished(
+    status: int, progress: bool, finished: bool, run_: int, code: int, words: str
+) -> None:
+    reason, got = classify(
+        AttemptEnd(
+            status=status,
+            progress=progress,
+            finished=finished,
+            no_progress_run=run_,
+            max_no_progress=2,
+        )
+    )
+    assert (reason, got) == (reason, code)
+    assert words in reason, reason
+
+
 def test_classify_a_slow_start_in_a_long_enough_walltime_says_so() -> None:
     """4 s of walltime, a 2-s margin, a start that took 3.4 s: not a walltime too short."""
     stop = stop_record(margin_s=2.0, time_left_at_start_s=0.6)
