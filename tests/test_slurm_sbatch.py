@@ -59,13 +59,14 @@ def start_scenarios(base: Path) -> dict[str, Any]:
         d.mkdir()
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
     # 68 s of steps: 2+ allocations of 1 minute, 16 allowed: the two chains and the heat jobs
-    # share the 2 cores, and a PyTorch start-up took 10-29 s of an allocation's 30 s before
-    # Slurm's warning (an attempt then gains a step or none); the tasks left after the run has
-    # finished exit 0 at once
+    # share the 2 cores with the other Slurm campaigns, and a PyTorch start-up took 10-29 s of an
+    # allocation's 30 s before Slurm's warning (an attempt then gains a step or none: up to 4
+    # such attempts in a row are allowed); the tasks left after the run has finished exit 0 at
+    # once
     if HAS_TORCH:
         submit("train-torch.sbatch", "--array=1-16%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
-               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
+               MAX_NO_PROGRESS="4", TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
         # the same under `srun torchrun`, whose agent Slurm's --signal reaches too; a signal
         # that comes during torchrun's start-up (Slurm sent it at once in one allocation) kills
         # the agent before it handles it: an attempt without progress, which may happen twice
