@@ -56,7 +56,7 @@ def start_scenarios(base: Path) -> dict[str, Any]:
         for name in ("array", "self", "stuck", "requeue", "torch", "torchrun", "ref")
     }
     for d in dirs.values():
-        d.mkdir()
+        d.mkdir(parents=True)
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
     # 68 s of steps: 2+ allocations of 1 minute, 16 allowed: the two chains and the heat jobs
     # share the 2 cores with the other Slurm campaigns, and a PyTorch start-up took 10-29 s of an
