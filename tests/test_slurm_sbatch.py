@@ -58,22 +58,22 @@ def start_scenarios(base: Path) -> dict[str, Any]:
     for d in dirs.values():
         d.mkdir(parents=True)
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
-    # 68 s of steps: 2+ allocations of 1 minute, 16 allowed: the two chains and the heat jobs
-    # share the 2 cores with the other Slurm campaigns, and a PyTorch start-up took 10-29 s of an
-    # allocation's 30 s before Slurm's warning (an attempt then gains a step or none: up to 4
-    # such attempts in a row are allowed); the tasks left after the run has finished exit 0 at
-    # once
+    # 105 s of steps: 2+ allocations of 2 minutes, whose warning comes 30-90 s in (under
+    # 1-minute limits it came 0-30 s in, during PyTorch start-ups of 10-29 s beside the other
+    # Slurm campaigns: once 4 attempts in a row made no progress); up to 4 such attempts in a
+    # row are allowed, 16 allocations in all; the tasks left after the run has finished exit 0
+    # at once
     if HAS_TORCH:
         submit("train-torch.sbatch", "--array=1-16%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
-               MAX_NO_PROGRESS="4", TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
+               MAX_NO_PROGRESS="4", TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.7")  # fmt: skip
         # the same under `srun torchrun`, whose agent Slurm's --signal reaches too; a signal
         # that comes during torchrun's start-up (Slurm sent it at once in one allocation) kills
         # the agent before it handles it: an attempt without progress, which may happen twice
         submit("train-torchrun.sbatch", "--array=1-16%1",
                "-o", str(dirs["torchrun"] / "job-%A_%a.log"), CKPT=str(dirs["torchrun"] / "ck"),
                OUT=str(dirs["torchrun"] / "out.h5"), MAX_NO_PROGRESS="4",
-               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.45")  # fmt: skip
+               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.7")  # fmt: skip
     dirs["requeue_job"] = submit(
         "requeue.sbatch", "-o", str(dirs["requeue"] / "job.log"), "--job-name", "heat-requeue-test",
         CKPT=str(dirs["requeue"] / "ck"), OUT=str(dirs["requeue"] / "out.h5"), **common,
