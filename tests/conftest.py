@@ -72,16 +72,14 @@ def _own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The background jobs and workflows of the three Slurm campaigns (tests/test_slurm_sbatch.py,
-    tests/test_slurm_workflows.py and tests/test_slurm_snakemake_mpi.py), started together when
-    the first of them is needed.
+    """The background workflows of the two Slurm campaigns (tests/test_slurm_workflows.py and
+    tests/test_slurm_snakemake_mpi.py), started together when the first of them is needed.
 
     Each waits minutes on Slurm's 1-minute limits and little on the CPU, so together they take
-    the time of the longest, not the sum (the partitions are OverSubscribe=FORCE). The multi-node
+    the time of the longer, not the sum (the partitions are OverSubscribe=FORCE). The multi-node
     one is left out, and its tests skipped, where partition ``multi`` has fewer than 2 nodes.
     Whatever still runs is stopped at the end of the session.
     """
-    from tests import test_slurm_sbatch as batch
     from tests import test_slurm_snakemake_mpi as on_nodes
     from tests import test_slurm_workflows as engines
     from tests.slurmutil import require_slurm
@@ -92,7 +90,6 @@ def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     t0 = time.monotonic()
     started: dict[str, Any] = {"snakemake_mpi": None, "snakemake_mpi_skipped": ""}
     try:
-        started["sbatch"] = batch.start_scenarios(base / "sbatch")
         started["workflows"] = engines.start_scenarios(base / "workflows", t0)
         try:
             multi_nodes()
@@ -105,7 +102,6 @@ def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         for key in ("workflows", "snakemake_mpi"):
             for run in (started.get(key) or {}).values():
                 run.stop()
-        batch.stop_scenarios()
 
 
 @pytest.fixture(scope="session", autouse=True)

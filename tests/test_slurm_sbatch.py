@@ -3,8 +3,7 @@
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
 allocation of ``--time=2`` (Slurm kills at 120-150 s) or ``--time=1``, so the scenarios (the
 PyTorch ones, srun tasks and ``srun torchrun``, where PyTorch is installed) are submitted
-together, with the other Slurm campaigns (``slurm_scenarios`` in tests/conftest.py; the
-partition is OverSubscribe=FORCE), and awaited one by one.
+together by the module fixture (the partition is OverSubscribe=FORCE) and awaited one by one.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import pytest
 from resilient.job.ledger import read_ledger
 from resilient.report import task_report
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import squeue_names
+from tests.slurmutil import require_slurm, squeue_names
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -48,19 +47,20 @@ TORCH_ARGS = "--steps 150 --checkpoint-every 10"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def start_scenarios(base: Path) -> dict[str, Any]:
-    """This module's jobs, submitted (by ``slurm_scenarios`` in tests/conftest.py, beside the
-    other Slurm campaigns: the partitions are OverSubscribe=FORCE, and the jobs mostly wait)."""
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    require_slurm()
+    base = tmp_path_factory.mktemp("sbatch")
     dirs: dict[str, Any] = {
         name: base / name
         for name in ("array", "self", "stuck", "requeue", "torch", "torchrun", "ref")
     }
     for d in dirs.values():
-        d.mkdir(parents=True)
+        d.mkdir()
     common = {"HEAT_ARGS": f"{HEAT} --step-delay {DELAY}"}
     # 105 s of steps: 2+ allocations of 2 minutes, whose warning comes 30-90 s in (under
     # 1-minute limits it came 0-30 s in, during PyTorch start-ups of 10-29 s beside the other
-    # Slurm campaigns: once 4 attempts in a row made no progress); up to 4 such attempts in a
+    # jobs: once 4 attempts in a row made no progress); up to 4 such attempts in a
     # row are allowed, 16 allocations in all; the tasks left after the run has finished exit 0
     # at once
     if HAS_TORCH:
@@ -86,29 +86,6 @@ def start_scenarios(base: Path) -> dict[str, Any]:
     submit("self-resubmit.sbatch", "-o", str(dirs["stuck"] / "job.log"), "--job-name", "heat-stuck-test",
            CKPT=str(dirs["stuck"] / "ck"), OUT=str(dirs["stuck"] / "out.h5"), PROGRAM="false",
            MAX_NO_PROGRESS="1", HEAT_ARGS="")  # fmt: skip
-    return dirs
-
-
-JOB_NAMES = (
-    "torch-chain",
-    "torchrun-chain",
-    "heat-requeue-test",
-    "heat-chain",
-    "heat-self-test",
-    "heat-stuck-test",
-)
-
-
-def stop_scenarios() -> None:
-    """Cancel whatever of this module's jobs still runs (at the end of the session)."""
-    for name in JOB_NAMES:
-        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30, check=False)
-
-
-@pytest.fixture(scope="module")
-def scenarios(slurm_scenarios: dict[str, Any]) -> dict[str, Any]:
-    """The submitted jobs' directories, and the uninterrupted reference, run meanwhile."""
-    dirs: dict[str, Any] = slurm_scenarios["sbatch"]
     # the uninterrupted reference, meanwhile, outside Slurm
     subprocess.run(
         [mpiexec(), "-n", "4", sys.executable, "-m", "apps.heat", *HEAT.split(),
