@@ -163,6 +163,7 @@ class CheckpointManager:
         static_copies: int = 2,
     ) -> None:
         self.root = Path(checkpoint_dir)
+        self.target: Target = DirectoryTarget(self.root)
         self.run_key = normalize_run_key(run_key)
         self.comm: Comm = as_comm(comm)
         self.keep = keep
@@ -170,12 +171,11 @@ class CheckpointManager:
         self.gc_every = gc_every
         self._clock = clock
         self._coll = Collective(self.comm)
-        self.target: Target = DirectoryTarget(self.root)
         self._lock_owner = lock_owner
         self._held: RootHold | None = None
         self._deleter = storage.BackgroundDeleter()
-        self._statics = StaticStore(self.root, copies=static_copies)
-        self._catalog = Catalog(self.root, self._statics)
+        self._statics = StaticStore(self.target, copies=static_copies)
+        self._catalog = Catalog(self.target, self._statics)
         self._closed = False
         self._saves = 0
         self._saves_started = 0
@@ -205,7 +205,7 @@ class CheckpointManager:
             shard_ranks=manifest_shard_ranks, by_node=local_dir is not None,
         )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
-        self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
+        self._coll.broadcast(f"opening checkpoint root {self.target}", self._open_root)
         local: LocalTier | None = None
         if local_dir is not None:
             try:
@@ -220,13 +220,13 @@ class CheckpointManager:
                 self._release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
+            self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
         self._path = self._pipeline.path  # the shared root, or a node-local tier over it
         self._restorer = Restorer(
-            self.root, self._coll, self._catalog, layout=self.set_comms.layout,
+            self.target, self._coll, self._catalog, layout=self.set_comms.layout,
             memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
             shards=self.set_comms if self.set_comms.shard is not None else None,
         )  # fmt: skip
@@ -290,7 +290,7 @@ class CheckpointManager:
         """Collective: the step of the newest checkpoint that passes quick validation."""
 
         def newest() -> int | None:
-            record = latest_valid(self.root)
+            record = latest_valid(self.target)
             return None if record is None else record.step
 
         return self._coll.broadcast("finding the latest checkpoint", newest)
@@ -522,11 +522,12 @@ class CheckpointManager:
         restored, state = self._path.restore(  # a node-local tier looks at its own copies first
             self._restorer, step, validate=validate, into=leaves, blocks=specs, refused=refused
         )
-        if self._restorer.last_restored is not None:  # a restart's first save skips planning
-            self._pipeline.after_restore(*self._restorer.last_restored)
+        last = self._restorer.last_restored
+        if last is not None:  # a restart's first save skips planning
+            self._pipeline.after_restore(last[0].opener, last[1])
         if self._restorer.absent_devices:  # one line per restore (state and static data)
-            where = self._restorer.last_restored
-            log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
+            where = str(self.target if last is None else last[0])
+            log_absent(where, self._restorer.absent_devices)
         self._last_saved_step = restored
         return restored, put_back(state, swaps)
 

@@ -481,12 +481,12 @@ def test_a_manifest_no_restore_would_read_is_not_committed(
     """Over the manifest size a restore reads (here made small: 16,384 ranks x 300 arrays
     reach the real 256 MiB), a save is refused with the sizes and a way out, on every rank;
     the checkpoint before it still restores and no temporary directory is left."""
-    from resilient.io import checkpoints
+    from resilient.io import manifests
 
     root = tmp_path / "ck"
     with CheckpointManager(root) as mgr:
         mgr.save(1, {"u": np.arange(4.0)})
-        monkeypatch.setattr(checkpoints, "MAX_MANIFEST_BYTES", 20_000)
+        monkeypatch.setattr(manifests, "MAX_MANIFEST_BYTES", 20_000)
         many = {f"layer{i}.weight": np.full(3, float(i)) for i in range(400)}
         with pytest.raises(ConfigError, match=r"manifest would be 0 MB, over the 0 MiB .*fewer"):
             mgr.save(2, many)
