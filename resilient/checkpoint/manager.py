@@ -38,7 +38,7 @@ from resilient.errors import (
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
-from resilient.io.targets import DirectoryTarget, RootHold, Target
+from resilient.io.targets import DirectoryTarget, RootHold, Target, as_target
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.payload import SaveRequest, local_targets, put_back, split_template
@@ -95,8 +95,11 @@ class CheckpointManager:
     :meth:`close` are collective over ``comm``: call them on all ranks, in the same order.
 
     Args:
-        checkpoint_dir: the checkpoint directory (created if needed; shared by all ranks).
-            ``root`` is its deprecated alias.
+        checkpoint_dir: the checkpoint directory (created if needed; shared by all ranks), or
+            a :class:`~resilient.io.targets.Target` to keep the checkpoints in instead (e.g. a
+            :class:`~resilient.io.targets.MemoryTarget`, one process's, for tests: every save,
+            rotation, validation and restore goes through it). ``root`` is its deprecated
+            alias. A target that is not a directory takes no ``local_dir``.
         comm: the ranks of this checkpoint set: an mpi4py communicator, a torch.distributed
             process group (or ``torch.distributed`` itself: its default group), a
             :class:`resilient.parallel.comm.Comm`, or ``None`` for one process. Rank 0 coordinates.
@@ -145,7 +148,7 @@ class CheckpointManager:
     @renamed_keyword("root", "checkpoint_dir")
     def __init__(
         self,
-        checkpoint_dir: str | os.PathLike[str],
+        checkpoint_dir: str | os.PathLike[str] | Target,
         *,
         comm: Any = None,
         checkpoint_comm: Any = "self",
@@ -162,8 +165,11 @@ class CheckpointManager:
         manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
         static_copies: int = 2,
     ) -> None:
-        self.root = Path(checkpoint_dir)
-        self.target: Target = DirectoryTarget(self.root)
+        self.target: Target = as_target(checkpoint_dir)
+        # the checkpoint directory (``None``: a target that is not one)
+        self.root: Path | None = (
+            self.target.root if isinstance(self.target, DirectoryTarget) else None
+        )
         self.run_key = normalize_run_key(run_key)
         self.comm: Comm = as_comm(comm)
         self.keep = keep
@@ -186,6 +192,11 @@ class CheckpointManager:
             raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
         if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
             raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        if local_dir is not None and self.root is None:
+            raise ConfigError(
+                f"local_dir={str(local_dir)!r} keeps node-local copies of a checkpoint "
+                f"directory: it needs checkpoint_dir to be a directory, not a target ({self.target})"
+            )
         if check_redundancy(redundancy) is not None and local_dir is None:
             raise ConfigError(
                 f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
@@ -208,13 +219,15 @@ class CheckpointManager:
         self._coll.broadcast(f"opening checkpoint root {self.target}", self._open_root)
         local: LocalTier | None = None
         if local_dir is not None:
+            root = self.root
+            assert root is not None
             try:
                 local = LocalTier(
-                    local_dir, self.root, self.set_comms, keep=local_keep, redundancy=redundancy
+                    local_dir, root, self.set_comms, keep=local_keep, redundancy=redundancy
                 )
                 tiers = local.listing()
                 self._coll.broadcast(
-                    "recording the local tier", lambda: record_local_tiers(self.root, tiers)
+                    "recording the local tier", lambda: record_local_tiers(root, tiers)
                 )
             except BaseException:
                 self._release()
