@@ -23,7 +23,7 @@ from resilient.io.checkpoints import statics_of
 from resilient.io.commit import PendingDir
 from resilient.io.repair import add_second_copy, repair_static
 from resilient.io.storage import Trash
-from resilient.io.targets import Target
+from resilient.io.targets import DirectoryTarget, Target
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
@@ -139,8 +139,10 @@ class StaticStore:
         self._pinned = True
 
     def collect(self) -> list[Trash]:
-        """Trash every static data copy no checkpoint refers to; return the trash to delete."""
-        if self._pinned:
+        """Trash every static data copy no checkpoint refers to; return the trash to delete.
+        A directory's ``static/`` that is a symlink is never collected from (it may be shared)."""
+        linked = isinstance(self.target, DirectoryTarget) and self.target.root.is_symlink()
+        if self._pinned or linked:
             return []
         trash = []
         for name in sorted(self.target.names()):
