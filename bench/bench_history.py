@@ -51,7 +51,8 @@ from benchutil import library_revision
 
 from resilient import CheckpointManager, KeepEvery
 from resilient.checkpoint.catalog import save_record
-from resilient.io.checkpoints import marker_text, validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
+from resilient.io.manifests import marker_text
 from resilient.model import filenames as names
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest

@@ -39,7 +39,7 @@ library's own functions, fed with synthetic descriptions shaped like what the ga
   its shard's part (``restorer.shard_parts``), and each leader (``--leader-sample`` of them
   measured, :func:`leader_restore`) reads its saved shard once (``Restorer._spread``) and deals
   each of its ranks its part with its entries as read. The last rank then unpickles its part,
-  parses its own entry (:func:`resilient.io.checkpoints.load_entries`) and looks at it
+  parses its own entry (:func:`resilient.io.manifests.load_entries`) and looks at it
   (:func:`resilient.checkpoint.elasticread.needs_elastic`): ``rank_restore_*`` is that rank's part
   before it reads its data.
 
@@ -101,11 +101,12 @@ from resilient.checkpoint.saveset import (
     write_shard,
 )
 from resilient.checkpoint.tiers import LocalSizes, LocalTier, NodeView
-from resilient.io import checkpoints
-from resilient.io.checkpoints import load_entries, load_manifest, validate_checkpoint
+from resilient.io import manifests
+from resilient.io.checkpoints import validate_checkpoint
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import build_skeleton
-from resilient.io.targets import DirectoryTarget
+from resilient.io.manifests import SetFiles, load_entries, load_manifest
+from resilient.io.targets import DirectoryTarget, SetRef
 from resilient.model import filenames
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
@@ -116,7 +117,7 @@ from resilient.parallel.collective import Collective
 from resilient.parallel.comm import SerialComm
 from resilient.parallel.setcomms import SetComms, shard_groups, shard_members
 
-LIBRARY_LIMIT = checkpoints.MAX_MANIFEST_BYTES  # the largest manifest the library commits
+LIBRARY_LIMIT = manifests.MAX_MANIFEST_BYTES  # the largest manifest the library commits
 
 T = TypeVar("T")
 PROTOCOL = pickle.HIGHEST_PROTOCOL  # mpi4py 4.1's MPI.pickle.PROTOCOL (5)
@@ -267,7 +268,7 @@ class Member:
 @dataclass
 class TimedPending:
     """A :class:`PendingDir` whose two steps add their time to ``seconds`` (keys ``prepare``,
-    ``publish``), which ``commit_set`` commits into."""
+    ``publish``): what the coordinator commits after ``commit_set``."""
 
     pending: PendingDir
     seconds: dict[str, float]
@@ -355,7 +356,10 @@ def leaders(
         comms = set_comms(Member(held[0], ranks), ranks, per_file, comm, members, index)
         own = pickle.loads(inbox[held[0]])[1]
         t0 = time.perf_counter()
-        got = write_shard(comms, own, scratch, kind="checkpoint", step=STEP)
+        got = write_shard(  # (into a scratch directory: never committed)
+            comms, own, DirectoryTarget(root), PendingDir(scratch, scratch), kind="checkpoint",
+            step=STEP,
+        )
         assert isinstance(got, ShardWritten), got
         sent[index] = pickle.dumps((True, got), PROTOCOL)
         took.append(time.perf_counter() - t0)
@@ -403,30 +407,30 @@ def commit(inbox: list[bytes], per_file: int, root: Path, sharding: Sharding | N
         (pending.path / name).write_bytes(text)  # by the other leaders, meanwhile
     own = pickle.loads(inbox[0])[1]  # rank 0's outcome (the gather takes it from the inbox)
     # the library refuses to commit a manifest that no restore would read (over
-    # checkpoints.MAX_MANIFEST_BYTES, 16,384 x 300 here): lifted, to measure what the design costs
+    # manifests.MAX_MANIFEST_BYTES, 16,384 x 300 here): lifted, to measure what the design costs
     # there (the table says when the library refuses it)
-    checkpoints.MAX_MANIFEST_BYTES = 1 << 40
+    manifests.MAX_MANIFEST_BYTES = 1 << 40
     t0 = time.perf_counter()
     shard_s = 0.0
     if sharding is None:
         gathered = Collective(comm).gather(own)
     else:  # gather_set's two levels, timed apart
-        mine = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+        mine = write_shard(comms, own, DirectoryTarget(root), pending, kind="checkpoint", step=STEP)
         assert isinstance(mine, ShardWritten), mine
         shard_s = time.perf_counter() - t0
         gathered = Collective(comm).gather(mine)
     assert gathered is not None
     manifest = commit_set(
-        comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__,
-        pending=TimedPending(pending, comm.seconds),  # type: ignore[arg-type]
-    )  # fmt: skip
+        comms, gathered.values(), step=STEP, metrics={"loss": 1.0}, library_version=__version__
+    )
+    TimedPending(pending, comm.seconds).commit(manifest, what=f"save of checkpoint step {STEP}")
     announcer = comm if sharding is None else comms.comm
     Collective(announcer).announce("save", None)
     took = time.perf_counter() - t0
     if announcer is not comm:
         comm.sent.extend(announcer.sent)
         comm.seconds["bcast"] = announcer.seconds["bcast"]
-    checkpoints.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
+    manifests.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     assert manifest is not None  # (rank 0: the coordinator keeps it)
     return Committed(manifest, comm, took, took - shard_s, shard_s, gathered_bytes)
 
@@ -468,7 +472,7 @@ def coordinator_restore(
     else:
         out["validate_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    whole = Candidate(path, manifest, None)
+    whole = Candidate(SetRef(DirectoryTarget(path.parent), path.name), manifest, None)
     if sharding is None:
         comm = RootComm(current.nranks, None, keep=tuple(keep))
         parts = [(p, False) for p in rank_parts(whole, current)]
@@ -494,7 +498,7 @@ def leader_restore(
     t0 = time.perf_counter()
     status, given = pickle.loads(received)
     assert status == "ok", given
-    restorer = Restorer(given[0].path.parent, Collective(SerialComm()), None,  # type: ignore[arg-type]
+    restorer = Restorer(given[0].at.target, Collective(SerialComm()), None,  # type: ignore[arg-type]
                         layout=current, shards=comms)  # fmt: skip
     spread = restorer._spread(given)
     comm = RootComm(len(members[index]), None, keep=(keep,))
@@ -519,7 +523,7 @@ def rank_restore(received: bytes, rank: int, current: Layout) -> tuple[float, in
     docs = candidate.docs or {}
     read = 0 if sharded is None or sharded.shard_of(rank).name in docs else sharded.shard_of(rank).size
     manifest = load_entries(
-        candidate.path, as_received(candidate.manifest, current), [rank], read=candidate.docs
+        candidate.at.files, as_received(candidate.manifest, current), [rank], read=candidate.docs
     )
     needs_elastic(manifest.ranks[rank], {})
     return time.perf_counter() - t0, read
@@ -788,7 +792,7 @@ def local_commit_unsharded(
     comm = LocalRootComm(ranks, list(inbox))
     comms = set_comms(comm, ranks, per_file)
     pending = PendingDir.for_step(root, STEP).create()
-    checkpoints.MAX_MANIFEST_BYTES = 1 << 40  # (see commit)
+    manifests.MAX_MANIFEST_BYTES = 1 << 40  # (see commit)
     t0 = time.perf_counter()
     done = comm.allgather(pickle.loads(inbox[0]))
     manifest = commit_set(
@@ -798,7 +802,7 @@ def local_commit_unsharded(
     TimedPending(pending, comm.seconds).commit(manifest, what="local copy")
     Collective(comm).share("committing the local copies", None)
     took = time.perf_counter() - t0
-    checkpoints.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
+    manifests.MAX_MANIFEST_BYTES = LIBRARY_LIMIT
     return manifest, comm, took
 
 
@@ -821,7 +825,7 @@ def local_commit_sharded(
         (pending.path / name).write_bytes(text)  # (on their own nodes; here for the restore)
     own = pickle.loads(inbox[0])[1]
     t0 = time.perf_counter()
-    mine = write_shard(comms, own, pending.path, kind="checkpoint", step=STEP)
+    mine = write_shard(comms, own, DirectoryTarget(root), pending, kind="checkpoint", step=STEP)
     assert isinstance(mine, ShardWritten), mine
     gathered = Collective(leaders).gather(mine)
     comm.seconds["gather"] = leaders.seconds["gather"]
@@ -890,7 +894,7 @@ def local_rank_restore(received: bytes, final: Path, rank: int, current: Layout)
     ok, part = pickle.loads(received)
     assert ok
     part = dataclasses.replace(part, layout=current)
-    needs_elastic(load_entries(final, part, [rank]).ranks[rank], {})
+    needs_elastic(load_entries(SetFiles.in_directory(final), part, [rank]).ranks[rank], {})
     return time.perf_counter() - t0
 
 

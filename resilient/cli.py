@@ -41,8 +41,10 @@ from resilient.io.checkpoints import (
     list_checkpoints,
     protected_steps,
     resolve_static,
+    statics_of,
     validate_checkpoint,
 )
+from resilient.io.targets import DirectoryTarget, as_target
 from resilient.job.ledger import read_ledger
 from resilient.job.options import build_parser as run_parser
 from resilient.model import filenames
@@ -294,12 +296,12 @@ def _print_static_copies(root: Path, contents: list[str | None], *, full: bool) 
     (those steps are valid; the next restore repairs it)."""
     for content in sorted({c for c in contents if c is not None}):
         try:
-            damaged = resolve_static(root, content, full=full).damaged
+            damaged = resolve_static(statics_of(as_target(root)), content, full=full).damaged
         except InvalidCheckpointError:
             continue  # (its steps said INVALID already)
-        for path, why in damaged:
+        for name, why in damaged:
             print(
-                f"static data {content}: its copy {path.name}/ failed ({why}); the other is "
+                f"static data {content}: its copy {name}/ failed ({why}); the other is "
                 "intact: the next restore repairs it"
             )
 
@@ -316,11 +318,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
             raise CliError(str(exc), EXIT_LOCKED) from None
     try:
         # the same rotation as the manager's: the keep policy, then unreferenced static data
-        catalog = Catalog(root, StaticStore(root))
+        catalog = Catalog(DirectoryTarget(root), StaticStore(DirectoryTarget(root)))
         plan = catalog.plan(KeepLast(args.keep_last))
         if not args.dry_run:
             deleter = storage.BackgroundDeleter()
-            deleter.delete(catalog.apply(plan).paths)
+            deleter.delete(catalog.apply(plan).all)
             deleter.wait()
         for step in sorted(plan.delete):
             path = root / filenames.step_dir_name(step)

@@ -30,11 +30,12 @@ from resilient.errors import CheckpointNotFoundError, InvalidCheckpointError, St
 from resilient.io import fileio
 from resilient.io.checkpoints import (
     latest_valid,
-    load_entries,
-    load_manifest,
     resolve_static,
+    statics_of,
     validate_checkpoint,
 )
+from resilient.io.manifests import SetFiles, load_entries, load_manifest
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.checksum import digest_array
 from resilient.model.filenames import rank_group_name
@@ -172,19 +173,21 @@ def export(
         manifest = validate_checkpoint(path)
     sets = [(path, manifest)]
     if manifest.static is not None:  # its first intact copy (read only: nothing repaired)
-        source = resolve_static(checkpoint_dir, manifest.static)
+        statics = statics_of(DirectoryTarget(checkpoint_dir))
+        source = resolve_static(statics, manifest.static)
         if not source.dirs:
             raise StaticDataError(
-                str(source.meta), f"no whole copy: {'; '.join(w for _, w in source.damaged)}"
+                statics.where(source.meta),
+                f"no whole copy: {'; '.join(w for _, w in source.damaged)}",
             )
-        static_dir = source.dirs[0]
+        static_dir = Path(statics.where(source.dirs[0]))
         sets.append((static_dir, load_manifest(static_dir, kind="static")))
     stats = ReadStats()
     datasets: list[GlobalDataset] = []
     skipped: list[str] = []
     for directory, m in sets:
         try:
-            m = load_entries(directory, m)  # every rank's entry
+            m = load_entries(SetFiles.in_directory(directory), m)  # every rank's entry
         except ManifestError as exc:
             raise InvalidCheckpointError(str(directory), f"bad manifest: {exc}") from None
         datasets += _datasets(directory.resolve(), m, copy=copy, stats=stats, skipped=skipped)

@@ -22,6 +22,7 @@ command.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -109,7 +110,7 @@ def _file_digest(path: Path, st: os.stat_result) -> str:
         return cached
     fd = os.open(path, os.O_RDONLY)
     try:
-        digest = digest_file_range(fd, 0, st.st_size)
+        digest = digest_file_range(functools.partial(os.preadv, fd), 0, st.st_size)
     finally:
         os.close(fd)
     _digest_cache[cache_key] = digest

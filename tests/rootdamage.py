@@ -40,13 +40,13 @@ def flip_data_bit(path: Path) -> None:
     """Flip a bit in the middle of the largest array of a data file (``*.h5`` beside its
     manifest, sharded or not), so that the flip lands in data, not in HDF5's padding; where
     the manifest cannot tell (damaged, or no array in that file), :func:`flip_bit`."""
-    from resilient.io.checkpoints import load_entries
+    from resilient.io.manifests import SetFiles, load_entries
     from resilient.model.codec import parse_manifest
 
     offset = None
     try:
         manifest = parse_manifest((path.parent / filenames.MANIFEST).read_text())
-        manifest = load_entries(path.parent, manifest)
+        manifest = load_entries(SetFiles.in_directory(path.parent), manifest)
         for entry in manifest.ranks:
             table = entry.datasets
             if entry.file != path.name or not table.nbytes:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from resilient.io.checkpoints import load_manifest, validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
+from resilient.io.manifests import load_manifest
 from tests.mpirun import REPO, clean_env, mpiexec, results
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]

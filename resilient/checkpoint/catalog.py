@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import InvalidCheckpointError
-from resilient.io import logs, storage
-from resilient.io.checkpoints import load_manifest, validate_checkpoint
+from resilient.io import logs
+from resilient.io.checkpoints import validate_set
+from resilient.io.storage import Trash
+from resilient.io.targets import SetKey, Target
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
 from resilient.model.policies import CheckpointInfo, KeepPolicyLike
@@ -37,12 +38,12 @@ class Catalog:
     """The valid checkpoints of a root and the static data they use (coordinator only).
 
     Args:
-        root: the checkpoint root.
+        target: the checkpoint root's target.
         statics: the root's static store, whose reference counts this catalog maintains.
     """
 
-    def __init__(self, root: Path, statics: StaticStore) -> None:
-        self.root = root
+    def __init__(self, target: Target, statics: StaticStore) -> None:
+        self.target = target
         self.statics = statics
         self._valid: dict[int, _Entry] | None = None  # oldest first (insertion order)
 
@@ -59,21 +60,21 @@ class Catalog:
         does not know (an older library, a log line lost in a crash) is validated once. Static
         references of quarantined and invalid checkpoints come from their manifests.
         """
-        names = storage.names_in(self.root)
-        logged = _logged_entries(self.root / filenames.SAVE_LOG)
+        names = self.target.names()
+        logged = _logged_entries(self.target)
         found: dict[int, _Entry] = {}
         for name in names:
             step = filenames.parse_step_dir(name)
             if step is None:
                 if filenames.parse_quarantined(name) is not None:
-                    self._ref_from_manifest(self.root / name, quarantined=True)
+                    self._ref_from_manifest(name, quarantined=True)
                 continue
             entry = logged.get(step)
             if entry is None:
                 try:
-                    entry = _entry(validate_checkpoint(self.root / name))
+                    entry = _entry(validate_set(self.target, step, statics=self.statics.target))
                 except InvalidCheckpointError:
-                    self._ref_from_manifest(self.root / name, quarantined=False)
+                    self._ref_from_manifest(step, quarantined=False)
                     continue
             found[step] = entry
             self.statics.ref(entry.static)
@@ -91,19 +92,18 @@ class Catalog:
         for step in sorted(found, reverse=True):
             if step in trusted:
                 return  # validated just now
-            path = self.root / filenames.step_dir_name(step)
             try:
-                validate_checkpoint(path)
+                validate_set(self.target, step, statics=self.statics.target)
             except InvalidCheckpointError as exc:
                 log.warning("checkpoint of step %d is logged but invalid: %s", step, exc.reason)
                 self.statics.unref(found.pop(step).static)
-                self._ref_from_manifest(path, quarantined=False)
+                self._ref_from_manifest(step, quarantined=False)
             else:
                 return
 
-    def _ref_from_manifest(self, path: Path, *, quarantined: bool) -> None:
+    def _ref_from_manifest(self, key: SetKey, *, quarantined: bool) -> None:
         try:  # invalid or quarantined: its static data must survive it
-            self.statics.ref(load_manifest(path).static)
+            self.statics.ref(self.target.manifest(key).static)
         except InvalidCheckpointError:
             if quarantined:
                 self.statics.pin()  # cannot tell what it uses: keep all static data
@@ -138,14 +138,13 @@ class Catalog:
 
         Renames are synchronous (a deleted checkpoint stops counting at once); the caller
         deletes the returned trash, e.g. on a background thread, or reuses a trashed
-        checkpoint's files for the next save (:class:`resilient.checkpoint.saving.SavePipeline`).
+        checkpoint's files for the next save (:meth:`resilient.io.targets.Target.reuse`).
         """
         entries = self._entries()
         trash = []
         for step in sorted(plan.delete):
-            path = self.root / filenames.step_dir_name(step)
             try:
-                trash.append(storage.move_to_trash(path, durable=False))  # a rotation
+                trash.append(self.target.trash(step, durable=False))  # a rotation
             except FileNotFoundError:
                 log.warning("checkpoint of step %d vanished before rotation deleted it", step)
             else:
@@ -158,13 +157,13 @@ class Catalog:
 
 @dataclass(frozen=True, slots=True)
 class Trashed:
-    """What a rotation renamed to trash names: checkpoints (oldest first) and static data."""
+    """What a rotation took out of the listing: checkpoints (oldest first) and static data."""
 
-    checkpoints: tuple[Path, ...]
-    statics: tuple[Path, ...]
+    checkpoints: tuple[Trash, ...]
+    statics: tuple[Trash, ...]
 
     @property
-    def paths(self) -> list[Path]:
+    def all(self) -> list[Trash]:
         """All of it."""
         return [*self.checkpoints, *self.statics]
 
@@ -179,10 +178,10 @@ def save_record(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def _logged_entries(path: Path) -> dict[int, _Entry]:
+def _logged_entries(target: Target) -> dict[int, _Entry]:
     """step -> entry from the save log's complete records (the last one of a step wins)."""
     out: dict[int, _Entry] = {}
-    for rec in logs.read_log(path, logs.SAVES):
+    for rec in target.read_log(filenames.SAVE_LOG, logs.SAVES):
         step, when, metrics, static = (
             rec["step"], rec.get("manifest_time"), rec.get("metrics"), rec.get("static", "")
         )  # fmt: skip

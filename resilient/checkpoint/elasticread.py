@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,7 +189,8 @@ def needs_elastic(entry: RankEntry, blocks: Mapping[str, BlockSpec]) -> bool:
 
 
 def read_elastic(
-    directory: Path,
+    files: Callable[[str], fileio.RangeReader],
+    where: str,
     plan: ElasticPlan,
     *,
     blocks: Mapping[str, BlockSpec],
@@ -201,7 +202,9 @@ def read_elastic(
     and rebuild saved rank 0's structure.
 
     Args:
-        directory: the checkpoint (or static-data) directory.
+        files: opens the data files of the checkpoint (or static data) copy by name (a target's
+            ``functools.partial(target.open_reader, step)``).
+        where: that copy, for messages (a directory's path).
         blocks: this rank's new block of every Block leaf of ``plan``, by leaf path.
         into: existing arrays to read into, by leaf path (their shapes must fit).
         stats: counts what was read (added to).
@@ -234,13 +237,13 @@ def read_elastic(
     for path, d in plan.replicated.items():
         targets[path] = _target(path, into.get(path), d.shape, np.dtype(d.dtype))
 
-    files: dict[str, fileio.FileReader] = {}
+    opened: dict[str, fileio.RangeReader] = {}
 
-    def reader_of(name: str) -> fileio.FileReader:
-        if name not in files:
-            files[name] = fileio.FileReader(directory / name)
+    def reader_of(name: str) -> fileio.RangeReader:
+        if name not in opened:
+            opened[name] = files(name)
             stats.files.add(name)
-        return files[name]
+        return opened[name]
 
     def read_all() -> None:
         for path, stored in plan.blocks.items():
@@ -248,7 +251,7 @@ def read_elastic(
             out = targets[path][0]
             for sb in stored:  # only the files this rank reads are opened (a staged copy of
                 if intersect(sb.spec, want) is not None:  # a node-local one holds only those)
-                    _copy_overlap(reader_of(sb.file), sb, want, out, stats, directory, path)
+                    _copy_overlap(reader_of(sb.file), sb, want, out, stats, where, path)
         for path, d in plan.replicated.items():
             out = targets[path][0]
             if d.offset is not None and d.nbytes:
@@ -257,17 +260,17 @@ def read_elastic(
                 stats.reads += 1
             if digest_array(out) != d.checksum:
                 raise InvalidCheckpointError(
-                    str(directory),
+                    where,
                     f"checksum mismatch: rank 0 dataset {path!r} in {plan.rank0_file}",
                 )
             stats.blocks_verified += 1
 
     try:
-        storage.retry_io(read_all, what=f"reading {directory} (elastic restore)")
+        storage.retry_io(read_all, what=f"reading {where} (elastic restore)")
     except EOFError as exc:
-        raise InvalidCheckpointError(str(directory), f"a data file is truncated: {exc}") from None
+        raise InvalidCheckpointError(where, f"a data file is truncated: {exc}") from None
     finally:
-        for reader in files.values():
+        for reader in opened.values():
             reader.close()
     for path, (arr, template) in targets.items():
         if template is not None and arr is not template:
@@ -286,7 +289,7 @@ def read_elastic(
     assert isinstance(built, dict)
     if absent is None and missing:
         log.warning("%s: tensors saved on %s are restored on the CPU (no such device here)",
-                    directory, ", ".join(sorted(missing)))  # fmt: skip
+                    where, ", ".join(sorted(missing)))  # fmt: skip
     return built
 
 
@@ -314,7 +317,7 @@ def _copy_overlap(
     want: BlockSpec,
     out: npt.NDArray[Any],
     stats: ReadStats,
-    directory: Path,
+    where: str,
     path: str,
 ) -> None:
     """Copy the part of stored block ``sb`` inside ``want`` into ``out``: one read of the whole
@@ -340,14 +343,14 @@ def _copy_overlap(
     for i, s in enumerate(range(first_stripe, stop_stripe)):
         if digest_bytes(raw[i * span : (i + 1) * span]) != d.stripes.digests[s]:
             raise InvalidCheckpointError(
-                str(directory),
+                where,
                 f"checksum mismatch: stripe {s} of rank {sb.rank}'s block {path!r} in {sb.file}",
             )
         stats.stripes_verified += 1
     if first_stripe == 0 and row1 == d.shape[0]:  # the whole stored block: its own checksum too
         if digest_bytes(raw) != d.checksum:
             raise InvalidCheckpointError(
-                str(directory), f"checksum mismatch: rank {sb.rank}'s block {path!r} in {sb.file}"
+                where, f"checksum mismatch: rank {sb.rank}'s block {path!r} in {sb.file}"
             )
         stats.blocks_verified += 1
     src = tuple(
@@ -372,7 +375,7 @@ def read_stored_block(directory: Path, sb: StoredBlock, *, stats: ReadStats) -> 
     out = np.empty(sb.spec.shape, dtype=np.dtype(sb.dataset.dtype))
     reader = fileio.FileReader(directory / sb.file)
     try:
-        _copy_overlap(reader, sb, sb.spec, out, stats, directory, sb.dataset.name)
+        _copy_overlap(reader, sb, sb.spec, out, stats, str(directory), sb.dataset.name)
     except EOFError as exc:
         raise InvalidCheckpointError(str(directory), f"{sb.file} truncated: {exc}") from None
     finally:

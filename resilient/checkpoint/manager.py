@@ -38,7 +38,7 @@ from resilient.errors import (
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid
 from resilient.io.runkey import check_run_key, normalize_run_key
-from resilient.io.targets import DirectoryTarget, RootHold, Target
+from resilient.io.targets import DirectoryTarget, RootHold, Target, as_target
 from resilient.model.blocks import BlockSpec
 from resilient.model.layout import Layout
 from resilient.model.payload import SaveRequest, local_targets, put_back, split_template
@@ -95,8 +95,11 @@ class CheckpointManager:
     :meth:`close` are collective over ``comm``: call them on all ranks, in the same order.
 
     Args:
-        checkpoint_dir: the checkpoint directory (created if needed; shared by all ranks).
-            ``root`` is its deprecated alias.
+        checkpoint_dir: the checkpoint directory (created if needed; shared by all ranks), or
+            a :class:`~resilient.io.targets.Target` to keep the checkpoints in instead (e.g. a
+            :class:`~resilient.io.targets.MemoryTarget`, one process's, for tests: every save,
+            rotation, validation and restore goes through it). ``root`` is its deprecated
+            alias. A target that is not a directory takes no ``local_dir``.
         comm: the ranks of this checkpoint set: an mpi4py communicator, a torch.distributed
             process group (or ``torch.distributed`` itself: its default group), a
             :class:`resilient.parallel.comm.Comm`, or ``None`` for one process. Rank 0 coordinates.
@@ -145,7 +148,7 @@ class CheckpointManager:
     @renamed_keyword("root", "checkpoint_dir")
     def __init__(
         self,
-        checkpoint_dir: str | os.PathLike[str],
+        checkpoint_dir: str | os.PathLike[str] | Target,
         *,
         comm: Any = None,
         checkpoint_comm: Any = "self",
@@ -162,7 +165,11 @@ class CheckpointManager:
         manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
         static_copies: int = 2,
     ) -> None:
-        self.root = Path(checkpoint_dir)
+        self.target: Target = as_target(checkpoint_dir)
+        # the checkpoint directory (``None``: a target that is not one)
+        self.root: Path | None = (
+            self.target.root if isinstance(self.target, DirectoryTarget) else None
+        )
         self.run_key = normalize_run_key(run_key)
         self.comm: Comm = as_comm(comm)
         self.keep = keep
@@ -170,12 +177,11 @@ class CheckpointManager:
         self.gc_every = gc_every
         self._clock = clock
         self._coll = Collective(self.comm)
-        self.target: Target = DirectoryTarget(self.root)
         self._lock_owner = lock_owner
         self._held: RootHold | None = None
         self._deleter = storage.BackgroundDeleter()
-        self._statics = StaticStore(self.root, copies=static_copies)
-        self._catalog = Catalog(self.root, self._statics)
+        self._statics = StaticStore(self.target, copies=static_copies)
+        self._catalog = Catalog(self.target, self._statics)
         self._closed = False
         self._saves = 0
         self._saves_started = 0
@@ -186,6 +192,11 @@ class CheckpointManager:
             raise ConfigError(f"gc_every must be a positive integer or None, got {gc_every!r}")
         if not isinstance(flush_every, int) or isinstance(flush_every, bool) or flush_every < 1:
             raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        if local_dir is not None and self.root is None:
+            raise ConfigError(
+                f"local_dir={str(local_dir)!r} keeps node-local copies of a checkpoint "
+                f"directory: it needs checkpoint_dir to be a directory, not a target ({self.target})"
+            )
         if check_redundancy(redundancy) is not None and local_dir is None:
             raise ConfigError(
                 f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
@@ -205,28 +216,30 @@ class CheckpointManager:
             shard_ranks=manifest_shard_ranks, by_node=local_dir is not None,
         )  # fmt: skip
         self._memo = Memo()  # what the saves and restores of this manager's states share
-        self._coll.broadcast(f"opening checkpoint root {self.root}", self._open_root)
+        self._coll.broadcast(f"opening checkpoint root {self.target}", self._open_root)
         local: LocalTier | None = None
         if local_dir is not None:
+            root = self.root
+            assert root is not None
             try:
                 local = LocalTier(
-                    local_dir, self.root, self.set_comms, keep=local_keep, redundancy=redundancy
+                    local_dir, root, self.set_comms, keep=local_keep, redundancy=redundancy
                 )
                 tiers = local.listing()
                 self._coll.broadcast(
-                    "recording the local tier", lambda: record_local_tiers(self.root, tiers)
+                    "recording the local tier", lambda: record_local_tiers(root, tiers)
                 )
             except BaseException:
                 self._release()
                 raise
         self._pipeline = SavePipeline(
-            self.root, self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
+            self.target, self.set_comms, catalog=self._catalog, statics=self._statics,
             run_key=self.run_key, deleter=self._deleter, keep=keep,
             local=local, flush_every=flush_every, clock=clock, committed=self._committed,
         )  # fmt: skip
         self._path = self._pipeline.path  # the shared root, or a node-local tier over it
         self._restorer = Restorer(
-            self.root, self._coll, self._catalog, layout=self.set_comms.layout,
+            self.target, self._coll, self._catalog, layout=self.set_comms.layout,
             memo=self._memo, digester=self._pipeline.digester, devices=self._pipeline.devices,
             shards=self.set_comms if self.set_comms.shard is not None else None,
         )  # fmt: skip
@@ -290,7 +303,7 @@ class CheckpointManager:
         """Collective: the step of the newest checkpoint that passes quick validation."""
 
         def newest() -> int | None:
-            record = latest_valid(self.root)
+            record = latest_valid(self.target)
             return None if record is None else record.step
 
         return self._coll.broadcast("finding the latest checkpoint", newest)
@@ -522,11 +535,12 @@ class CheckpointManager:
         restored, state = self._path.restore(  # a node-local tier looks at its own copies first
             self._restorer, step, validate=validate, into=leaves, blocks=specs, refused=refused
         )
-        if self._restorer.last_restored is not None:  # a restart's first save skips planning
-            self._pipeline.after_restore(*self._restorer.last_restored)
+        last = self._restorer.last_restored
+        if last is not None:  # a restart's first save skips planning
+            self._pipeline.after_restore(last[0].opener, last[1])
         if self._restorer.absent_devices:  # one line per restore (state and static data)
-            where = self._restorer.last_restored
-            log_absent(self.root if where is None else where[0], self._restorer.absent_devices)
+            where = str(self.target if last is None else last[0])
+            log_absent(where, self._restorer.absent_devices)
         self._last_saved_step = restored
         return restored, put_back(state, swaps)
 

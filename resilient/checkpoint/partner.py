@@ -856,7 +856,8 @@ def _held_in(
             if name not in record or record[name][0] != size:
                 continue
             digest = record[name][1]
-        if target.size(step, name) == size:
+        found = target.stat(step, name)
+        if found is not None and found.size == size:
             files[name] = (path / name, size, digest)
     if not files:
         return None

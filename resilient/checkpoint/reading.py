@@ -44,18 +44,12 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Opener", "check_template", "in_directory", "log_absent", "read_rank"]
+__all__ = ["Opener", "check_template", "log_absent", "read_rank"]
 
 
 Opener = Callable[[str], fileio.RangeReader]
 """Opens a data file of one committed copy of a step by name (a target's
-``functools.partial(target.open_reader, step)``, or :func:`in_directory`)."""
-
-
-def in_directory(directory: Path) -> Opener:
-    """The opener of the data files in ``directory`` (a step's, a node-local copy's, a static
-    data copy's), read as a :class:`~resilient.io.targets.DirectoryTarget` reads them."""
-    return lambda name: fileio.FileReader(directory / name)
+``functools.partial(target.open_reader, step)``, or :meth:`~resilient.io.targets.SetRef.opener`)."""
 
 
 def read_rank(

@@ -6,7 +6,7 @@ Call order of :meth:`Restorer.restore` (every step through
     coordinator   next candidate from checkpoints.iter_checkpoints (newest first; quarantines
                   checkpoints that fail quick validation; layout checked: another rank count
                   or layout needs a checkpoint that can be restored elastically, every entry
-                  of a sharded manifest loaded for it: checkpoints.load_entries)
+                  of a sharded manifest loaded for it: manifests.load_entries)
     scatter       each rank receives its part of the candidate's manifest (Manifest.part: its
                   own entry, its group's for a file group's leader, their files, the header;
                   the layout's groups only when they differ from this run's): what a rank
@@ -18,7 +18,7 @@ Call order of :meth:`Restorer.restore` (every step through
                   saved ones (one small allreduce)
     broadcast     only for an elastic restore: the whole manifest (other ranks' entries)
     every rank    load its own entries (of a sharded manifest: its own shard only, through
-                  checkpoints.load_entries, unless its shard's leader did; a lookup never reads a
+                  manifests.load_entries, unless its shard's leader did; a lookup never reads a
                   file), read its piece and its
                   static data (or, elastically, its new blocks and the replicated values:
                   resilient.checkpoint.elasticread), verify checksums, run the validate hook
@@ -34,7 +34,6 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from resilient.checkpoint.catalog import Catalog
@@ -45,23 +44,18 @@ from resilient.checkpoint.elasticread import (
     needs_elastic,
     read_elastic,
 )
-from resilient.checkpoint.reading import check_template, in_directory, read_rank
+from resilient.checkpoint.reading import check_template, read_rank
 from resilient.errors import (
     CheckpointNotFoundError,
     ConfigError,
     InvalidCheckpointError,
     StaticDataError,
 )
-from resilient.io import storage
-from resilient.io.checkpoints import (
-    check_file_sizes,
-    iter_checkpoints,
-    load_entries,
-    load_manifest,
-    read_shards,
-)
+from resilient.io.checkpoints import check_file_sizes, iter_checkpoints, statics_of
 from resilient.io.devicecopy import DeviceStaging
+from resilient.io.manifests import load_entries, read_shards
 from resilient.io.repair import repair_static
+from resilient.io.targets import SetRef, Target, set_files
 from resilient.model.blocks import BlockSpec
 from resilient.model.dtensors import needs_target
 from resilient.model.layout import Layout
@@ -90,7 +84,7 @@ class Candidate:
     """A checkpoint the coordinator chose to try restoring; each rank receives its part
     (:func:`rank_parts`), the whole one only for an elastic restore."""
 
-    path: Path
+    at: SetRef  # where it is (the shared root's step, a node-local copy, a staged copy)
     manifest: Manifest
     static: Manifest | None
     elastic: bool = False  # another layout: only an elastic restore can read it
@@ -100,8 +94,9 @@ class Candidate:
     docs: Mapping[str, ShardDoc] | None = None
     static_docs: Mapping[str, ShardDoc] | None = None
     unloadable: str | None = None
-    # the intact copies of its static data, the one to read first (:func:`repair_static`)
-    static_dirs: tuple[Path, ...] = ()
+    # the intact copies of its static data (of the root's static data target), the one to
+    # read first (:func:`repair_static`)
+    static_dirs: tuple[str, ...] = ()
 
 
 def _needed(saved: Layout, current: Layout) -> list[tuple[int, ...]]:
@@ -221,10 +216,10 @@ class _Elastic:
 
 
 class Restorer:
-    """Restores checkpoints of ``root`` for the ranks of ``coll``.
+    """Restores checkpoints of ``target`` for the ranks of ``coll``.
 
     Args:
-        root: the checkpoint root.
+        target: the checkpoint root's target.
         coll: the ranks; the coordinator chooses and quarantines.
         catalog: told about quarantined checkpoints (so that rotation forgets them).
         layout: the layout of this run (another one on disk is a :class:`LayoutMismatchError`).
@@ -242,7 +237,7 @@ class Restorer:
 
     def __init__(
         self,
-        root: Path,
+        target: Target,
         coll: Collective,
         catalog: Catalog,
         *,
@@ -254,7 +249,8 @@ class Restorer:
     ) -> None:
         assert shards is None or shards.shard is not None
         self.shards = shards
-        self.root = root
+        self.target = target
+        self.statics = statics_of(target)
         self.devices = devices
         self.memo = Memo() if memo is None else memo
         self.digester = digester
@@ -265,8 +261,8 @@ class Restorer:
         # the devices that tensors read since the owner last cleared it were saved on and that
         # do not exist here (those came back on the CPU): the owner says so once per restore
         self.absent_devices: set[str] = set()
-        # the checkpoint the last restore or read returned: (its directory, its manifest)
-        self.last_restored: tuple[Path, Manifest] | None = None
+        # the checkpoint the last restore or read returned: (where it is, its manifest)
+        self.last_restored: tuple[SetRef, Manifest] | None = None
         # coordinator: the steps the last restore quarantined on its way to the one it returned
         self.passed_over: list[int] = []
         # coordinator: what the last restore found of static data that no copy of could be read
@@ -311,28 +307,28 @@ class Restorer:
                     verdict = self._judge(chosen, reads.values())
                 except Exception as exc:
                     verdict = exc
-            if self.coll.announce(f"restore of {chosen.path.name}", verdict):
+            if self.coll.announce(f"restore of {chosen.at.name}", verdict):
                 if self.coll.rank == 0 and reads is not None:
                     self._repair_after_read(chosen, reads.values())
-                self.last_restored = (chosen.path, chosen.manifest)
+                self.last_restored = (chosen.at, chosen.manifest)
                 return chosen.manifest.step, state
             if step is not None:
                 raise CheckpointNotFoundError(
-                    f"checkpoint of step {step} in {self.root} failed validation"
+                    f"checkpoint of step {step} in {self.target} failed validation"
                 )
 
     def read(
         self,
-        path: Path,
+        at: SetRef,
         manifest: Manifest,
         *,
         validate: StateValidator | None = None,
         into: Mapping[str, Any] | None = None,
         blocks: Mapping[str, BlockSpec] | None = None,
     ) -> tuple[dict[str, Any] | None, list[str]]:
-        """Collective over ``coll``: every rank reads its piece of the checkpoint at ``path``
-        (e.g. a node-local copy; its static data comes from :attr:`root`), saved with this
-        run's layout.
+        """Collective over ``coll``: every rank reads its piece of the checkpoint ``at`` (this
+        rank's: e.g. a node-local copy; its static data comes from :attr:`target`), saved with
+        this run's layout.
 
         Nothing is quarantined here.
 
@@ -342,30 +338,30 @@ class Restorer:
             restore, which reads other ranks' files: use the shared root).
         """
 
-        def parts() -> list[tuple[Manifest | None, tuple[Path, ...]]]:
+        def parts() -> list[tuple[Manifest | None, tuple[str, ...]]]:
             static, dirs = self._static_source(manifest)
             return [(p, dirs) for p in _static_parts(static, self.layout)]
 
-        static, dirs = self.coll.scatter(f"loading the static data of {path}", parts)
+        static, dirs = self.coll.scatter(f"loading the static data of {at}", parts)
         if static is not None:
             static = as_received(static, self.layout)
-        # this rank's path: a node-local copy's
-        chosen = Candidate(path, manifest, static, static_dirs=dirs)
+        # this rank's copy: a node-local one
+        chosen = Candidate(at, manifest, static, static_dirs=dirs)
         # a shard that cannot be loaded: this rank's read below fails on it, saying why
         with contextlib.suppress(InvalidCheckpointError, ManifestError):
             chosen = self._load(chosen, (self.coll.rank,))
         if self._needs_elastic(chosen, blocks or {}):
             return None, []
         chosen, state, why = self._try_read(chosen, validate, into or {}, None, {})
-        reasons = self._failed_reads(f"restore of {path}", why, chosen)
+        reasons = self._failed_reads(f"restore of {at}", why, chosen)
         if reasons:
             return None, reasons
-        self.last_restored = (path, chosen.manifest)
+        self.last_restored = (at, chosen.manifest)
         return state, []
 
     def read_elastic(
         self,
-        path: Path,
+        at: SetRef,
         manifest: Manifest,
         *,
         validate: StateValidator | None = None,
@@ -373,10 +369,10 @@ class Restorer:
         blocks: Mapping[str, BlockSpec] | None = None,
     ) -> tuple[dict[str, Any] | None, list[str]]:
         """Collective over ``coll``: every rank reads its new blocks of the checkpoint whose
-        whole manifest (every entry; the same on every rank) is ``manifest``, from ``path``:
-        this rank's own directory of it (a node's staged copy of a node-local checkpoint,
+        whole manifest (every entry; the same on every rank) is ``manifest``, from ``at``:
+        this rank's own copy of it (a node's staged copy of a node-local checkpoint,
         :mod:`resilient.checkpoint.tierstaging`, holding the files its ranks read; static data
-        from :attr:`root`). Every stripe read is verified; nothing is quarantined here.
+        from :attr:`target`). Every stripe read is verified; nothing is quarantined here.
 
         Returns:
             ``(state, [])`` for this rank, or ``(None, reasons)`` when a rank's read failed.
@@ -386,25 +382,27 @@ class Restorer:
             ConfigError: ``blocks`` or ``into`` do not fit (every rank).
         """
 
-        def whole_static() -> tuple[Manifest | None, tuple[Path, ...]]:
+        def whole_static() -> tuple[Manifest | None, tuple[str, ...]]:
             static, dirs = self._static_source(manifest)
             try:
                 if static is not None:
-                    static = load_entries(dirs[0], static, None, memo=self.memo)
+                    files = set_files(self.statics, dirs[0])
+                    static = load_entries(files, static, None, memo=self.memo)
             except InvalidCheckpointError as exc:
                 raise StaticDataError(exc.path, exc.reason) from None
             except ManifestError as exc:
-                raise StaticDataError(str(dirs[0]), f"bad manifest: {exc}") from None
+                where = self.statics.where(dirs[0])
+                raise StaticDataError(where, f"bad manifest: {exc}") from None
             return static, dirs
 
-        static, dirs = self.coll.broadcast(f"loading the static data of {path.name}", whole_static)
-        chosen = Candidate(path, manifest, static, elastic=True, static_dirs=dirs)
+        static, dirs = self.coll.broadcast(f"loading the static data of {at.name}", whole_static)
+        chosen = Candidate(at, manifest, static, elastic=True, static_dirs=dirs)
         plan = self._elastic_plans(chosen)
         chosen, state, why = self._try_read(chosen, validate, into or {}, plan, blocks or {})
-        reasons = self._failed_reads(f"elastic restore of {path}", why, chosen)
+        reasons = self._failed_reads(f"elastic restore of {at}", why, chosen)
         if reasons:
             return None, reasons
-        self.last_restored = (path, chosen.manifest)
+        self.last_restored = (at, chosen.manifest)
         return state, []
 
     def _failed_reads(
@@ -456,7 +454,7 @@ class Restorer:
     def _spread(self, given: tuple[Candidate, bool]) -> list[tuple[Candidate, bool]]:
         """Shard leader: its shard's part of a candidate (``given``) as each of its ranks
         receives it, with the saved shards holding its entries read once, here (checked
-        against the index: :func:`~resilient.io.checkpoints.read_shards`), each rank's entries
+        against the index: :func:`~resilient.io.manifests.read_shards`), each rank's entries
         handed on unparsed (each rank parses its own, in parallel: :meth:`_load`). A shard
         that cannot be read gives each rank the reason instead, which its read reports (the
         candidate then fails on every rank, and the restore falls back)."""
@@ -470,13 +468,14 @@ class Restorer:
             if not elastic:  # (an elastic restore sends the whole manifest, loaded, to all)
                 try:
                     self._check_sizes(part)  # (which the coordinator did not: _candidates)
-                    docs = read_shards(part.path, part.manifest, members)
+                    docs = read_shards(part.at.files, part.manifest, members)
                     static = part.static
                     if static is not None:
                         mine = [r for r in members if r < len(static.ranks)]
                         static_docs = _first_copy(
-                            part.static_dirs, lambda d: read_shards(d, static, mine)
-                        )[0]
+                            self.statics, part.static_dirs,
+                            lambda d: read_shards(set_files(self.statics, d), static, mine),
+                        )[0]  # fmt: skip
                 except StaticDataError:
                     pass  # each rank's read tries every copy and says what failed
                 except InvalidCheckpointError as exc:
@@ -499,14 +498,17 @@ class Restorer:
         Raises:
             InvalidCheckpointError: a file is missing or of another size.
         """
-        check_file_sizes(candidate.path, candidate.manifest)
+        check_file_sizes(candidate.at.target, candidate.at.key, candidate.manifest)
         static = candidate.static
         if static is not None:
-            _first_copy(candidate.static_dirs, lambda d: check_file_sizes(d, static))
+            _first_copy(
+                self.statics, candidate.static_dirs,
+                lambda d: check_file_sizes(self.statics, d, static),
+            )  # fmt: skip
 
     def _load(self, chosen: Candidate, ranks: Sequence[int] | None) -> Candidate:
         """``chosen`` with the entries of ``ranks`` (``None``: all it indexes) loaded, of its
-        manifest and its static data's (:func:`~resilient.io.checkpoints.load_entries`: the shards
+        manifest and its static data's (:func:`~resilient.io.manifests.load_entries`: the shards
         of a sharded manifest holding them, unless its shard's leader handed them on; their
         file groups' entries). Not collective.
 
@@ -514,16 +516,17 @@ class Restorer:
             InvalidCheckpointError, ManifestError: a shard that is missing, changed or malformed.
         """
         manifest = load_entries(
-            chosen.path, chosen.manifest, ranks, memo=self.memo, read=chosen.docs
+            chosen.at.files, chosen.manifest, ranks, memo=self.memo, read=chosen.docs
         )
         static = chosen.static
         if static is not None:
             n = len(static.ranks)
             wanted = None if ranks is None else [r for r in ranks if r < n]
             static = _first_copy(
+                self.statics,
                 chosen.static_dirs,
                 lambda d: load_entries(
-                    d,
+                    set_files(self.statics, d),
                     static,
                     wanted,
                     memo=self.memo,
@@ -588,7 +591,7 @@ class Restorer:
         if not elastic:
             return None, chosen
         chosen = self.coll.announce(
-            f"sending the whole manifest of {chosen.path.name} for an elastic restore", whole
+            f"sending the whole manifest of {chosen.at.name} for an elastic restore", whole
         )
         return self._elastic_plans(chosen), chosen
 
@@ -604,7 +607,7 @@ class Restorer:
                 None if static is None else ElasticPlan.of(static, current=current),
             )
 
-        return self.coll.check(f"planning an elastic restore of {chosen.path.name}", plan)
+        return self.coll.check(f"planning an elastic restore of {chosen.at.name}", plan)
 
     def _candidates(self, step: int | None) -> Iterator[Candidate]:
         """Coordinator: valid checkpoints newest first (quarantining invalid ones on the way).
@@ -616,8 +619,8 @@ class Restorer:
         sized = self.shards is None
         lost: StaticDataError | None = None
         self._lost = None
-        sources: dict[str | None, tuple[Manifest | None, tuple[Path, ...]]] = {}
-        for record in iter_checkpoints(self.root, step=step, memo=self.memo, data_files=sized):
+        sources: dict[str | None, tuple[Manifest | None, tuple[str, ...]]] = {}
+        for record in iter_checkpoints(self.target, step=step, memo=self.memo, data_files=sized):
             if record.shared:  # its own files passed; the static data it shares did not
                 log.warning(
                     "checkpoint of step %d not restored (not quarantined): %s",
@@ -626,7 +629,7 @@ class Restorer:
                 lost = lost or StaticDataError(str(record.path), record.reason)
                 continue
             if record.manifest is None:
-                storage.quarantine(record.path, record.step, record.reason)
+                self.target.quarantine(record.step, record.reason)
                 self.catalog.quarantined(record.step)
                 self.passed_over.append(record.step)
                 continue
@@ -644,7 +647,8 @@ class Restorer:
                 lost = lost or exc
                 continue
             elastic = another_layout(saved, current)
-            candidate = Candidate(record.path, record.manifest, static, elastic, static_dirs=dirs)
+            at = SetRef(self.target, record.step)
+            candidate = Candidate(at, record.manifest, static, elastic, static_dirs=dirs)
             if elastic:  # restorable elastically, or a LayoutMismatchError naming the keys
                 try:
                     if not sized:
@@ -655,7 +659,7 @@ class Restorer:
                         ElasticPlan.of(candidate.static, current=current.describe())
                 except (InvalidCheckpointError, ManifestError) as exc:  # a shard
                     why = exc.reason if isinstance(exc, InvalidCheckpointError) else str(exc)
-                    storage.quarantine(record.path, record.step, why)
+                    self.target.quarantine(record.step, why)
                     self.catalog.quarantined(record.step)
                     self.passed_over.append(record.step)
                     continue
@@ -664,9 +668,9 @@ class Restorer:
         if lost is not None:  # intact checkpoints whose static data is lost: say what to do
             raise lost
         where = f"of step {step} " if step is not None else ""
-        raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.root}")
+        raise CheckpointNotFoundError(f"no valid checkpoint {where}in {self.target}")
 
-    def _static_source(self, manifest: Manifest) -> tuple[Manifest | None, tuple[Path, ...]]:
+    def _static_source(self, manifest: Manifest) -> tuple[Manifest | None, tuple[str, ...]]:
         """Coordinator: the manifest of ``manifest``'s static data (its index, for a sharded
         one) and its intact copies, the one to read first (a damaged copy repaired from the
         other: :func:`~resilient.io.repair.repair_static`); ``(None, ())``: it has none.
@@ -676,15 +680,15 @@ class Restorer:
         """
         if manifest.static is None:
             return None, ()
-        source = repair_static(self.root, manifest.static)
+        source = repair_static(self.statics, manifest.static)
         if not source.dirs:
-            reasons = "; ".join(f"{p.name}/: {why}" for p, why in source.damaged)
+            reasons = "; ".join(f"{name}/: {why}" for name, why in source.damaged)
             raise StaticDataError(
-                str(source.meta.parent / manifest.static),
+                self.statics.where(manifest.static),
                 f"its only copy of the data files needs the other copy's manifest, which could "
                 f"not be put back ({reasons}): make the directory writable and restore again",
             )
-        return load_manifest(source.dirs[0], kind="static"), source.dirs
+        return self.statics.manifest(source.dirs[0], kind="static"), source.dirs
 
     def _repair_after_read(self, chosen: Candidate, reads: Iterable[object]) -> None:
         """Coordinator: a copy of the static data failed some rank's read (the rank read the
@@ -694,7 +698,7 @@ class Restorer:
             return
         log.info("static data %s: %s", chosen.manifest.static, notes[0].reasons[0])
         try:
-            repair_static(self.root, chosen.manifest.static, full=True)
+            repair_static(self.statics, chosen.manifest.static, full=True)
         except (StaticDataError, OSError) as exc:
             log.warning("static data %s could not be repaired: %s", chosen.manifest.static, exc)
 
@@ -702,7 +706,7 @@ class Restorer:
         """This rank: check that its template fits, before reading (not the checkpoint's fault:
         a mismatch raises :class:`ConfigError`, which :meth:`_try_read` lets through, so that
         the read's round raises it on every rank and quarantines nothing)."""
-        rank, what = self.coll.rank, f"restore into the given arrays ({chosen.path.name})"
+        rank, what = self.coll.rank, f"restore into the given arrays ({chosen.at.name})"
         check_template(chosen.manifest.ranks[rank], into, what=what)
         if chosen.static is not None:
             check_template(chosen.static.ranks[rank], into, what=what)
@@ -782,22 +786,32 @@ class Restorer:
             elastic = functools.partial(
                 read_elastic, blocks=blocks, into=into, stats=stats, absent=self.absent_devices
             )
-            state = elastic(chosen.path, plan.state)
+            state = elastic(chosen.at.opener, str(chosen.at), plan.state)
             if plan.static is not None:
                 static_plan = plan.static
-                got, note = _first_copy(chosen.static_dirs, lambda d: elastic(d, static_plan))
+                got, note = _first_copy(
+                    self.statics, chosen.static_dirs,
+                    lambda d: elastic(
+                        functools.partial(self.statics.open_reader, d), self.statics.where(d),
+                        static_plan,
+                    ),
+                )  # fmt: skip
                 state.update(got)
         else:
             read = functools.partial(
                 read_rank, rank=rank, into=into, memo=self.memo, digester=self.digester,
                 device=self.devices, absent=self.absent_devices,
             )  # fmt: skip
-            state = read(in_directory(chosen.path), str(chosen.path), chosen.manifest)
+            state = read(chosen.at.opener, str(chosen.at), chosen.manifest)
             static = chosen.static
             if static is not None:
                 got, note = _first_copy(
-                    chosen.static_dirs, lambda d: read(in_directory(d), str(d), static)
-                )
+                    self.statics, chosen.static_dirs,
+                    lambda d: read(
+                        functools.partial(self.statics.open_reader, d), self.statics.where(d),
+                        static,
+                    ),
+                )  # fmt: skip
                 state.update(got)
         if validate is None:
             return state, note
@@ -811,9 +825,9 @@ class Restorer:
 
     def _quarantine(self, chosen: Candidate, why: str) -> None:
         try:
-            storage.quarantine(chosen.path, chosen.manifest.step, why)
+            chosen.at.target.quarantine(chosen.manifest.step, why)
         except OSError as exc:
-            log.warning("could not quarantine %s: %s", chosen.path, exc)
+            log.warning("could not quarantine %s: %s", chosen.at, exc)
         self.catalog.quarantined(chosen.manifest.step)
         self.passed_over.append(chosen.manifest.step)
 
@@ -831,7 +845,7 @@ def _check_dtensors(
     Raises:
         ConfigError: naming the first one without (the caller's fault: nothing is quarantined).
     """
-    where = f"restore of {chosen.path.name}"
+    where = f"restore of {chosen.at.name}"
     if plan is not None:
         for elastic in (plan.state, plan.static):
             if elastic is not None:
@@ -869,9 +883,11 @@ def _lost_in(reads: Iterable[object]) -> StaticDataError | None:
 _T = TypeVar("_T")
 
 
-def _first_copy(dirs: Sequence[Path], read: Callable[[Path], _T]) -> tuple[_T, _StaticNote | None]:
-    """``read`` of the first copy of static data (``dirs``) it succeeds on, and why the copies
-    before it failed (``None``: none did). Local.
+def _first_copy(
+    statics: Target, dirs: Sequence[str], read: Callable[[str], _T]
+) -> tuple[_T, _StaticNote | None]:
+    """``read`` of the first copy of static data (``dirs``, of ``statics``) it succeeds on, and
+    why the copies before it failed (``None``: none did). Local.
 
     Raises:
         StaticDataError: it failed on every copy (naming each failure).
@@ -884,10 +900,10 @@ def _first_copy(dirs: Sequence[Path], read: Callable[[Path], _T]) -> tuple[_T, _
         except ConfigError:
             raise
         except InvalidCheckpointError as exc:
-            failed.append(f"{d.name}/: {exc.reason}")
+            failed.append(f"{d}/: {exc.reason}")
         except Exception as exc:
-            failed.append(f"{d.name}/: {describe_error(exc)}")
-    where = str(dirs[0].parent / dirs[0].name.removesuffix(".copy")) if dirs else "static data"
+            failed.append(f"{d}/: {describe_error(exc)}")
+    where = statics.where(dirs[0].removesuffix(".copy")) if dirs else "static data"
     single = (
         ": its data files have one copy only (saved with static_copies=1, the default 2 keeps "
         "a second copy, or written before the copies)"

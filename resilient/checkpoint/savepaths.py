@@ -30,17 +30,17 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol
 
 from resilient._version import __version__
 from resilient.checkpoint.catalog import Catalog, save_record
 from resilient.checkpoint.restorer import Restorer, StateValidator
-from resilient.checkpoint.saveset import RankWritten, claim_files, commit_set, gather_set
+from resilient.checkpoint.saveset import RankWritten, commit_set, gather_set
 from resilient.checkpoint.statics import StaticStore
 from resilient.errors import CollectiveError, ResilientError
 from resilient.io import storage
 from resilient.io.commit import PendingDir
+from resilient.io.storage import Trash
 from resilient.io.targets import Target
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True, slots=True)
 class Made:
     """What the coordinator made before a save's first round: the shared root's temporary
-    directory and the data files it claimed there (:func:`claim_files`), or, with a node-local
+    directory and the data files it claimed there (:meth:`~resilient.io.targets.Target.reuse`), or, with a node-local
     tier, the token that names every node's own."""
 
     pending: PendingDir | None
@@ -146,8 +146,7 @@ class SharedRoot:
     the caller's thread only; every method is local (the coordinator's, where it says so).
 
     Args:
-        root: the shared checkpoint root.
-        target: its target.
+        target: the shared checkpoint root's target.
         catalog: the shared root's history, for rotation.
         statics: the shared root's static data.
         keep: keep policy of the shared root (``None`` keeps everything).
@@ -157,7 +156,6 @@ class SharedRoot:
 
     def __init__(
         self,
-        root: Path,
         target: Target,
         *,
         catalog: Catalog,
@@ -166,7 +164,6 @@ class SharedRoot:
         deleter: storage.BackgroundDeleter,
         clock: Callable[[], float],
     ) -> None:
-        self.root = root
         self.target = target
         self.catalog = catalog
         self.statics = statics
@@ -174,14 +171,14 @@ class SharedRoot:
         self.deleter = deleter
         self.clock = clock
         # a checkpoint that rotation dropped, whose data files the next save writes over
-        # (:func:`resilient.io.fileio.claim_file`); the same on every rank
-        self.recycled: Path | None = None
+        # (:meth:`~resilient.io.targets.Target.reuse`); the same on every rank
+        self.recycled: Trash | None = None
         # the static content the last save referred to, known stored by every rank
         self.static_known: str | None = None
 
     def after_commit(
         self, manifest: Manifest, start: float, *, flushed: bool = False
-    ) -> Path | None:
+    ) -> Trash | None:
         """Coordinator: log the save (or flush), then rotate (a failed rotation only warns).
 
         Returns the newest checkpoint that rotation dropped, kept for the next save to write
@@ -199,10 +196,10 @@ class SharedRoot:
             self.catalog.add(manifest)
             trashed = self.catalog.apply(self.catalog.plan(self.keep))
         except (OSError, ResilientError) as exc:
-            log.warning("rotation in %s failed (checkpoints are intact): %s", self.root, exc)
+            log.warning("rotation in %s failed (checkpoints are intact): %s", self.target, exc)
             return self.recycled
         reuse = trashed.checkpoints[-1] if trashed.checkpoints and not flushed else None
-        drop = [p for p in (self.recycled, *trashed.paths) if p is not None and p != reuse]
+        drop = [t for t in (self.recycled, *trashed.all) if t is not None and t is not reuse]
         self.deleter.delete(drop)
         return reuse
 
@@ -223,7 +220,7 @@ class _Committed:
     checkpoint that rotation dropped (its files for the next save to write over), and whether
     the static data the checkpoint refers to is still known to be stored."""
 
-    recycled: Path | None
+    recycled: Trash | None
     static_known: bool
 
 
@@ -253,9 +250,8 @@ class SharedRootSaves:
         target, recycled = self.shared.target, self.shared.recycled
         pending = target.pending(step, token=token)
         target.create(pending)
-        claimed = (
-            frozenset() if recycled is None else claim_files(self.comms, recycled, pending.path)
-        )
+        names = (filenames.file_name(self.comms.kind, i) for i in range(len(self.comms.groups)))
+        claimed = frozenset() if recycled is None else target.reuse(pending, names, recycled)
         return Made(pending, claimed, token)
 
     def pending(self, step: int, made: Made) -> PendingDir:
@@ -273,8 +269,9 @@ class SharedRootSaves:
         the outcome (the same error on every rank)."""
         request = save.request
         gathered = gather_set(
-            self.comms, save.written, save.pending.path, kind="checkpoint", step=request.step
-        )
+            self.comms, save.written, self.target, save.pending, kind="checkpoint",
+            step=request.step,
+        )  # fmt: skip
         answer = None if gathered is None else self._commit(gathered, save)
         committed: _Committed = self._coll.announce(
             f"save of checkpoint step {request.step}", answer
@@ -289,10 +286,11 @@ class SharedRootSaves:
         try:
             manifest = commit_set(
                 self.comms, gathered.values(), step=request.step, static=save.static,
-                metrics=request.metrics, library_version=__version__, pending=save.pending,
+                metrics=request.metrics, library_version=__version__,
+                into=(self.target, save.pending),
             )  # fmt: skip
         except Exception as exc:
-            save.pending.rollback()
+            self.target.rollback(save.pending)
             return exc
         try:
             recycled = self.shared.after_commit(manifest, save.start)

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilient.io import fileio, storage
@@ -86,7 +85,6 @@ __all__ = [
     "WriteJob",
     "build_index",
     "build_manifest",
-    "claim_files",
     "commit_set",
     "gather_set",
     "plan_rank",
@@ -186,7 +184,8 @@ class SkeletonCache:
     """
 
     generation: int = 0
-    seed: tuple[Path, Manifest] | None = None  # a restored checkpoint, for seed_cache
+    # a restored checkpoint (the opener of its files, its manifest), for seed_cache
+    seed: tuple[Callable[[str], fileio.RangeReader], Manifest] | None = None
     specs: tuple[fileio.Spec, ...] | None = None
     offsets: tuple[int | None, ...] = ()
     plan: RankPlan | None = None
@@ -381,24 +380,6 @@ def plan_write(
     )  # fmt: skip
 
 
-def claim_files(comms: SetComms, recycled: Path, directory: Path) -> frozenset[str]:
-    """Coordinator: move every data file of this set from ``recycled``, a checkpoint that
-    rotation dropped, into ``directory`` for the save to write over
-    (:func:`resilient.io.fileio.claim_file`); the names of those it took (a failure only costs
-    the speed-up)."""
-    names = (filenames.file_name(comms.kind, i) for i in range(len(comms.groups)))
-    return frozenset(n for n in names if _claimed(recycled / n, directory / n))
-
-
-def _claimed(source: Path, path: Path) -> bool:
-    """Leader: :func:`resilient.io.fileio.claim_file`; a failure only costs the speed-up."""
-    try:
-        return fileio.claim_file(source, path)
-    except OSError as exc:
-        log.debug("not reusing %s: %s", source, exc)
-        return False
-
-
 def _plan_file(
     target: Target,
     pending: PendingDir,
@@ -426,11 +407,11 @@ def _plan_file(
     members = [(r, s) for r, s in specs.items() if s is not None]
     offsets = h5format.place_data(members)  # the data's offsets: the metadata comes after it
     if not claimed:
-        path = pending.path / comms.file_name
+        name = comms.file_name
         storage.retry_io(
-            functools.partial(target.create_file, pending, comms.file_name),
-            what=f"creating {path}",
-            cleanup=functools.partial(storage.remove_file, path),
+            functools.partial(target.create_file, pending, name),
+            what=f"creating {pending.path / name}",
+            cleanup=functools.partial(target.discard, pending, name),
         )
     cache.generation += 1
     cache.group_specs = dict(members)
@@ -478,17 +459,17 @@ def commit_set(
     static: str | None = None,
     metrics: Mapping[str, Any] | None = None,
     library_version: str = "",
-    pending: PendingDir | None = None,
+    into: tuple[Target, PendingDir] | None = None,
     at: float | None = None,
 ) -> Manifest:
     """Coordinator: the manifest of a set whose every rank's data is durable (``written``, by
     rank: each rank's outcome, or with ``comms.shard`` what :func:`write_shard` returned), and
-    its commit into ``pending`` (``None``: the caller commits, e.g. each node of a node-local
-    tier its own copy). ``at``: the manifest's time (default: now); every rank that builds
-    the manifest from the same values and time builds the same.
+    its commit into ``into``, a target's pending copy (``None``: the caller commits, e.g. each
+    node of a node-local tier its own copy). ``at``: the manifest's time (default: now); every
+    rank that builds the manifest from the same values and time builds the same.
 
     Raises:
-        CommitError: the commit failed (``pending`` is the caller's to roll back).
+        CommitError: the commit failed (the pending copy is the caller's to roll back).
     """
     what = f"save of {kind} step {step}"
     if comms.shard is None:
@@ -501,8 +482,9 @@ def commit_set(
             comms, [w for w in written if isinstance(w, ShardWritten)], step=step, kind=kind,
             static=static, metrics=metrics or {}, library_version=library_version,
         )  # fmt: skip
-    if pending is not None:
-        pending.commit(manifest, what=what)
+    if into is not None:
+        target, pending = into
+        target.commit(pending, manifest, what=what)
     return manifest
 
 
@@ -519,7 +501,13 @@ class ShardWritten:
 
 
 def gather_set(
-    comms: SetComms, written: RankWritten | Exception, directory: Path, *, kind: str, step: int
+    comms: SetComms,
+    written: RankWritten | Exception,
+    target: Target,
+    pending: PendingDir,
+    *,
+    kind: str,
+    step: int,
 ) -> Gathered[RankWritten | ShardWritten] | None:
     """Collective over ``comms.comm``: every rank's outcome (``written``, its data durable) to
     the coordinator, which then commits (:func:`commit_set`) and announces the outcome over
@@ -529,7 +517,8 @@ def gather_set(
     outcomes up to its leader, which writes the shard (:func:`write_shard`; one gather over
     ``comms.shard``), then the leaders' shards up to the coordinator (one gather over
     ``comms.leaders``): the other ranks send nothing to the coordinator, and a rank's failure
-    reaches it through its leader, naming the rank.
+    reaches it through its leader, naming the rank. The shards go into ``pending`` of
+    ``target``.
 
     Returns:
         On the coordinator, what it gathered (each rank's outcome, or each shard's); ``None``
@@ -537,7 +526,7 @@ def gather_set(
     """
     if comms.shard is None:
         return Collective(comms.comm).gather(written)
-    shard = write_shard(comms, written, directory, kind=kind, step=step)
+    shard = write_shard(comms, written, target, pending, kind=kind, step=step)
     if comms.leaders is None:
         return None
     assert shard is not None  # (a leader's)
@@ -547,14 +536,15 @@ def gather_set(
 def write_shard(
     comms: SetComms,
     written: RankWritten | Exception,
-    directory: Path,
+    target: Target,
+    pending: PendingDir,
     *,
     kind: str,
     step: int,
 ) -> ShardWritten | Exception | None:
     """Collective over ``comms.shard`` (one gather): its leader gathers the shard's outcomes
     (``written``: this rank's, its data durable) and writes the shard durably into
-    ``directory``.
+    ``pending`` of ``target``.
 
     Returns:
         On the leader, the shard, or the error that kept it from writing it (the ranks'
@@ -563,30 +553,36 @@ def write_shard(
     """
     assert comms.shard is not None
     shard = Collective(comms.shard, name=comms.comm.rank)
-    path = directory / filenames.shard_name(comms.shard_index)
     gathered = shard.gather(written)
     if gathered is None:
         return None
     try:
-        return _write_shard_file(path, comms, gathered.values(), kind=kind, step=step)
+        return _write_shard_file(target, pending, comms, gathered.values(), kind=kind, step=step)
     except Exception as exc:
         return exc
 
 
 def _write_shard_file(
-    path: Path, comms: SetComms, written: Sequence[RankWritten], *, kind: str, step: int
+    target: Target,
+    pending: PendingDir,
+    comms: SetComms,
+    written: Sequence[RankWritten],
+    *,
+    kind: str,
+    step: int,
 ) -> ShardWritten:
-    """Shard leader: write the shard of ``written`` (its ranks' outcomes) durably at ``path``."""
+    """Shard leader: write the shard of ``written`` (its ranks' outcomes) durably into
+    ``pending`` of ``target``."""
+    name = filenames.shard_name(comms.shard_index)
     entries = dict(zip(comms.shard_members, (w.entry for w in written), strict=True))
     files = _file_entries(entries, written)
     text = shard_json(kind, step, entries).encode()
     storage.retry_io(
-        functools.partial(storage.write_all, [(path, text)]),
-        what=f"writing {path}",
-        cleanup=functools.partial(storage.remove_file, path),
+        functools.partial(target.write, pending, name, text),
+        what=f"writing {pending.path / name}",
+        cleanup=functools.partial(target.discard, pending, name),
     )
-    storage.retry_io(functools.partial(storage.fsync_files, [path]), what=f"writing {path}")
-    entry = ShardEntry(path.name, len(text), digest_bytes(text), tuple(f.name for f in files))
+    entry = ShardEntry(name, len(text), digest_bytes(text), tuple(f.name for f in files))
     return ShardWritten(entry, files_fragment(files), len(files), sum(f.size for f in files))
 
 
@@ -636,7 +632,7 @@ def save_set(
             dataclasses.replace(job, pending=copy).write()
     except Exception as exc:
         written = exc
-    gathered = gather_set(comms, written, pending.path, kind=kind, step=step)
+    gathered = gather_set(comms, written, target, pending, kind=kind, step=step)
     answer: Manifest | Exception | None = None
     if gathered is not None:
         what = f"save of {kind} step {step}"
@@ -645,26 +641,32 @@ def save_set(
                 comms, gathered.values(), step=step, kind=kind, static=static, metrics=metrics,
                 library_version=library_version,
             )  # fmt: skip
-            pending.commit(answer, what=what, copies=copies)
+            target.commit(pending, answer, what=what, copies=copies)
             if copy is not None:
-                _commit_copy(pending.final, copy, answer, what=what, copies=copies)
+                _commit_copy(target, pending.final.name, copy, answer, what=what, copies=copies)
         except Exception as exc:
-            pending.rollback()
+            target.rollback(pending)
             if copy is not None:
-                copy.rollback()
+                target.rollback(copy)
             answer = exc
     coll.announce(f"save of {kind} step {step}", answer, everywhere=False)
 
 
 def _commit_copy(
-    first: Path, copy: PendingDir, manifest: Manifest, *, what: str, copies: int | None
+    target: Target,
+    first: str,
+    copy: PendingDir,
+    manifest: Manifest,
+    *,
+    what: str,
+    copies: int | None,
 ) -> None:
-    """Coordinator: commit ``copy`` with ``manifest`` and the shards committed in ``first``
-    (its data files, if it holds them, are written already)."""
+    """Coordinator: commit ``copy`` with ``manifest`` and the shards committed in the set
+    ``first`` of ``target`` (its data files, if it holds them, are written already)."""
     sharded = manifest.sharded
-    names = [] if sharded is None else [s.name for s in sharded.shards]
-    copy.copy_in(first, names)
-    copy.commit(manifest, what=f"{what} (its second copy)", copies=copies)
+    for name in [] if sharded is None else [s.name for s in sharded.shards]:
+        target.copy(copy, name, target, first)
+    target.commit(copy, manifest, what=f"{what} (its second copy)", copies=copies)
 
 
 def build_manifest(
@@ -726,9 +728,15 @@ def _file_entries(
     return tuple(out)
 
 
-def seed_cache(cache: SkeletonCache, comms: SetComms, directory: Path, manifest: Manifest) -> None:
+def seed_cache(
+    cache: SkeletonCache,
+    comms: SetComms,
+    files: Callable[[str], fileio.RangeReader],
+    manifest: Manifest,
+) -> None:
     """Local: after a restore, remember the restored file's skeleton, so that the first save of
-    the same structure (the usual first save after a restart) skips planning altogether.
+    the same structure (the usual first save after a restart) skips planning altogether
+    (``files``: opens the restored checkpoint's files by name).
 
     Every rank decides from the manifest alone (the same on every rank of a group): the file
     must have been written by exactly this group. The leader also reads HDF5's own bytes back
@@ -757,7 +765,7 @@ def seed_cache(cache: SkeletonCache, comms: SetComms, directory: Path, manifest:
     cache.skeleton = None
     meta_bytes: list[tuple[int, bytes]] = []
     try:
-        reader = fileio.FileReader(directory / entry.name)
+        reader = files(entry.name)
         try:
             for s in entry.meta_segments:
                 piece = bytearray(s.length)

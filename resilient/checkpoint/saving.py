@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient.checkpoint.catalog import Catalog
+from resilient.checkpoint.reading import Opener
 from resilient.checkpoint.savepaths import (
     Flight,
     Made,
@@ -149,7 +150,6 @@ class SavePipeline:
     collective over ``comms.comm``.
 
     Args:
-        root: the shared checkpoint root.
         target: the shared checkpoint root's target.
         comms: who writes which file.
         catalog: the shared root's history, for rotation.
@@ -167,7 +167,6 @@ class SavePipeline:
 
     def __init__(
         self,
-        root: Path,
         target: Target,
         comms: SetComms,
         *,
@@ -181,10 +180,9 @@ class SavePipeline:
         clock: Callable[[], float],
         committed: Callable[[float], None],
     ) -> None:
-        self.root = root
         self.comms = comms
         self.shared = SharedRoot(
-            root, target, catalog=catalog, statics=statics, keep=keep, deleter=deleter, clock=clock
+            target, catalog=catalog, statics=statics, keep=keep, deleter=deleter, clock=clock
         )
         self._coll = Collective(comms.comm)
         self._statics = statics
@@ -216,8 +214,8 @@ class SavePipeline:
         """Whether a save or a flush is in flight (local, no communication)."""
         return self._in_flight is not None
 
-    def after_restore(self, directory: Path, manifest: Manifest) -> None:
-        """Local: after a restore of ``manifest`` from ``directory``, let the next save of the
+    def after_restore(self, files: Opener, manifest: Manifest) -> None:
+        """Local: after a restore of ``manifest`` (``files``: opens its files by name), let the next save of the
         same structure reuse its file's skeleton (see :func:`~resilient.checkpoint.saveset.seed_cache`;
         the planning of that save checks that every rank of the group agrees). Nothing is read
         until that save: a restore that is not followed by one pays nothing for it. A manager
@@ -225,7 +223,7 @@ class SavePipeline:
         The static data it refers to was just read: the next save of the same needs no
         look-up."""
         if self._skeletons.specs is None:
-            self._skeletons.seed = (directory, manifest)
+            self._skeletons.seed = (files, manifest)
         self.shared.static_known = manifest.static
 
     def _follow(self, start: Callable[[], Flight]) -> None:
@@ -277,7 +275,7 @@ class SavePipeline:
             _same_step([a.step for a in asked])
         except Exception:
             if made is not None and made.pending is not None:
-                made.pending.rollback()
+                self.shared.target.rollback(made.pending)
             raise
         assert isinstance(request, SaveRequest)
         made = asked[0].made
@@ -290,7 +288,7 @@ class SavePipeline:
                 self._store_static(what, request, static, record_key=record_key)
         except Exception:
             if made.pending is not None and self._coll.is_coordinator:
-                made.pending.rollback()
+                self.shared.target.rollback(made.pending)
             raise
         failed = self.path.create(pending)
         generations = {asked[r].generation for r in self.comms.members}

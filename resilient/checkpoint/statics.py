@@ -1,6 +1,7 @@
 """Static data (mesh, coefficients): content-addressed, written once, reference-counted, collected.
 
-``ROOT/static/<hash>/`` holds one committed set per content; checkpoints refer to it by hash in
+``ROOT/static/<hash>/`` holds one committed set per content (a set of the root's ``static``
+child target, :func:`resilient.io.checkpoints.statics_of`, by name); checkpoints refer to it by hash in
 their manifest. ``ROOT/static/<hash>.copy/`` is its second copy: the same manifest, shards and
 ``COMMITTED`` always, the data files too unless ``static_copies=1`` (large meshes). One damaged
 copy is repaired from the other (:func:`resilient.io.repair.repair_static`). A save of
@@ -12,18 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 from resilient._version import __version__
 from resilient.checkpoint.saveset import save_set
 from resilient.errors import ConfigError, StaticDataError
-from resilient.io import storage
+from resilient.io.checkpoints import statics_of
 from resilient.io.commit import PendingDir
 from resilient.io.repair import add_second_copy, repair_static
-from resilient.io.targets import DirectoryTarget
+from resilient.io.storage import Trash
+from resilient.io.targets import DirectoryTarget, Target
 from resilient.model import filenames
 from resilient.model.checksum import hash128
 from resilient.model.payload import LocalData
@@ -50,17 +50,16 @@ def check_static_copies(copies: object) -> int:
 
 
 class StaticStore:
-    """The static data of one checkpoint root.
+    """The static data of one checkpoint root (``root``: its target).
 
     :meth:`write` is collective, :meth:`is_stored` the coordinator's (a save asks it when
     the content is not what its previous save kept); the reference counts and :meth:`collect`
     are the coordinator's (filled by :class:`resilient.checkpoint.catalog.Catalog` from what it finds on disk).
     """
 
-    def __init__(self, root: Path, *, copies: int = 2) -> None:
-        self.root = root
+    def __init__(self, root: Target, *, copies: int = 2) -> None:
         self.copies = check_static_copies(copies)
-        self.dir = root / filenames.STATIC_DIR
+        self.target = statics_of(root)
         self._refs: Counter[str] = Counter()
         self._pinned = False  # a reference could not be read: collect nothing
         self._known_good: set[str] = set()
@@ -86,16 +85,22 @@ class StaticStore:
         pending, copy = coll.broadcast(
             "creating temporary directories for static data",
             lambda: (
-                PendingDir.for_static(self.root, content).create(),
-                PendingDir.for_static(self.root, content, copy=True).create(),
+                self._create(filenames.static_dir_name(content)),
+                self._create(filenames.static_copy_dir_name(content)),
             ),
         )
         save_set(
-            comms, DirectoryTarget(self.root), pending, step=step,
+            comms, self.target, pending, step=step,
             data=data or LocalData({}, {}), kind="static", library_version=__version__,
             copy=copy, copies=self.copies,
         )  # fmt: skip
         self._known_good.add(content)
+
+    def _create(self, name: str) -> PendingDir:
+        """Coordinator: create the pending copy of the set ``name``."""
+        pending = self.target.pending(name)
+        self.target.create(pending)
+        return pending
 
     def is_stored(self, content: str) -> bool:
         """Whether a valid copy of ``content`` exists (checked once per process; a damaged
@@ -103,17 +108,17 @@ class StaticStore:
         if content in self._known_good:
             return True
         names = (filenames.static_dir_name(content), filenames.static_copy_dir_name(content))
-        if not any(os.path.lexists(self.dir / n) for n in names):
+        if not set(names) & set(self.target.names()):
             return False  # new content
         try:
-            source = repair_static(self.root, content)
+            source = repair_static(self.target, content)
         except StaticDataError as exc:
             log.warning(
                 "static data %s has no intact copy (%s): writing it again", content, exc.reason
             )
             return False
         if self.copies == 2:  # a root from before the copies: its static data gets a second
-            add_second_copy(self.root, source)
+            add_second_copy(source)
         self._known_good.add(content)
         return True
 
@@ -133,15 +138,17 @@ class StaticStore:
         """Some reference is unknown (an unreadable quarantined manifest): never collect."""
         self._pinned = True
 
-    def collect(self) -> list[Path]:
-        """Trash every static directory no checkpoint refers to; return the trash to delete."""
-        if self._pinned or not self.dir.is_dir() or self.dir.is_symlink():
+    def collect(self) -> list[Trash]:
+        """Trash every static data copy no checkpoint refers to; return the trash to delete.
+        A directory's ``static/`` that is a symlink is never collected from (it may be shared)."""
+        linked = isinstance(self.target, DirectoryTarget) and self.target.root.is_symlink()
+        if self._pinned or linked:
             return []
         trash = []
-        for name in sorted(storage.names_in(self.dir)):
+        for name in sorted(self.target.names()):
             content = name if filenames.is_static_dir(name) else filenames.parse_static_copy(name)
             if content is not None and self._refs[content] <= 0:
-                trash.append(storage.move_to_trash(self.dir / name, durable=False))
+                trash.append(self.target.trash(name, durable=False))
                 self._known_good.discard(content)
                 if content == name:
                     log.info("deleted unreferenced static data %s", name)

@@ -48,7 +48,7 @@ from resilient.io.background import BackgroundWriter
 from resilient.io.checkpoints import latest_valid
 from resilient.io.commit import PendingDir
 from resilient.io.fileio import Bounce
-from resilient.io.targets import Target
+from resilient.io.targets import DirectoryTarget, SetRef, Target
 from resilient.model import filenames
 from resilient.model.blocks import BlockSpec
 from resilient.model.manifest import Manifest
@@ -210,8 +210,9 @@ class LocalTierManager:
         request, written = save.request, save.written
         what = f"save of checkpoint step {request.step}"
         gathered = gather_set(
-            self.comms, written, save.pending.path, kind="checkpoint", step=request.step
-        )
+            self.comms, written, self.tier.target, save.pending, kind="checkpoint",
+            step=request.step,
+        )  # fmt: skip
         answer: Manifest | Exception | None = None
         if gathered is not None:
             try:
@@ -324,7 +325,7 @@ class LocalTierManager:
             except Exception as exc:
                 made = exc
         pending: PendingDir = self._coll.announce(
-            f"creating a temporary directory in {self.shared.root}", made
+            f"creating a temporary directory in {self.shared.target}", made
         )
         task = self._writer.submit(self.tier.flush_job(checkpoint, self.shared.target, pending, bounce=self._bounce))
         return _Flushing(self, checkpoint, pending, task, self._clock())
@@ -333,7 +334,7 @@ class LocalTierManager:
         """Collective: every rank's copy (durable) to the coordinator, which commits it in the
         shared root, logs and rotates; then everyone learns the outcome."""
         manifest, pending, target = flight.checkpoint.manifest, flight.pending, self.shared.target
-        what = f"flush of checkpoint step {manifest.step} to {self.shared.root}"
+        what = f"flush of checkpoint step {manifest.step} to {self.shared.target}"
         try:
             copied: Exception | None = flight.task.result()
         except Exception as exc:
@@ -392,15 +393,16 @@ class LocalTierManager:
         found = self.tier.newest(self.comms.layout, step=step, at_least=shared)
         if found is None:
             return self._restore_staged(restorer, step, shared, validate, into, blocks)
+        at = SetRef(DirectoryTarget(found.path.parent), found.path.name)
         state, reasons = restorer.read(
-            found.path, found.manifest, validate=validate, into=into, blocks=blocks
+            at, found.manifest, validate=validate, into=into, blocks=blocks
         )
         if state is None and not reasons:  # new blocks: an elastic restore reads other files
             return self._restore_staged(restorer, step, shared, validate, into, blocks)
         if state is None:
             why = "; ".join(reasons[:4])
             log.warning(
-                "local copy %s failed validation, using %s: %s", found.path, self.shared.root, why
+                "local copy %s failed validation, using %s: %s", found.path, self.shared.target, why
             )
             self.tier.discard(found, why)
             return None
@@ -414,7 +416,7 @@ class LocalTierManager:
         validation."""
 
         def newest() -> int | None:
-            record = latest_valid(self.shared.root)
+            record = latest_valid(self.shared.target)
             return None if record is None else record.step
 
         return self._coll.broadcast("finding the latest checkpoint", newest)
@@ -444,8 +446,9 @@ class LocalTierManager:
             if staged is None:
                 return None
             try:
+                at = SetRef(DirectoryTarget(staged.path.parent), staged.path.name)
                 state, reasons = restorer.read_elastic(
-                    staged.path, staged.manifest, validate=validate, into=into, blocks=blocks
+                    at, staged.manifest, validate=validate, into=into, blocks=blocks
                 )
             finally:  # every rank has read (the read's last round gathers them all)
                 self.staging.drop()

@@ -56,8 +56,8 @@ from pathlib import Path
 from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
-from resilient.io.checkpoints import load_entries
 from resilient.io.commit import PendingDir
+from resilient.io.manifests import SetFiles, load_entries
 from resilient.io.moves import move_ranges
 from resilient.io.targets import DirectoryTarget, Target
 from resilient.model import filenames
@@ -243,7 +243,9 @@ class LocalTier:
         rank = self.comms.comm.rank
 
         def run() -> None:
-            manifest = load_entries(checkpoint.path, checkpoint.manifest, (rank,))
+            manifest = load_entries(
+                SetFiles.in_directory(checkpoint.path), checkpoint.manifest, (rank,)
+            )
             entry = manifest.ranks[rank]
             file = next(f for f in manifest.files if f.name == entry.file)
             ranges: list[tuple[int, int, str, str]] = [
@@ -315,9 +317,11 @@ class LocalTier:
             if (step is not None and s != step) or (at_least is not None and s < at_least):
                 continue
             name = self.comms.file_name
+            found = self.target.stat(s, name)
+            held = None if shard is None else self.target.stat(s, shard)
             out[s] = LocalSizes(
-                name, self.target.size(s, name),
-                shard, None if shard is None else self.target.size(s, shard),
+                name, None if found is None else found.size,
+                shard, None if held is None else held.size,
             )  # fmt: skip
         return out
 

@@ -70,7 +70,7 @@ from resilient.checkpoint.partner import (
 )
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
-from resilient.io.checkpoints import entries_from_shards, read_shard
+from resilient.io.manifests import SetFiles, entries_from_shards, read_shard
 from resilient.io.targets import DirectoryTarget
 from resilient.model.blocks import BlockSpec, intersect
 from resilient.model.codec import parse_manifest
@@ -542,7 +542,9 @@ def _shards_asked(fetch: ShardFetch, held: Mapping[int, Held], rank: int) -> _Sh
         try:
             if mine is None or shard.name not in mine.files:
                 raise FileNotFoundError(f"no copy of {shard.name} here")
-            out[shard.name] = read_shard(mine.files[shard.name][0].parent, shard)
+            out[shard.name] = read_shard(
+                SetFiles.in_directory(mine.files[shard.name][0].parent), shard
+            )
         except InvalidCheckpointError as exc:
             out[shard.name] = f"{exc.path}: {exc.reason}"
         except OSError as exc:

@@ -3,13 +3,14 @@
 Owns, from the top (one module a line):
 
 * :mod:`.moves`: a committed step's bytes moved from one target into another's pending step
+* :mod:`.runkey`: a run's identity, recorded in its checkpoint directory
+* :mod:`.repair`: a damaged copy of the static data repaired from the intact one
+* :mod:`.checkpoints`: finding and validating checkpoints in a target (the CLI's and the coordinator's)
 * :mod:`.targets`: where checkpoints live: the storage target protocol and its implementations
 * :mod:`.commit`: a save's temporary directory, from creation to the atomic rename
-* :mod:`.runkey`: a run's identity, recorded in its checkpoint directory
 * :mod:`.wire`: files sent and received over a channel (partner copies and their rebuild)
 * :mod:`.skeleton`: a data file's HDF5 bytes, built once on its group's leader and kept
-* :mod:`.repair`: a damaged copy of the static data repaired from the intact one
-* :mod:`.checkpoints`: finding and validating checkpoints on disk (the CLI's and the coordinator's)
+* :mod:`.manifests`: a committed set's marker, manifest and manifest shards, read and checked
 * :mod:`.fileio`: data files byte by byte (``pwrite``/``preadv``, ``O_DIRECT``, fsync, reuse)
 * :mod:`.devicecopy`: device tensors copied once into a reused, pinned host arena
 * :mod:`.storage`: the root, its lock, durable small files, quarantine, transient retries

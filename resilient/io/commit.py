@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilient.errors import CommitError, ConfigError
-from resilient.io import checkpoints, storage
-from resilient.io.checkpoints import marker_text
+from resilient.io import manifests, storage
+from resilient.io.manifests import marker_text
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json
@@ -61,14 +61,14 @@ class PendingDir:
         return cls(root / tmp, root / filenames.step_dir_name(step))
 
     @classmethod
-    def for_static(cls, root: Path, content_hash: str, *, copy: bool = False) -> PendingDir:
-        """The pending directory of static data with ``content_hash`` (no I/O); ``copy``: of
-        its second copy."""
-        parent = root / filenames.STATIC_DIR
-        name = filenames.static_copy_dir_name if copy else filenames.static_dir_name
-        return cls(
-            parent / filenames.static_tmp_dir_name(storage.new_token()), parent / name(content_hash)
-        )
+    def for_set(cls, root: Path, key: int | str, *, token: str | None = None) -> PendingDir:
+        """The pending directory of a committed set of ``root`` (no I/O): of a step
+        (:meth:`for_step`), or of the set named ``key`` (static data's, in its ``static``
+        directory: the temporary name :func:`~resilient.model.filenames.static_tmp_dir_name`)."""
+        if not isinstance(key, str):
+            return cls.for_step(root, key, token=token)
+        tmp = filenames.static_tmp_dir_name(token if token is not None else storage.new_token())
+        return cls(root / tmp, root / key)
 
     def create(self, *, shared: bool = False) -> PendingDir:
         """Create the temporary directory (and its parent, for static data); returns ``self``.
@@ -78,14 +78,6 @@ class PendingDir:
         self.path.parent.mkdir(exist_ok=True)
         self.path.mkdir(exist_ok=shared)
         return self
-
-    def copy_in(self, source: Path, names: list[str]) -> None:
-        """Copy the files ``names`` of the committed directory ``source`` into the temporary
-        directory and fsync them (the shards of static data's second copy, before its
-        :meth:`commit`)."""
-        for name in names:
-            shutil.copyfile(source / name, self.path / name)
-        storage.fsync_files([self.path / name for name in names])
 
     def commit(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
         """Write the manifest and the marker durably, then atomically rename to :attr:`final`
@@ -103,16 +95,16 @@ class PendingDir:
     def prepare(self, manifest: Manifest, *, what: str, copies: int | None = None) -> None:
         """Write the manifest and the marker (not yet durable: :meth:`publish` makes them so);
         ``copies``: static data's, recorded in the marker (see
-        :func:`~resilient.io.checkpoints.marker_text`).
+        :func:`~resilient.io.manifests.marker_text`).
 
         Raises:
             CommitError: as :meth:`commit`.
         """
         text = manifest_json(manifest).encode()
-        if len(text) > checkpoints.MAX_MANIFEST_BYTES:  # committed, it could never be restored
+        if len(text) > manifests.MAX_MANIFEST_BYTES:  # committed, it could never be restored
             raise ConfigError(
                 f"{what}: its manifest would be {len(text) / 1e6:.0f} MB, over the "
-                f"{checkpoints.MAX_MANIFEST_BYTES >> 20} MiB a restore reads ({len(manifest.ranks)} "
+                f"{manifests.MAX_MANIFEST_BYTES >> 20} MiB a restore reads ({len(manifest.ranks)} "
                 "ranks x their arrays); not committed (earlier checkpoints are intact). Save "
                 "fewer, larger arrays per rank (e.g. one flat buffer for an optimizer's state)"
             )

@@ -7,10 +7,9 @@ the thread.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import xxhash
 
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["Digests", "digest_file_range", "digest_file_stripes"]
+__all__ = ["Digests", "Readv", "digest_file_range", "digest_file_stripes"]
 
 _CHUNK = 8 << 20
 
@@ -117,9 +116,17 @@ class Digests:
             self._own = None
 
 
-def digest_file_stripes(fd: int, offset: int, length: int, stripe: int) -> tuple[str, list[str]]:
-    """xxh3-64 of ``length`` bytes of ``fd`` from ``offset`` and of each ``stripe`` bytes of it,
-    reading every byte once.
+Readv = Callable[[list[Any], int], int]
+"""``readv(buffers, pos)``: a file's bytes from ``pos`` into ``buffers``, the count read (0 at
+its end): ``functools.partial(os.preadv, fd)``, or a reader's
+:meth:`~resilient.io.fileio.RangeReader.readv`."""
+
+
+def digest_file_stripes(
+    readv: Readv, offset: int, length: int, stripe: int
+) -> tuple[str, list[str]]:
+    """xxh3-64 of ``length`` bytes of a file (read by ``readv``) from ``offset`` and of each
+    ``stripe`` bytes of it, reading every byte once.
 
     Raises:
         EOFError: the file ends before ``offset + length``.
@@ -134,7 +141,7 @@ def digest_file_stripes(fd: int, offset: int, length: int, stripe: int) -> tuple
         part = xxhash.xxh3_64()
         got = 0
         while got < want:
-            n = os.preadv(fd, [view[: min(len(buf), want - got)]], pos + got)
+            n = readv([view[: min(len(buf), want - got)]], pos + got)
             if n == 0:
                 raise EOFError(f"file ends at {pos + got}, expected {end}")
             whole.update(view[:n])
@@ -145,8 +152,9 @@ def digest_file_stripes(fd: int, offset: int, length: int, stripe: int) -> tuple
     return whole.hexdigest(), parts
 
 
-def digest_file_range(fd: int, offset: int, length: int) -> str:
-    """xxh3-64 of ``length`` bytes of open file ``fd`` from ``offset``; bytes past the end read as missing.
+def digest_file_range(readv: Readv, offset: int, length: int) -> str:
+    """xxh3-64 of ``length`` bytes of a file (read by ``readv``) from ``offset``; bytes past
+    the end read as missing.
 
     Raises:
         EOFError: the file ends before ``offset + length``.
@@ -156,7 +164,7 @@ def digest_file_range(fd: int, offset: int, length: int) -> str:
     view = memoryview(buf)
     pos, end = offset, offset + length
     while pos < end:
-        n = os.preadv(fd, [view[: min(len(buf), end - pos)]], pos)
+        n = readv([view[: min(len(buf), end - pos)]], pos)
         if n == 0:
             raise EOFError(f"file ends at {pos}, expected {end}")
         h.update(view[:n])

@@ -19,9 +19,9 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from resilient.errors import (
     CheckpointLockedError,
@@ -35,6 +35,7 @@ from resilient.model.checksum import hash128
 
 __all__ = [
     "BackgroundDeleter",
+    "Trash",
     "RootLock",
     "move_to_trash",
     "cleanup_leftovers",
@@ -314,8 +315,17 @@ def move_to_trash(path: Path, *, durable: bool = True) -> Path:
     return trash
 
 
+class Trash(Protocol):
+    """A set taken out of a target's listing, to delete
+    (:meth:`resilient.io.targets.Target.trash`)."""
+
+    def delete(self) -> None:
+        """Delete it (best effort; idempotent)."""
+        ...
+
+
 class BackgroundDeleter:
-    """Deletes trashed directories on one background thread.
+    """Deletes trash (:class:`Trash`: trashed directories) on one background thread.
 
     Unlinking a checkpoint costs ~0.2 s per GiB on filesystems mounted with ``discard``: that
     must not stall the ranks. :meth:`wait` joins the thread (call it before the next deletion
@@ -325,14 +335,14 @@ class BackgroundDeleter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
-    def delete(self, paths: list[Path]) -> None:
-        """Start deleting ``paths`` (already renamed to trash names) in the background."""
+    def delete(self, trash: Sequence[Trash]) -> None:
+        """Start deleting ``trash`` (already out of its target's listing) in the background."""
         self.wait()
-        if paths:
+        if trash:
 
             def run() -> None:
-                for p in paths:
-                    shutil.rmtree(p, ignore_errors=True)
+                for t in trash:
+                    t.delete()
 
             self._thread = threading.Thread(target=run, name="resilient-delete", daemon=True)
             self._thread.start()
@@ -365,8 +375,13 @@ def quarantine(path: Path, step: int, reason: str) -> Path:
             )
     except OSError:  # the reason is also logged; a read-only dir must not hide the rename
         pass
-    log.warning("quarantined checkpoint of step %d as %s: %s", step, target.name, reason)
+    log_quarantined(step, target.name, reason)
     return target
+
+
+def log_quarantined(step: int, name: str, reason: str) -> None:
+    """The one warning a quarantine gives (every target's :meth:`~resilient.io.targets.Target.quarantine`)."""
+    log.warning("quarantined checkpoint of step %d as %s: %s", step, name, reason)
 
 
 def cleanup_leftovers(root: Path) -> list[str]:

@@ -1,11 +1,13 @@
 """Storage targets: where checkpoints live, as a few primitives every copy of a step goes through.
 
-A target holds committed steps, each a set of named files (the data files, the manifest and the
-``COMMITTED`` marker). :class:`DirectoryTarget` is a directory on a filesystem: the shared root,
-a node's local tier (:mod:`resilient.checkpoint.tiers`), and the partner copies a node keeps of
-another node's files (:meth:`DirectoryTarget.child`, filled over a channel by
-:mod:`resilient.io.wire`). :class:`MemoryTarget` keeps them in a dictionary, for tests. Every
-implementation passes one conformance suite (``tests/unit/test_targets.py``).
+A target holds committed sets, each of named files (the data files, the manifest and the
+``COMMITTED`` marker), addressed by a :data:`SetKey`: a step, or a set's name (static data's two
+copies, :func:`resilient.io.checkpoints.statics_of`; a quarantined step).
+:class:`DirectoryTarget` is a directory on a filesystem: the shared root, a node's local tier
+(:mod:`resilient.checkpoint.tiers`), and the partner copies a node keeps of another node's
+files (:meth:`DirectoryTarget.child`, filled over a channel by :mod:`resilient.io.wire`).
+:class:`MemoryTarget` keeps them in a dictionary, for tests. Every implementation passes one
+conformance suite (``tests/unit/test_targets.py``).
 
 Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's first rank)::
 
@@ -24,19 +26,22 @@ Call order of one step (DCP's ``StorageWriter``; one writer, usually a node's fi
     target.rollback(pending)
 
 Readers: :meth:`~Target.steps` lists the committed steps; :meth:`~Target.manifest`,
-:meth:`~Target.size`, :meth:`~Target.read` and :meth:`~Target.open_reader` (byte ranges) look
-into one. :meth:`~Target.copy` and :meth:`~Target.link` bring a committed file of another
-target into a pending copy (the one copy loop: :func:`resilient.io.fileio.pump`).
-:meth:`~Target.remove` and :meth:`~Target.quarantine` take a step out of the listing
-atomically. A target holds targets of its own (:meth:`~Target.child`: partner copies, the
-staged copies of an elastic restore).
+:meth:`~Target.stat`, :meth:`~Target.file_names`, :meth:`~Target.read`,
+:meth:`~Target.read_small` and :meth:`~Target.open_reader` (byte ranges) look into one (the
+scan that validates them: :mod:`resilient.io.checkpoints`). :meth:`~Target.copy` and
+:meth:`~Target.link` bring a committed file of another target into a pending copy (the one copy
+loop: :func:`resilient.io.fileio.pump`); :meth:`~Target.publish` lists a pending copy filled so
+(a repair). :meth:`~Target.remove`, :meth:`~Target.trash` (deleted later, its files perhaps
+taken over by the next save: :meth:`~Target.reuse`) and :meth:`~Target.quarantine` take a set
+out of the listing atomically. A target holds targets of its own (:meth:`~Target.child`: the
+static data, partner copies, the staged copies of an elastic restore).
 
 A restore reads a rank's data file through :meth:`~Target.open_reader`
-(:mod:`resilient.checkpoint.reading`): a reader's ``readv`` fills many arrays in one call (a
-directory's: one ``preadv``). Capability of :class:`DirectoryTarget` alone:
-:meth:`DirectoryTarget.path`, the directory of a committed step, for what opens data files by
-name (the elastic restore, :mod:`~resilient.checkpoint.elastic`; the catalog's validation; the
-recycling of a dropped step's files).
+(:mod:`resilient.checkpoint.reading`; :class:`SetRef`: a set of a target): a reader's ``readv``
+fills many arrays in one call (a directory's: one ``preadv``). Capability of
+:class:`DirectoryTarget` alone: :meth:`DirectoryTarget.path`, the directory of a committed set,
+for what the node-local tier moves by path (partner copies sent between nodes, the staged
+copies of an elastic restore, :mod:`resilient.checkpoint.tierstaging`).
 
 What a crash between two calls leaves:
 
@@ -51,28 +56,54 @@ What a crash between two calls leaves:
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+import stat
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.io import fileio, logs, storage
-from resilient.io.checkpoints import check_manifest, load_manifest, marker_text
 from resilient.io.commit import PendingDir
+from resilient.io.manifests import (
+    SetFiles,
+    check_manifest,
+    load_manifest,
+    marker_text,
+    read_small,
+)
+from resilient.io.storage import Trash
 from resilient.io.wire import CHUNK, new_hash
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json
 from resilient.model.manifest import Manifest
+from resilient.model.tree import Memo
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["DirectoryTarget", "MemoryTarget", "RootHold", "Target", "copy_file"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DirectoryTarget",
+    "DirectoryTrash",
+    "FileStat",
+    "MemoryTarget",
+    "RootHold",
+    "SetKey",
+    "SetRef",
+    "Target",
+    "as_target",
+    "copy_file",
+    "set_files",
+]
 
 
 class Target(Protocol):
@@ -88,7 +119,7 @@ class Target(Protocol):
         """The committed steps, in no particular order (a missing target holds none)."""
         ...
 
-    def pending(self, step: int, *, token: str | None = None) -> PendingDir:
+    def pending(self, step: SetKey, *, token: str | None = None) -> PendingDir:
         """The names of a new pending copy of ``step`` (no I/O; ``token`` makes the
         temporary name, the same on every rank that passes the same one)."""
         ...
@@ -105,6 +136,11 @@ class Target(Protocol):
             OSError: with the errno of the failure (ENOSPC: the target is full); the file may
                 be torn, the pending copy is never listed.
         """
+        ...
+
+    def discard(self, pending: PendingDir, name: str) -> None:
+        """Remove the file ``name`` of the pending copy if it is there (a torn one, before a
+        retry of its write)."""
         ...
 
     def create_file(self, pending: PendingDir, name: str) -> None:
@@ -156,7 +192,7 @@ class Target(Protocol):
         """
         ...
 
-    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+    def copy(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> str:
         """Copy the file ``name`` of ``source``'s committed ``step`` as ``name`` of the pending
         copy, durably; returns the xxh3-128 digest of the bytes copied
         (:func:`resilient.io.wire.new_hash`).
@@ -166,13 +202,26 @@ class Target(Protocol):
         """
         ...
 
-    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+    def link(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> None:
         """The file ``name`` of ``source``'s committed ``step`` as ``name`` of the pending copy,
         durably: shared where the storage allows it (a hard link), else copied."""
         ...
 
-    def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
-        """Write the manifest and marker, make them durable, then list the step at once.
+    def commit(
+        self, pending: PendingDir, manifest: Manifest, *, what: str, copies: int | None = None
+    ) -> None:
+        """Write the manifest and marker, make them durable, then list the step at once
+        (``copies``: static data's, recorded in the marker: :func:`~resilient.io.manifests.marker_text`).
+
+        Raises:
+            CommitError: nothing was listed (the pending copy is left to :meth:`rollback`).
+        """
+        ...
+
+    def publish(self, pending: PendingDir, *, what: str) -> None:
+        """List the pending copy under its final name as it is (its marker and manifest copied
+        in already, each durable: a repair of static data), replacing a set of that name;
+        what :meth:`commit` does once it has written them.
 
         Raises:
             CommitError: nothing was listed (the pending copy is left to :meth:`rollback`).
@@ -183,27 +232,44 @@ class Target(Protocol):
         """Remove the pending copy (best effort)."""
         ...
 
-    def manifest(self, step: int) -> Manifest:
-        """The manifest of a committed step, checked against its marker.
+    def manifest(
+        self, step: SetKey, *, kind: str = "checkpoint", memo: Memo | None = None
+    ) -> Manifest:
+        """The manifest of a committed set of ``kind``, checked against its marker (``memo``:
+        see :func:`~resilient.model.codec.parse_manifest`).
 
         Raises:
             InvalidCheckpointError: with the reason.
         """
         ...
 
-    def size(self, step: int, name: str) -> int | None:
-        """The size of the file ``name`` of a committed step (``None``: it is not there)."""
+    def stat(self, step: SetKey, name: str) -> FileStat | None:
+        """The size of the file ``name`` of a committed set and whether it is a regular file
+        (``None``: it is not there; a symlink is not followed)."""
         ...
 
-    def read(self, step: int, name: str) -> bytes:
-        """The bytes of the file ``name`` of a committed step.
+    def file_names(self, step: SetKey) -> list[str]:
+        """The names of the files of a committed set (none if it is missing)."""
+        ...
+
+    def read(self, step: SetKey, name: str) -> bytes:
+        """The bytes of the file ``name`` of a committed set.
 
         Raises:
             FileNotFoundError: no such step or file.
         """
         ...
 
-    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+    def read_small(self, step: SetKey, name: str, limit: int) -> bytes | None:
+        """The bytes of the small file ``name`` of a committed set (``None``: it is not
+        there), read only if it is a regular file of at most ``limit`` bytes.
+
+        Raises:
+            InvalidCheckpointError: it is not a regular file, or larger than ``limit``.
+        """
+        ...
+
+    def open_reader(self, step: SetKey, name: str) -> fileio.RangeReader:
         """The file ``name`` of a committed step, to read by byte ranges.
 
         Raises:
@@ -211,16 +277,32 @@ class Target(Protocol):
         """
         ...
 
-    def where(self, step: int) -> str:
+    def where(self, step: SetKey) -> str:
         """Where the committed ``step`` lives, for messages (a directory's path)."""
         ...
 
-    def remove(self, step: int) -> None:
-        """Take a committed step out of the listing at once, then delete it."""
+    def remove(self, step: SetKey) -> None:
+        """Take a committed set out of the listing at once, then delete it."""
+        ...
+
+    def trash(self, step: SetKey, *, durable: bool = True) -> Trash:
+        """Take a committed set out of the listing at once (``durable=False``: a crash may
+        bring it back, for a rotation); what is left to delete, by its :meth:`~resilient.io.storage.Trash.delete`
+        (e.g. on a background thread).
+
+        Raises:
+            FileNotFoundError: there is no such set.
+        """
+        ...
+
+    def reuse(self, pending: PendingDir, names: Iterable[str], trash: Trash) -> frozenset[str]:
+        """Move the files ``names`` of a trashed set into the pending copy, for a save to write
+        over (a directory's: :func:`~resilient.io.fileio.claim_file`); the names it moved (a
+        failure only costs the speed-up: a target that gains nothing moves none)."""
         ...
 
     def quarantine(self, step: int, reason: str) -> None:
-        """Take a committed step out of the listing, kept aside with ``reason``."""
+        """Take a committed step out of the listing, kept aside with ``reason`` (one warning)."""
         ...
 
     def names(self) -> list[str]:
@@ -284,6 +366,25 @@ class Target(Protocol):
         ...
 
 
+SetKey = int | str
+"""A committed set of a target: a step (its entry ``step_00000012``), or a set by its entry's
+name (static data's ``<hash>`` and ``<hash>.copy`` in the root's ``static`` child, a quarantined
+step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """A file of a committed set (:meth:`Target.stat`).
+
+    Attributes:
+        size: its size in bytes.
+        regular: whether it is a regular file (not a directory, a symlink, a device).
+    """
+
+    size: int
+    regular: bool
+
+
 class RootHold(Protocol):
     """A root's lock, held (:meth:`Target.lock`)."""
 
@@ -320,12 +421,12 @@ class DirectoryTarget:
         """See :meth:`Target.names` (the entries of :attr:`root`)."""
         return storage.names_in(self.root)
 
-    def path(self, step: int) -> Path:
+    def path(self, step: SetKey) -> Path:
         """The directory of the committed ``step``: this target's capability for what opens
         data files by name (see the module)."""
-        return self.root / filenames.step_dir_name(step)
+        return self.root / filenames.set_dir_name(step)
 
-    def where(self, step: int) -> str:
+    def where(self, step: SetKey) -> str:
         """See :meth:`Target.where`."""
         return str(self.path(step))
 
@@ -344,9 +445,9 @@ class DirectoryTarget:
         """See :meth:`Target.drop` (renamed to trash first)."""
         storage.remove_tree(self.root)
 
-    def pending(self, step: int, *, token: str | None = None) -> PendingDir:
+    def pending(self, step: SetKey, *, token: str | None = None) -> PendingDir:
         """See :meth:`Target.pending`."""
-        return PendingDir.for_step(self.root, step, token=token)
+        return PendingDir.for_set(self.root, step, token=token)
 
     def create(self, pending: PendingDir, *, shared: bool = False) -> None:
         """See :meth:`Target.create` (creates :attr:`root` too, if missing)."""
@@ -357,9 +458,15 @@ class DirectoryTarget:
         """See :meth:`Target.write`."""
         storage.write_durable(pending.path / name, data)
 
-    def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
+    def commit(
+        self, pending: PendingDir, manifest: Manifest, *, what: str, copies: int | None = None
+    ) -> None:
         """See :meth:`Target.commit`."""
-        pending.commit(manifest, what=what)
+        pending.commit(manifest, what=what, copies=copies)
+
+    def publish(self, pending: PendingDir, *, what: str) -> None:
+        """See :meth:`Target.publish` (:meth:`~resilient.io.commit.PendingDir.publish`)."""
+        pending.publish(what=what)
 
     def write_data(
         self,
@@ -388,21 +495,25 @@ class DirectoryTarget:
         """See :meth:`Target.create_file`."""
         fileio.create_file(pending.path / name)
 
+    def discard(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.discard`."""
+        storage.remove_file(pending.path / name)
+
     def open_writer(
         self, pending: PendingDir, name: str, *, direct: bool = False, exclusive: bool = True
     ) -> fileio.RangeWriter:
         """See :meth:`Target.open_writer` (:class:`resilient.io.fileio.FileWriter`)."""
         return fileio.FileWriter(pending.path / name, direct=direct, exclusive=exclusive)
 
-    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+    def open_reader(self, step: SetKey, name: str) -> fileio.RangeReader:
         """See :meth:`Target.open_reader` (:class:`resilient.io.fileio.FileReader`)."""
         return fileio.FileReader(self.path(step) / name)
 
-    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+    def copy(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> str:
         """See :meth:`Target.copy`."""
         return copy_file(source, step, name, self, pending)
 
-    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+    def link(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> None:
         """See :meth:`Target.link`: a hard link when ``source`` is a directory on this
         filesystem (no bytes moved), else a copy."""
         if isinstance(source, DirectoryTarget):
@@ -417,24 +528,48 @@ class DirectoryTarget:
         """See :meth:`Target.rollback`."""
         pending.rollback()
 
-    def manifest(self, step: int) -> Manifest:
-        """See :meth:`Target.manifest`."""
-        return load_manifest(self.path(step))
+    def manifest(
+        self, step: SetKey, *, kind: str = "checkpoint", memo: Memo | None = None
+    ) -> Manifest:
+        """See :meth:`Target.manifest` (:func:`resilient.io.manifests.load_manifest`)."""
+        return load_manifest(self.path(step), kind=kind, memo=memo)
 
-    def size(self, step: int, name: str) -> int | None:
-        """See :meth:`Target.size` (a symlink is not followed)."""
+    def stat(self, step: SetKey, name: str) -> FileStat | None:
+        """See :meth:`Target.stat` (``lstat``)."""
         try:
-            return (self.path(step) / name).lstat().st_size
+            st = (self.path(step) / name).lstat()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        return FileStat(st.st_size, stat.S_ISREG(st.st_mode))
 
-    def read(self, step: int, name: str) -> bytes:
+    def file_names(self, step: SetKey) -> list[str]:
+        """See :meth:`Target.file_names`."""
+        return storage.names_in(self.path(step))
+
+    def read(self, step: SetKey, name: str) -> bytes:
         """See :meth:`Target.read`."""
         return (self.path(step) / name).read_bytes()
 
-    def remove(self, step: int) -> None:
+    def read_small(self, step: SetKey, name: str, limit: int) -> bytes | None:
+        """See :meth:`Target.read_small` (:func:`resilient.io.manifests.read_small`)."""
+        try:
+            return read_small(self.path(step) / name, limit)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def remove(self, step: SetKey) -> None:
         """See :meth:`Target.remove`."""
         storage.remove_tree(self.path(step))
+
+    def trash(self, step: SetKey, *, durable: bool = True) -> DirectoryTrash:
+        """See :meth:`Target.trash` (renamed to ``.trash-*``: :func:`resilient.io.storage.move_to_trash`)."""
+        return DirectoryTrash(storage.move_to_trash(self.path(step), durable=durable))
+
+    def reuse(self, pending: PendingDir, names: Iterable[str], trash: Trash) -> frozenset[str]:
+        """See :meth:`Target.reuse` (a trashed directory of this filesystem's files only)."""
+        if not isinstance(trash, DirectoryTrash):
+            return frozenset()
+        return frozenset(n for n in names if _claimed(trash.path / n, pending.path / n))
 
     def quarantine(self, step: int, reason: str) -> None:
         """See :meth:`Target.quarantine` (renamed, with the reason written beside)."""
@@ -473,6 +608,30 @@ class DirectoryTarget:
         return logs.read_log(self.root / name, kind)
 
 
+@dataclass(frozen=True, slots=True)
+class DirectoryTrash:
+    """A directory renamed to trash (:meth:`DirectoryTarget.trash`).
+
+    Attributes:
+        path: its trash name.
+    """
+
+    path: Path
+
+    def delete(self) -> None:
+        """See :meth:`Trash.delete`."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _claimed(source: Path, path: Path) -> bool:
+    """:func:`resilient.io.fileio.claim_file`; a failure only costs the speed-up."""
+    try:
+        return fileio.claim_file(source, path)
+    except OSError as exc:
+        log.debug("not reusing %s: %s", source, exc)
+        return False
+
+
 @dataclass(slots=True)
 class MemoryTarget:
     """A target in a dictionary: directory name -> file name -> bytes (tests, no disk).
@@ -480,6 +639,8 @@ class MemoryTarget:
     A rename of a key stands for the directory target's rename, so the two list, commit and
     crash alike; what a crash leaves is lost with the process. A file written by ranges is
     published at each :meth:`~resilient.io.fileio.RangeWriter.close` of one of its writers.
+    Its trash may be deleted on a background thread (a manager's rotation:
+    :class:`~resilient.io.storage.BackgroundDeleter`): a listing takes the keys first.
     """
 
     dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)
@@ -490,7 +651,8 @@ class MemoryTarget:
 
     def names(self) -> list[str]:
         """See :meth:`Target.names` (children that hold nothing are not listed)."""
-        return [*self.dirs, *self.files, *(n for n, sub in self.subs.items() if sub.names())]
+        subs = [n for n, sub in list(self.subs.items()) if sub.names()]
+        return [*list(self.dirs), *self.files, *subs]
 
     def child(self, name: str) -> MemoryTarget:
         """See :meth:`Target.child`."""
@@ -541,26 +703,33 @@ class MemoryTarget:
         """See :meth:`Target.read_log`."""
         return logs.parse_log(self.files.get(name, b""), kind, where=f"memory:{name}")
 
-    def where(self, step: int) -> str:
+    def where(self, step: SetKey) -> str:
         """See :meth:`Target.where`."""
-        return f"memory:{filenames.step_dir_name(step)}"
+        return f"memory:{filenames.set_dir_name(step)}"
 
     def __str__(self) -> str:
         return "memory"
 
     def clean_up(self) -> None:
         """See :meth:`Target.clean_up`."""
-        for name in [n for n in self.dirs if filenames.parse_tmp_dir(n) is not None]:
-            del self.dirs[name]
+        for name in list(self.dirs):
+            if filenames.parse_tmp_dir(name) is not None or filenames.is_trash(name):
+                self.dirs.pop(name, None)
+        static = self.subs.get(filenames.STATIC_DIR)
+        if static is not None:  # (as a directory's: its pending and trashed copies)
+            for name in list(static.dirs):
+                if filenames.is_static_tmp(name) or filenames.is_trash(name):
+                    static.dirs.pop(name, None)
+            static._growing.clear()
         self._growing.clear()
 
     def steps(self) -> list[int]:
         """See :meth:`Target.steps`."""
-        return [s for s in map(filenames.parse_step_dir, self.dirs) if s is not None]
+        return [s for s in map(filenames.parse_step_dir, list(self.dirs)) if s is not None]
 
-    def pending(self, step: int, *, token: str | None = None) -> PendingDir:
+    def pending(self, step: SetKey, *, token: str | None = None) -> PendingDir:
         """See :meth:`Target.pending` (the paths only name keys)."""
-        return PendingDir.for_step(Path("/memory"), step, token=token)
+        return PendingDir.for_set(Path("/memory"), step, token=token)
 
     def create(self, pending: PendingDir, *, shared: bool = False) -> None:
         """See :meth:`Target.create`."""
@@ -609,6 +778,11 @@ class MemoryTarget:
         """See :meth:`Target.create_file`."""
         self.open_writer(pending, name).close(sync=False)
 
+    def discard(self, pending: PendingDir, name: str) -> None:
+        """See :meth:`Target.discard`."""
+        self._pending(pending).pop(name, None)
+        self._growing.pop((pending.path.name, name), None)
+
     def sync_data(self, pending: PendingDir, name: str) -> None:
         """See :meth:`Target.sync_data` (nothing to do)."""
         if name not in self._pending(pending):
@@ -626,15 +800,15 @@ class MemoryTarget:
         files[name] = bytes(buf)
         return _MemoryWriter(files, name, buf)
 
-    def open_reader(self, step: int, name: str) -> fileio.RangeReader:
+    def open_reader(self, step: SetKey, name: str) -> fileio.RangeReader:
         """See :meth:`Target.open_reader`."""
         return _MemoryReader(self.read(step, name))
 
-    def copy(self, pending: PendingDir, name: str, source: Target, step: int) -> str:
+    def copy(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> str:
         """See :meth:`Target.copy`."""
         return copy_file(source, step, name, self, pending)
 
-    def link(self, pending: PendingDir, name: str, source: Target, step: int) -> None:
+    def link(self, pending: PendingDir, name: str, source: Target, step: SetKey) -> None:
         """See :meth:`Target.link` (the bytes are shared: they never change)."""
         if source is self:
             files = self._pending(pending)
@@ -644,12 +818,20 @@ class MemoryTarget:
             return
         copy_file(source, step, name, self, pending)
 
-    def commit(self, pending: PendingDir, manifest: Manifest, *, what: str) -> None:
+    def commit(
+        self, pending: PendingDir, manifest: Manifest, *, what: str, copies: int | None = None
+    ) -> None:
         """See :meth:`Target.commit`."""
         files = self._pending(pending)
         text = manifest_json(manifest).encode()
+        marker = marker_text(manifest.step, digest_bytes(text), copies=copies)
         files[filenames.MANIFEST] = text
-        files[filenames.COMMITTED] = marker_text(manifest.step, digest_bytes(text)).encode()
+        files[filenames.COMMITTED] = marker.encode()
+        self.publish(pending, what=what)
+
+    def publish(self, pending: PendingDir, *, what: str) -> None:
+        """See :meth:`Target.publish`."""
+        self._pending(pending)
         self._forget(pending)
         self.dirs[pending.final.name] = self.dirs.pop(pending.path.name)
 
@@ -662,43 +844,81 @@ class MemoryTarget:
         for key in [k for k in self._growing if k[0] == pending.path.name]:
             del self._growing[key]
 
-    def manifest(self, step: int) -> Manifest:
-        """See :meth:`Target.manifest` (:func:`resilient.io.checkpoints.check_manifest`)."""
+    def manifest(
+        self, step: SetKey, *, kind: str = "checkpoint", memo: Memo | None = None
+    ) -> Manifest:
+        """See :meth:`Target.manifest` (:func:`resilient.io.manifests.check_manifest`)."""
         where = self.where(step)
-        files = self.dirs.get(filenames.step_dir_name(step))
+        files = self.dirs.get(filenames.set_dir_name(step))
         if files is None:
             raise InvalidCheckpointError(where, "does not exist")
         return check_manifest(
-            where, files.get(filenames.COMMITTED), lambda: files.get(filenames.MANIFEST)
-        )
+            where, files.get(filenames.COMMITTED), lambda: files.get(filenames.MANIFEST),
+            kind=kind, memo=memo,
+        )  # fmt: skip
 
-    def size(self, step: int, name: str) -> int | None:
-        """See :meth:`Target.size`."""
-        data = self.dirs.get(filenames.step_dir_name(step), {}).get(name)
-        return None if data is None else len(data)
+    def stat(self, step: SetKey, name: str) -> FileStat | None:
+        """See :meth:`Target.stat` (every file is a regular file)."""
+        data = self.dirs.get(filenames.set_dir_name(step), {}).get(name)
+        return None if data is None else FileStat(len(data), True)
 
-    def read(self, step: int, name: str) -> bytes:
+    def file_names(self, step: SetKey) -> list[str]:
+        """See :meth:`Target.file_names`."""
+        return list(self.dirs.get(filenames.set_dir_name(step), {}))
+
+    def read(self, step: SetKey, name: str) -> bytes:
         """See :meth:`Target.read`."""
         try:
-            return self.dirs[filenames.step_dir_name(step)][name]
+            return self.dirs[filenames.set_dir_name(step)][name]
         except KeyError:
-            raise FileNotFoundError(f"memory:{filenames.step_dir_name(step)}/{name}") from None
+            raise FileNotFoundError(f"{self.where(step)}/{name}") from None
 
-    def remove(self, step: int) -> None:
+    def read_small(self, step: SetKey, name: str, limit: int) -> bytes | None:
+        """See :meth:`Target.read_small`."""
+        data = self.dirs.get(filenames.set_dir_name(step), {}).get(name)
+        if data is not None and len(data) > limit:
+            raise InvalidCheckpointError(self.where(step), f"{name} is implausibly large")
+        return data
+
+    def remove(self, step: SetKey) -> None:
         """See :meth:`Target.remove`."""
-        self.dirs.pop(filenames.step_dir_name(step), None)
+        self.dirs.pop(filenames.set_dir_name(step), None)
+
+    def trash(self, step: SetKey, *, durable: bool = True) -> Trash:
+        """See :meth:`Target.trash` (the set is renamed to a trash name until deleted)."""
+        name = filenames.set_dir_name(step)
+        if name not in self.dirs:
+            raise FileNotFoundError(f"memory:{name}")
+        trash = filenames.trash_dir_name(storage.new_token())
+        self.dirs[trash] = self.dirs.pop(name)
+        return _MemoryTrash(self.dirs, trash)
+
+    def reuse(self, pending: PendingDir, names: Iterable[str], trash: Trash) -> frozenset[str]:
+        """See :meth:`Target.reuse` (nothing to gain in memory: none)."""
+        return frozenset()
 
     def quarantine(self, step: int, reason: str) -> None:
         """See :meth:`Target.quarantine`."""
         files = self.dirs.pop(filenames.step_dir_name(step))
         files[filenames.QUARANTINE_INFO] = json.dumps({"step": step, "reason": reason}).encode()
-        self.dirs[filenames.quarantine_dir_name(step, storage.new_token())] = files
+        name = filenames.quarantine_dir_name(step, storage.new_token())
+        self.dirs[name] = files
+        storage.log_quarantined(step, name, reason)
 
     def _pending(self, pending: PendingDir) -> dict[str, bytes]:
         try:
             return self.dirs[pending.path.name]
         except KeyError:
             raise FileNotFoundError(str(pending.path)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _MemoryTrash:
+    dirs: dict[str, dict[str, bytes]]
+    name: str
+
+    def delete(self) -> None:
+        self.dirs.pop(self.name, None)
 
 
 @dataclass(slots=True)
@@ -756,7 +976,51 @@ class _MemoryWriter:
         self.files[self.name] = bytes(self.buf)
 
 
-def copy_file(source: Target, step: int, name: str, dest: Target, pending: PendingDir) -> str:
+@dataclass(frozen=True, slots=True)
+class SetRef:
+    """One committed set of a target, by its key: where a restore reads a step (the shared
+    root's, a node-local copy's, a staged copy's).
+
+    Attributes:
+        target: the target holding it.
+        key: its step (or its name).
+    """
+
+    target: Target
+    key: SetKey
+
+    @property
+    def name(self) -> str:
+        """Its entry's name (``step_00000012``), for messages."""
+        return filenames.set_dir_name(self.key)
+
+    def __str__(self) -> str:
+        return self.target.where(self.key)
+
+    def opener(self, name: str) -> fileio.RangeReader:
+        """Its file ``name``, to read by byte ranges (:meth:`Target.open_reader`)."""
+        return self.target.open_reader(self.key, name)
+
+    @property
+    def files(self) -> SetFiles:
+        """Its small files, read by name (:func:`set_files`)."""
+        return set_files(self.target, self.key)
+
+
+def as_target(where: str | os.PathLike[str] | Target) -> Target:
+    """``where`` as a target: a checkpoint directory's path as its :class:`DirectoryTarget`,
+    a target as itself."""
+    return DirectoryTarget(Path(where)) if isinstance(where, (str, os.PathLike)) else where
+
+
+def set_files(target: Target, step: SetKey) -> SetFiles:
+    """The small files of ``target``'s committed set ``step``, read by name
+    (:meth:`Target.read_small`): what reads a sharded manifest's shards
+    (:func:`resilient.io.manifests.load_entries`)."""
+    return SetFiles(target.where(step), functools.partial(target.read_small, step))
+
+
+def copy_file(source: Target, step: SetKey, name: str, dest: Target, pending: PendingDir) -> str:
     """Copy the file ``name`` of ``source``'s committed ``step`` as ``name`` of ``dest``'s
     pending copy, durably, through the one copy loop (:func:`resilient.io.fileio.pump`);
     returns the xxh3-128 digest of its bytes. What :meth:`Target.copy` does, for every target.
@@ -764,9 +1028,10 @@ def copy_file(source: Target, step: int, name: str, dest: Target, pending: Pendi
     Raises:
         OSError: the source is unreadable, ``name`` exists, or the write failed.
     """
-    size = source.size(step, name)
-    if size is None:
+    found = source.stat(step, name)
+    if found is None:
         raise FileNotFoundError(f"{source.where(step)}/{name}")
+    size = found.size
     h = new_hash()
     reader = source.open_reader(step, name)
     try:

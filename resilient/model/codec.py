@@ -335,7 +335,7 @@ def parse_manifest(
     the names every rank repeats are checked once).
 
     A sharded manifest (schema 3) is its index: its ranks are a :class:`ShardedRanks` with no
-    entry loaded (its shards are read through :func:`resilient.io.checkpoints.load_entries`).
+    entry loaded (its shards are read through :func:`resilient.io.manifests.load_entries`).
 
     Raises:
         ManifestError: the text is not a well-formed manifest of a supported version.

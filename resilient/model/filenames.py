@@ -108,6 +108,12 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def set_dir_name(key: int | str) -> str:
+    """Name of the entry of a committed set: of a step (:func:`step_dir_name`), or ``key``
+    itself (static data's, a quarantined step's)."""
+    return key if isinstance(key, str) else step_dir_name(key)
+
+
 def tmp_dir_name(step: int, token: str) -> str:
     """Name of the temporary directory a save of ``step`` writes into."""
     return f".step_{step:08d}.tmp-{token}"

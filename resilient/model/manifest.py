@@ -294,7 +294,7 @@ class ShardEntry:
 class ShardedRanks(_ByRank):
     """The ranks' entries of a sharded manifest (schema 3): the index (which shard holds which
     files, which file which ranks) and the entries loaded so far. The entries are loaded
-    through :func:`resilient.io.checkpoints.load_entries` (which reads the shards holding the
+    through :func:`resilient.io.manifests.load_entries` (which reads the shards holding the
     ranks asked for: a restoring rank its own only); looking up an entry that was not loaded
     raises :class:`LookupError` naming the rank (it never reads a file). Indexed by rank like
     the whole tuple.
@@ -427,7 +427,7 @@ class ShardedRanks(_ByRank):
         shard = self.shard_of(r)
         raise LookupError(
             f"rank {r}'s entry is in {shard.name}, which was not loaded "
-            "(resilient.io.checkpoints.load_entries)"
+            "(resilient.io.manifests.load_entries)"
         )
 
     def __iter__(self) -> Iterator[RankEntry]:

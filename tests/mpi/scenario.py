@@ -311,7 +311,8 @@ def scenario_shards(root: str, kind: str, how: str) -> None:
     """A sharded manifest whose shard is missing, changed or extra, or whose index was edited:
     quick or full validation says so, and a restore falls back to the previous checkpoint,
     quarantining the bad one (every rank alike)."""
-    from resilient.io.checkpoints import iter_checkpoints, load_manifest, validate_checkpoint
+    from resilient.io.checkpoints import iter_checkpoints, validate_checkpoint
+    from resilient.io.manifests import load_manifest
     from resilient.model import filenames
 
     assert SHARD_RANKS and size > SHARD_RANKS

@@ -27,7 +27,8 @@ from resilient import (
 )
 from resilient.errors import InvalidCheckpointError
 from resilient.export import export
-from resilient.io.checkpoints import marker_text, validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
+from resilient.io.manifests import marker_text
 from resilient.model.blocks import (
     STRIPE_BYTES,
     check_tiling,

@@ -14,6 +14,7 @@ from resilient import CheckpointManager, KeepEvery, KeepLast
 from resilient.checkpoint.catalog import Catalog
 from resilient.checkpoint.statics import StaticStore
 from resilient.io.checkpoints import list_checkpoints
+from resilient.io.targets import DirectoryTarget, SetKey, Target
 from resilient.model.manifest import Manifest
 
 
@@ -31,14 +32,14 @@ def test_saves_validate_the_history_at_most_once(
     _fill(root, range(1, 41))
     if not with_log:  # e.g. written by an older library: each checkpoint is validated once
         (root / "saves.jsonl").unlink()
-    calls: list[Path] = []
-    real = resilient.io.checkpoints.validate_checkpoint
+    calls: list[SetKey] = []
+    real = resilient.io.checkpoints.validate_set
 
-    def counting(path: Path, **kwargs: Any) -> Manifest:
-        calls.append(path)
-        return real(path, **kwargs)
+    def counting(target: Target, key: SetKey, **kwargs: Any) -> Manifest:
+        calls.append(key)
+        return real(target, key, **kwargs)
 
-    monkeypatch.setattr("resilient.checkpoint.catalog.validate_checkpoint", counting)
+    monkeypatch.setattr("resilient.checkpoint.catalog.validate_set", counting)
     with CheckpointManager(root, keep=KeepEvery(steps=1)) as m:
         m.save(41, {"u": np.zeros(4)}, static={"mesh": np.arange(3.0)})
         first = len(calls)
@@ -59,7 +60,7 @@ def test_a_checkpoint_the_log_does_not_know_is_validated(tmp_path: Path) -> None
     lines = log.read_text().splitlines()
     log.write_text("\n".join([*lines[:-1], "{torn"]) + "\n")  # step 3's line lost
     (root / "step_00000002" / "COMMITTED").unlink()  # known to the log, broken on disk
-    catalog = Catalog(root, StaticStore(root))
+    catalog = Catalog(DirectoryTarget(root), StaticStore(DirectoryTarget(root)))
     # step 3 was validated and kept; step 2 is trusted from the log (restore would catch it)
     assert [i.step for i in catalog.infos()] == [1, 2, 3]
 
@@ -73,7 +74,7 @@ def test_catalog_keeps_steps_in_order_after_an_older_step_is_saved_again(tmp_pat
     steps = [r.step for r in list_checkpoints(root)]
     assert steps == [4, 5]  # KeepLast(2) by step: 3 is older than 4 and 5
 
-    catalog = Catalog(root, StaticStore(root))
+    catalog = Catalog(DirectoryTarget(root), StaticStore(DirectoryTarget(root)))
     assert [i.step for i in catalog.infos()] == [4, 5]
     plan = catalog.plan(KeepLast(1))
     assert plan.delete == {4} and plan.keep == {5}

@@ -21,12 +21,8 @@ from resilient.errors import (
     InvalidCheckpointError,
     StaticDataError,
 )
-from resilient.io.checkpoints import (
-    latest_valid,
-    list_checkpoints,
-    marker_text,
-    validate_checkpoint,
-)
+from resilient.io.checkpoints import latest_valid, list_checkpoints, validate_checkpoint
+from resilient.io.manifests import marker_text
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import parse_manifest
 from tests.unit.ckutil import SavedRoot, assert_state_equal, state_of, static_of

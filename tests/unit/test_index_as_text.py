@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io.checkpoints import load_manifest, validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
+from resilient.io.manifests import load_manifest
 from resilient.model import filenames
 from resilient.model.codec import _index_as_text, _parse_doc, manifest_json, parse_manifest
 from resilient.model.entries import json_object

@@ -11,6 +11,7 @@ import pytest
 from resilient import CheckpointManager
 from resilient.checkpoint.restorer import Candidate, _needed, as_received, rank_parts
 from resilient.errors import CollectiveError
+from resilient.io.targets import DirectoryTarget, SetRef
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
 from resilient.model.manifest import Manifest, PartialRanks, RankEntry
@@ -61,7 +62,7 @@ def test_every_rank_gets_its_entry_and_a_leader_its_group() -> None:
 
 def test_the_layout_travels_only_when_it_is_not_this_runs() -> None:
     m = sample_manifest()
-    whole = Candidate(Path("/x"), m, m)
+    whole = Candidate(SetRef(DirectoryTarget(Path("/")), "x"), m, m)
     parts = rank_parts(whole, m.layout)
     assert all(p.manifest.layout.groups == () for p in parts)  # every rank knows them
     assert [as_received(p.manifest, m.layout) for p in parts] == m.parts([(0, 1), (1,), (2,)])

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from resilient.errors import InvalidCheckpointError
-from resilient.io.checkpoints import load_entries, load_manifest, marker_text, validate_checkpoint
+from resilient.io.checkpoints import validate_checkpoint
+from resilient.io.manifests import SetFiles, load_entries, load_manifest, marker_text
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest
@@ -59,14 +60,14 @@ def test_a_sharded_manifest_loads_the_shards_of_the_ranks_asked_for(tmp_path: Pa
         index.ranks[2]  # a lookup never reads a file
     shard0 = (ck / filenames.shard_name(0)).read_bytes()
     (ck / filenames.shard_name(0)).unlink()  # rank 2's shard is the only one read
-    two = load_entries(ck, index, [2])
+    two = load_entries(SetFiles.in_directory(ck), index, [2])
     assert two.ranks[2] == whole.ranks[2] and repr(two.sharded).endswith("1 loaded)")
-    assert load_entries(ck, two, [2]) is two  # nothing more to read
+    assert load_entries(SetFiles.in_directory(ck), two, [2]) is two  # nothing more to read
     with pytest.raises(InvalidCheckpointError, match=r"manifest-00000\.json is missing"):
-        load_entries(ck, two)
+        load_entries(SetFiles.in_directory(ck), two)
     (ck / filenames.shard_name(0)).write_bytes(shard0)
-    assert list(load_entries(ck, two).ranks) == list(whole.ranks)
-    assert load_entries(ck, whole) is whole  # a manifest of schema 2 holds its entries
+    assert list(load_entries(SetFiles.in_directory(ck), two).ranks) == list(whole.ranks)
+    assert load_entries(SetFiles.in_directory(ck), whole) is whole  # a manifest of schema 2 holds its entries
     with pytest.raises(IndexError):
         index.ranks[3]
 
@@ -76,7 +77,7 @@ def test_a_part_holds_its_shard_only_and_pickles_small(tmp_path: Path) -> None:
     loaded = load_manifest(tmp_path / "ck")
     part = loaded.part((2,))
     assert part.is_part and not loaded.is_part and [f.name for f in part.files] == ["node_00001.h5"]
-    again = load_entries(tmp_path / "ck", pickle.loads(pickle.dumps(part)))  # (its files only)
+    again = load_entries(SetFiles.in_directory(tmp_path / "ck"), pickle.loads(pickle.dumps(part)))  # (its files only)
     assert again.ranks[2] == sample_manifest().ranks[2]  # loaded on the receiving side
     assert again.is_part and repr(again.sharded).endswith("1 loaded)")
     with pytest.raises(LookupError, match="not in this part"):
@@ -94,7 +95,7 @@ def test_a_changed_missing_or_extra_shard_is_invalid(tmp_path: Path) -> None:
     shard.write_bytes(text.replace(b'"step":1200', b'"step":1201'))  # same size, other bytes
     validate_checkpoint(ck, full=False)  # quick: sizes only
     with pytest.raises(InvalidCheckpointError, match="does not match its checksum in the index"):
-        load_entries(ck, load_manifest(ck))
+        load_entries(SetFiles.in_directory(ck), load_manifest(ck))
     shard.write_bytes(text + b" ")
     with pytest.raises(InvalidCheckpointError, match="not the file its index describes"):
         validate_checkpoint(ck)

@@ -61,7 +61,7 @@ def save(target: Target, steps: list[int]) -> None:
         reuse = plan_rank(comms, data, cache) is not None
         job = plan_write(comms, target, pending, data, step=step, cache=cache, reuse=reuse)
         written = job.run()
-        gathered = gather_set(comms, written, pending.path, kind="checkpoint", step=step)
+        gathered = gather_set(comms, written, target, pending, kind="checkpoint", step=step)
         assert gathered is not None
         manifest = commit_set(comms, gathered.values(), step=step, at=1000.0 + step)
         target.commit(pending, manifest, what=f"save of step {step}")

@@ -32,13 +32,8 @@ from hypothesis import strategies as st
 from resilient import CheckpointManager, cli
 from resilient.errors import InvalidCheckpointError
 from resilient.io import logs
-from resilient.io.checkpoints import (
-    latest_valid,
-    list_checkpoints,
-    load_manifest,
-    marker_text,
-    validate_checkpoint,
-)
+from resilient.io.checkpoints import latest_valid, list_checkpoints, validate_checkpoint
+from resilient.io.manifests import load_manifest, marker_text
 from resilient.model import filenames
 from resilient.model.checksum import digest_bytes
 from resilient.model.codec import manifest_json, parse_manifest

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from resilient import CheckpointManager, cli
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid, validate_checkpoint
+from resilient.io.targets import DirectoryTarget
 from resilient.model import filenames
 from resilient.model.codec import parse_manifest
 from resilient.model.manifest import ManifestError
@@ -158,9 +159,9 @@ def _prune(root: Path, keep: KeepPolicyLike) -> None:
     from resilient.checkpoint.catalog import Catalog
     from resilient.checkpoint.statics import StaticStore
 
-    catalog = Catalog(root, StaticStore(root))
+    catalog = Catalog(DirectoryTarget(root), StaticStore(DirectoryTarget(root)))
     deleter = storage.BackgroundDeleter()
-    deleter.delete(catalog.apply(catalog.plan(keep)).paths)
+    deleter.delete(catalog.apply(catalog.plan(keep)).all)
     deleter.wait()
 
 

@@ -26,6 +26,7 @@ def _directory(kw: dict[str, Any]) -> Path:
 
 def _manager(**kw: Any) -> Path:
     with CheckpointManager(**kw) as mgr:
+        assert mgr.root is not None
         return mgr.root
 
 
@@ -39,7 +40,9 @@ def _resumable(**kw: Any) -> Path:
 
     @resumable(**kw, retries=0)
     def work(resume: Resume) -> None:
-        seen.append(resume.manager.root)
+        root = resume.manager.root
+        assert root is not None
+        seen.append(root)
 
     work()
     return seen[0]

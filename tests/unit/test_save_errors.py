@@ -294,13 +294,13 @@ def test_unsupported_values_are_config_errors(
     tmp_path: Path, state: dict[str, Any], match: str
 ) -> None:
     with CheckpointManager(tmp_path / "ck") as m:
-        before = entries(m.root)
+        before = entries(tmp_path / "ck")
         with pytest.raises(ConfigError, match=match):
             m.save(1, state)
-        _assert_nothing_written(m.root, before)
+        _assert_nothing_written(tmp_path / "ck", before)
         with pytest.raises(ConfigError, match=match.replace("state", "static", 1)):
             m.save(1, {"ok": 1}, static=state)
-        _assert_nothing_written(m.root, before)
+        _assert_nothing_written(tmp_path / "ck", before)
 
 
 @pytest.mark.parametrize(
@@ -330,10 +330,10 @@ def test_good_keys_are_accepted(tmp_path: Path) -> None:
 @pytest.mark.parametrize("step", [-1, -100, True, False, 1.0, "3", None, np.int64(-1)])
 def test_bad_steps_are_config_errors(tmp_path: Path, step: Any) -> None:
     with CheckpointManager(tmp_path / "ck") as m:
-        before = entries(m.root)
+        before = entries(tmp_path / "ck")
         with pytest.raises(ConfigError, match="step must be a non-negative int"):
             m.save(step, {"a": np.arange(3)})
-        _assert_nothing_written(m.root, before)
+        _assert_nothing_written(tmp_path / "ck", before)
 
 
 def test_state_not_a_mapping_is_a_config_error(tmp_path: Path) -> None:
@@ -357,10 +357,10 @@ def test_state_and_static_sharing_a_key(
     tmp_path: Path, state: dict[str, Any], static: dict[str, Any]
 ) -> None:
     with CheckpointManager(tmp_path / "ck") as m:
-        before = entries(m.root)
+        before = entries(tmp_path / "ck")
         with pytest.raises(ConfigError, match=r"names in both state and static: \['(grid|n)'\]"):
             m.save(1, state, static=static)
-        _assert_nothing_written(m.root, before)
+        _assert_nothing_written(tmp_path / "ck", before)
 
 
 def test_resaving_a_step_replaces_it(tmp_path: Path) -> None:
@@ -416,7 +416,7 @@ def test_non_finite_json_values_are_rejected_up_front_or_round_trip(
         try:
             m.save(1, {"v": value, "a": np.arange(2)})
         except ConfigError:
-            assert leftovers(m.root) == []
+            assert leftovers(tmp_path / "ck") == []
             return
         step, state = m.restore()
     assert step == 1
@@ -481,12 +481,12 @@ def test_a_manifest_no_restore_would_read_is_not_committed(
     """Over the manifest size a restore reads (here made small: 16,384 ranks x 300 arrays
     reach the real 256 MiB), a save is refused with the sizes and a way out, on every rank;
     the checkpoint before it still restores and no temporary directory is left."""
-    from resilient.io import checkpoints
+    from resilient.io import manifests
 
     root = tmp_path / "ck"
     with CheckpointManager(root) as mgr:
         mgr.save(1, {"u": np.arange(4.0)})
-        monkeypatch.setattr(checkpoints, "MAX_MANIFEST_BYTES", 20_000)
+        monkeypatch.setattr(manifests, "MAX_MANIFEST_BYTES", 20_000)
         many = {f"layer{i}.weight": np.full(3, float(i)) for i in range(400)}
         with pytest.raises(ConfigError, match=r"manifest would be 0 MB, over the 0 MiB .*fewer"):
             mgr.save(2, many)

@@ -19,7 +19,7 @@ import pytest
 from resilient.errors import CheckpointLockedError, InvalidCheckpointError
 from resilient.io import logs
 from resilient.io.commit import PendingDir
-from resilient.io.targets import DirectoryTarget, MemoryTarget, Target
+from resilient.io.targets import DirectoryTarget, FileStat, MemoryTarget, Target
 from resilient.io.wire import new_hash
 from resilient.model import filenames
 from resilient.model.manifest import Manifest
@@ -80,13 +80,69 @@ class TargetTests:
         assert target.steps() == [7]
         assert target.manifest(7) == manifest_of(7)
         assert target.read(7, "rank_00000.h5") == DATA
-        assert target.size(7, "rank_00000.h5") == len(DATA)
-        assert target.size(7, "rank_00001.h5") == 0
-        assert target.size(7, "rank_00002.h5") is None
+        assert target.stat(7, "rank_00000.h5") == FileStat(len(DATA), True)
+        assert target.stat(7, "rank_00001.h5") == FileStat(0, True)
+        assert target.stat(7, "rank_00002.h5") is None
         with pytest.raises(FileNotFoundError):
             target.read(7, "rank_00002.h5")
         with pytest.raises(FileNotFoundError):
             target.read(8, "rank_00000.h5")
+
+    def test_a_committed_sets_files_are_listed_and_read_small(self, target: Target) -> None:
+        self.save(target, 7, {"rank_00000.h5": DATA, "rank_00001.h5": b"x"})
+        assert sorted(target.file_names(7)) == sorted(
+            ["rank_00000.h5", "rank_00001.h5", filenames.MANIFEST, filenames.COMMITTED]
+        )
+        assert target.file_names(8) == []
+        assert target.read_small(7, "rank_00001.h5", 1) == b"x"
+        assert target.read_small(7, "rank_00002.h5", 1) is None
+        with pytest.raises(InvalidCheckpointError, match="implausibly large"):
+            target.read_small(7, "rank_00000.h5", len(DATA) - 1)
+
+    def test_a_set_by_name_commits_publishes_and_records_its_copies(self, target: Target) -> None:
+        first = target.pending("abc")
+        assert first.final.name == "abc"
+        target.create(first)
+        target.write(first, "rank_00000.h5", DATA)
+        target.commit(first, manifest_of(2), what="a set by name", copies=1)
+        assert target.steps() == []  # (not a step)
+        assert "abc" in target.names()
+        assert target.manifest("abc") == manifest_of(2)
+        assert b'"data_copies": 1' in target.read("abc", filenames.COMMITTED)
+        again = target.pending("abc.copy")
+        target.create(again)
+        for name in target.file_names("abc"):
+            target.copy(again, name, target, "abc")
+        target.publish(again, what="a copy as it is")
+        for name in target.file_names("abc"):
+            assert target.read("abc.copy", name) == target.read("abc", name)
+
+    def test_trash_takes_a_set_out_of_the_listing_until_deleted(self, target: Target) -> None:
+        for step in (1, 2):
+            self.save(target, step)
+        trash = target.trash(1, durable=False)
+        assert target.steps() == [2]
+        with pytest.raises(FileNotFoundError):
+            target.trash(1)
+        pending = target.pending(3)
+        target.create(pending)
+        taken = target.reuse(pending, ["rank_00000.h5", "rank_00009.h5"], trash)
+        assert taken <= {"rank_00000.h5"}  # (a target may gain nothing from it)
+        trash.delete()
+        trash.delete()  # idempotent
+        assert target.steps() == [2]
+        target.clean_up()
+        assert [n for n in target.names() if filenames.is_trash(n)] == []
+
+    def test_discard_removes_a_torn_pending_file(self, target: Target) -> None:
+        pending = target.pending(1)
+        target.create(pending)
+        target.write(pending, "rank_00000.h5", DATA)
+        target.discard(pending, "rank_00000.h5")
+        target.discard(pending, "rank_00000.h5")  # (not there: nothing)
+        target.write(pending, "rank_00000.h5", b"again")
+        target.commit(pending, manifest_of(1), what="step 1")
+        assert target.read(1, "rank_00000.h5") == b"again"
 
     def test_the_same_token_names_the_same_pending_copy(self, target: Target) -> None:
         assert target.pending(3, token="abc") == target.pending(3, token="abc")
@@ -123,7 +179,7 @@ class TargetTests:
         self.save(target, 4, {"rank_00000.h5": b"new"})
         assert target.steps() == [4]
         assert target.read(4, "rank_00000.h5") == b"new"
-        assert target.size(4, "rank_00001.h5") is None
+        assert target.stat(4, "rank_00001.h5") is None
 
     def test_remove_and_quarantine_take_a_step_out_of_the_listing(self, target: Target) -> None:
         for step in (1, 2, 3):
@@ -190,7 +246,7 @@ class TargetTests:
         self.save(target, 3)
         self.tear(target, 3, "rank_00000.h5")
         assert target.steps() == [3]  # listing is quick: the size check is the reader's
-        assert target.size(3, "rank_00000.h5") == len(DATA) // 2
+        assert target.stat(3, "rank_00000.h5") == FileStat(len(DATA) // 2, True)
         assert target.read(3, "rank_00000.h5") == DATA[: len(DATA) // 2]
 
     def test_listing_after_a_crash_in_remove_omits_the_step(
@@ -404,7 +460,7 @@ class TestDirectoryTarget(TargetTests):
         self.save(target, 1, {"rank_00000.h5": b"x"})
         (tmp_path / "big").write_bytes(DATA)
         (target.path(1) / "rank_00001.h5").symlink_to(tmp_path / "big")
-        assert target.size(1, "rank_00001.h5") != len(DATA)
+        assert target.stat(1, "rank_00001.h5") != FileStat(len(DATA), True)
 
     def test_a_missing_root_is_created_by_the_first_pending_copy(self, target: Target) -> None:
         assert isinstance(target, DirectoryTarget)

@@ -15,7 +15,7 @@ from resilient import Block, CheckpointManager, Replicated
 from resilient.checkpoint.partner import Ring
 from resilient.checkpoint.tiermanager import LocalTierManager
 from resilient.checkpoint.tierstaging import ShardFetch, files_needed, took_shards
-from resilient.io.checkpoints import load_manifest
+from resilient.io.manifests import load_manifest
 from resilient.model.blocks import BlockSpec
 from resilient.model.manifest import ShardEntry
 
