@@ -503,10 +503,14 @@ def train(args: argparse.Namespace, cfg: CheckpointConfig, device: torch.device)
         **cfg.session_options(),
         run_key=run_key(args, world, device),
     ) as s:
-        # FSDP2's DTensors are restored in place, into this run's shards: the template is the
-        # state itself (which gives a fresh optimizer its state, in every run alike)
-        into = trainer.state() if args.strategy == "fsdp2" else None
-        step, state = s.restore_or(into or trainer.state, into=into)
+        # FSDP2's DTensors are restored in place, into this run's shards: the template is this
+        # run's sharded state dicts (building it gives a fresh optimizer its state, in every
+        # run alike)
+        into = None
+        if args.strategy == "fsdp2":
+            template = trainer.state()
+            into = {"model": template["model"], "optim": template["optim"]}
+        step, state = s.restore_or(trainer.state, into=into)
         trainer.load(state)  # a no-op on a fresh start
         write_pidfile(rank)
         saved = step
