@@ -85,15 +85,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
@@ -102,6 +93,9 @@ from resilient.config import CheckpointConfig, load_checkpoint_config, tier_opti
 from resilient.errors import ConfigError
 from resilient.job.session import Session
 from resilient.model.policies import EverySteps, KeepBest, KeepLast
+
+# FSDP2's modules (torch.distributed.fsdp, .device_mesh, .checkpoint.state_dict) are imported
+# where --strategy fsdp2 uses them: they add seconds to every start-up on a busy node
 
 __all__ = ["Launch", "find_launch", "main"]
 
@@ -266,6 +260,9 @@ def make_model() -> nn.Sequential:
 def shard_model(model: nn.Sequential, device: torch.device) -> nn.Module:
     """FSDP2: ``fully_shard`` each ``Linear`` layer, then the root, over a 1-D mesh of all ranks
     (collective). The parameters become DTensors, ``Shard(0)`` of the full ones."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -303,6 +300,11 @@ class Trainer:
         and learning rate 0, which changes no weight; AdamW counts it.)
         """
         if self.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import (
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
+
             model = get_model_state_dict(self.model)
             optim = get_optimizer_state_dict(self.model, self.optim)
         else:
@@ -319,6 +321,11 @@ class Trainer:
     def load(self, state: Mapping[str, Any]) -> None:
         """Set everything from a checkpoint state (or from :meth:`state`'s own output)."""
         if self.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import (
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
             set_model_state_dict(self.model, state["model"])
             set_optimizer_state_dict(self.model, self.optim, state["optim"])
         else:
@@ -363,6 +370,11 @@ class Trainer:
         """The full weights on the CPU, by name; under FSDP2 gathered (collective), on rank 0
         only (the other ranks get an empty dict)."""
         if self.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
             full = StateDictOptions(full_state_dict=True, cpu_offload=True)
             return cast("dict[str, torch.Tensor]", get_model_state_dict(self.model, options=full))
         return {name: t.detach().cpu() for name, t in self.model.state_dict().items()}
