@@ -117,8 +117,9 @@ def program_argv(campaign: Mapping[str, Any], kind: str, case: str | None = None
         return ["-m", "apps.heat", "--nx", str(c["nx"]), "--ny", str(c["ny"]), "--steps",
                 str(c["steps"]), "--alpha", str(c["alpha"]), "--checkpoint-every", every,
                 "--step-delay", delay]  # fmt: skip
-    return ["-m", f"apps.{kind}", "--steps", str(section["steps"]), "--checkpoint-every", every,
-            "--step-delay", delay]  # fmt: skip
+    strategy = ["--strategy", str(section["strategy"])] if "strategy" in section else []
+    return ["-m", f"apps.{kind}", "--steps", str(section["steps"]), *strategy,
+            "--checkpoint-every", every, "--step-delay", delay]  # fmt: skip
 
 
 def measure_startups(

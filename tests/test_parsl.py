@@ -799,7 +799,8 @@ def test_campaign_torch_task_follows_enabled(
         if expected:
             t = names["train_torch"]
             assert t.checkpoint_dir.parent == tmp_path / "train_torch"
-            assert t.min_walltime > 4 and t.params == {"steps": 400, "ranks": 2}
+            assert t.min_walltime > 4
+            assert t.params == {"steps": 400, "ranks": 2, "strategy": "ddp"}
     path = tmp_path / "bad.yaml"
     path.write_text(doc.replace("enabled: auto", "enabled: sometimes"))
     with pytest.raises(ConfigError, match=r"train_torch\.enabled"):
@@ -810,21 +811,22 @@ def test_campaign_torch_task_follows_enabled(
 @pytest.mark.mpi
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path) -> None:
-    """The campaign's train app with ``apps.train_torch``: 2 processes under mpiexec, a 14-s
-    simulated walltime per try (torch's start-up included); free retries; bit-identical output.
-    The 100 steps of 0.15 s outlast one try however fast torch starts."""
+    """The campaign's train app with ``apps.train_torch --strategy fsdp2`` (sharded state:
+    DTensors): 2 processes under mpiexec, a 14-s simulated walltime per try (torch's start-up
+    included); free retries; bit-identical output. The 100 steps of 0.15 s outlast one try
+    however fast torch starts."""
     ref = tmp_path / "ref"
     cmd = [
         mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "100",
-        "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
+        "--strategy", "fsdp2", "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
     ]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=180)
 
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
     fut = parsl_apps.train(
-        "apps.train_torch", str(ck), ranks=2, steps=100, checkpoint_every=10, step_delay=0.15,
-        policy=str(policy), walltime_s=14, signal="USR1@1", outputs=[File(str(out))],
-        stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),
+        "apps.train_torch", str(ck), ranks=2, steps=100, strategy="fsdp2", checkpoint_every=10,
+        step_delay=0.15, policy=str(policy), walltime_s=14, signal="USR1@1",
+        outputs=[File(str(out))], stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),
     )  # fmt: skip
     try:
         assert fut.result(timeout=400) == 0
@@ -860,8 +862,9 @@ def test_the_campaign_key_has_no_rank_count_for_elastic_apps(
         "heat", "heat-hot", ranks=2, **heat
     )
     assert placed("train", "train", ranks=2, steps=9) == placed("train", "train", ranks=5, steps=9)
-    torch_a = placed("train_torch", "train_torch", ranks=2, steps=9)
-    assert torch_a != placed("train_torch", "train_torch", ranks=3, steps=9)
+    torch_a = placed("train_torch", "train_torch", ranks=2, steps=9, strategy="ddp")
+    assert torch_a != placed("train_torch", "train_torch", ranks=3, steps=9, strategy="ddp")
+    assert torch_a != placed("train_torch", "train_torch", ranks=2, steps=9, strategy="fsdp2")
 
 
 def test_an_app_invoked_again_with_other_ranks_resumes(

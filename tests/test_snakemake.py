@@ -892,10 +892,12 @@ def test_cleanup_command_never_fails_the_job(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the PyTorch task
 
 # 100 steps of 0.15 s are 15 s of steps alone: longer than one 14-s attempt however fast torch
-# starts (at 0.1 s a step, a fast machine once finished in one attempt and nothing was resumed)
+# starts (at 0.1 s a step, a fast machine once finished in one attempt and nothing was resumed).
+# FSDP2: the sharded state (DTensors) through the rule; DDP is apps.train_torch's default, which
+# tests/test_train_torch.py covers
 TORCH_TASK = {
-    "enabled": True, "ranks": 2, "steps": 100, "checkpoint_every": 10, "step_delay": 0.15,
-    "min_walltime": 14,
+    "enabled": True, "ranks": 2, "steps": 100, "strategy": "fsdp2", "checkpoint_every": 10,
+    "step_delay": 0.15, "min_walltime": 14,
 }  # fmt: skip
 
 
@@ -905,14 +907,14 @@ TORCH_TASK = {
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_torch_task_resumes_to_bit_identical_output(tmp_path: Path) -> None:
-    """The campaign's ``train_torch`` rule (``apps.train_torch`` on 2 processes started by
-    mpiexec): stopped by the simulated walltime (14 s per attempt, torch's start-up included),
-    retried, finished bit-identical to an uninterrupted run."""
+    """The campaign's ``train_torch`` rule (``apps.train_torch --strategy fsdp2`` on 2 processes
+    started by mpiexec): stopped by the simulated walltime (14 s per attempt, torch's start-up
+    included), retried, finished bit-identical to an uninterrupted run."""
     ref = tmp_path / "reference"
     cmd = [
         mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch",
-        "--steps", str(TORCH_TASK["steps"]), "--checkpoint-dir", str(ref / "ck"),
-        "--out", str(ref / "out.h5"),
+        "--steps", str(TORCH_TASK["steps"]), "--strategy", "fsdp2",
+        "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=180

@@ -100,6 +100,7 @@ def train(
     *,
     ranks: int,
     steps: int,
+    strategy: str | None = None,
     checkpoint_every: int | None = None,
     step_delay: float = 0.0,
     policy: str | None = None,
@@ -111,11 +112,13 @@ def train(
     stderr: Any = None,
     parsl_resource_specification: Mapping[str, Any] | None = None,
 ) -> str:
-    """``python -m MODULE`` (``apps.train`` or ``apps.train_torch``), the model to ``outputs[0]``."""
+    """``python -m MODULE`` (``apps.train`` or ``apps.train_torch``), the model to ``outputs[0]``;
+    ``strategy``: apps.train_torch's ``--strategy`` (ddp, fsdp2)."""
     program = [
         sys.executable, "-m", module, "--steps", steps, "--checkpoint-dir", ckpt,
         "--out", outputs[0], "--step-delay", repr(float(step_delay)),
-        *_optional("--checkpoint-every", checkpoint_every), *_optional("--config", policy),
+        *_optional("--strategy", strategy), *_optional("--checkpoint-every", checkpoint_every),
+        *_optional("--config", policy),
     ]  # fmt: skip
     options = {"walltime_s": walltime_s, "signal": signal, "max_no_progress": max_no_progress}
     return _in_repo(program, ckpt, ranks, parsl_resource_specification is not None, options)

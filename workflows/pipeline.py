@@ -63,7 +63,8 @@ _CAMPAIGN_KEYS = {"results", "checkpoint_root", "walltime", "heat", "train", "tr
 _HEAT_KEYS = {"ranks", "checkpoint_every", "step_delay", "cases"}
 _CASE_KEYS = {"nx", "ny", "steps", "alpha"}
 _TRAIN_KEYS = {"ranks", "steps", "checkpoint_every", "step_delay"}
-_TORCH_KEYS = _TRAIN_KEYS | {"enabled", "min_walltime"}
+_TORCH_KEYS = _TRAIN_KEYS | {"enabled", "min_walltime", "strategy"}
+_TORCH_STRATEGIES = ("ddp", "fsdp2")  # apps.train_torch --strategy
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Task:
     def place(self, checkpoint_root: Path, layout: str | None = None) -> None:
         """Key the checkpoint directory exactly as workflows/Snakefile does, so that a campaign
         started under one engine resumes under the other. The rank count is not in the key of
-        heat and train (their checkpoints restore on any rank count), only of train_torch."""
+        heat and train (their checkpoints restore on any rank count), only of train_torch, whose
+        key has its strategy too."""
         p = self.params
         if self.app == "heat":
             case = self.name.removeprefix("heat-")
@@ -95,7 +97,7 @@ class Task:
         else:  # "train" and "train_torch": ckpt/<app>/<app>-<hash>
             keyed = {"app": f"apps.{self.app}", "steps": p["steps"], "layout": layout}
             if self.app == "train_torch":  # per-rank RNG streams: no elastic restore
-                keyed = {"app": keyed["app"], "ranks": p["ranks"], **keyed}
+                keyed = {**keyed, "ranks": p["ranks"], "strategy": p["strategy"]}
             self.checkpoint_dir = Path(checkpoint_dir(checkpoint_root, self.app, keyed))
 
 
@@ -166,7 +168,12 @@ def load_campaign(
             params = {
                 "steps": torch_task.require("steps", int, minimum=0),
                 "ranks": torch_task.require("ranks", int, minimum=1),
+                "strategy": torch_task.get("strategy", str, "ddp"),
             }
+            if params["strategy"] not in _TORCH_STRATEGIES:
+                raise torch_task.fail(
+                    "strategy", f"expected ddp or fsdp2, got {params['strategy']!r}"
+                )
             options = {
                 "checkpoint_every": torch_task.require("checkpoint_every", int, minimum=1),
                 "step_delay": float(torch_task.get("step_delay", (int, float), 0.0)),
@@ -269,8 +276,9 @@ def submit(task: Task, tries: Tries) -> None:
     if task.app != "heat":
         steps = int(task.params["steps"])
         task.future = train(
-            f"apps.{task.app}", ckpt, steps=steps, outputs=[File(str(task.out))], **common
-        )
+            f"apps.{task.app}", ckpt, steps=steps, strategy=task.params.get("strategy"),
+            outputs=[File(str(task.out))], **common,
+        )  # fmt: skip
         return
     case = {k: task.params[k] for k in ("nx", "ny", "steps", "alpha")}
     prepared = prepare(case, outputs=[File(str(task.out.with_suffix(".json")))])
