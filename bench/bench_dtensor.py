@@ -5,7 +5,8 @@ Run (CPU, gloo; the script starts its ranks itself, one process each)::
 
     python bench/bench_dtensor.py [--gib 1.0] [--runs 3] [--saved 4] [--to 2,3]
                                   [--evict auto|drop_caches|fadvise] [--dir DIR] [--json PATH]
-    python bench/bench_dtensor.py --quick      # tiny: 2 ranks save, 1 restores, one run
+    python bench/bench_dtensor.py --quick      # tiny: 2 ranks save, 1 restores, one run,
+                                               # no warm-up (tests/unit/test_bench_dtensor.py)
 
 The state: an MLP of ``Linear(W, W)`` layers (``W`` = 2048; as many layers as ``--gib`` needs)
 under ``fully_shard`` over a 1-D CPU mesh of the ranks, after one AdamW step;
@@ -82,14 +83,17 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--quick", action="store_true",
                    help="tiny state, 2 ranks save and 1 restores, one run, fadvise")  # fmt: skip
+    p.add_argument("--profile", type=Path, default=None,
+                   help="write each rank's cProfile of each resilient operation to this folder")  # fmt: skip
     p.add_argument("--worker", choices=("save", "restore"), help=argparse.SUPPRESS)
     p.add_argument("--run", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--width", type=int, default=WIDTH, help=argparse.SUPPRESS)
     p.add_argument("--layers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--no-warm-up", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.gib, args.runs, args.saved, args.to = 0.0, 1, 2, "1"
-        args.width, args.layers = QUICK_WIDTH, 3
+        args.width, args.layers, args.no_warm_up = QUICK_WIDTH, 3, True
         if args.evict == "auto":
             args.evict = "fadvise"
     try:
@@ -118,9 +122,19 @@ def launch(args: argparse.Namespace, role: str, ranks: int, where: Path, run: in
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", role, "--dir", str(where),
            "--run", str(run), "--width", str(args.width), "--layers", str(args.layers),
            "--evict", args.evict, "--saved", str(args.saved)]  # fmt: skip
+    if args.no_warm_up:
+        cmd.append("--no-warm-up")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        cmd += ["--profile", str(args.profile.resolve())]
     procs = [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            cmd,
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(ranks)
     ]
     try:
@@ -145,10 +159,14 @@ def table(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     lines = [
         "| operation | ranks | resilient s | DCP s | floor s | resilient GB/s | DCP GB/s "
         "| resilient speed vs floor | DCP speed vs floor | resilient / DCP (time) "
-        "| read_bytes / need (res, DCP) | rchar / need (res, DCP) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| read_bytes / need, worst rank (res, DCP) | read_bytes / need, all ranks "
+        "| rchar / need, worst rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    cases = [("save", f"{args.saved}", "save"), ("restore", f"{args.saved} -> {args.saved}", "same")]
+    cases = [
+        ("save", f"{args.saved}", "save"),
+        ("restore", f"{args.saved} -> {args.saved}", "same"),
+    ]
     cases += [("restore", f"{args.saved} -> {n}", f"to{n}") for n in args.to]
     for op, ranks, key in cases:
         res = [r[key]["resilient"] for r in runs]
@@ -169,12 +187,10 @@ def table(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
             spread([x["s"] / y["s"] for x, y in zip(res, dcp, strict=True)]),
         ]  # fmt: skip
         if op == "restore":
-            for field in ("read_bytes", "rchar"):
-                row.append(
-                    f"{max(x[field] for x in res):.2f}, {max(x[field] for x in dcp):.2f}"
-                )
+            for field in ("read_bytes", "read_bytes_all", "rchar"):
+                row.append(f"{max(x[field] for x in res):.2f}, {max(x[field] for x in dcp):.2f}")
         else:
-            row += ["", ""]
+            row += ["", "", ""]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -184,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     if importlib.util.find_spec("torch") is None:
-        print("bench_dtensor.py needs PyTorch (pip install 'resilient-hpc[torch]')", file=sys.stderr)
+        print(
+            "bench_dtensor.py needs PyTorch (pip install 'resilient-hpc[torch]')", file=sys.stderr
+        )
         return 2
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench_dtensor."))
     runs: list[dict[str, Any]] = []
@@ -329,14 +347,24 @@ class Rank:
             raise SystemExit(f"{what}: {int(flag)} tensors differ from the saved state")
 
     # ---- timing
-    def fenced(self, fn: Callable[[], Any]) -> tuple[float, dict[str, int]]:
+    def fenced(self, fn: Callable[[], Any], name: str = "") -> tuple[float, dict[str, int]]:
         """Wall time of ``fn`` on all ranks, barrier-fenced, the slowest rank's; and this
-        rank's /proc/self/io deltas."""
+        rank's /proc/self/io deltas. With ``--profile`` and a ``name``, under cProfile."""
+        profile = None
+        if self.args.profile and name:
+            import cProfile
+
+            profile = cProfile.Profile()
         self.dist.barrier()
         io0 = proc_io()
         t0 = time.perf_counter()
-        fn()
+        if profile is not None:
+            profile.runcall(fn)
+        else:
+            fn()
         dt = time.perf_counter() - t0
+        if profile is not None:
+            profile.dump_stats(self.args.profile / f"{name}-{self.size}-rank{self.rank}.pstats")
         io1 = proc_io()
         self.dist.barrier()
         worst = self.torch.tensor([dt], dtype=self.torch.float64)
@@ -371,7 +399,9 @@ class Rank:
         try:
             pos = 0
             for t in tensors:
-                view = memoryview(t.detach().contiguous().reshape(-1).view(self.torch.uint8).numpy())
+                view = memoryview(
+                    t.detach().contiguous().reshape(-1).view(self.torch.uint8).numpy()
+                )
                 while view:
                     n = os.pwrite(fd, view, pos)
                     pos, view = pos + n, view[n:]
@@ -475,12 +505,12 @@ class Rank:
         """raw_read, resilient_restore, dcp_load (in the run's order), each cold, each
         restore verified; times and read multiples (the worst rank's)."""
         tensors = self.locals_of(theirs)
-        buf = bytearray(sum(n for _, _, n in ranges))  # prefaulted (zeroed) by Python
+        held = [bytearray(sum(n for _, _, n in ranges))]  # prefaulted (zeroed) by Python
         out: dict[str, Any] = {}
         self.evict()
-        s, io = self.fenced(lambda: self.raw_read(buf, ranges))
+        s, io = self.fenced(lambda: self.raw_read(held[0], ranges))
         out["raw"] = {"s": s}
-        del buf
+        held.clear()
         order = ["resilient", "dcp"] if self.args.run % 2 else ["dcp", "resilient"]
         for lib in order:
             self.zero(tensors)
@@ -489,13 +519,15 @@ class Rank:
                 fn = self.resilient_restore(self.where / "resilient", ours)
             else:
                 fn = self.dcp_load(self.where / "dcp", theirs)
-            s, io = self.fenced(fn)
+            s, io = self.fenced(fn, f"{lib}_restore" if lib == "resilient" else "")
             self.close()
             ios = self.gather(io)
+            needs = self.gather(need)
             out[lib] = {
                 "s": s,
-                "read_bytes": max(x["read_bytes"] / need for x in ios),
-                "rchar": max(x["rchar"] / need for x in ios),
+                "read_bytes": max(x["read_bytes"] / n for x, n in zip(ios, needs, strict=True)),
+                "rchar": max(x["rchar"] / n for x, n in zip(ios, needs, strict=True)),
+                "read_bytes_all": sum(x["read_bytes"] for x in ios) / sum(needs),
                 "per_rank": ios,
             }
             self.verify(theirs, f"{lib} restore on {self.size} ranks")
@@ -515,7 +547,8 @@ def nbytes(tensors: list[Any]) -> int:
 
 def worker(args: argparse.Namespace) -> int:
     rank = Rank(args)
-    rank.warm_up()
+    if not args.no_warm_up:
+        rank.warm_up()
     model, optim = rank.build(args.width, args.layers)
     ours, theirs = rank.states(model, optim)
     tensors = rank.locals_of(theirs)
@@ -537,7 +570,7 @@ def worker(args: argparse.Namespace) -> int:
                 fn = rank.resilient_save(args.dir / "resilient", ours)
             else:
                 fn = rank.dcp_save(args.dir / "dcp", theirs)
-            save[lib] = {"s": rank.fenced(fn)[0]}
+            save[lib] = {"s": rank.fenced(fn, "resilient_save" if lib == "resilient" else "")[0]}
             rank.close()
         result["save"] = save
         ranges = [(args.dir / "raw" / f"rank{rank.rank}.bin", 0, need)]
@@ -553,7 +586,9 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def consecutive(raw: Path, sizes: list[int], start: int, length: int) -> list[tuple[Path, int, int]]:
+def consecutive(
+    raw: Path, sizes: list[int], start: int, length: int
+) -> list[tuple[Path, int, int]]:
     """Bytes ``[start, start + length)`` of the saved ranks' raw files laid end to end (as
     many as there are, if fewer), as (file, offset, length) ranges."""
     out: list[tuple[Path, int, int]] = []
