@@ -212,13 +212,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = base / f"run{run}"
             shutil.rmtree(where, ignore_errors=True)
             where.mkdir(parents=True)
+            t0 = time.perf_counter()
             result = launch(args, "save", args.saved, where, run)
+            walls = [time.perf_counter() - t0]
             for n in args.to:
+                t0 = time.perf_counter()
                 result[f"to{n}"] = launch(args, "restore", n, where, run)["same"]
+                walls.append(time.perf_counter() - t0)
+            result["launch_s"] = walls
             runs.append(result)
             print(f"run {run}: " + ", ".join(
                 f"{k} res {v['resilient']['s']:.3f} dcp {v['dcp']['s']:.3f} raw {v['raw']['s']:.3f}"
-                for k, v in result.items() if isinstance(v, dict)), flush=True)  # fmt: skip
+                for k, v in result.items() if isinstance(v, dict))
+                + f"; launches took {', '.join(f'{w:.0f}' for w in walls)} s", flush=True)  # fmt: skip
             shutil.rmtree(where, ignore_errors=True)
     finally:
         if args.dir is None:

@@ -35,9 +35,8 @@ def test_quick_mode_measures_and_verifies(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     assert "restored full_tensor() equal bit for bit" in done.stdout
     (result,) = json.loads(out.read_text())["runs"]
-    assert set(result) == {"save", "same", "to1"}
-    for case in result.values():
-        assert {"raw", "resilient", "dcp"} <= set(case) and case["bytes"] > 0
+    for key in ("save", "same", "to1"):
+        assert {"raw", "resilient", "dcp"} <= set(result[key]) and result[key]["bytes"] > 0
     for key in ("same", "to1"):  # every restore read its bytes (and counted them)
         assert result[key]["resilient"]["rchar"] >= 1.0 and result[key]["dcp"]["rchar"] >= 1.0
     assert "| restore | 2 -> 1 |" in done.stdout
