@@ -221,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 walls.append(time.perf_counter() - t0)
             result["launch_s"] = walls
             runs.append(result)
+            write_json(args.json, {"args": {k: str(v) for k, v in vars(args).items()},
+                                   "runs": runs, "load": [load, os.getloadavg()]})  # fmt: skip
             print(f"run {run}: " + ", ".join(
                 f"{k} res {v['resilient']['s']:.3f} dcp {v['dcp']['s']:.3f} raw {v['raw']['s']:.3f}"
                 for k, v in result.items() if isinstance(v, dict))
@@ -237,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.evict}; load average {load[0]:.1f} before, {load_after[0]:.1f} after; "
           "restored full_tensor() equal bit for bit")  # fmt: skip
     print("\n".join(table(runs, args)))
-    write_json(args.json, {"args": {k: v for k, v in vars(args).items() if k != "dir"},
+    write_json(args.json, {"args": {k: str(v) for k, v in vars(args).items()},
                            "runs": runs, "load": [load, load_after]})  # fmt: skip
     return 0
 
