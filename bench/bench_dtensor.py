@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import shutil
 import statistics
@@ -109,7 +110,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.evict == "drop_caches" and os.geteuid() != 0:
         p.error("--evict drop_caches needs root")
     if not args.layers:
-        args.layers = max(1, round(args.gib * (1 << 30) / (12 * (WIDTH * WIDTH + WIDTH))))
+        args.layers = max(1, math.ceil(args.gib * (1 << 30) / (12 * (WIDTH * WIDTH + WIDTH))))
     return args
 
 
