@@ -44,6 +44,7 @@ def submit(script: str, *args: str, **env: str) -> str:
 
 
 TORCH_ARGS = "--steps 150 --checkpoint-every 10"
+DEMO_CONFIG = REPO / "configs" / "checkpoint" / "demo.yaml"  # walltime_margin_s: 2
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
@@ -67,13 +68,15 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         submit("train-torch.sbatch", "--array=1-16%1", "-o", str(dirs["torch"] / "job-%A_%a.log"),
                CKPT=str(dirs["torch"] / "ck"), OUT=str(dirs["torch"] / "out.h5"),
                MAX_NO_PROGRESS="4", TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.7")  # fmt: skip
-        # the same under `srun torchrun`, whose agent Slurm's --signal reaches too; a signal
+        # the same under `srun torchrun`, whose agent Slurm's --signal reaches too (the Sessions'
+        # own stop 2 s before the deadline, not the app's 60 s, so that the signal comes first:
+        # this tests the agent's handling of it); a signal
         # that comes during torchrun's start-up (Slurm sent it at once in one allocation) kills
         # the agent before it handles it: an attempt without progress, which may happen twice
         submit("train-torchrun.sbatch", "--array=1-16%1",
                "-o", str(dirs["torchrun"] / "job-%A_%a.log"), CKPT=str(dirs["torchrun"] / "ck"),
                OUT=str(dirs["torchrun"] / "out.h5"), MAX_NO_PROGRESS="4",
-               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.7")  # fmt: skip
+               TRAIN_ARGS=f"{TORCH_ARGS} --step-delay 0.7 --config {DEMO_CONFIG}")  # fmt: skip
     dirs["requeue_job"] = submit(
         "requeue.sbatch", "-o", str(dirs["requeue"] / "job.log"), "--job-name", "heat-requeue-test",
         CKPT=str(dirs["requeue"] / "ck"), OUT=str(dirs["requeue"] / "out.h5"), **common,
@@ -233,7 +236,11 @@ def test_srun_torchrun_under_slurms_signal_stops_with_75_and_matches(
     d = scenarios["torchrun"]
     ledger = finished_torch_chain(d, "torchrun-chain", torch_reference)
     stops = [r for r in ledger if r["exit_code"] == 75]
-    assert all("exited 1 after its Session's stop" in r["reason"] for r in stops), stops
+    # the agent exits 1 (or dies of a signal that comes after it has stopped handling them);
+    # a signal as the workers finish makes an attempt that finished its loop end 75 too
+    said = [re.search(r"exited (1|138) after its Session('s stop \(signal SIGUSR1\)| finished)",
+                      r["reason"]) for r in stops]  # fmt: skip
+    assert all(said), stops
     logs = "".join(p.read_text() for p in sorted(d.glob("job-*.log")))
     assert "Received 10 death signal" in logs, logs  # the agent handled SIGUSR1 ...
     assert "closing signal SIGUSR1" in logs, logs  # ... and passed it on to its workers
