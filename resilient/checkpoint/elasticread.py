@@ -321,7 +321,11 @@ def _copy_overlap(
     path: str,
 ) -> None:
     """Copy the part of stored block ``sb`` inside ``want`` into ``out``: one read of the whole
-    rows (the stripes holding them), each stripe verified, then the columns sliced out."""
+    rows (the stripes holding them), each stripe verified, then the columns sliced out; read
+    straight into ``out`` when those rows are exactly the overlap and lie contiguous there.
+
+    A checksum mismatch raises with ``out`` partly overwritten: the restore then fails as a
+    whole (or falls back to an older step, which rewrites it)."""
     import numpy as np
 
     common = intersect(sb.spec, want)
@@ -334,7 +338,21 @@ def _copy_overlap(
     first = common.start[0] - sb.spec.start[0]
     first_stripe, stop_stripe = stripe_range(first, first + common.shape[0], rows_per)
     row0, row1 = first_stripe * rows_per, min(stop_stripe * rows_per, d.shape[0])
-    buf = np.empty((row1 - row0, *d.shape[1:]), dtype=np.dtype(d.dtype))
+    dst = tuple(
+        slice(c - w, c - w + n)
+        for c, w, n in zip(common.start, want.start, common.shape, strict=True)
+    )
+    # the rows read are exactly the overlap, whole, and land in one contiguous run of ``out``
+    # (a resharding along the first axis, 4 ranks to 2): read them there, no buffer, no copy
+    direct = out[dst]
+    in_place = (
+        first == row0
+        and first + common.shape[0] == row1
+        and tuple(common.shape[1:]) == tuple(d.shape[1:])
+        and direct.flags.c_contiguous
+        and direct.dtype == np.dtype(d.dtype)
+    )
+    buf = direct if in_place else np.empty((row1 - row0, *d.shape[1:]), dtype=np.dtype(d.dtype))
     fileio.read_many(reader, [(d.offset + row0 * row_bytes, buf)])
     stats.bytes_read += buf.nbytes
     stats.reads += 1
@@ -353,13 +371,11 @@ def _copy_overlap(
                 where, f"checksum mismatch: rank {sb.rank}'s block {path!r} in {sb.file}"
             )
         stats.blocks_verified += 1
+    if in_place:
+        return
     src = tuple(
         slice(c - s - (row0 if k == 0 else 0), c - s - (row0 if k == 0 else 0) + n)
         for k, (c, s, n) in enumerate(zip(common.start, sb.spec.start, common.shape, strict=True))
-    )
-    dst = tuple(
-        slice(c - w, c - w + n)
-        for c, w, n in zip(common.start, want.start, common.shape, strict=True)
     )
     out[dst] = buf[src]
 
