@@ -16,11 +16,13 @@ SHM = Path("/dev/shm")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, group and order the items as :mod:`tests.scheduling` says."""
+    """Under pytest-xdist, group and order the items as :mod:`tests.scheduling` says, the
+    Slurm campaigns starting with the timed unit's first test."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        from tests.scheduling import mark_units
+        from tests.scheduling import mark_units, start_campaigns_first
 
         mark_units(items)
+        start_campaigns_first(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -102,6 +104,16 @@ def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         for key in ("workflows", "snakemake_mpi"):
             for run in (started.get(key) or {}).values():
                 run.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_campaigns(request: pytest.FixtureRequest) -> None:
+    """``slurm_scenarios`` started now where Slurm is there, and nothing (no skip) where it is
+    not: what the timed unit's first test asks for under xdist
+    (:func:`tests.scheduling.start_campaigns_first`), so that the campaigns run beside the
+    timing modules. The campaigns' own tests still ask for ``slurm_scenarios`` (and skip)."""
+    with contextlib.suppress(pytest.skip.Exception):
+        request.getfixturevalue("slurm_scenarios")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,25 +1,30 @@
 """How the suite is spread over pytest-xdist workers (``RESILIENT_TEST_WORKERS=3 bash .ci/dev
-test``; CI runs it serially, the default).
+test``, what CI runs; ``RESILIENT_TEST_WORKERS=0`` runs it serially).
 
 Most of the suite's wall time is waiting, not computing: Slurm campaigns on 1-minute limits,
 walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap that waiting.
 
 A *unit* is what one worker runs, in order, in one process:
 
-- the *timed* unit: the Slurm modules (``tests/test_slurm_*.py``), then the modules of
-  :data:`TIMING_MODULES`, one after the other on one worker, as in a serial run. Their
-  programs race clocks: Slurm jobs on 1-minute limits (and the campaigns of the session
-  fixture ``slurm_scenarios`` beside the other Slurm tests, some of which take nodes down),
-  walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill).
-  Two of them side by side eat each other's start-ups: with the Slurm modules and the timing
-  modules on two workers, 6-7 tests failed a run (see below). The timing modules run at
-  ``nice`` -5 where allowed (root, as CI runs);
+- the *timed* unit: the modules of :data:`TIMING_MODULES`, then the Slurm modules
+  (``tests/test_slurm_*.py``), one after the other on one worker. Their programs race clocks:
+  walltimes of a few seconds (a warning signal 1 s after the start, a stop before the kill),
+  Slurm jobs on 1-minute limits. Two of them side by side eat each other's start-ups: with
+  the Slurm modules and the timing modules on two workers, 6-7 tests failed a run (see
+  below). The timing modules run at ``nice`` -5 where allowed (root, as CI runs).
+
+  The two Slurm campaigns (the session fixture ``slurm_campaigns`` in tests/conftest.py:
+  Snakemake workflows that wait minutes on 1-minute limits and little on the CPU) start with
+  the unit's first test, so that they run while the timing modules do instead of after them
+  (:func:`start_campaigns_first`); their modules (:data:`CAMPAIGN_MODULES`) come next and
+  mostly find them finished, and the Slurm modules that take nodes down
+  (:data:`NODE_MODULES`) come last, once the campaigns' jobs are gone;
 - the tests of a module in :data:`SPLIT_MODULES` are a unit each (independent and long);
 - every other module is a unit: its module-scoped fixtures run once, and a documentation
   page's blocks (Sybil) share one namespace. These units run at ``nice`` 10
-  (:func:`yield_cpu`): they compute but race no clock, so on 2 cores they take what the
-  timed unit leaves. ``nice`` reaches every process only with autogroup scheduling off
-  (:func:`nice_across_sessions`).
+  (:func:`yield_cpu`): they compute but race no clock (the demo fits its walltimes to the
+  start-ups it measures), so on 2 cores they take what the timed unit leaves. ``nice``
+  reaches every process only with autogroup scheduling off (:func:`nice_across_sessions`).
 
 A unit is known from the test's node id alone: xdist's own groups (``--dist loadgroup`` with
 ``xdist_group`` markers) rename node ids, which pytest 9.2 no longer allows (the groups are
@@ -30,11 +35,13 @@ whole suite on 3 workers against about 55 min serially, but 7 tests failed, ever
 want of CPU at a start-up (walltimes of 2.5-3 s beside the Slurm jobs, the sbatch PyTorch
 chain beside the local PyTorch tests); with autogroup off and three helpers' builds beside it
 at ``nice`` 19, 6 failed in 43 min 29 s (the same kinds, and a 4-rank MPI test at ``nice`` 10
-past its 240-s limit).
+past its 240-s limit). With the timed unit, Slurm modules first: 46 min 41 s, the timed unit
+the longest by 13 min, 9 of them waiting on the campaigns. Campaigns beside the timing
+modules: see bench/HISTORY.md.
 
-Units start heaviest first (Slurm, timing, then :data:`HEAVY_FIRST`, measured by
+Units start heaviest first (timing, Slurm, then :data:`HEAVY_FIRST`, measured by
 ``--durations``), the rest in collection order, so that no long unit starts last. Without
-xdist nothing here is used.
+xdist nothing here is used: a serial run keeps collection order.
 """
 
 from __future__ import annotations
@@ -54,9 +61,12 @@ __all__ = [
     "TIMED_UNIT",
     "TIMING_GROUP",
     "TIMING_MODULES",
+    "CAMPAIGN_MODULES",
+    "NODE_MODULES",
     "make_scheduler",
     "mark_units",
     "nice_across_sessions",
+    "start_campaigns_first",
     "unit_of",
     "yield_cpu",
 ]
@@ -64,11 +74,19 @@ __all__ = [
 SLURM_GROUP = "slurm"
 SLURM_PREFIX = "tests/test_slurm_"
 TIMING_GROUP = "timing"
-TIMED_UNIT = "timed"  # the Slurm modules, then the timing modules
+TIMED_UNIT = "timed"  # the timing modules, then the Slurm modules
+
+#: The Slurm modules whose tests await the campaigns of ``slurm_campaigns``.
+CAMPAIGN_MODULES = ("tests/test_slurm_snakemake_mpi.py", "tests/test_slurm_workflows.py")
+#: The other Slurm modules, last: some take nodes down, which the campaigns' jobs use.
+NODE_MODULES = (
+    "tests/test_slurm_sbatch.py",
+    "tests/test_slurm_node_loss.py",
+    "tests/test_slurm_multinode.py",
+)
 
 #: Modules whose programs run under walltimes of a few seconds (``grep -rn walltime tests``).
 TIMING_MODULES = (
-    "tests/test_demo.py",
     "tests/test_snakemake.py",
     "tests/test_parsl.py",
     "tests/test_run_wrapper.py",
@@ -96,6 +114,7 @@ SPLIT_MODULES = frozenset({"tests/test_torchdist.py"})
 #: The other units that take longest, in the order they start (after Slurm and timing).
 HEAVY_FIRST = (
     "tests/test_soak.py",
+    "tests/test_demo.py",
     "tests/test_torchdist.py",
     "tests/test_dtensor.py",
     "tests/test_multinode.py",
@@ -120,17 +139,37 @@ def _group(nodeid: str) -> str | None:
 
 
 def _rank(item: pytest.Item) -> int:
-    group = _group(item.nodeid)
-    if group is not None:
-        return (SLURM_GROUP, TIMING_GROUP).index(group)
     module = _module(item.nodeid)
-    return 2 + (HEAVY_FIRST.index(module) if module in HEAVY_FIRST else len(HEAVY_FIRST))
+    if module in TIMING_MODULES:
+        return 0
+    if module.startswith(SLURM_PREFIX):
+        order = (*CAMPAIGN_MODULES, *NODE_MODULES)
+        return 1 + (order.index(module) if module in order else len(order))
+    heavy = HEAVY_FIRST.index(module) if module in HEAVY_FIRST else len(HEAVY_FIRST)
+    return 2 + len(CAMPAIGN_MODULES) + len(NODE_MODULES) + heavy
 
 
 def mark_units(items: list[pytest.Item]) -> None:
-    """Order the items heaviest unit first (a stable sort: within a unit, collection order);
-    the scheduler hands out the units in this order."""
+    """Order the items heaviest unit first (a stable sort: within a unit, collection order;
+    in the timed unit, timing modules, campaign modules, then node modules); the scheduler
+    hands out the units in this order."""
     items.sort(key=_rank)
+
+
+CAMPAIGNS_FIXTURE = "slurm_campaigns"
+
+
+def start_campaigns_first(items: list[pytest.Item]) -> pytest.Item | None:
+    """After :func:`mark_units`: where a campaign module's test is among ``items``, the timed
+    unit's first test also asks for the session fixture ``slurm_campaigns``, so that the
+    campaigns start with it and run while the timing modules do. Returns that test."""
+    if not any(_module(item.nodeid) in CAMPAIGN_MODULES for item in items):
+        return None
+    first = next(item for item in items if _group(item.nodeid) is not None)
+    names: list[str] = first.fixturenames  # type: ignore[attr-defined]
+    if CAMPAIGNS_FIXTURE not in names:
+        names.insert(0, CAMPAIGNS_FIXTURE)
+    return first
 
 
 def yield_cpu(item: pytest.Item) -> None:
