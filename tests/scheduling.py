@@ -22,9 +22,10 @@ A *unit* is what one worker runs, in order, in one process:
 - the tests of a module in :data:`SPLIT_MODULES` are a unit each (independent and long);
 - every other module is a unit: its module-scoped fixtures run once, and a documentation
   page's blocks (Sybil) share one namespace. These units run at ``nice`` 10
-  (:func:`yield_cpu`): they compute but race no clock (the demo fits its walltimes to the
-  start-ups it measures), so on 2 cores they take what the timed unit leaves. ``nice``
-  reaches every process only with autogroup scheduling off (:func:`nice_across_sessions`).
+  (:func:`yield_cpu`): they compute but race no clock, so on 2 cores they take what the timed
+  unit leaves; the demo (:data:`OWN_PACE_MODULES`), which fits its walltimes to the start-ups
+  it measures, at 0. ``nice`` reaches every process only with autogroup scheduling off
+  (:func:`nice_across_sessions`).
 
 A unit is known from the test's node id alone: xdist's own groups (``--dist loadgroup`` with
 ``xdist_group`` markers) rename node ids, which pytest 9.2 no longer allows (the groups are
@@ -37,7 +38,11 @@ chain beside the local PyTorch tests); with autogroup off and three helpers' bui
 at ``nice`` 19, 6 failed in 43 min 29 s (the same kinds, and a 4-rank MPI test at ``nice`` 10
 past its 240-s limit). With the timed unit, Slurm modules first: 46 min 41 s, the timed unit
 the longest by 13 min, 9 of them waiting on the campaigns. Campaigns beside the timing
-modules: see bench/HISTORY.md.
+modules, the demo at ``nice`` 10: 37 min 10 s, 2 failed and 1 skipped: the demo (its
+measured start-ups raised a walltime to 188 s: past its limit), a Parsl DAG under 2.5-s
+walltimes in the first minutes (start-ups of 2.0-2.4 s beside the campaigns' engines, then
+at -5 too), and a multi-node test skipped for a node still down after the node-loss tests.
+Hence the demo at 0, the engines at 0 and the node modules' order.
 
 Units start heaviest first (timing, Slurm, then :data:`HEAVY_FIRST`, measured by
 ``--durations``), the rest in collection order, so that no long unit starts last. Without
@@ -63,9 +68,11 @@ __all__ = [
     "TIMING_MODULES",
     "CAMPAIGN_MODULES",
     "NODE_MODULES",
+    "OWN_PACE_MODULES",
     "make_scheduler",
     "mark_units",
     "nice_across_sessions",
+    "nice_of",
     "start_campaigns_first",
     "unit_of",
     "yield_cpu",
@@ -78,11 +85,13 @@ TIMED_UNIT = "timed"  # the timing modules, then the Slurm modules
 
 #: The Slurm modules whose tests await the campaigns of ``slurm_campaigns``.
 CAMPAIGN_MODULES = ("tests/test_slurm_snakemake_mpi.py", "tests/test_slurm_workflows.py")
-#: The other Slurm modules, last: some take nodes down, which the campaigns' jobs use.
+#: The other Slurm modules, last: some take nodes down, which the campaigns' jobs use. In this
+#: order: after the node-loss tests a node may still be on its way back, and the multi-node
+#: tests need all three (one run skipped one of them with multinode last).
 NODE_MODULES = (
-    "tests/test_slurm_sbatch.py",
-    "tests/test_slurm_node_loss.py",
     "tests/test_slurm_multinode.py",
+    "tests/test_slurm_node_loss.py",
+    "tests/test_slurm_sbatch.py",
 )
 
 #: Modules whose programs run under walltimes of a few seconds (``grep -rn walltime tests``).
@@ -108,13 +117,19 @@ TIMING_MODULES = (
 NICE = 10
 TIMING_NICE = -5
 
+#: Modules that race no fixed clock but fit their walltimes to the start-ups they measure when
+#: they begin (the demo): a unit of their own at ``nice`` 0, between the timing modules and
+#: the rest. At ``nice`` 10 beside the timed unit the demo measured a 60-s PyTorch start-up,
+#: gave that task 188-s walltimes and ran past its 14-minute limit.
+OWN_PACE_MODULES = ("tests/test_demo.py",)
+
 #: Modules whose tests are independent and long: each test is a unit of its own.
 SPLIT_MODULES = frozenset({"tests/test_torchdist.py"})
 
 #: The other units that take longest, in the order they start (after Slurm and timing).
 HEAVY_FIRST = (
-    "tests/test_soak.py",
     "tests/test_demo.py",
+    "tests/test_soak.py",
     "tests/test_torchdist.py",
     "tests/test_dtensor.py",
     "tests/test_multinode.py",
@@ -172,15 +187,22 @@ def start_campaigns_first(items: list[pytest.Item]) -> pytest.Item | None:
     return first
 
 
+def nice_of(nodeid: str) -> int | None:
+    """The ``nice`` a test asks for (:func:`yield_cpu`); ``None``: it keeps the worker's."""
+    group = _group(nodeid)
+    if group is not None:
+        return TIMING_NICE if group == TIMING_GROUP else None
+    return 0 if _module(nodeid) in OWN_PACE_MODULES else NICE
+
+
 def yield_cpu(item: pytest.Item) -> None:
-    """Before each test: a test of the timing modules asks for ``nice`` :data:`TIMING_NICE`
-    (allowed to root, as CI runs; elsewhere it stays at 0), the Slurm tests before them keep
-    the worker's 0, and every unit outside the timed unit takes ``nice`` :data:`NICE` (for
-    good: the timed unit starts first, so those units run after it or on workers of their
-    own), so that a start-up under a walltime of seconds gets the CPU before the CPU-bound
-    tests; what the test starts inherits it."""
-    group = _group(item.nodeid)
-    want = TIMING_NICE if group == TIMING_GROUP else NICE if group is None else None
+    """Before each test: a test of the timed unit asks for ``nice`` :data:`TIMING_NICE`
+    (allowed to root, as CI runs; elsewhere it stays at 0; the Slurm modules after the timing
+    modules keep it, their jobs run at slurmd's), a test of :data:`OWN_PACE_MODULES` for 0,
+    and every other unit takes ``nice`` :data:`NICE`, so that a start-up under a walltime of
+    seconds gets the CPU before the CPU-bound tests; what the test starts inherits it. A
+    worker that took 10 goes back to 0 for the demo only as root."""
+    want = nice_of(item.nodeid)
     if want is None or os.getpriority(os.PRIO_PROCESS, 0) == want:
         return
     with contextlib.suppress(PermissionError):  # not root: a lower value than now is refused

@@ -29,8 +29,8 @@ def test_the_timed_unit_starts_first_timing_then_campaigns_then_nodes_then_heavy
         ("tests/test_warn_signal.py::test_local", "timed"),
         ("tests/test_slurm_workflows.py::test_flow", "timed"),
         ("tests/test_slurm_multinode.py::test_lost", "timed"),
-        ("tests/test_soak.py::test_b", "tests/test_soak.py"),
         ("tests/test_demo.py::test_demo", "tests/test_demo.py"),
+        ("tests/test_soak.py::test_b", "tests/test_soak.py"),
         ("tests/unit/test_tree.py::test_a", "tests/unit/test_tree.py"),
     ]
 
@@ -70,3 +70,11 @@ def test_a_unit_is_the_timed_unit_a_split_test_or_a_module() -> None:
     assert scheduling.unit_of(one) == one
     assert scheduling.unit_of("tests/unit/test_tree.py::test_a[x]") == "tests/unit/test_tree.py"
     assert scheduling.unit_of("docs/tutorial.md::line:12,column:1") == "docs/tutorial.md"
+
+
+def test_timing_tests_ask_for_the_cpu_first_the_demo_next_the_rest_last() -> None:
+    assert scheduling.nice_of("tests/test_parsl.py::test_app") == scheduling.TIMING_NICE == -5
+    assert scheduling.nice_of("tests/test_slurm_sbatch.py::test_chain") is None  # keeps -5
+    assert scheduling.nice_of("tests/test_demo.py::test_the_demo_on_two_ranks") == 0
+    assert scheduling.nice_of("tests/test_soak.py::test_b") == scheduling.NICE == 10
+    assert scheduling.nice_of("docs/tutorial.md::line:12,column:1") == 10
