@@ -31,6 +31,7 @@ from resilient.io.checkpoints import validate_checkpoint
 from resilient.io.manifests import marker_text
 from resilient.model.blocks import (
     STRIPE_BYTES,
+    STRIPE_MIN_BYTES,
     check_tiling,
     intersect,
     stripe_count,
@@ -44,7 +45,7 @@ from resilient.model.manifest import DatasetTable, ManifestError
 from resilient.model.tiling import check_blocks
 from tests.mpirun import clean_env
 
-G = (600, 700)  # float64 rows of 5600 bytes: 187 rows per stripe, 4 stripes
+G = (600, 700)  # float64 rows of 5600 bytes: 19 rows per stripe (600 / 32), 32 stripes
 CLI = [sys.executable, "-m", "resilient.cli"]
 
 
@@ -126,7 +127,10 @@ def test_check_tiling_pairwise_when_the_grid_is_huge(monkeypatch: pytest.MonkeyP
 
 
 def test_stripes() -> None:
-    assert stripe_rows((600, 700), 8) == STRIPE_BYTES // 5600 == 187
+    assert stripe_rows((100_000, 700), 8) == STRIPE_BYTES // 5600 == 187  # at most ~1 MiB
+    assert stripe_rows((600, 700), 8) == 19  # a 3.4-MB block in 32 stripes: 600 / 32 rounded up
+    assert stripe_rows((512, 2048), 4) == 16  # a 4-MiB block of 8-KiB rows: 128-KiB stripes
+    assert stripe_rows((64, 1024), 8) == STRIPE_MIN_BYTES // 8192 == 8  # not under 64 KiB
     assert stripe_rows((3, 10), 8) == 3  # a small block is one stripe
     assert stripe_rows((5,), 4) == 5
     assert stripe_rows((0, 4), 8) == 1
@@ -171,7 +175,7 @@ def test_same_rank_count_restore_is_transparent(tmp_path: Path) -> None:
     assert state["r"]["t"] == 0.5 and state["r"]["a"].tolist() == [0, 1, 2]
     doc = json.loads((tmp_path / "ck/step_00000001/manifest.json").read_text())
     stripes = doc["ranks"][0]["datasets"]["stripes"]
-    assert stripes["u"]["rows"] == 187 and len(stripes["u"]["digests"]) == 4
+    assert stripes["u"]["rows"] == 19 and len(stripes["u"]["digests"]) == 32
     assert "r/a" not in stripes  # only Block leaves are striped
 
 
@@ -210,8 +214,8 @@ def test_a_sub_block_reads_only_the_stripes_it_needs(
     assert step == 2
     assert state["u"].tobytes() == field(2)[200:260, 100:300].tobytes()
     assert state["k"].tolist() == list(np.arange(10.0, 15.0)) and state["t"] == 1.0
-    # rows 200..260 lie in stripe 1 (rows 187..374): one stripe of u, and all of k (one stripe)
-    assert sum(reads) == 187 * 5600 + 50 * 8
+    # rows 200..260 lie in stripes 10..13 (rows 190..266): 76 rows of u, and all of k
+    assert sum(reads) == 76 * 5600 + 50 * 8
     assert sum(reads) < field().nbytes / 3
 
 
