@@ -462,6 +462,11 @@ STEPS = 150
 RANKS = 2
 CASE = {"nx": 32, "ny": 32, "steps": STEPS, "alpha": 0.2}
 TRIES: dict[str, Any] = {"walltime_s": 2.5, "signal": "USR1@0.5", "max_no_progress": 3}
+# the DAG's simulate app: 9 s of compute (0.06 s a step) in tries of 5 s, so 3 or more tries
+# however fast the start-up (0.8 s quiet), and progress in each however slow (2.6 s was seen
+# beside the Slurm campaigns' start: with 2.5-s tries that left none, and the try failed)
+DAG_TRIES: dict[str, Any] = {**TRIES, "walltime_s": 5.0}
+DAG_STEP_DELAY = 0.06
 
 
 # The workers unpickle the apps of workflows.parsl_apps and of this module by reference: they
@@ -539,7 +544,8 @@ def test_heat_dag_resumes_through_walltime_stops_at_no_cost(
     out, err = tmp_path / "hot.h5", tmp_path / "heat.err"
     prepared = parsl_apps.prepare(CASE, outputs=[File(str(tmp_path / "hot.json"))])
     sim = parsl_apps.simulate(
-        ck, ranks=RANKS, checkpoint_every=10, step_delay=0.04, policy=str(policy), **TRIES,
+        ck, ranks=RANKS, checkpoint_every=10, step_delay=DAG_STEP_DELAY, policy=str(policy),
+        **DAG_TRIES,
         inputs=[prepared.outputs[0]], outputs=[File(str(out))],
         stdout=str(tmp_path / "heat.out"), stderr=str(err),
     )  # fmt: skip

@@ -32,7 +32,7 @@ CheckpointManager = (
     else resilient.CheckpointManager
 )
 
-U_SHAPE = (1200, 700)  # 2-D Cartesian blocks of ~1.7 MB on 4 ranks: 2 stripes each
+U_SHAPE = (1200, 700)  # 2-D Cartesian blocks of ~1.7 MB on 4 ranks: 27 stripes of 23 rows each
 V_SHAPE = (1001,)  # 1-D, uneven
 K_SHAPE = (37, 23)  # static, 2-D, split along axis 1 only (columns: whole rows are read)
 
