@@ -1,5 +1,5 @@
 """How the suite is spread over pytest-xdist workers (``RESILIENT_TEST_WORKERS=3 bash .ci/dev
-test``, what CI runs; ``RESILIENT_TEST_WORKERS=0`` runs it serially).
+test``; CI runs it serially, the default).
 
 Most of the suite's wall time is waiting, not computing: Slurm campaigns on 1-minute limits,
 walltime stops, MPI and PyTorch start-ups. On 2 cores, three workers overlap that waiting.
@@ -42,7 +42,10 @@ modules, the demo at ``nice`` 10: 37 min 10 s, 2 failed and 1 skipped: the demo 
 measured start-ups raised a walltime to 188 s: past its limit), a Parsl DAG under 2.5-s
 walltimes in the first minutes (start-ups of 2.0-2.4 s beside the campaigns' engines, then
 at -5 too), and a multi-node test skipped for a node still down after the node-loss tests.
-Hence the demo at 0, the engines at 0 and the node modules' order.
+Hence the demo at 0, the engines at 0 and the node modules' order: then 34 min 53 s with 1
+failure (a Parsl app's 2.5-s tries, since 5 s), and 36 min 22 s with 3: Slurm jobs started
+in the first minutes, when every worker starts its heaviest unit, lost their start-ups (51 s
+of a 59-s walltime under srun; the multi-node campaign's and the engines' campaign's jobs).
 
 Units start heaviest first (timing, Slurm, then :data:`HEAVY_FIRST`, measured by
 ``--durations``), the rest in collection order, so that no long unit starts last. Without
