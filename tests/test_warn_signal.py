@@ -119,8 +119,11 @@ echo "resilient run exit $?"
 @pytest.mark.slurm
 @pytest.mark.timeout(400)
 def test_under_srun_a_warning_from_slurm_during_the_imports_is_kept(tmp_path: Path) -> None:
-    """sbatch --time=1 --signal=USR1@60: Slurm signals the ranks (not the batch script) by its
-    30-s check, while they are still importing (up to 50 s). srun starts its tasks with an empty
+    """sbatch --time=2 --signal=USR1@100: the warning is due 20 s in, and Slurm signals the
+    ranks (not the batch script) at its next 30-s check, 20-50 s in, while they are still
+    importing (60 s). (A warning due at once, ``--time=1 --signal=USR1@60``, may come at a check
+    before srun has started the step; Slurm signals only the steps there are, and one run's
+    ranks never saw it.) srun starts its tasks with an empty
     signal mask, so the mask ``resilient run`` sets does not reach them; its
     ``$RESILIENT_WARN_SIGNALS`` does, and ``import resilient`` (first, before the slow imports)
     records the signal. The session takes it, saves one step and exits 75."""
@@ -130,11 +133,11 @@ def test_under_srun_a_warning_from_slurm_during_the_imports_is_kept(tmp_path: Pa
     script.write_text(BATCH.format(python=sys.executable, ckpt=ckpt, program=PROGRAM, out=out))
     log = tmp_path / "job.out"
     env = clean_env(
-        PROG_IMPORT_FIRST="1", PROG_IMPORT_S="50", PROG_UNTIL_WARNED="1", PROG_WRITE_S="0.2"
+        PROG_IMPORT_FIRST="1", PROG_IMPORT_S="60", PROG_UNTIL_WARNED="1", PROG_WRITE_S="0.2"
     )
     env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
     job = subprocess.run(
-        ["sbatch", "--parsable", "--time=1", "--signal=USR1@60", "-n", "2", "-p", "debug",
+        ["sbatch", "--parsable", "--time=2", "--signal=USR1@100", "-n", "2", "-p", "debug",
          "-J", "warn-signal-srun", "-o", str(log), "-D", str(tmp_path), str(script)],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip().split(";")[0]  # fmt: skip
