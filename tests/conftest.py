@@ -36,20 +36,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs: Any) -> None:
     """On the controller, before the workers start: ``nice`` must rank every process
-    (:func:`tests.scheduling.nice_across_sessions`), and Slurm's jobs run at the timing
-    modules' priority (:func:`tests.scheduling.slurm_jobs_at`); undone when the session ends."""
-    from tests.scheduling import TIMING_NICE, nice_across_sessions, slurm_jobs_at
+    (:func:`tests.scheduling.nice_across_sessions`), undone when the session ends."""
+    from tests.scheduling import nice_across_sessions
 
     undo = contextlib.ExitStack()
-    lines = [
-        undo.enter_context(nice_across_sessions()),
-        undo.enter_context(slurm_jobs_at(TIMING_NICE)),
-    ]
+    line = undo.enter_context(nice_across_sessions())
     config.add_cleanup(undo.close)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        for line in lines:
-            reporter.write_line(f"scheduling: {line}")
+        reporter.write_line(f"scheduling: {line}")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -76,7 +76,6 @@ __all__ = [
     "mark_units",
     "nice_across_sessions",
     "nice_of",
-    "slurm_jobs_at",
     "start_campaigns_first",
     "unit_of",
     "yield_cpu",
@@ -249,51 +248,6 @@ def nice_across_sessions() -> Iterator[str]:
     finally:
         with contextlib.suppress(OSError):
             AUTOGROUP.write_text(before + "\n")
-
-
-SLURM_DAEMONS = frozenset({"slurmctld", "slurmd"})
-
-
-def _slurm_daemons(proc: Path = Path("/proc")) -> list[int]:
-    pids = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if (entry / "comm").read_text().strip() in SLURM_DAEMONS:
-                pids.append(int(entry.name))
-    return pids
-
-
-@contextlib.contextmanager
-def slurm_jobs_at(nice: int) -> Iterator[str]:
-    """While the suite runs on workers, the local Slurm's daemons (tests/slurm/up.sh) run at
-    ``nice`` *nice*, and so every job they start: slurmd's job steps inherit its priority
-    (Slurm's default ``PropagatePrioProcess=0``; measured: ``srun nice`` and an sbatch
-    script print -5 under a slurmd at -5). Slurm's jobs race 1-minute limits as the timing
-    modules race theirs, so they get the same priority: at slurmd's 0 beside the timing
-    modules at -5 and the demo at 0, a multi-node campaign's jobs made too little progress
-    per allocation to finish in 8 retries. A slurmd started during the run by a test of the
-    timed unit inherits the test's -5. Set back after; yields a line saying what was done."""
-    pids = _slurm_daemons()
-    if not pids:
-        yield "no Slurm daemons running: Slurm's jobs keep their priority"
-        return
-    before: dict[int, int] = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):  # gone, or not root: a lower value is refused
-            old = os.getpriority(os.PRIO_PROCESS, pid)
-            os.setpriority(os.PRIO_PROCESS, pid, nice)
-            before[pid] = old
-    try:
-        if before:
-            yield f"Slurm's daemons ({len(before)}) and so their jobs at nice {nice} for this run"
-        else:
-            yield "Slurm's daemons may not be reniced (not root): their jobs keep their priority"
-    finally:
-        for pid, old in before.items():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, pid, old)
 
 
 def unit_of(nodeid: str) -> str:

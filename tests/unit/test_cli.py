@@ -210,7 +210,7 @@ def test_ls_on_a_tree_lists_its_task_roots(tree: Path) -> None:
     assert [c[0] for c in cells] == ["sim/a-0123456789ab", "sim/b-0123456789ab",
                                      "train/train-0123456789ab"]  # fmt: skip
     assert cells[0][1:] == ["20", "1", "0", "finished"]
-    assert int(cells[1][1]) >= 5  # the stop saved a step, or an earlier save did
+    assert int(cells[1][1]) >= 1  # the stop saved a step (on a loaded machine, step 1)
     assert cells[1][2:4] == ["1", "75"]
     assert cells[1][4].startswith("stopped early (checkpointed and exited 75)")
     assert cells[2][1:] == ["7", "0", "-", "-"]

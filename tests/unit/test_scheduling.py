@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from tests import scheduling
 
@@ -79,12 +78,3 @@ def test_timing_tests_ask_for_the_cpu_first_the_demo_next_the_rest_last() -> Non
     assert scheduling.nice_of("tests/test_demo.py::test_the_demo_on_two_ranks") == 0
     assert scheduling.nice_of("tests/test_soak.py::test_b") == scheduling.NICE == 10
     assert scheduling.nice_of("docs/tutorial.md::line:12,column:1") == 10
-
-
-def test_the_slurm_daemons_are_found_by_their_command_name(tmp_path: Path) -> None:
-    for pid, comm in [(11, "slurmd"), (12, "slurmctld"), (13, "slurmstepd"), (14, "python")]:
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "comm").write_text(comm + "\n")
-    (tmp_path / "15").mkdir()  # gone before its comm was read
-    (tmp_path / "self").mkdir()
-    assert sorted(scheduling._slurm_daemons(tmp_path)) == [11, 12]
