@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resilient.job.launch import find_mpiexec
+from resilient.job.launch import find_mpiexec, mpi_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,12 +20,25 @@ def mpiexec() -> str:
     return find_mpiexec()
 
 
+#: Open MPI's settings, kept: running as root, and MCA parameters of Open MPI and of its
+#: launcher PRRTE (oversubscription on 2 cores: ``PRTE_MCA_rmaps_default_mapping_policy``)
+OMPI_SETTINGS = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_MCA_", "PRTE_MCA_")
+
+
+@functools.cache
+def mpi_family() -> str:
+    """Which MPI :func:`mpiexec` belongs to: ``"Open MPI"``, ``"Intel MPI"`` or ``"MPICH"``."""
+    return mpi_of(mpiexec()) or "MPICH"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment minus any inherited launcher (PMI/Hydra/Open MPI/Slurm step) variables."""
+    """The environment minus any inherited launcher (PMI/Hydra/Open MPI/Slurm step) variables;
+    Open MPI's settings (:data:`OMPI_SETTINGS`) stay."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPIR_"))
+        if k.startswith(OMPI_SETTINGS)
+        or not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPIR_"))
     }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)

@@ -12,6 +12,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 
 SCENARIO = "tests/mpi/scenario.py"
 KINDS = ["self", "node", "world", "split"]
+EACH_MPI = pytest.mark.each_mpi  # run again under Open MPI (.ci/other-mpi)
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -31,7 +32,7 @@ def json_key(value: object) -> str:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=EACH_MPI), 4])
 def test_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
     proc = run_mpi(n, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind])
     got = results(proc)
@@ -43,7 +44,7 @@ def test_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
 @pytest.mark.parametrize(
     ("where", "expect"),
     [
-        ("write@1", 1),  # one rank killed half-way through writing its bytes
+        pytest.param("write@1", 1, marks=EACH_MPI),  # one rank killed half-way through writing
         ("write@all", 1),  # every rank killed while writing
         ("manifest@0", 1),  # coordinator killed before the manifest
         ("rename@0", 1),  # manifest and marker written, killed before the rename
@@ -113,7 +114,7 @@ def test_restore_with_other_rank_count_or_layout_is_refused(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", [pytest.param(3, marks=EACH_MPI), 4])
 def test_async_round_trip_is_bit_identical(tmp_path: Path, n: int, kind: str) -> None:
     proc = run_mpi(n, [SCENARIO, "roundtrip", str(tmp_path / "ck"), kind], SCENARIO_ASYNC="1")
     assert [r["ok"] for r in results(proc)] == [True] * n

@@ -22,7 +22,7 @@ import pytest
 
 from resilient.io.checkpoints import latest_valid, list_checkpoints
 from resilient.job.ledger import read_ledger
-from resilient.job.process import descendants
+from resilient.job.process import cmdline, descendants, parent
 from resilient.model.filenames import parse_step_dir
 from tests.mpirun import REPO, clean_env, mpiexec
 from tests.unit.ckutil import flip_dataset_byte
@@ -216,6 +216,51 @@ def test_quick_kills_from_outside_do_not_park_a_task(tmp_path: Path, reference: 
     assert field(out) == reference
 
 
+def _processes_naming(text: str) -> list[int]:
+    """The live processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+    return found
+
+
+@pytest.mark.each_mpi
+def test_a_killed_launcher_leaves_no_rank_behind_and_the_run_resumes(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """SIGKILL of the launcher alone (``mpiexec``), its ranks running: the attempt ends as one
+    killed from outside, after progress (75), with none of its ranks left running to write
+    into the checkpoint directory beside the next attempt; that attempt finishes the run."""
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
+           "--", *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while latest_valid(ckpt) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (launcher,) = [p for p in descendants(proc.pid) if parent(p) == proc.pid]
+        assert cmdline(launcher)[1:3] == ["-n", "2"], cmdline(launcher)  # Open MPI: prterun
+        os.kill(launcher, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    (rec,) = read_ledger(ckpt)
+    assert rec["interrupted"] == "SIGKILL" and rec["progress"], rec
+    deadline = time.monotonic() + 5
+    while (left := _processes_naming(str(ckpt))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"ranks outlived their launcher: {[cmdline(p) for p in left]}"
+    done = resilient_run(["--checkpoint-dir", str(ckpt)], heat_cmd(ckpt, out, n=2, delay=0.0))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert field(out) == reference
+
+
 def test_kill_during_a_save_falls_back_and_matches(tmp_path: Path, reference: bytes) -> None:
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
     cmd = heat_cmd(ckpt, out, program="tests/mpi/faulty_heat.py")
@@ -267,6 +312,7 @@ def test_no_progress_gives_93_and_progress_never_does(tmp_path: Path) -> None:
     assert "no progress in 3 consecutive attempts" in ledger[2]["reason"]
 
 
+@pytest.mark.each_mpi
 def test_requeue_restarts_in_place_after_each_walltime_stop(
     tmp_path: Path, reference: bytes
 ) -> None:
@@ -373,6 +419,43 @@ def test_requeue_leaves_a_stop_signal_from_outside_to_the_engine(tmp_path: Path)
     (rec,) = read_ledger(ckpt)
     assert rec["exit_code"] == 75 and rec["progress"], rec
     assert "requeued" not in err
+
+
+def test_in_a_flux_job_sigalrm_is_passed_on_saved_and_resumed(
+    tmp_path: Path, reference: bytes
+) -> None:
+    """Flux's time limit: SIGALRM to the job's task (here ``resilient run``), SIGKILL 5 s later.
+    In a Flux job (``$FLUX_JOB_ID``; a stand-in ``flux`` says 3600 s are left) the wrapper
+    passes it on instead of dying of it, the ranks save the step (their saves are quick) and
+    exit 75; resubmitted, the run resumes and matches the uninterrupted one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "flux").write_text("#!/bin/sh\necho 3600\n")
+    (bin_dir / "flux").chmod(0o755)
+    env = clean_env(FLUX_JOB_ID="f3Vq8Z1rN2", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
+    cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt), "--",
+           *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while latest_valid(ckpt) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGALRM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    (rec,) = read_ledger(ckpt)
+    assert (rec["exit_code"], rec["signal"]) == (75, "SIGALRM"), rec
+    assert rec["program_stop"]["reason"] == "signal SIGALRM" and rec["progress"], rec
+    assert "forwarding SIGALRM to the program" in err, err[-3000:]
+    again = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )  # the engine's resubmission
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert field(out) == reference
 
 
 def test_requeue_needs_a_simulated_walltime(tmp_path: Path) -> None:

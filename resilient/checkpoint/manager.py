@@ -309,9 +309,15 @@ class CheckpointManager:
         return self._coll.broadcast("finding the latest checkpoint", newest)
 
     def should_save(
-        self, step: int, *, time_left_s: float | None = None, stop_requested: bool = False
+        self,
+        step: int,
+        *,
+        time_left_s: float | None = None,
+        stop_requested: bool = False,
+        veto: bool = False,
     ) -> bool:
-        """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides).
+        """Collective: whether ``save_when`` asks for a save at ``step`` (rank 0 decides;
+        its ``veto``: no save now, whatever the policy says).
 
         Cheap enough to call every step: one small allreduce (ranks arrive together here, so
         no sleeping barrier), not a broadcast behind a barrier. Only when rank 0 votes yes (a
@@ -320,7 +326,7 @@ class CheckpointManager:
         """
         decision = False
         error: Exception | None = None
-        if self.comm.rank == 0 and self.save_when is not None:
+        if self.comm.rank == 0 and self.save_when is not None and not veto:
             try:
                 ctx = self.save_context(
                     step, time_left_s=time_left_s, stop_requested=stop_requested

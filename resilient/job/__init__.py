@@ -4,6 +4,7 @@ Owns, the program's side:
     :mod:`.session`: :class:`~.session.Session`, a time loop that saves before the walltime and exits 75.
     :mod:`.resumable`: ``@resumable``, an in-process function re-run from its latest valid checkpoint.
     :mod:`.slurm`: the deadline and the stop signals (Slurm's environment, ``squeue``).
+    :mod:`.flux`: Flux's time limit (SIGALRM, then SIGKILL in 5 s) and ``flux job timeleft``.
     :mod:`.warning`: the warning signal held back until the program listens, then ignored.
     :mod:`.timeline`: where each attempt's time went (the events a Session records).
     :mod:`.handoff`: the file a Session names its checkpoint directory in, for ``resilient run``.

@@ -353,10 +353,15 @@ _STARTUPS = 5  # the compute a walltime should leave, in start-ups
 
 
 def say_startup(
-    where: Where, record: AttemptRecord, walltime_s: float | None, before_first_step: bool
+    where: Where,
+    record: AttemptRecord,
+    walltime_s: float | None,
+    before_first_step: bool,
+    hint: Callable[[], str | None] = lambda: None,
 ) -> None:
     """Once per invocation: a warning when the walltime leaves less than five start-ups of
-    compute (or did not cover the start-up at all)."""
+    compute (or did not cover the start-up at all), with ``hint()``, a faster start the MPI
+    offers (:func:`resilient.job.launch.startup_hint`), where there is one."""
     if walltime_s is None or "startup" in where.warned:
         return
     took = record.startup_s
@@ -364,12 +369,13 @@ def say_startup(
         where.warned.add("startup")
         if walltime_s - took >= _STARTUPS * took:
             return
+        faster = hint()
         log.warning(
             "start-up (launch to the first step) took %s of the %s walltime: that leaves %s of "
             "compute per attempt, less than %d start-ups, and every stop costs another "
-            "start-up. Give a walltime of at least %s, or make the program start faster",
+            "start-up. Give a walltime of at least %s, or make the program start faster%s",
             say_seconds(took), say_seconds(walltime_s), say_seconds(max(0.0, walltime_s - took)),
-            _STARTUPS, say_seconds((_STARTUPS + 1) * took),
+            _STARTUPS, say_seconds((_STARTUPS + 1) * took), f" ({faster})" if faster else "",
         )  # fmt: skip
     elif before_first_step:
         where.warned.add("startup")

@@ -106,7 +106,7 @@ from typing import Any
 
 from resilient.io import storage
 from resilient.io.checkpoints import latest_valid, protected_steps, resumable_step
-from resilient.job import handoff, nodeloss, requeue
+from resilient.job import flux, handoff, nodeloss, requeue
 from resilient.job.exitcodes import (
     EXIT_CONFIG,
     EXIT_FOREIGN_RUN,
@@ -121,6 +121,7 @@ from resilient.job.guard import (
     trailing_no_progress,
     verdict,
 )
+from resilient.job.launch import startup_hint
 from resilient.job.ledger import AttemptRecord, Where, note_beside, same_dir, where_for
 from resilient.job.options import (
     RunOptions,
@@ -214,7 +215,11 @@ def run(opts: RunOptions, *, environ: Mapping[str, str] | None = None) -> int:
             fresh.append(decided.new_run)
     make_output_folders(opts.outputs)
 
-    handled = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    # stop signals passed on to the program (in a Flux job also SIGALRM, its time limit)
+    handled = (
+        signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT,
+        *flux.time_limit_signals(env),
+    )  # fmt: skip
     signals = Signals()
     unheard = signals.unheard
     job = slurm_job or requeue.job_facts(env)
@@ -306,7 +311,10 @@ class _Job:
             record.exit_code,
         )  # fmt: skip
         walltime = _walltime_of(self.opts, self.deadline, record.start)
-        say_startup(self.where, record, walltime, end.before_first_step is not None)
+        say_startup(
+            self.where, record, walltime, end.before_first_step is not None,
+            hint=lambda: startup_hint(self.opts.command, self.env),
+        )  # fmt: skip
         return record.exit_code, record, attempt
 
     def _launch(

@@ -28,7 +28,7 @@ from resilient.checkpoint.manager import CheckpointManager
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
 from resilient.io.storage import is_permanent_storage_error
-from resilient.job import handoff
+from resilient.job import flux, handoff
 from resilient.job.exitcodes import EXIT_CONFIG, EXIT_FOREIGN_RUN, EXIT_PERMANENT, EXIT_RESUME
 from resilient.job.protocol import (
     ENV_CHECKPOINT_DIR,
@@ -73,6 +73,10 @@ class Session:
         signals: signals that request a stop (a flag only; acted upon at the next step), or a
             :class:`StopSignals` the program installed early (before its slow imports: a
             warning signal that arrives before any handler is installed kills the process).
+            In a Flux job (``$FLUX_JOB_ID``) ``SIGALRM``, Flux's time limit, is added to the
+            names: it means SIGKILL in 5 s, so the step is saved only if saves took under
+            2 s, else the run exits 75 with its newest checkpoint (:mod:`resilient.job.flux`);
+            a :class:`StopSignals` given here should name it too.
         validate: ``callable(state) -> bool`` run after a restore; a rejected checkpoint is
             quarantined and the next older one tried.
         exit_on_stop: on leaving the ``with`` block after a stop, raise ``SystemExit(75)`` if this
@@ -136,7 +140,11 @@ class Session:
         self.exit_on_stop = exit_on_stop
         self.async_save = bool(async_save)
         self._clock = clock
-        self._signals = signals if isinstance(signals, StopSignals) else StopSignals(signals)
+        self._time_limit = frozenset(flux.time_limit_signals(env))
+        if not isinstance(signals, StopSignals):
+            signals = StopSignals((*signals, *self._time_limit))
+        self._signals = signals
+        self._save_at_stop = True  # False: the time limit's signal came and a save would not fit
         self._own_signals = not self._signals.is_active
         self.deadline, self.deadline_source = find_deadline(env)
         try:
@@ -349,6 +357,8 @@ class Session:
         signalled = self._signals.is_set and self._last is not None  # a step of this run
         if self.comm.any_true(signalled or near_deadline):
             self.stopped = True
+            if self.comm.any_true(self._no_time_to_save()):  # on every rank, or none
+                self._save_at_stop = False
             if self._signals.received is not None:
                 self.stop_reason = f"signal {self._signals.received.name}"
             elif near_deadline:
@@ -374,7 +384,9 @@ class Session:
             if self._timeline is not None and not self.manager.in_flight:
                 self._timeline.wait(t0, time.time(), step)
         stop = self._signals.is_set
-        if not self.manager.should_save(step, time_left_s=self.time_left_s, stop_requested=stop):
+        if not self.manager.should_save(
+            step, time_left_s=self.time_left_s, stop_requested=stop, veto=self._no_time_to_save()
+        ):
             return False
         self.save(step, state, metrics=metrics, blocking=not self.async_save)
         return True
@@ -448,10 +460,26 @@ class Session:
             return state
         return {k: v for k, v in state.items() if k not in self._static}
 
+    def _no_time_to_save(self) -> bool:
+        """Whether the time limit's signal (Flux's SIGALRM) came on this rank and a save
+        would not fit before the kill (:func:`resilient.job.flux.save_before_kill`)."""
+        return self._signals.received in self._time_limit and not flux.save_before_kill(
+            self.manager.save_cost_s
+        )
+
     def _final_save(self) -> None:
         if self._last is None:
             return
         step, state, metrics = self._last
+        if step != self._saved_step and not self._save_at_stop:
+            if self.comm.rank == 0:
+                log.warning(
+                    "%s: the time limit, killed in %.0f s; a save took %.1f s: not saving "
+                    "step %d, the newest checkpoint stays step %s",
+                    self.stop_reason, flux.KILL_TIMEOUT_S, self.manager.save_cost_s or 0.0,
+                    step, self._saved_step,
+                )  # fmt: skip
+            return
         if step != self._saved_step:
             why = f"stopping ({self.stop_reason})" if self.stopped else "finished"
             log.info("%s: final checkpoint of step %d", why, step)

@@ -1,4 +1,5 @@
-"""The job's deadline and stop signals: Slurm environment, ``squeue``, and ``resilient run``.
+"""The job's deadline and stop signals: Slurm environment, ``squeue``, Flux's ``flux job
+timeleft`` (:mod:`resilient.job.flux`), and ``resilient run``.
 
 Nothing happens at import. Signal handlers are installed only by :class:`StopSignals` (a
 context manager) and only set a flag: no I/O, no MPI, no exceptions inside a handler. How a
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
-from resilient.job import warning
+from resilient.job import flux, warning
 from resilient.job.protocol import ENV_DEADLINE
 
 __all__ = [
@@ -87,11 +88,13 @@ def find_deadline(
     *,
     now: Callable[[], float] = time.time,
     time_left: Callable[[str], float | None] = squeue_time_left,
+    flux_time_left: Callable[[], float | None] = flux.flux_time_left,
 ) -> tuple[float | None, str]:
     """The job's deadline (Unix seconds) and where it came from.
 
     Sources, in order: ``SLURM_JOB_END_TIME`` (Slurm >= 23.02), ``squeue -j $SLURM_JOB_ID -o
-    %L``, ``RESILIENT_DEADLINE`` (exported by ``resilient run --walltime``), none.
+    %L``, ``flux job timeleft`` in a Flux job (``$FLUX_JOB_ID``), ``RESILIENT_DEADLINE``
+    (exported by ``resilient run --walltime``), none.
     """
     env = os.environ if environ is None else environ
     end = env.get("SLURM_JOB_END_TIME", "").strip()
@@ -102,6 +105,10 @@ def find_deadline(
         left = time_left(job)
         if left is not None:
             return now() + left, "squeue"
+    if flux.under_flux(env):
+        left = flux_time_left()
+        if left is not None:
+            return now() + left, flux.DEADLINE_SOURCE
     own = env.get(ENV_DEADLINE, "").strip()
     if own:
         try:
@@ -122,6 +129,9 @@ def job_of(environ: Mapping[str, str]) -> dict[str, str]:
 class StopSignals:
     """Context manager: on any of ``signals``, set a flag (and nothing else). Not collective.
 
+    ``signals`` defaults to :data:`DEFAULT_STOP_SIGNALS`, and in a Flux job (``$FLUX_JOB_ID``)
+    also ``SIGALRM``, Flux's time limit (:mod:`resilient.job.flux`).
+
     Entering installs the handlers, takes over a warning signal recorded since ``import
     resilient`` (:func:`resilient.job.warning.arm`), and unblocks ``signals``: one held back
     since the program started (``resilient run`` starts it with the warning signal blocked) is
@@ -131,8 +141,10 @@ class StopSignals:
     finalizes MPI must not kill it. Use in the main thread only.
     """
 
-    def __init__(self, signals: Iterable[str | int] = DEFAULT_STOP_SIGNALS) -> None:
-        self.signals = tuple(parse_signal(s) for s in signals)
+    def __init__(self, signals: Iterable[str | int] | None = None) -> None:
+        if signals is None:  # the default: in a Flux job also SIGALRM, its time limit
+            signals = (*DEFAULT_STOP_SIGNALS, *flux.time_limit_signals())
+        self.signals = tuple(dict.fromkeys(parse_signal(s) for s in signals))  # once each
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
