@@ -821,20 +821,20 @@ def test_campaign_torch_task_follows_enabled(
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path) -> None:
     """The campaign's train app with ``apps.train_torch --strategy fsdp2`` (sharded state:
-    DTensors): 2 processes under mpiexec, a 14-s simulated walltime per try (torch's start-up
-    included); free retries; bit-identical output. The 100 steps of 0.15 s outlast one try
-    however fast torch starts."""
+    DTensors): 2 processes under mpiexec, a 30-s simulated walltime per try (torch's start-up
+    included: 10-29 s under load, which left a 14-s try no step); free retries; bit-identical
+    output. The 200 steps of 0.15 s outlast one try however fast torch starts."""
     ref = tmp_path / "ref"
     cmd = [
-        mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "100",
+        mpiexec(), "-n", "2", sys.executable, "-m", "apps.train_torch", "--steps", "200",
         "--strategy", "fsdp2", "--checkpoint-dir", str(ref / "ck"), "--out", str(ref / "out.h5"),
     ]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, env=clean_env(), check=True, capture_output=True, timeout=180)
 
     ck, out = tmp_path / "ck", tmp_path / "out.h5"
     fut = parsl_apps.train(
-        "apps.train_torch", str(ck), ranks=2, steps=100, strategy="fsdp2", checkpoint_every=10,
-        step_delay=0.15, policy=str(policy), walltime_s=14, signal="USR1@1",
+        "apps.train_torch", str(ck), ranks=2, steps=200, strategy="fsdp2", checkpoint_every=10,
+        step_delay=0.15, policy=str(policy), walltime_s=30, signal="USR1@1",
         outputs=[File(str(out))], stdout=str(tmp_path / "t.out"), stderr=str(tmp_path / "t.err"),
     )  # fmt: skip
     try:
@@ -849,7 +849,7 @@ def test_torch_program_resumes_at_no_cost(dfk: Any, policy: Path, tmp_path: Path
         assert sorted(got) == sorted(want)
         for name in want:
             assert got[name][()].tobytes() == want[name][()].tobytes(), name
-        assert int(got.attrs["steps"]) == 100
+        assert int(got.attrs["steps"]) == 200
 
 
 def test_the_campaign_key_has_no_rank_count_for_elastic_apps(
