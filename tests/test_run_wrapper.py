@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,27 @@ def test_quick_kills_from_outside_do_not_park_a_task(tmp_path: Path, reference: 
     assert field(out) == reference
 
 
+def after_first_checkpoint(
+    cmd: list[str], ckpt: Path, act: Callable[[subprocess.Popen[str]], None],
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Start ``cmd`` (a ``resilient run``), ``act`` on it once ``ckpt`` has a committed step,
+    wait for it: its exit code and its stderr."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env or clean_env(), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while latest_valid(ckpt) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        act(proc)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    return proc.returncode, err
+
+
 def _processes_naming(text: str) -> list[int]:
     """The live processes whose command line contains ``text``."""
     found = []
@@ -237,19 +259,14 @@ def test_a_killed_launcher_leaves_no_rank_behind_and_the_run_resumes(
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
     cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
            "--", *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while latest_valid(ckpt) is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+
+    def kill_the_launcher(proc: subprocess.Popen[str]) -> None:
         (launcher,) = [p for p in descendants(proc.pid) if parent(p) == proc.pid]
         assert cmdline(launcher)[1:3] == ["-n", "2"], cmdline(launcher)  # Open MPI: prterun
         os.kill(launcher, signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
+
+    code, err = after_first_checkpoint(cmd, ckpt, kill_the_launcher)
+    assert code == 75, err[-3000:]
     (rec,) = read_ledger(ckpt)
     assert rec["interrupted"] == "SIGKILL" and rec["progress"], rec
     deadline = time.monotonic() + 5
@@ -405,17 +422,8 @@ def test_requeue_leaves_a_stop_signal_from_outside_to_the_engine(tmp_path: Path)
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
     cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt),
            "--walltime", "120", "--requeue", "--", *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while latest_valid(ckpt) is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
+    code, err = after_first_checkpoint(cmd, ckpt, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert code == 75, err[-3000:]
     (rec,) = read_ledger(ckpt)
     assert rec["exit_code"] == 75 and rec["progress"], rec
     assert "requeued" not in err
@@ -436,17 +444,10 @@ def test_in_a_flux_job_sigalrm_is_passed_on_saved_and_resumed(
     ckpt, out = tmp_path / "ck", tmp_path / "out.h5"
     cmd = [sys.executable, "-m", "resilient.cli", "run", "--checkpoint-dir", str(ckpt), "--",
            *heat_cmd(ckpt, out, n=2, delay=0.05)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while latest_valid(ckpt) is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGALRM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    assert proc.returncode == 75, err[-3000:]
+    code, err = after_first_checkpoint(
+        cmd, ckpt, lambda proc: proc.send_signal(signal.SIGALRM), env=env
+    )
+    assert code == 75, err[-3000:]
     (rec,) = read_ledger(ckpt)
     assert (rec["exit_code"], rec["signal"]) == (75, "SIGALRM"), rec
     assert rec["program_stop"]["reason"] == "signal SIGALRM" and rec["progress"], rec
