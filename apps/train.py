@@ -221,9 +221,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-dir", help="node-local checkpoint tier (e.g. /dev/shm, $SLURM_TMPDIR)")
     p.add_argument("--flush-every", type=int, default=None, help="with --local-dir (default 1)")
     p.add_argument(
-        "--redundancy", choices=["partner", "none"], default=None,
-        help="with --local-dir: 'partner' keeps a copy of each node's checkpoint on the next node",
+        "--redundancy", choices=["partner", "xor", "none"], default=None,
+        help="with --local-dir: 'partner' keeps a copy of each node's checkpoint on the next "
+        "node; 'xor' keeps XOR parity over sets of nodes (one lost node per set)",
     )  # fmt: skip
+    p.add_argument(
+        "--xor-set-size", type=int, default=None, help="with --redundancy xor (default 8)"
+    )
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep seconds per step")
     args = p.parse_args(argv)
     if args.steps < 0 or args.step_delay < 0:

@@ -19,6 +19,8 @@ Example::
     flush_every: 5                 # ... every 5 checkpoints, and always the last one
     local_keep: 2                  # local checkpoints kept per node
     redundancy: partner            # a copy of each node's local checkpoint on the next node
+                                   # (xor: parity over sets of nodes, +14 % instead of +100 %)
+    xor_set_size: 8                # with redundancy: xor, the most nodes in a set
     static_copies: 2               # copies of the static data's files (1: large meshes)
 
 ``walltime_margin_s`` is the one setting for the deadline: :class:`~resilient.job.session.Session`
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilient.checkpoint.partner import REDUNDANCY_SCHEMES
+from resilient.checkpoint.redundancy import DEFAULT_SET_SIZE, REDUNDANCY_SCHEMES, check_set_size
 from resilient.checkpoint.statics import check_static_copies
 from resilient.errors import ConfigError
 from resilient.model.policies import (
@@ -75,6 +77,7 @@ class CheckpointConfig:
     flush_every: int = 1
     local_keep: int = 2
     redundancy: str | None = None
+    xor_set_size: int = DEFAULT_SET_SIZE
     static_copies: int = 2
 
     def __post_init__(self) -> None:
@@ -95,6 +98,7 @@ class CheckpointConfig:
             )
         if self.redundancy is not None and self.local_dir is None:
             raise ConfigError(f"redundancy: {self.redundancy} needs local_dir (node-local storage)")
+        check_set_size(self.xor_set_size)
         check_static_copies(self.static_copies)
         if self.local_dir is not None and "$" in self.local_dir:
             raise ConfigError(
@@ -108,7 +112,8 @@ class CheckpointConfig:
             "keep": self.keep, "margin_s": self.walltime_margin_s, "gc_every": self.gc_every,
             "async_save": self.async_save, "local_dir": self.local_dir,
             "flush_every": self.flush_every, "local_keep": self.local_keep,
-            "redundancy": self.redundancy, "static_copies": self.static_copies,
+            "redundancy": self.redundancy, "xor_set_size": self.xor_set_size,
+            "static_copies": self.static_copies,
         }  # fmt: skip
 
     @classmethod
@@ -120,7 +125,7 @@ class CheckpointConfig:
         top.only({
             "checkpoint_comm", "save_when", "keep", "walltime_margin_s", "gc_every",
             "async_save", "local_dir", "flush_every", "local_keep", "redundancy",
-            "static_copies",
+            "xor_set_size", "static_copies",
         })  # fmt: skip
         local_dir = top.get("local_dir", str, None)
         return cls(
@@ -134,13 +139,14 @@ class CheckpointConfig:
             flush_every=top.get("flush_every", int, 1),
             local_keep=top.get("local_keep", int, 2),
             redundancy=top.get("redundancy", str, None),
+            xor_set_size=top.get("xor_set_size", int, DEFAULT_SET_SIZE),
             static_copies=top.get("static_copies", int, 2),
         )
 
 
 def tier_options(args: Any) -> dict[str, Any]:
-    """Overrides from a program's ``--async-save``, ``--local-dir``, ``--flush-every`` and
-    ``--redundancy`` flags (an ``argparse.Namespace``; absent or unset flags change nothing)."""
+    """Overrides from a program's ``--async-save``, ``--local-dir``, ``--flush-every``,
+    ``--redundancy`` and ``--xor-set-size`` flags (an ``argparse.Namespace``; absent or unset flags change nothing)."""
     changes: dict[str, Any] = {}
     if getattr(args, "async_save", False):
         changes["async_save"] = True
@@ -151,6 +157,8 @@ def tier_options(args: Any) -> dict[str, Any]:
     redundancy = getattr(args, "redundancy", None)
     if redundancy is not None:
         changes["redundancy"] = None if redundancy == "none" else redundancy
+    if getattr(args, "xor_set_size", None) is not None:
+        changes["xor_set_size"] = args.xor_set_size
     return changes
 
 

@@ -409,3 +409,49 @@ def test_without_partner_copies_the_nodes_send_each_other_their_own_files(
     line = _staged_line(log)
     assert "staged local step 3 for an elastic restore on node(s) nodeA, nodeB" in line, log
     assert "(1 files, " in line, line  # rank_00002.h5, from nodeB to nodeA
+
+
+# ---------------------------------------------------------------------- XOR parity
+
+
+def test_xor_parity_rebuilds_each_wiped_node_bit_for_bit_at_every_set_size(tmp_path: Path) -> None:
+    """Issue 50: one launch on 8 nodes (nodeA with 2 ranks: uneven data) runs on its first 3,
+    4, ... 8 nodes (one set each), then on all 8 in sets of 4: steps 1..3 saved to the local
+    tier only, then each node's tier wiped in turn (one per set at a time) and restored: every
+    wiped node's files of step 3 come back bit for bit from its set's parity. Two nodes of one
+    set lost are named, and the restore takes the shared root."""
+    hosts = "nodeA:2," + ",".join(f"node{c}:1" for c in "BCDEFGH")
+    runs = ["3/xor", "4/xor/nodeA+nodeB", "5/xor", "6/xor", "7/xor", "8/xor",
+            "8/xor:4/nodeA+nodeE/nodeA+nodeB"]  # fmt: skip
+    one_at_a_time = {i: [[f"node{c}"] for c in "ABCDEFGH"[: 3 + i]] for i in range(6)}
+    expected = {**one_at_a_time, 6: [["nodeA", "nodeE"], ["nodeB", "nodeF"], ["nodeC", "nodeG"],
+                                     ["nodeD", "nodeH"], ["nodeA", "nodeE"]]}  # fmt: skip
+    expected[1] = expected[1] + [["nodeA", "nodeB"]]
+    expected[6] = expected[6] + [["nodeA", "nodeB"]]
+    lost_together = {(1, 4), (6, 5)}  # two nodes of one set: not rebuilt
+    root, base = tmp_path / "shared", tmp_path / "local"
+    got = on_nodes(["xor_sizes", str(root), f"{base}/$PMI_HOSTNAME", *runs], hosts=hosts)
+    for i, run in enumerate(runs):
+        nodes = int(run.split("/")[0])
+        inside = [r for r in got if "ABCDEFGH".index(str(r["node"])[-1]) < nodes]
+        mine = [r["runs"][i] for r in inside]  # type: ignore[index]
+        said = json.loads((root / f"run{i}" / "said.json").read_text())
+        assert [wiped for wiped, _ in said] == expected[i], run
+        for k, (wiped, lines) in enumerate(said):
+            assert {m["steps"][k] for m in mine} == {3}, (run, wiped)
+            same = {
+                str(r["node"]): m["same"][k] for r, m in zip(inside, mine, strict=True) if m["acts"]
+            }
+            assert len(same) == nodes
+            if (i, k) in lost_together:
+                assert lines == [
+                    f"local checkpoint step 3 cannot be rebuilt: nodes {', '.join(wiped)} of one "
+                    "XOR set were all lost (a set survives the loss of one node); using the "
+                    "shared root"
+                ], (run, lines)
+                assert not any(same[w] for w in wiped)
+            else:
+                assert lines == [
+                    f"rebuilt local step 3 on node(s) {', '.join(wiped)} from XOR parity"
+                ], (run, wiped, lines)
+                assert all(same.values()), (run, wiped, same)

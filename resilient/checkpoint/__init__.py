@@ -10,6 +10,8 @@ Owns, from the top (one module a line):
   the shared root's records
 * :mod:`.tierstaging`: the tier's staging of an elastic restore
 * :mod:`.tiers`: the node-local tier's copies on disk
+* :mod:`.redundancy`: what ``redundancy=`` names (the scheme that protects the local tier)
+* :mod:`.xorsets`: XOR parity of the local tier over sets of nodes
 * :mod:`.partner`: partner copies of the local tier
 * :mod:`.restorer`: the newest valid checkpoint, with fallback
 * :mod:`.catalog`: what the coordinator knows of a checkpoint directory

@@ -25,8 +25,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from resilient._renamed import renamed_keyword
 from resilient.checkpoint.catalog import Catalog
-from resilient.checkpoint.partner import check_redundancy
 from resilient.checkpoint.reading import log_absent
+from resilient.checkpoint.redundancy import DEFAULT_SET_SIZE, check_redundancy, check_set_size
 from resilient.checkpoint.restorer import Restorer, StateValidator
 from resilient.checkpoint.saving import SavePipeline
 from resilient.checkpoint.statics import StaticStore
@@ -123,7 +123,11 @@ class CheckpointManager:
         redundancy: with ``local_dir``: ``"partner"`` copies each node's local checkpoint to
             the next node's local tier in the background (:mod:`resilient.checkpoint.partner`), so a
             restore on a job that lost a node rebuilds its files from that copy before it
-            looks at ``root``. ``None``: no copies.
+            looks at ``root``; ``"xor"`` keeps XOR parity over sets of up to ``xor_set_size``
+            nodes instead (:mod:`resilient.checkpoint.xorsets`: one lost node per set, for
+            ``1 / (n - 1)`` of the bytes; partner copies below 3 nodes). ``None``: no copies.
+        xor_set_size: with ``redundancy="xor"``: the most nodes in a set (at least 3; SCR's
+            default 8).
         run_key: the parameters that define this run's result (JSON values, e.g.
             ``{"nx": 512, "alpha": 0.2}``; not what may change between its jobs, such as the
             number of steps or, for an elastic state, the rank count). Recorded in ``root`` at
@@ -161,6 +165,7 @@ class CheckpointManager:
         flush_every: int = 1,
         local_keep: int = 2,
         redundancy: str | None = None,
+        xor_set_size: int = DEFAULT_SET_SIZE,
         run_key: Mapping[str, Any] | None = None,
         manifest_shard_ranks: int | None = DEFAULT_SHARD_RANKS,
         static_copies: int = 2,
@@ -197,6 +202,7 @@ class CheckpointManager:
                 f"local_dir={str(local_dir)!r} keeps node-local copies of a checkpoint "
                 f"directory: it needs checkpoint_dir to be a directory, not a target ({self.target})"
             )
+        check_set_size(xor_set_size)
         if check_redundancy(redundancy) is not None and local_dir is None:
             raise ConfigError(
                 f"redundancy={redundancy!r} copies node-local checkpoints to other nodes: it "
@@ -223,7 +229,8 @@ class CheckpointManager:
             assert root is not None
             try:
                 local = LocalTier(
-                    local_dir, root, self.set_comms, keep=local_keep, redundancy=redundancy
+                    local_dir, root, self.set_comms, keep=local_keep, redundancy=redundancy,
+                    xor_set_size=xor_set_size,
                 )
                 tiers = local.listing()
                 self._coll.broadcast(

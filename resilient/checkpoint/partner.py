@@ -31,7 +31,7 @@ or the shared root is used, and the plan says why.
 
 The transfers are point-to-point over a :class:`~resilient.parallel.comm.Channel`, as the byte
 streams of :mod:`resilient.io.wire`. A second scheme (XOR) would provide the same three
-operations beside this one.
+operations beside this one (:mod:`resilient.checkpoint.redundancy` chooses).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from resilient.errors import ConfigError, InvalidCheckpointError, ResilientError
+from resilient.errors import InvalidCheckpointError, ResilientError
 from resilient.io.commit import PendingDir
 from resilient.io.targets import Target
 from resilient.io.wire import Outgoing, receive_files, send_files
@@ -57,17 +57,14 @@ from resilient.parallel.collective import Collective
 from resilient.parallel.comm import Channel
 
 __all__ = [
-    "REDUNDANCY_SCHEMES",
     "Held",
     "Inventories",
     "PartnerCopies",
     "Rebuild",
-    "CopyScheme",
     "Ring",
     "candidate_steps",
-    "check_redundancy",
     "gather_inventories",
-    "make_copy_scheme",
+    "held_in",
     "node_files",
     "plan_rebuild",
     "transfers_for",
@@ -76,79 +73,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-REDUNDANCY_SCHEMES = ("partner",)
-
-
-def check_redundancy(name: str | None) -> str | None:
-    """``name`` if it names a redundancy scheme (or is ``None``: none).
-
-    Raises:
-        ConfigError: an unknown scheme.
-    """
-    if name is None or name in REDUNDANCY_SCHEMES:
-        return name
-    raise ConfigError(
-        f"redundancy must be one of {', '.join(REDUNDANCY_SCHEMES)} (or none), got {name!r}"
-    )
-
-
-class CopyScheme(Protocol):
-    """How the node-local tier keeps copies of a node's files elsewhere (what ``redundancy=``
-    names): :class:`PartnerCopies` (XOR, which keeps less, would be a second one). Made
-    collectively by :func:`make_copy_scheme`."""
-
-    @property
-    def has_partner(self) -> bool:
-        """Whether the scheme copies anything here (``partner``: two nodes or more)."""
-        ...
-
-    def copy_job(self, step_dir: Path, manifest: Manifest) -> Callable[[], str | None]:
-        """This rank's part of copying a committed local checkpoint (no collective: it runs
-        on the writer thread); the job returns why it is not copied (``None``: it is)."""
-        ...
-
-    def rebuild_newest(
-        self,
-        own_steps: Callable[[], list[int]],
-        current: Layout,
-        *,
-        step: int | None,
-        at_least: int | None,
-    ) -> None:
-        """Collective: complete every node's copy of the newest step (or ``step``, not older
-        than ``at_least``) that the nodes can rebuild between them."""
-        ...
-
-
-def make_copy_scheme(
-    name: str,
-    local: Target,
-    nodes: Sequence[tuple[int, str]],
-    coll: Collective,
-    *,
-    keep: int,
-    shared_root: Path,
-) -> CopyScheme:
-    """Collective: the scheme ``name`` for the local tier ``local``, given ``(first rank of its
-    node, node name)`` of every rank. Says once (the coordinator) when one node has no partner.
-
-    Raises:
-        ConfigError: an unknown scheme, or no channel between the ranks.
-    """
-    check_redundancy(name)
-    channel = coll.check("opening a channel for partner copies", coll.comm.channel)
-    ring = Ring.of(nodes)
-    copies = PartnerCopies(local, ring, coll, channel, keep=keep)
-    coll.check("cleaning up partner copies", copies.clean_up)
-    if len(ring) == 1 and coll.is_coordinator:
-        log.warning(
-            "redundancy='partner' on one node (%s): there is no other node to keep a copy, so "
-            "local checkpoints are protected only by their flush to %s",
-            ring.labels[0], shared_root,
-        )  # fmt: skip
-    return copies
-
 
 @dataclass(frozen=True, slots=True)
 class Ring:
@@ -536,13 +460,13 @@ class PartnerCopies:
         layout ``current`` only (``None``: of any layout, for an elastic restore)."""
         held: dict[int, Held] = {}
         for step in own_steps:
-            found = _held_in(self.local, step, current, None)
+            found = held_in(self.local, step, current, None)
             if found is not None:
                 held[step] = found
         for sub in self.partners.children():
             for step in sub.steps():
                 record = _partner_record(sub, step)
-                found = _held_in(sub, step, current, record) if record is not None else None
+                found = held_in(sub, step, current, record) if record is not None else None
                 if found is None:
                     continue
                 if step in held:  # add what the node's own copy lacks
@@ -830,7 +754,7 @@ def _partner_record(target: Target, step: int) -> dict[str, tuple[int, str]] | N
     return out
 
 
-def _held_in(
+def held_in(
     target: Target,
     step: int,
     current: Layout | None,

@@ -28,7 +28,9 @@ every rank of a node must expand it to the same directory.
   rank count.
 * With ``redundancy="partner"`` (:mod:`resilient.checkpoint.partner`) every local commit is followed, in
   the background, by a copy of each node's files to the next node; a restore first rebuilds
-  what lost or replaced nodes lack from those copies.
+  what lost or replaced nodes lack from those copies. With ``redundancy="xor"``
+  (:mod:`resilient.checkpoint.xorsets`) it is followed by the XOR parity of each set of nodes,
+  and a restore rebuilds a lost node per set from its set's survivors.
 * A restore on another rank count, layout or decomposition stages on each node the files its
   ranks read of the newest step the nodes hold between them, own and partner copies of any
   layout, in ``<local root>/elastic/`` (:mod:`resilient.checkpoint.tierstaging`), before it
@@ -53,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient.checkpoint.partner import CopyScheme, make_copy_scheme
+from resilient.checkpoint.redundancy import DEFAULT_SET_SIZE, CopyScheme, make_copy_scheme
 from resilient.errors import ConfigError, InvalidCheckpointError
 from resilient.io import fileio, storage
 from resilient.io.commit import PendingDir
@@ -122,7 +124,9 @@ class LocalTier:
         shared_root: the shared checkpoint root this tier caches.
         comms: who writes which file.
         keep: local checkpoints kept per node (the newest ones).
-        redundancy: ``"partner"``: keep a copy of each node's files on the next node.
+        redundancy: ``"partner"``: keep a copy of each node's files on the next node;
+            ``"xor"``: XOR parity over sets of nodes (:mod:`resilient.checkpoint.redundancy`).
+        xor_set_size: the most nodes in an XOR set.
 
     Raises:
         ConfigError: a file group spans nodes, the ranks of one node expand ``local_dir`` to
@@ -137,6 +141,7 @@ class LocalTier:
         *,
         keep: int,
         redundancy: str | None = None,
+        xor_set_size: int = DEFAULT_SET_SIZE,
     ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ConfigError(f"local_keep must be a positive integer, got {keep!r}")
@@ -158,7 +163,7 @@ class LocalTier:
         if redundancy is not None:
             self.copies = make_copy_scheme(
                 redundancy, self.target, [(v.leader, v.label) for v in self.views],
-                self._coll, keep=keep, shared_root=shared_root,
+                self._coll, keep=keep, shared_root=shared_root, set_size=xor_set_size,
             )  # fmt: skip
 
     @property

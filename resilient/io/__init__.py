@@ -8,6 +8,7 @@ Owns, from the top (one module a line):
 * :mod:`.checkpoints`: finding and validating checkpoints in a target (the CLI's and the coordinator's)
 * :mod:`.targets`: where checkpoints live: the storage target protocol and its implementations
 * :mod:`.commit`: a save's temporary directory, from creation to the atomic rename
+* :mod:`.xorwire`: XOR parity computed and a lost member rebuilt over a channel
 * :mod:`.wire`: files sent and received over a channel (partner copies and their rebuild)
 * :mod:`.skeleton`: a data file's HDF5 bytes, built once on its group's leader and kept
 * :mod:`.manifests`: a committed set's marker, manifest and manifest shards, read and checked

@@ -48,6 +48,7 @@ __all__ = [
     "statics_of",
     "validate_checkpoint",
     "validate_set",
+    "verify_node_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,18 @@ def check_file_sizes(target: Target, key: SetKey, manifest: Manifest) -> None:
         InvalidCheckpointError: a file is missing, not a regular file, or of another size.
     """
     _check_data_files(target, key, manifest, full=False, node_local=False)
+
+
+def verify_node_files(target: Target, key: SetKey) -> Manifest:
+    """Full validation of a node-local copy's files (a rebuilt one, before it is used): every
+    checksum of every data file and manifest shard present, against the manifest. Its static
+    data lives in the shared root and is not looked at. Not collective.
+
+    Raises:
+        InvalidCheckpointError: with the reason.
+    """
+    manifest = target.manifest(key)
+    return _check_files(target, key, manifest, full=True, node_local=True, memo=None)
 
 
 def _check_data_files(

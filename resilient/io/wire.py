@@ -36,6 +36,8 @@ __all__ = [
     "Received",
     "new_hash",
     "receive_files",
+    "recv_doc",
+    "send_doc",
     "send_files",
 ]
 
@@ -85,17 +87,23 @@ def new_hash() -> Any:
     return xxhash.xxh3_128()
 
 
-def _send_doc(channel: Channel, dest: int, doc: Any) -> None:
+def send_doc(channel: Channel, dest: int, doc: Any) -> None:
+    """Send ``doc`` as JSON, its length first (what :func:`recv_doc` reads)."""
     body = json.dumps(doc).encode()
     channel.send(dest, len(body).to_bytes(8, "little"))
     channel.send(dest, body)
 
 
-def _recv_doc(channel: Channel, source: int) -> Any:
+def recv_doc(channel: Channel, source: int, *, limit: int = _MAX_DOC) -> Any:
+    """A JSON document :func:`send_doc` sent (at most ``limit`` bytes).
+
+    Raises:
+        ValueError: a longer document announced, or one that is not JSON.
+    """
     head = bytearray(8)
     channel.recv(source, head)
     size = int.from_bytes(head, "little")
-    if size > _MAX_DOC:
+    if size > limit:
         raise ValueError(f"rank {source} announced a message of {size} bytes")
     body = bytearray(size)
     channel.recv(source, body)
@@ -139,7 +147,7 @@ def send_files(
     recorded digest: its bytes are sent as zeros, and the trailer tells the receiver not to keep
     them). The stream is always complete, so the receiver never waits for bytes that do not
     come. The next chunk is read (and hashed) on a helper thread while one is being sent."""
-    _send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
+    send_doc(channel, dest, {**header, "files": [[f.name, f.size] for f in files]})
     size = min(CHUNK, max((f.size for f in files), default=0))
     bufs = (memoryview(bytearray(size)), memoryview(bytearray(size)))
     problems: list[str] = []
@@ -165,7 +173,7 @@ def send_files(
             if problem is not None:
                 problems.append(problem)
             digests.append(digest)
-    _send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
+    send_doc(channel, dest, {"digests": digests, "error": problems[0] if problems else None})
     return problems
 
 
@@ -197,7 +205,7 @@ def receive_files(
     file fsynced. Chunks are written (and files fsynced) on a helper thread while the next
     chunk arrives. A failure to write (a full disk) does not stop the reception: the rest of
     the stream is read and dropped, and the result names the error."""
-    header = _recv_doc(channel, source)
+    header = recv_doc(channel, source)
     files = _check_header(header, source)
     errors: list[str] = []
     target: Path | None = None
@@ -252,7 +260,7 @@ def receive_files(
             writer.submit(close, out, name)  # after this file's writes, in order
             digests[name] = h.hexdigest()
     error = errors[0] if errors else None
-    trailer = _recv_doc(channel, source)
+    trailer = recv_doc(channel, source)
     theirs = trailer.get("digests") if isinstance(trailer, dict) else None
     if isinstance(trailer, dict) and trailer.get("error"):
         error = error or f"the sender could not read it: {trailer['error']}"

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from resilient._renamed import renamed_keyword
 from resilient.checkpoint.manager import CheckpointManager
+from resilient.checkpoint.redundancy import DEFAULT_SET_SIZE
 from resilient.checkpoint.restorer import StateValidator
 from resilient.errors import CheckpointNotFoundError, ConfigError, ForeignRunError
 from resilient.io.storage import is_permanent_storage_error
@@ -92,7 +93,8 @@ class Session:
         local_dir: node-local storage for checkpoints, flushed to ``checkpoint_dir`` every
             ``flush_every`` checkpoints and always at the end of the session (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`); ``local_keep`` per node;
-            ``redundancy="partner"``: a copy of each node's local checkpoint on another node.
+            ``redundancy="partner"``: a copy of each node's local checkpoint on another node;
+            ``"xor"``: XOR parity over sets of up to ``xor_set_size`` nodes.
         run_key: the parameters that define the run's result: a later run on the same
             ``checkpoint_dir`` with other values is refused (see
             :class:`~resilient.checkpoint.manager.CheckpointManager`).
@@ -120,6 +122,7 @@ class Session:
         flush_every: int = 1,
         local_keep: int = 2,
         redundancy: str | None = None,
+        xor_set_size: int = DEFAULT_SET_SIZE,
         run_key: Mapping[str, Any] | None = None,
         static_copies: int = 2,
         environ: Mapping[str, str] | None = None,
@@ -160,6 +163,7 @@ class Session:
                 flush_every=flush_every,
                 local_keep=local_keep,
                 redundancy=redundancy,
+                xor_set_size=xor_set_size,
                 run_key=run_key,
                 static_copies=static_copies,
             )

@@ -15,7 +15,8 @@ Owns:
     :mod:`.payload` (what ``save()`` is handed, checked and split), :mod:`.rngstate` (the
     random streams a training draws from, as arrays);
     the decisions: :mod:`.policies` (when to save, what to keep), :mod:`.rotation` (which
-    checkpoints to delete);
+    checkpoints to delete), :mod:`.xorcode` (which nodes share an XOR parity, and where each
+    byte goes);
     :mod:`.torchlazy` (torch, reached lazily: the one way to it).
 
 May import: :mod:`resilient.errors` and third-party libraries (numpy, xxhash; torch lazily, in

@@ -86,6 +86,9 @@ RUN_KEY_COPY = "run_key.copy.json"  # its second copy, with a checksum
 PROTECT_LOG = "protected.jsonl"  # one line per local checkpoint whose partner copies committed
 PARTNER_DIR = "partner"  # in a local tier root: partner copies, one directory per origin node
 PARTNER_RECORD = "PARTNER.json"  # in a partner copy: each file's size and whole-file digest
+XOR_DIR = "xor"  # in a local tier root: this node's XOR parities, one committed step each
+XOR_PARITY = "parity.xor"  # in an XOR parity step: the parity bytes of this node's column
+XOR_RECORD = "XOR.json"  # in an XOR parity step: its set, chunk and digest
 ELASTIC_DIR = "elastic"  # in a local tier root: steps staged for an elastic restore (transient)
 
 _STEP_RE = re.compile(r"^step_(\d{8,})\Z")

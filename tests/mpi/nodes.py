@@ -21,6 +21,7 @@ from resilient import Block, CheckpointManager, KeepLast, Replicated, block_1d
 from resilient.checkpoint.tiermanager import LocalTierManager
 from resilient.checkpoint.tiers import LocalTier
 from resilient.errors import ResilientError
+from resilient.model.xorcode import sets_of
 from resilient.parallel.nodes import node_label
 
 world = MPI.COMM_WORLD
@@ -50,11 +51,15 @@ def manager(
     shard_ranks: str = "default",
     **kw: Any,
 ) -> CheckpointManager:
-    """``shard_ranks``: the manager's ``manifest_shard_ranks`` (``default``: its default)."""
+    """``shard_ranks``: the manager's ``manifest_shard_ranks`` (``default``: its default);
+    ``redundancy`` ``xor:4``: XOR sets of at most 4 nodes."""
     if shard_ranks != "default":
         kw["manifest_shard_ranks"] = int(shard_ranks)
+    if redundancy.startswith("xor:"):
+        redundancy, size = redundancy.split(":")
+        kw["xor_set_size"] = int(size)
     return CheckpointManager(
-        root, comm=world, checkpoint_comm=comm, local_dir=local_dir, keep=KeepLast(5),
+        root, comm=kw.pop("mpi_comm", world), checkpoint_comm=comm, local_dir=local_dir, keep=KeepLast(5),
         redundancy=None if redundancy == "none" else redundancy, **kw,
     )  # fmt: skip
 
@@ -149,6 +154,87 @@ def scenario_elastic_restore(
         staging = tier.staging.root if (tier := local_tier(m)) else None
     # the node's leader drops the staging on its own (local): look after close's collectives
     result(step=step, staged_left=staging is not None and staging.exists())
+
+
+def scenario_xor_sizes(root: str, local_dir: str, *runs: str) -> None:
+    """XOR parity on the first nodes of this job, one run after the other in this launch: each
+    ``run`` is ``NODES/SPEC[/EXTRA...]`` (``4/xor``: the first 4 nodes, sets of at most 8;
+    ``8/xor:4/nodeA+nodeB``). A run saves steps 1..3 into the local tier, never flushed, then
+    round by round wipes nodes' local tiers and restores: one node of each set per round until
+    every node was wiped once, then the rounds of ``EXTRA`` (node names joined by ``+``). Per
+    run and round each rank reports the step restored, whether its node's files of step 3 are
+    back bit for bit, and the lines said about XOR parity (the ranks of other nodes wait,
+    without spinning)."""
+    import logging
+    import time
+
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logging.getLogger("resilient").addHandler(Keep(logging.WARNING))
+    labels = sorted(set(world.allgather(node_label())))
+    out = []
+    for i, run in enumerate(runs):
+        nodes, spec, *extra = run.split("/")
+        inside = labels.index(node_label()) < int(nodes)
+        sub = world.Split(1 if inside else MPI.UNDEFINED, rank)
+        if inside:
+            where = (f"{root}/run{i}", f"{local_dir}/run{i}")
+            out.append(_xor_rounds(sub, *where, spec, extra, said))
+            sub.Free()
+        else:
+            out.append(None)
+        done = world.Ibarrier()
+        while not done.Test():
+            time.sleep(0.01)
+    result(runs=out)
+
+
+def _xor_rounds(
+    comm: Any, root: str, local_dir: str, spec: str, extra: list[str], said: list[str]
+) -> dict[str, Any]:
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    m = manager(root, local_dir, spec, "self", flush_every=1000, mpi_comm=comm)
+    for step in range(1, 4):
+        m.save(step, make_state(step))
+        m.wait()
+    tier = local_tier(m)
+    assert tier is not None
+    mine, acts = tier.root, tier.is_node_leader
+
+    def digests() -> dict[str, str]:
+        step = mine / "step_00000003"
+        if not step.is_dir():
+            return {}
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in step.glob("*.h5")}
+
+    before = digests() if acts else {}
+    m.__exit__(RuntimeError, RuntimeError("killed"), None)
+    labels = sorted(set(comm.allgather(node_label())))
+    size = int(spec.split(":")[1]) if ":" in spec else 8
+    sets = [s.members for s in sets_of(len(labels), size)]
+    rounds = [[labels[s[i]] for s in sets if i < len(s)] for i in range(max(map(len, sets)))]
+    rounds += [r.split("+") for r in extra]
+    out = []
+    for wipe in rounds:
+        if acts and node_label() in wipe:
+            shutil.rmtree(mine)
+        comm.Barrier()
+        said.clear()
+        with manager(root, local_dir, spec, "self", flush_every=1000, mpi_comm=comm) as again:
+            step, got = again.restore()
+            want = make_state(step)
+            assert got["step"] == step and np.array_equal(got["u"], want["u"]), (step, wipe)
+        out.append((wipe, step, acts and digests() == before, [s for s in said if "XOR" in s]))
+    if comm.rank == 0:  # what was said: too long for a RESULT line that no other rank splits
+        Path(root, "said.json").write_text(json.dumps([(w, s) for w, _, _, s in out]))
+    return {"steps": [s for _, s, _, _ in out], "same": [m for _, _, m, _ in out], "acts": acts}
 
 
 def scenario_refused(root: str, local_dir: str, comm: str) -> None:

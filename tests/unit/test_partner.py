@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from resilient import CheckpointManager
-from resilient.checkpoint.partner import Ring, check_redundancy
+from resilient.checkpoint.partner import Ring
+from resilient.checkpoint.redundancy import check_redundancy, check_set_size
 from resilient.config import CheckpointConfig
 from resilient.errors import ConfigError
 
@@ -35,8 +36,12 @@ def test_two_nodes_are_each_others_partner_and_one_node_has_none() -> None:
 
 def test_unknown_schemes_are_refused() -> None:
     assert check_redundancy(None) is None and check_redundancy("partner") == "partner"
-    with pytest.raises(ConfigError, match="redundancy must be one of partner"):
-        check_redundancy("xor")
+    assert check_redundancy("xor") == "xor" and check_set_size(3) == 3
+    with pytest.raises(ConfigError, match="redundancy must be one of partner, xor"):
+        check_redundancy("mirror")
+    for bad in (2, 0, True, 8.0, "8"):
+        with pytest.raises(ConfigError, match="xor_set_size must be an integer of at least 3"):
+            check_set_size(bad)
 
 
 def test_partner_without_a_local_tier_is_a_config_error(tmp_path: Path) -> None:
@@ -51,8 +56,14 @@ def test_yaml_redundancy_is_checked() -> None:
     assert cfg.session_options()["redundancy"] == "partner"
     with pytest.raises(ConfigError, match="needs local_dir"):
         CheckpointConfig.from_dict({"redundancy": "partner"})
-    with pytest.raises(ConfigError, match="redundancy: one of partner"):
+    with pytest.raises(ConfigError, match="redundancy: one of partner, xor"):
         CheckpointConfig.from_dict({"local_dir": "/dev/shm", "redundancy": "raid"})
+    xor = CheckpointConfig.from_dict(
+        {"local_dir": "/dev/shm", "redundancy": "xor", "xor_set_size": 4}
+    )
+    assert xor.session_options()["xor_set_size"] == 4
+    with pytest.raises(ConfigError, match="xor_set_size must be an integer of at least 3"):
+        CheckpointConfig.from_dict({"local_dir": "/dev/shm", "redundancy": "xor", "xor_set_size": 2})
 
 
 def test_one_node_manager_with_partner_saves_and_restores(tmp_path: Path) -> None:
