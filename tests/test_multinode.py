@@ -455,3 +455,66 @@ def test_xor_parity_rebuilds_each_wiped_node_bit_for_bit_at_every_set_size(tmp_p
                     f"rebuilt local step 3 on node(s) {', '.join(wiped)} from XOR parity"
                 ], (run, wiped, lines)
                 assert all(same.values()), (run, wiped, same)
+
+
+XOR_NODES = "nodeA:1,nodeB:2,nodeC:1,nodeD:1"  # one set of four nodes, one with two ranks
+
+
+def test_a_corrupt_xor_parity_is_quarantined_and_an_older_step_used(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    on_nodes(["save", str(root), f"{base}/$PMI_HOSTNAME", "3", "xor", "self"], hosts=XOR_NODES)
+    parity = _local(base, "nodeC") / "xor" / "step_00000003" / "parity.xor"
+    assert parity.stat().st_size % 4096 == 0
+    data = bytearray(parity.read_bytes())
+    data[7] ^= 0xFF
+    parity.write_bytes(bytes(data))
+    shutil.rmtree(base / "nodeB")  # its step 3 must come from the parity: nodeC's is corrupt
+    n = 5
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(n), "-hosts", XOR_NODES, "-launcher", "fork", sys.executable,
+         str(NODES), "restore", str(root), f"{base}/$PMI_HOSTNAME", "xor", "self"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # step 3 cannot be rebuilt; step 2 (also flushed to the shared root) is, from the parity
+    assert [r["step"] for r in results(proc)] == [2] * n
+    quarantined = [line for line in proc.stderr.splitlines() if "is corrupt, quarantined" in line]
+    assert len(quarantined) == 1 and "nodeC" in quarantined[0], proc.stderr
+    assert "could not rebuild local step 3" in proc.stderr
+    assert "rebuilt local step 2 on node(s) nodeB from XOR parity" in proc.stderr
+    held = sorted(p.name for p in parity.parent.parent.iterdir())
+    assert held[0] == "step_00000002" and held[1].startswith("step_00000003.quarantined-"), held
+
+
+def test_a_full_disk_leaves_xor_checkpoints_valid_but_unprotected(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    args = ["full_disk", str(root), f"{base}/$PMI_HOSTNAME", "3", "xor", "self"]
+    proc = subprocess.run(
+        [mpiexec(), "-n", "5", "-hosts", XOR_NODES, "-launcher", "fork", sys.executable,
+         str(NODES), *args],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "not protected" in line]
+    assert len(said) == 1 and "No space left on device" in said[0], proc.stderr
+    assert not (root / "protected.jsonl").exists()
+    for node in ("nodeA", "nodeB", "nodeC", "nodeD"):  # no parity anywhere: one member failed
+        steps = sorted(p.name for p in _local(base, node).glob("step_*"))
+        assert steps == ["step_00000002", "step_00000003"]
+        assert not list((_local(base, node) / "xor").glob("*step_*")), node
+    got = on_nodes(["restore", str(root), f"{base}/$PMI_HOSTNAME", "xor", "self"], hosts=XOR_NODES)
+    assert [r["step"] for r in got] == [3] * 5
+
+
+def test_xor_on_two_nodes_keeps_partner_copies_and_says_so(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    proc = subprocess.run(
+        [mpiexec(), "-n", "4", "-hosts", HOSTS, "-launcher", "fork", sys.executable,
+         str(NODES), "save", str(root), f"{base}/$PMI_HOSTNAME", "2", "xor", "self"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "redundancy='xor' needs 3 nodes" in line]
+    assert len(said) == 1 and "nodeA, nodeB" in said[0] and "partner" in said[0], proc.stderr
+    assert (_local(base, "nodeB") / "partner" / "nodeA" / "step_00000002").is_dir()
+    assert not (_local(base, "nodeB") / "xor").exists()

@@ -87,6 +87,13 @@ def scenario_restore(root: str, local_dir: str, *how: str) -> None:
 def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> None:
     """Save steps 1..N with partner copies while the partner's disk is full: every save still
     commits locally, nothing is protected, and the run goes on."""
+    scenario_full_disk(root, local_dir, steps, "partner", *how)
+
+
+def scenario_full_disk(root: str, local_dir: str, steps: str, redundancy: str, *how: str) -> None:
+    """Save steps 1..N with ``redundancy`` while nodeB's disk takes no data written through
+    the library's file writer (partner copies and XOR parities): every save still commits
+    locally, nothing is protected, and the run goes on."""
     import errno
     import os
 
@@ -98,7 +105,7 @@ def scenario_partner_full(root: str, local_dir: str, steps: str, *how: str) -> N
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         fileio.FileWriter.write = full  # type: ignore[method-assign,assignment]
-    m = manager(root, local_dir, "partner", *how, flush_every=100)
+    m = manager(root, local_dir, redundancy, *how, flush_every=100)
     for step in range(1, int(steps) + 1):
         m.save(step, make_state(step))
         m.wait()
