@@ -518,3 +518,20 @@ def test_xor_on_two_nodes_keeps_partner_copies_and_says_so(tmp_path: Path) -> No
     assert len(said) == 1 and "nodeA, nodeB" in said[0] and "partner" in said[0], proc.stderr
     assert (_local(base, "nodeB") / "partner" / "nodeA" / "step_00000002").is_dir()
     assert not (_local(base, "nodeB") / "xor").exists()
+
+
+def test_an_elastic_restart_rebuilds_a_lost_node_of_an_xor_set_onto_a_survivor(
+    tmp_path: Path,
+) -> None:
+    """4 ranks on nodeA (2), nodeB and nodeC with XOR parity, never flushed; nodeB's disk lost;
+    the restart runs 3 ranks on nodeA and nodeC only (2 nodes: partner copies from now on):
+    nodeB's files of step 3 are rebuilt from the set's parity onto a survivor, then staged
+    like a partner copy; every rank's new block is the newest step's, exact."""
+    root, base = tmp_path / "shared", tmp_path / "local"
+    _elastic(root, base, "nodeA:2,nodeB:1,nodeC:1", "elastic_save", "3", "xor")
+    shutil.rmtree(base / "nodeB")
+    got, log = _elastic(root, base, "nodeA:2,nodeC:1", "elastic_restore", "xor")
+    assert [r["step"] for r in got] == [3] * 3 and not any(r["staged_left"] for r in got)
+    (rebuilt,) = [x for x in log.splitlines() if "for an elastic restore" in x and "XOR" in x]
+    assert "rebuilt node nodeB's files of local step 3 on node node" in rebuilt, log
+    assert "staged local step 3 for an elastic restore on node(s) nodeA, nodeC" in _staged_line(log)

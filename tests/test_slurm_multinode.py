@@ -214,17 +214,22 @@ def _reference(tmp_path: Path) -> bytes:
         return bytes(f["T"][()].tobytes())
 
 
-def _heat_job(tmp_path: Path, nodes: str | None, ranks: int = 4) -> str:
+def _heat_job(
+    tmp_path: Path, nodes: str | None, ranks: int = 4, *, redundancy: str = "partner"
+) -> str:
     """Submit the heat run (4 ranks, 2 per node, slowed down; or ``ranks`` on 2 nodes, the
-    first one's 2 ranks and the rest on the second) as a batch job; its id. Not requeued by
-    Slurm when a node fails (the default for batch jobs): the test resubmits."""
+    first one's 2 ranks and the rest on the second; ``xor``: 4 ranks on 3 nodes, 2 + 1 + 1)
+    as a batch job; its id. Not requeued by Slurm when a node fails (the default for batch
+    jobs): the test resubmits."""
     where = ["-w", nodes] if nodes else []
-    per_node = ["--ntasks-per-node=2"] if ranks == 4 else ["-n", str(ranks)]
-    args = [*HEAT, "--step-delay", "0.05", "--local-dir", f"{tmp_path}/local/$SLURMD_NODENAME",
+    count = 3 if redundancy == "xor" else 2
+    per_node = ["--ntasks-per-node=2"] if ranks == 4 and count == 2 else ["-n", str(ranks)]
+    heat = [redundancy if a == "partner" else a for a in HEAT]
+    args = [*heat, "--step-delay", "0.05", "--local-dir", f"{tmp_path}/local/$SLURMD_NODENAME",
             "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out.h5")]  # fmt: skip
     wrap = " ".join(["srun", "--mpi=pmi2", sys.executable, *(f"'{a}'" for a in args)])
     out = subprocess.run(
-        ["sbatch", "--parsable", "--no-requeue", "-p", "multi", *where, "-N", "2", *per_node,
+        ["sbatch", "--parsable", "--no-requeue", "-p", "multi", *where, "-N", str(count), *per_node,
          "--time=10", "-o", str(tmp_path / "job-%j.log"), "--chdir", str(REPO), "--wrap", wrap],
         env=clean_env(), capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
@@ -282,6 +287,41 @@ def test_a_killed_job_with_a_wiped_node_resumes_from_the_newest_local_step(
         assert f["T"][()].tobytes() == want
 
 
+def test_xor_parity_rebuilds_a_killed_and_wiped_node_and_the_output_is_exact(
+    tmp_path: Path,
+) -> None:
+    """Issue 50: a 4-rank heat job on n1..n3 (2 + 1 + 1 ranks) keeps XOR parity, nothing
+    flushed; n2's ranks are SIGKILLed (then the rest of the job), n2's local directory is
+    wiped; the next job on the same nodes rebuilds n2's files of the newest protected step
+    from n1's and n3's parity, resumes there, and writes the uninterrupted run's output."""
+    if len(multi_nodes()) < 3:
+        pytest.skip("needs 3 nodes in partition multi")
+    want = _reference(tmp_path)
+    job = _heat_job(tmp_path, "n1,n2,n3", redundancy="xor")
+    _wait(lambda: _protected(tmp_path / "ck") >= 3, "three protected checkpoints")
+    _kill_where(f"SLURM_JOB_ID={job}", also="SLURMD_NODENAME=n2")
+    time.sleep(1)
+    _kill_where(f"SLURM_JOB_ID={job}")
+    _finish(tmp_path, job)
+    assert not list((tmp_path / "ck").glob("step_*"))  # nothing reached the shared root
+    roots = {n: _local_root(tmp_path / "local", n) for n in ("n1", "n2", "n3")}
+    parity = [{p.name for p in roots[n].glob("xor/step_*")} for n in ("n1", "n2", "n3")]
+    own = [{p.name for p in roots[n].glob("step_*")} for n in ("n1", "n2", "n3")]
+    protected = set.intersection(*parity, *own)
+    newest = max(int(name[5:]) for name in protected)
+    sizes = {n: sum(f.stat().st_size for f in (roots[n] / f"step_{newest:08d}").glob("*.h5"))
+             for n in roots}  # fmt: skip
+    chunk = (roots["n1"] / "xor" / f"step_{newest:08d}" / "parity.xor").stat().st_size
+    assert chunk == -(-max(sizes.values()) // 2 // 4096) * 4096, (chunk, sizes)  # B / (n - 1)
+    shutil.rmtree(tmp_path / "local" / "n2")
+    job = _heat_job(tmp_path, "n1,n2,n3", redundancy="xor")
+    log = _finish(tmp_path, job)
+    assert _job_state(job) == "COMPLETED", log
+    assert f"rebuilt local step {newest} on node(s) n2 from XOR parity" in log, log
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["T"][()].tobytes() == want
+
+
 def test_a_killed_job_resumes_on_3_ranks_of_other_nodes_from_local_and_partner_copies(
     tmp_path: Path,
 ) -> None:
@@ -327,9 +367,9 @@ def test_a_killed_job_resumes_on_3_ranks_of_other_nodes_from_local_and_partner_c
     )
 
 
-def _kill_where(env: str, spool_dir: str | None = None) -> None:
-    """SIGKILL every process whose environment holds ``env`` (or, with ``spool_dir``, that has a
-    file open in it: a node's slurmstepd)."""
+def _kill_where(env: str, spool_dir: str | None = None, *, also: str | None = None) -> None:
+    """SIGKILL every process whose environment holds ``env`` (and ``also``, if given; or, with
+    ``spool_dir``, that has a file open in it: a node's slurmstepd)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -337,6 +377,8 @@ def _kill_where(env: str, spool_dir: str | None = None) -> None:
             environ = (proc / "environ").read_bytes().split(b"\0")
             fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
         except OSError:
+            continue
+        if also is not None and also.encode() not in environ:
             continue
         if env.encode() in environ or (spool_dir and any(spool_dir in f for f in fds)):
             with contextlib.suppress(ProcessLookupError):

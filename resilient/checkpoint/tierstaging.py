@@ -8,6 +8,10 @@ job stage the newest step they can complete between them (:meth:`TierStaging.sta
 the tier's restore chain, :mod:`resilient.checkpoint.tiermanager`). Call order (every round
 through :class:`~resilient.parallel.collective.Collective`; :func:`stage_newest`)::
 
+    node leaders  only where the nodes can exchange files: the files of an earlier job's
+                  node that no node here holds, one per XOR set, rebuilt from that set's
+                  parity onto a survivor as a partner copy there
+                  (:func:`~resilient.checkpoint.xorsets.rebuild_for_staging`)
     every rank    its new blocks; a node's first rank also what its node holds of every
                   step, of any layout (own copies and partner copies, sizes checked, partner
                   digests recorded: PartnerCopies.inventory), each distinct manifest sent
@@ -53,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +74,7 @@ from resilient.checkpoint.partner import (
     transfers_for,
 )
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
+from resilient.checkpoint.xorsets import XorParity, rebuild_for_staging
 from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
 from resilient.io.manifests import SetFiles, entries_from_shards, read_shard
 from resilient.io.targets import DirectoryTarget
@@ -344,7 +350,9 @@ class TierStaging:
         if self._mover is None:
             ring = Ring.of([(v.leader, v.label) for v in tier.views])
             channel: Channel = _NoChannel()
-            if len(ring) > 1:
+            if isinstance(tier.copies, XorParity):
+                channel = tier.copies.channel
+            elif len(ring) > 1:
                 try:
                     channel = self._coll.check(
                         "opening a channel for an elastic restore", tier.comms.comm.channel
@@ -353,6 +361,11 @@ class TierStaging:
                     if self._coll.is_coordinator:
                         log.warning("%s: nodes cannot exchange files for an elastic restore", exc)
             self._mover = PartnerCopies(tier.target, ring, self._coll, channel, keep=tier.keep)
+        if not isinstance(self._mover.channel, _NoChannel):  # a node of an XOR set lost?
+            rebuild_for_staging(
+                tier.target, self._mover.ring, self._coll, self._mover.channel,
+                lambda: shutil.disk_usage(tier.root).free, step=step, at_least=at_least,
+            )  # fmt: skip
         staged = stage_newest(
             self._mover, tier.staging, tier.target.steps, blocks,
             current=tier.comms.layout, step=step, at_least=at_least,

@@ -52,13 +52,15 @@ from resilient.checkpoint.partner import (
 )
 from resilient.errors import InvalidCheckpointError, ResilientError
 from resilient.io.checkpoints import verify_node_files
+from resilient.io.commit import PendingDir
 from resilient.io.targets import Target
-from resilient.io.wire import CHUNK, recv_doc, send_doc
+from resilient.io.wire import CHUNK, new_hash, recv_doc, send_doc
 from resilient.io.xorwire import (
     PARITY_MISMATCH,
     PARITY_UNREADABLE,
     DataStream,
     LostMember,
+    Share,
     contribute,
     encode,
     receive_lost,
@@ -87,11 +89,15 @@ DEFAULT_SET_SIZE = 8  # SCR's default: +14 % of the data per set
 @dataclass(frozen=True, slots=True)
 class ParityHeld:
     """A committed parity a node holds for one step: the set's members (ring positions), the
-    chunk, and the parity's digest."""
+    chunk, the parity's digest; and, for an elastic restore on other nodes, the members' names,
+    this node's place among them and each member's files (name and size, in stream order)."""
 
     members: tuple[int, ...]
     chunk: int
     digest: str
+    labels: tuple[str, ...] = ()
+    member: int = -1
+    files: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,9 +295,7 @@ class XorParity:
             problems = self._pass_around(problem)
             where = f"XOR parity of step {step} on node {self.ring.labels[self.place]}"
             if not problems:
-                record = {"step": step, "members": list(self.set.members), "member": me,
-                          "labels": [self.ring.labels[m] for m in self.set.members],
-                          "chunk": chunk, "digest": digest}  # fmt: skip
+                record = self._record(step, me, chunk, digest, sizes)
                 try:
                     self.parity.write(pending, filenames.XOR_RECORD, json.dumps(record).encode())
                     self.parity.commit(pending, index, what=where)
@@ -306,6 +310,17 @@ class XorParity:
             return None
 
         return run
+
+    def _record(
+        self, step: int, me: int, chunk: int, digest: str, sizes: Mapping[int, dict[str, int]]
+    ) -> dict[str, Any]:
+        """What ``XOR.json`` says (:func:`parity_record` reads it)."""
+        return {
+            "step": step, "members": list(self.set.members), "member": me,
+            "labels": [self.ring.labels[m] for m in self.set.members], "chunk": chunk,
+            "digest": digest,
+            "files": [[list(f) for f in stream_sizes(sizes[m])] for m in self.set.members],
+        }  # fmt: skip
 
     def _pass_around(self, problem: str | None) -> list[str]:
         """Every member's problem, on every member of the set: ``n - 1`` rounds of a ring,
@@ -455,10 +470,11 @@ class XorParity:
                 reader = self.parity.open_reader(step, filenames.XOR_PARITY)
             except OSError:
                 reader = None
-            problem = contribute(
-                self.channel, prev, nxt, me, n, chunk, data,
-                reader if reader is not None else _Missing(), held.digest if held else "",
+            share = Share(
+                me, chunk, data, reader if reader is not None else _Missing(),
+                held.digest if held else "",
             )  # fmt: skip
+            problem = contribute(self.channel, prev, nxt, n, chunk, share)
         finally:
             data.close()
             if reader is not None:
@@ -516,9 +532,8 @@ class XorParity:
             except (OSError, ManifestError, ResilientError) as exc:
                 error = str(exc)
         if error is None:
-            record = {"step": step, "members": list(self.set.members), "member": me,
-                      "labels": [self.ring.labels[m] for m in self.set.members],
-                      "chunk": chunk, "digest": got.parity_digest}  # fmt: skip
+            members = {m: node_files(manifest, self.ring.ranks[m]) for m in self.set.members}
+            record = self._record(step, me, chunk, got.parity_digest, members)
             try:
                 self.parity.write(parity_pending, filenames.XOR_RECORD, json.dumps(record).encode())
                 self.parity.commit(
@@ -563,19 +578,50 @@ def _parity_record(target: Target, step: int) -> ParityHeld | None:
     if not isinstance(doc, dict):
         return None
     members, chunk, digest = doc.get("members"), doc.get("chunk"), doc.get("digest")
+    labels, member, files = doc.get("labels"), doc.get("member"), doc.get("files")
     if (
-        not isinstance(members, list)
-        or not all(isinstance(m, int) and not isinstance(m, bool) for m in members)
+        not _ints(members)
         or not isinstance(chunk, int)
-        or isinstance(chunk, bool)
+        or not isinstance(member, int)
+        or not _ints([chunk, member])
         or chunk <= 0
         or not isinstance(digest, str)
+        or not isinstance(labels, list)
+        or not all(isinstance(x, str) for x in labels)
+        or not isinstance(files, list)
+        or not isinstance(members, list)
+        or not len(members) == len(labels) == len(files)
+        or not 0 <= member < len(members)
     ):
         return None
+    streams: list[tuple[tuple[str, int], ...]] = []
+    for listed in files:
+        if not isinstance(listed, list) or not all(_file_item(f) for f in listed):
+            return None
+        streams.append(tuple((f[0], f[1]) for f in listed))
     found = target.stat(step, filenames.XOR_PARITY)
     if found is None or found.size != chunk:
         return None
-    return ParityHeld(tuple(members), chunk, digest)
+    return ParityHeld(tuple(members), chunk, digest, tuple(labels), member, tuple(streams))
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    )
+
+
+def _file_item(item: Any) -> bool:
+    """``[name, size]`` of a data file or a manifest shard (nothing else may become a path)."""
+    return (
+        isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and (filenames.is_data_file_name(item[0]) or filenames.is_shard_name(item[0]))
+        and isinstance(item[1], int)
+        and not isinstance(item[1], bool)
+        and item[1] >= 0
+    )
 
 
 class _Discard:
@@ -602,3 +648,273 @@ class _Missing:
 
     def close(self) -> None:
         pass
+
+
+# ---------------------------------------------------------------------- elastic restores
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """What a node of a job holds for an elastic restore: its name, the free bytes of its tier,
+    its parities (of any job's sets) and, per step, the names of the files it holds (its own
+    and partner copies)."""
+
+    label: str
+    free: int
+    parities: dict[int, ParityHeld]
+    held: dict[int, frozenset[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class SetRebuild:
+    """One set's lost member rebuilt onto a survivor for an elastic restore: the step, the
+    set's members (names), the lost one's place, the survivors' acting ranks in chain order
+    (the receiver last) with their places, the chunk and every member's files."""
+
+    step: int
+    labels: tuple[str, ...]
+    lost: int
+    chain: tuple[tuple[int, int], ...]
+    chunk: int
+    files: tuple[tuple[tuple[str, int], ...], ...]
+
+
+def plan_staging_rebuild(
+    holdings: Mapping[int, Holdings],
+    *,
+    only: int | None = None,
+    at_least: int | None = None,
+) -> tuple[tuple[SetRebuild, ...] | None, str | None]:
+    """Pure: for the newest step (or ``only``; not older than ``at_least``) whose parities
+    this job's nodes hold (``holdings``, by acting rank), the sets of an earlier job that lost
+    one member no node here holds the files of, each rebuilt onto the survivor with the most
+    free space; ``None`` when the newest step needs none (or none can be), and why not."""
+    steps = sorted({s for h in holdings.values() for s in h.parities}, reverse=True)
+    why: str | None = None
+    for step in steps:
+        if (only is not None and step != only) or (at_least is not None and step < at_least):
+            continue
+        held = frozenset().union(*(h.held.get(step, frozenset()) for h in holdings.values()))
+        sets: dict[tuple[str, ...], dict[int, tuple[int, ParityHeld]]] = {}
+        for rank, h in holdings.items():
+            parity = h.parities.get(step)
+            if parity is not None and parity.labels[parity.member] == h.label:
+                sets.setdefault(parity.labels, {})[parity.member] = (rank, parity)
+        rebuilds: list[SetRebuild] = []
+        problem: str | None = None
+        for labels, members in sets.items():
+            files = next(iter(members.values()))[1].files
+            lost = [j for j in range(len(labels)) if not {n for n, _ in files[j]} <= held]
+            if not lost:
+                continue
+            if len(lost) > 1:
+                problem = (
+                    f"local step {step} cannot be staged from XOR parity: the files of nodes "
+                    f"{', '.join(labels[j] for j in lost)} of one XOR set are on no node of "
+                    "this job (a set rebuilds one node)"
+                )
+                break
+            survivors = [j for j in range(len(labels)) if j != lost[0]]
+            absent = [labels[j] for j in survivors if j not in members]
+            if absent:
+                problem = (
+                    f"local step {step} cannot be staged: node {labels[lost[0]]}'s files are "
+                    f"on no node of this job, and node(s) {', '.join(absent)} of its XOR set "
+                    "are not in it either"
+                )
+                break
+            need = sum(size for _, size in files[lost[0]])
+            receiver = max(survivors, key=lambda j: holdings[members[j][0]].free)
+            if holdings[members[receiver][0]].free < need:
+                problem = (
+                    f"node {labels[lost[0]]}'s files of local step {step} ({need} bytes) would "
+                    f"be rebuilt from XOR parity for an elastic restore, but they do not fit on "
+                    f"any node of its set here (node {labels[receiver]} has "
+                    f"{holdings[members[receiver][0]].free} bytes free)"
+                )
+                break
+            order = [j for j in survivors if j != receiver] + [receiver]
+            chain = tuple((members[j][0], j) for j in order)
+            rebuilds.append(
+                SetRebuild(step, labels, lost[0], chain, members[receiver][1].chunk, files)
+            )
+        if problem is not None:
+            why = why or problem
+            continue
+        return (tuple(rebuilds) or None), why
+    return None, why
+
+
+def rebuild_for_staging(
+    local: Target,
+    ring: Ring,
+    coll: Collective,
+    channel: Channel,
+    free: Callable[[], int],
+    *,
+    step: int | None,
+    at_least: int | None,
+) -> None:
+    """Collective over ``coll``: before an elastic restore stages a step, rebuild from XOR
+    parity the files of each node of an earlier job that no node of this one holds (one per
+    set of that job), onto the survivor of its set with the most free space (``free()``: its
+    tier's free bytes), as a partner copy there (``partner/<lost node>/``, with its digests),
+    checked against every checksum of the manifest: the staging then takes it like any partner
+    copy. Says once when the files do not fit on any survivor (two members of a set lost, or a
+    survivor missing: the staging itself says which files are on no node)."""
+    acts = coll.rank in ring.leaders
+    mine: Holdings | Exception | None = None
+    if acts:
+        try:
+            mine = _holdings(local, ring, coll.rank, free)
+        except OSError as exc:
+            log.warning("could not list the local tier %s: %s", local, exc)
+            mine = Holdings(ring.labels[ring.leaders.index(coll.rank)], 0, {}, {})
+        except Exception as exc:  # raised on every rank by announce
+            mine = exc
+    gathered = coll.gather(mine)
+    decision: tuple[tuple[SetRebuild, ...] | None, str | None] | Exception | None = None
+    if gathered is not None:
+        try:
+            values = gathered.values()
+            decision = plan_staging_rebuild(
+                {r: h for r, h in enumerate(values) if isinstance(h, Holdings)},
+                only=step, at_least=at_least,
+            )  # fmt: skip
+        except Exception as exc:
+            decision = exc
+    plan, why = coll.announce("listing XOR parities for an elastic restore", decision)
+    if why is not None and coll.is_coordinator:  # no room: said; else the staging says why
+        log.log(logging.WARNING if "do not fit" in why else logging.INFO, "%s", why)
+    if plan is None:
+        return
+    problem: str | Exception | None = None
+    try:
+        problem = next(
+            (p for r in plan if (p := _staging_part(local, coll.rank, channel, r)) is not None),
+            None,
+        )
+    except Exception as exc:
+        problem = exc
+    outcomes = coll.gather(problem)
+    found: list[str] | Exception | None = None
+    if outcomes is not None:
+        try:
+            found = [p for p in outcomes.values() if p]
+        except Exception as exc:
+            found = exc
+    problems: list[str] = coll.announce("rebuilding from XOR parity for an elastic restore", found)
+    if coll.is_coordinator:
+        if problems:
+            log.warning("could not rebuild from XOR parity for an elastic restore: %s", problems[0])
+        else:
+            for r in plan:
+                log.warning(
+                    "rebuilt node %s's files of local step %d on node %s from XOR parity, for "
+                    "an elastic restore", r.labels[r.lost], r.step, r.labels[r.chain[-1][1]],
+                )  # fmt: skip
+
+
+def _holdings(local: Target, ring: Ring, rank: int, free: Callable[[], int]) -> Holdings:
+    parities: dict[int, ParityHeld] = {}
+    xor = local.child(filenames.XOR_DIR)
+    for step in xor.steps():
+        found = _parity_record(xor, step)
+        if found is not None:
+            parities[step] = found
+    held: dict[int, set[str]] = {}
+    for target in (local, *local.child(filenames.PARTNER_DIR).children()):
+        for step in target.steps():
+            names = {
+                n for n in target.file_names(step)
+                if filenames.is_data_file_name(n) or filenames.is_shard_name(n)
+            }  # fmt: skip
+            held.setdefault(step, set()).update(names)
+    label = ring.labels[ring.leaders.index(rank)]
+    return Holdings(label, free(), parities, {s: frozenset(n) for s, n in held.items()})
+
+
+def _staging_part(local: Target, rank: int, channel: Channel, r: SetRebuild) -> str | None:
+    """This rank's part of one set's rebuild for a staging (nothing if not in its chain)."""
+    places = [rank_ for rank_, _ in r.chain]
+    if rank not in places:
+        return None
+    at = places.index(rank)
+    me = r.chain[at][1]
+    n = len(r.labels)
+    xor = local.child(filenames.XOR_DIR)
+    record = _parity_record(xor, r.step)
+    data = DataStream([(name, size, _opener(local, r.step, name)) for name, size in r.files[me]])
+    reader: Any = None
+    try:
+        try:
+            reader = xor.open_reader(r.step, filenames.XOR_PARITY)
+        except OSError:
+            reader = _Missing()
+        share = Share(me, r.chunk, data, reader, record.digest if record else "")
+        prev = r.chain[at - 1][0] if at else None
+        if at + 1 < len(places):
+            problem = contribute(channel, prev, places[at + 1], n, r.chunk, share)
+            return None if problem is None else f"node {r.labels[me]}: {problem}"
+        assert prev is not None  # a set has 3 members or more: 2 survivors at least
+        return _receive_for_staging(local, channel, prev, r, share)
+    finally:
+        data.close()
+        if reader is not None:
+            reader.close()
+
+
+def _receive_for_staging(
+    local: Target, channel: Channel, prev: int, r: SetRebuild, share: Share
+) -> str | None:
+    """The receiver's part: the lost member's files as a partner copy in ``local``."""
+    lost = r.labels[r.lost]
+    target = local.child(filenames.PARTNER_DIR).child(filenames.partner_dir_name(lost))
+    pending = target.pending(r.step)
+    error: str | None = None
+    try:
+        target.create(pending)
+    except OSError as exc:
+        error = f"creating {pending.path}: {exc.strerror or exc}"
+    sizes = dict(r.files[r.lost])
+
+    def open_file(name: str) -> Any:
+        if error is not None:
+            return _Discard()
+        return target.open_writer(pending, name, direct=sizes[name] >= CHUNK)
+
+    got = receive_lost(
+        channel, prev, LostMember(r.lost, r.files[r.lost]), len(r.labels), r.chunk, open_file,
+        _Discard(), share=share,
+    )  # fmt: skip
+    error = error or got.error
+    where = f"node {lost}'s files of step {r.step}, rebuilt on node {r.labels[r.chain[-1][1]]}"
+    if error is None:
+        try:
+            digests = {name: _digest(target, pending, name) for name in sizes}
+            record = {"source": lost, "files": {n: [sizes[n], digests[n]] for n in sizes}}
+            target.write(pending, filenames.PARTNER_RECORD, json.dumps(record).encode())
+            target.commit(pending, local.manifest(r.step), what=where)
+            verify_node_files(target, r.step)
+        except InvalidCheckpointError as exc:
+            log.warning("%s failed its checksums, quarantined: %s", where, exc.reason)
+            try:
+                target.quarantine(r.step, exc.reason)
+            except OSError as again:
+                log.warning("could not quarantine %s: %s", target.where(r.step), again)
+            return f"{where}: {exc.reason}"
+        except (OSError, ManifestError, ResilientError) as exc:
+            error = str(exc)
+    if error is not None:
+        target.rollback(pending)
+        return f"{where}: {error}"
+    return None
+
+
+def _digest(target: Target, pending: PendingDir, name: str) -> str:
+    """The xxh3-128 digest of a file just written into ``pending`` (a partner copy's record)."""
+    h = new_hash()
+    with open(pending.path / name, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return str(h.hexdigest())

@@ -39,6 +39,7 @@ __all__ = [
     "PARITY_UNREADABLE",
     "PIECE",
     "DataStream",
+    "Share",
     "LostMember",
     "Rebuilt",
     "contribute",
@@ -174,25 +175,53 @@ class LostMember:
     files: tuple[tuple[str, int], ...]
 
 
+class Share:
+    """A survivor's part of every column of a rebuild: its chunk of the column, or in its own
+    column its stored parity, hashed as it is read (all of it, in order) and checked against
+    ``parity_digest`` at the end (:meth:`problem`)."""
+
+    def __init__(
+        self,
+        member: int,
+        chunk: int,
+        data: DataStream,
+        parity: fileio.RangeReader,
+        parity_digest: str,
+    ) -> None:
+        self.member, self.chunk, self.data = member, chunk, data
+        self.parity, self.parity_digest = parity, parity_digest
+        self._hash = new_hash()
+        self._problem: str | None = None
+
+    def fill(self, column: int, pos: int, view: memoryview) -> None:
+        """``view`` := this survivor's bytes of ``column`` from ``pos`` on."""
+        if column == self.member:
+            try:
+                self.parity.read(view, pos)
+            except (OSError, EOFError) as exc:
+                self._problem = self._problem or f"{PARITY_UNREADABLE}: {exc}"
+                _zero(view)
+            self._hash.update(view)
+        else:
+            start, _ = column_range(self.member, column, self.chunk)
+            self.data.read(view, start + pos)
+
+    def problem(self) -> str | None:
+        """After every column: the first problem met (a file or the parity unreadable, the
+        parity not matching its digest)."""
+        if self._problem is None and self._hash.hexdigest() != self.parity_digest:
+            self._problem = PARITY_MISMATCH
+        return self.data.problem or self._problem
+
+
 def contribute(
-    channel: Channel,
-    prev: int | None,
-    next_: int,
-    member: int,
-    n: int,
-    chunk: int,
-    data: DataStream,
-    parity: fileio.RangeReader,
-    parity_digest: str,
+    channel: Channel, prev: int | None, next_: int, n: int, chunk: int, share: Share
 ) -> str | None:
-    """A survivor's part of a rebuild: for every column, its chunk (its own column: its stored
-    parity, checked against ``parity_digest``) added to what ``prev`` sends (``None``: this is
-    the chain's first survivor), sent to ``next_``; then the trailer. Returns the first problem
-    met here (also sent on in the trailer)."""
+    """A survivor's part of a rebuild: for every column, its ``share`` added to what ``prev``
+    sends (``None``: this is the chain's first survivor), sent to ``next_``; then the trailer.
+    Returns the first problem met here (also sent on in the trailer)."""
     size = min(PIECE, chunk)
     bufs = _buffers(3, size)
-    own_hash = new_hash()
-    problem: str | None = None
     pending: Future[None] | None = None
     k = 0
     with ThreadPoolExecutor(1, thread_name_prefix="resilient-xor-send") as sender:
@@ -201,16 +230,7 @@ def contribute(
                 acc = bufs[k % 2][:length]
                 mine = bufs[2][:length]
                 k += 1
-                if column == member:
-                    try:
-                        parity.read(mine, pos)
-                    except (OSError, EOFError) as exc:
-                        problem = problem or f"{PARITY_UNREADABLE}: {exc}"
-                        _zero(mine)
-                    own_hash.update(mine)
-                else:
-                    start, _ = column_range(member, column, chunk)
-                    data.read(mine, start + pos)
+                share.fill(column, pos, mine)
                 if prev is None:
                     acc[:] = mine
                 else:
@@ -221,9 +241,7 @@ def contribute(
                 pending = sender.submit(channel.send, next_, acc)
         if pending is not None:
             pending.result()
-    if problem is None and own_hash.hexdigest() != parity_digest:
-        problem = PARITY_MISMATCH
-    problem = data.problem or problem
+    problem = share.problem()
     trailer = {"problems": []} if prev is None else recv_doc(channel, prev)
     problems = list(trailer.get("problems", [])) if isinstance(trailer, dict) else ["garbled"]
     if problem is not None:
@@ -249,14 +267,19 @@ def receive_lost(
     chunk: int,
     open_file: Callable[[str], fileio.RangeWriter],
     parity: fileio.RangeWriter,
+    *,
+    share: Share | None = None,
 ) -> Rebuilt:
     """The lost member's part of a rebuild: receive every column from the chain's last survivor
     ``prev``; write its chunks into its files (``open_file(name)`` makes each one's writer,
     closed here with an fsync) and its own column into ``parity`` (left open). Bytes past the
     end of its files must be zeros (its padding at the encode): any other value means a
-    survivor's data or parity was not what the encode saw."""
+    survivor's data or parity was not what the encode saw.
+
+    ``share``: this rank is itself a survivor of the set (it rebuilds a lost member's files
+    for another purpose, an elastic restore's staging): its own share is added last."""
     size = min(PIECE, chunk)
-    (buf,) = _buffers(1, size)
+    buf, mine = _buffers(2, size)
     member = lost.member
     total = sum(s for _, s in lost.files)
     digest = new_hash()
@@ -280,6 +303,9 @@ def receive_lost(
         for pos, length in _pieces(chunk):
             view = buf[:length]
             channel.recv(prev, view)
+            if share is not None:
+                share.fill(column, pos, mine[:length])
+                xor_into(view, mine[:length])
             if errors:
                 continue
             try:
@@ -301,6 +327,8 @@ def receive_lost(
             errors.append(f"syncing {name}: {exc.strerror or exc}")
     trailer = recv_doc(channel, prev)
     problems = trailer.get("problems") if isinstance(trailer, dict) else ["a garbled trailer"]
+    if not problems and share is not None and share.problem() is not None:
+        problems = [share.problem()]
     if problems:
         errors.insert(0, f"a survivor could not contribute: {problems[0]}")
     return Rebuilt(digest.hexdigest(), errors[0] if errors else None)

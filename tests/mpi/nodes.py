@@ -183,7 +183,7 @@ def scenario_xor_sizes(root: str, local_dir: str, *runs: str) -> None:
 
     logging.getLogger("resilient").addHandler(Keep(logging.WARNING))
     labels = sorted(set(world.allgather(node_label())))
-    out = []
+    out: list[dict[str, Any] | None] = []
     for i, run in enumerate(runs):
         nodes, spec, *extra = run.split("/")
         inside = labels.index(node_label()) < int(nodes)

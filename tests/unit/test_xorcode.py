@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from resilient.checkpoint.partner import Ring
-from resilient.checkpoint.xorsets import ParityHeld, plan_xor
+from resilient.checkpoint.xorsets import Holdings, ParityHeld, plan_staging_rebuild, plan_xor
 from resilient.io import fileio, xorwire
-from resilient.io.xorwire import DataStream, LostMember, contribute, encode, receive_lost
+from resilient.io.xorwire import DataStream, LostMember, Share, contribute, encode, receive_lost
 from resilient.model.codec import manifest_json
 from resilient.model.layout import Layout
 from resilient.model.manifest import DatasetTable, FileEntry, Manifest, RankEntry, Segment
@@ -143,7 +143,7 @@ def rebuild(
             return contribute(
                 net.end(j), chain[pos - 1] if pos else None,
                 chain[pos + 1] if pos + 1 < len(chain) else lost,
-                j, n, chunk, data, parity, digests[j],
+                n, chunk, Share(j, chunk, data, parity, digests[j]),
             )  # fmt: skip
         finally:
             parity.close()
@@ -299,3 +299,77 @@ def test_an_unreadable_survivor_file_completes_the_stream_and_says_so(tmp_path: 
     got, problems = rebuild(tmp_path, members, chunk, digests, lost=0)
     assert problems[0] is None and problems[1] is not None and "rank_00000.h5" in problems[1]
     assert got.error is not None
+
+
+def test_a_lost_member_is_rebuilt_onto_a_survivor_that_adds_its_own_share(
+    tmp_path: Path,
+) -> None:
+    n = 5
+    members = make_members(tmp_path, n, seed=3)
+    chunk, digests = encode_set(tmp_path, members)
+    lost, receiver = 2, 4
+    chain = [j for j in range(n) if j not in (lost, receiver)] + [receiver]
+    net = Net(n)
+    new = tmp_path / "new"
+    new.mkdir()
+
+    def share(j: int) -> Share:
+        data = stream(tmp_path / f"m{j}", members[j])
+        return Share(j, chunk, data, fileio.FileReader(tmp_path / f"m{j}" / "parity"), digests[j])
+
+    def survivor(at: int) -> str | None:
+        prev = chain[at - 1] if at else None
+        return contribute(net.end(chain[at]), prev, chain[at + 1], n, chunk, share(chain[at]))
+
+    def receive() -> xorwire.Rebuilt:
+        files = LostMember(lost, tuple(sorted(members[lost].items())))
+        return receive_lost(
+            net.end(receiver), chain[-2], files, n, chunk,
+            lambda name: fileio.FileWriter(new / name, direct=False),
+            fileio.FileWriter(new / "parity", direct=False), share=share(receiver),
+        )  # fmt: skip
+
+    got = run_all([functools.partial(survivor, i) for i in range(len(chain) - 1)] + [receive])
+    assert got[-1].error is None and got[:-1] == [None] * (len(chain) - 1)
+    for name in members[lost]:
+        assert (new / name).read_bytes() == (tmp_path / f"m{lost}" / name).read_bytes()
+
+
+def test_an_elastic_staging_plans_one_lost_node_per_set_onto_the_roomiest_survivor() -> None:
+    files = tuple(((f"rank_{j:05d}.h5", 1000 + j),) for j in range(4))
+    labels = ("a", "b", "c", "d")
+
+    def parity(j: int) -> ParityHeld:
+        return ParityHeld((0, 1, 2, 3), 4096, "x", labels, j, files)
+
+    def node(label: str, free: int, *, holds: bool = True) -> Holdings:
+        j = labels.index(label)
+        return Holdings(
+            label, free, {9: parity(j)}, {9: frozenset({files[j][0][0]})} if holds else {}
+        )
+
+    # a job on a, c and d: b is gone; d has the most room
+    plan, why = plan_staging_rebuild(
+        {0: node("a", 10**6), 2: node("c", 10**6), 3: node("d", 10**7)}
+    )
+    assert why is None and plan is not None
+    (r,) = plan
+    assert (r.step, r.lost, r.chunk) == (9, 1, 4096) and r.chain[-1] == (3, 3)
+    assert [j for _, j in r.chain] == [0, 2, 3]
+    # nothing lost: nothing to do
+    everyone = {i: node(x, 10**6) for i, x in enumerate(labels)}
+    assert plan_staging_rebuild(everyone) == (None, None)
+    # two lost, one survivor absent, no room: none, and why
+    two = plan_staging_rebuild({0: node("a", 10**6), 3: node("d", 10**6)})
+    assert two[0] is None and two[1] is not None and "nodes b, c of one XOR set" in two[1]
+    absent = plan_staging_rebuild(
+        {0: node("a", 10**6), 2: node("c", 10**6, holds=False)} | {3: node("d", 10**6)}
+    )
+    assert absent[0] is None and absent[1] is not None
+    full = plan_staging_rebuild({0: node("a", 10), 2: node("c", 10), 3: node("d", 10)})
+    assert (
+        full[0] is None
+        and full[1] is not None
+        and "do not fit" in full[1]
+        and "(1001 bytes)" in full[1]
+    )
