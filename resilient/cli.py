@@ -208,7 +208,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.time)) if m else "-"
         status = r.status + (f" ({r.reason})" if r.reason else "")
         if tier == "local" and r.status == "valid" and r.step in protected:
-            status += ", protected"  # its partner copies are committed on other nodes
+            status += ", protected"  # its partner copies or XOR parities are committed
         ranks = str(m.layout.nranks) if m else "-"
         kind = m.layout.kind if m else "-"
         size = _human_bytes(m.nbytes if m else None)

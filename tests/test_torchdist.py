@@ -157,6 +157,17 @@ def test_partner_copies_over_gloo_rebuild_a_lost_node(tmp_path: Path, kind: str)
     ] * 4
 
 
+def test_xor_parity_over_gloo_rebuilds_a_lost_node(tmp_path: Path) -> None:
+    root, local = str(tmp_path / "ck"), tmp_path / "local"
+    run_ranks(3, ["xor", root, "self", str(local), "save"])
+    (parity,) = (local / "host1").glob("ck-*/xor/step_00000003/parity.xor")
+    assert parity.stat().st_size > 0
+    shutil.rmtree(local / "host1")  # host1's local disk is gone; the others' parity rebuilds it
+    got = run_ranks(3, ["xor", root, "self", str(local), "restore"])
+    assert [r["step"] for r in got] == [3] * 3
+    assert (next((local / "host1").glob("ck-*")) / "step_00000003" / "rank_00001.h5").is_file()
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_async_round_trip_is_bit_identical(tmp_path: Path, n: int) -> None:
     root, kinds = str(tmp_path / "ck"), ",".join(KINDS)

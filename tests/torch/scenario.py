@@ -181,10 +181,21 @@ def scenario_partner(root: str, kind: str, local: str, action: str) -> None:
     """Two "nodes" (``SLURMD_NODENAME`` = host0, host1), a local tier in ``local/<node>``, partner
     copies over gloo. ``action`` save: steps 1..3, asynchronous, left like a killed job (no
     flush); restore: the newest step, checked bit for bit."""
-    os.environ["SLURMD_NODENAME"] = f"host{rank // 2}"
+    _tier_scenario(root, kind, local, action, "partner", f"host{rank // 2}")
+
+
+def scenario_xor(root: str, kind: str, local: str, action: str) -> None:
+    """As :func:`scenario_partner` with XOR parity, one rank per "node" (host0, host1, ...)."""
+    _tier_scenario(root, kind, local, action, "xor", f"host{rank}")
+
+
+def _tier_scenario(
+    root: str, kind: str, local: str, action: str, redundancy: str, node: str
+) -> None:
+    os.environ["SLURMD_NODENAME"] = node
     m = CheckpointManager(
         root, comm=dist.group.WORLD, checkpoint_comm=kind, local_dir=f"{local}/$SLURMD_NODENAME",
-        redundancy="partner", flush_every=100,
+        redundancy=redundancy, flush_every=100,
     )  # fmt: skip
     if action == "save":
         for step in range(1, 4):
