@@ -486,6 +486,23 @@ def test_a_corrupt_xor_parity_is_quarantined_and_an_older_step_used(tmp_path: Pa
     assert held[0] == "step_00000002" and held[1].startswith("step_00000003.quarantined-"), held
 
 
+def test_a_replaced_node_is_rebuilt_from_xor_parity(tmp_path: Path) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    on_nodes(["save", str(root), f"{base}/$PMI_HOSTNAME", "3", "xor", "self"], hosts=XOR_NODES)
+    shutil.rmtree(base / "nodeB")  # nodeB is gone; the requeued job got nodeE in its place
+    hosts = XOR_NODES.replace("nodeB", "nodeE")
+    proc = subprocess.run(
+        [mpiexec(), "-n", "5", "-hosts", hosts, "-launcher", "fork", sys.executable,
+         str(NODES), "restore", str(root), f"{base}/$PMI_HOSTNAME", "xor", "self"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["step"] for r in results(proc)] == [3] * 5
+    assert "rebuilt local step 3 on node(s) nodeE from XOR parity" in proc.stderr, proc.stderr
+    rebuilt = _local(base, "nodeE") / "step_00000003"
+    assert sorted(p.name for p in rebuilt.glob("*.h5")) == ["rank_00001.h5", "rank_00002.h5"]
+
+
 def test_a_full_disk_leaves_xor_checkpoints_valid_but_unprotected(tmp_path: Path) -> None:
     root, base = tmp_path / "shared", tmp_path / "local"
     args = ["full_disk", str(root), f"{base}/$PMI_HOSTNAME", "3", "xor", "self"]
