@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +75,7 @@ from resilient.checkpoint.partner import (
 from resilient.checkpoint.tiers import LocalCheckpoint, LocalTier
 from resilient.checkpoint.xorsets import XorParity, rebuild_for_staging
 from resilient.errors import ConfigError, InvalidCheckpointError, LayoutMismatchError
+from resilient.io import storage
 from resilient.io.manifests import SetFiles, entries_from_shards, read_shard
 from resilient.io.targets import DirectoryTarget
 from resilient.model.blocks import BlockSpec, intersect
@@ -364,7 +364,7 @@ class TierStaging:
         if not isinstance(self._mover.channel, _NoChannel):  # a node of an XOR set lost?
             rebuild_for_staging(
                 tier.target, self._mover.ring, self._coll, self._mover.channel,
-                lambda: shutil.disk_usage(tier.root).free, step=step, at_least=at_least,
+                lambda: storage.free_bytes(tier.root), step=step, at_least=at_least,
             )  # fmt: skip
         staged = stage_newest(
             self._mover, tier.staging, tier.target.steps, blocks,

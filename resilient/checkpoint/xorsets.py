@@ -52,9 +52,8 @@ from resilient.checkpoint.partner import (
 )
 from resilient.errors import InvalidCheckpointError, ResilientError
 from resilient.io.checkpoints import verify_node_files
-from resilient.io.commit import PendingDir
 from resilient.io.targets import Target
-from resilient.io.wire import CHUNK, new_hash, recv_doc, send_doc
+from resilient.io.wire import CHUNK, digest_file, recv_doc, send_doc
 from resilient.io.xorwire import (
     PARITY_MISMATCH,
     PARITY_UNREADABLE,
@@ -891,7 +890,7 @@ def _receive_for_staging(
     where = f"node {lost}'s files of step {r.step}, rebuilt on node {r.labels[r.chain[-1][1]]}"
     if error is None:
         try:
-            digests = {name: _digest(target, pending, name) for name in sizes}
+            digests = {name: digest_file(pending.path / name) for name in sizes}
             record = {"source": lost, "files": {n: [sizes[n], digests[n]] for n in sizes}}
             target.write(pending, filenames.PARTNER_RECORD, json.dumps(record).encode())
             target.commit(pending, local.manifest(r.step), what=where)
@@ -909,12 +908,3 @@ def _receive_for_staging(
         target.rollback(pending)
         return f"{where}: {error}"
     return None
-
-
-def _digest(target: Target, pending: PendingDir, name: str) -> str:
-    """The xxh3-128 digest of a file just written into ``pending`` (a partner copy's record)."""
-    h = new_hash()
-    with open(pending.path / name, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return str(h.hexdigest())

@@ -41,6 +41,7 @@ __all__ = [
     "cleanup_leftovers",
     "ensure_root",
     "fsync_dir",
+    "free_bytes",
     "fsync_together",
     "is_permanent_storage_error",
     "is_root",
@@ -102,6 +103,11 @@ def write_all(files: list[tuple[Path, bytes]]) -> None:
 def remove_file(path: Path) -> None:
     """Remove the file ``path`` if it is there (a half-written one, before a retry)."""
     path.unlink(missing_ok=True)
+
+
+def free_bytes(path: Path) -> int:
+    """The bytes free to this user on the filesystem of ``path``."""
+    return shutil.disk_usage(path).free
 
 
 def names_in(directory: Path) -> list[str]:

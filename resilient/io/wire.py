@@ -19,6 +19,7 @@ package may not import :mod:`resilient.parallel`).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from resilient.model.h5format import PAGE
 __all__ = [
     "CHUNK",
     "Channel",
+    "digest_file",
     "Outgoing",
     "Received",
     "new_hash",
@@ -85,6 +87,22 @@ def new_hash() -> Any:
     import xxhash
 
     return xxhash.xxh3_128()
+
+
+def digest_file(path: Path) -> str:
+    """The xxh3-128 digest of the whole file ``path`` (what a partner copy records)."""
+    h = new_hash()
+    reader = fileio.FileReader(path)
+    try:
+        size = os.fstat(reader.fd).st_size
+        with fileio.Bounce(min(CHUNK, max(size, 1))) as bounce, bounce.lend() as buf:
+            for pos in range(0, size, len(buf)):
+                view = buf[: min(len(buf), size - pos)]
+                reader.read(view, pos)
+                h.update(view)
+    finally:
+        reader.close()
+    return str(h.hexdigest())
 
 
 def send_doc(channel: Channel, dest: int, doc: Any) -> None:
