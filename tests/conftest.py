@@ -16,13 +16,18 @@ SHM = Path("/dev/shm")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, group and order the items as :mod:`tests.scheduling` says, the
-    Slurm campaigns starting with the timed unit's first test."""
+    """Order the items as :mod:`tests.scheduling` says: under pytest-xdist in units, the Slurm
+    campaigns starting with the timed unit's first test; in one process (CI) the tests that
+    race no clock first, the campaigns beside them, the timing modules last."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         from tests.scheduling import mark_units, start_campaigns_first
 
         mark_units(items)
         start_campaigns_first(items)
+    elif not getattr(config.option, "numprocesses", None):
+        from tests.scheduling import order_serial
+
+        order_serial(items)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -82,6 +82,7 @@ __all__ = [
     "mark_units",
     "nice_across_sessions",
     "nice_of",
+    "order_serial",
     "start_campaigns_first",
     "unit_of",
     "yield_cpu",
@@ -190,6 +191,37 @@ def start_campaigns_first(items: list[pytest.Item]) -> pytest.Item | None:
     if not any(_module(item.nodeid) in CAMPAIGN_MODULES for item in items):
         return None
     first = next(item for item in items if _group(item.nodeid) is not None)
+    names: list[str] = first.fixturenames  # type: ignore[attr-defined]
+    if CAMPAIGNS_FIXTURE not in names:
+        names.insert(0, CAMPAIGNS_FIXTURE)
+    return first
+
+
+def _serial_rank(item: pytest.Item) -> int:
+    module = _module(item.nodeid)
+    if module in TIMING_MODULES:
+        return 4 + len(NODE_MODULES)
+    if module in OWN_PACE_MODULES:
+        return 3 + len(NODE_MODULES)
+    if module in CAMPAIGN_MODULES:
+        return 1
+    if module.startswith(SLURM_PREFIX):
+        return 2 + (NODE_MODULES.index(module) if module in NODE_MODULES else len(NODE_MODULES))
+    return 0
+
+
+def order_serial(items: list[pytest.Item]) -> pytest.Item | None:
+    """Without workers (CI's run): the tests that race no clock first, the Slurm campaigns
+    running beside them from the first one on (they wait minutes on Slurm's 1-minute limits
+    and little on the CPU, and these tests have no walltime to lose); then the campaigns'
+    modules, which find them finished; the other Slurm modules (:data:`NODE_MODULES`, in
+    that order); the demo; and the timing modules last, when no Slurm job is left to take
+    their start-ups' CPU. A stable sort: collection order within each part. Returns the test
+    the campaigns start with (``None``: no campaign module selected)."""
+    items.sort(key=_serial_rank)
+    if not items or not any(_module(item.nodeid) in CAMPAIGN_MODULES for item in items):
+        return None
+    first = items[0]
     names: list[str] = first.fixturenames  # type: ignore[attr-defined]
     if CAMPAIGNS_FIXTURE not in names:
         names.insert(0, CAMPAIGNS_FIXTURE)

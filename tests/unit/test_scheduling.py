@@ -78,3 +78,26 @@ def test_timing_tests_ask_for_the_cpu_first_the_demo_next_the_rest_last() -> Non
     assert scheduling.nice_of("tests/test_demo.py::test_the_demo_on_two_ranks") == 0
     assert scheduling.nice_of("tests/test_soak.py::test_b") == scheduling.NICE == 10
     assert scheduling.nice_of("docs/tutorial.md::line:12,column:1") == 10
+
+
+def test_a_serial_run_puts_the_untimed_tests_first_with_the_campaigns_and_timing_last() -> None:
+    items = [
+        FunctionItem("tests/test_demo.py::test_demo", ["tmp_path"]),
+        FunctionItem("tests/test_warn_signal.py::test_local", ["tmp_path"]),
+        FunctionItem("tests/test_slurm_sbatch.py::test_chain", ["tmp_path"]),
+        FunctionItem("tests/test_slurm_workflows.py::test_flow", ["slurm_scenarios"]),
+        FunctionItem("tests/test_slurm_multinode.py::test_lost", ["tmp_path"]),
+        FunctionItem("tests/test_soak.py::test_b", ["tmp_path"]),
+        FunctionItem("tests/unit/test_tree.py::test_a", []),
+    ]
+    first = scheduling.order_serial(items)  # type: ignore[arg-type]
+    assert [i.nodeid.split("::")[0].removeprefix("tests/") for i in items] == [
+        "test_soak.py", "unit/test_tree.py", "test_slurm_workflows.py",
+        "test_slurm_multinode.py", "test_slurm_sbatch.py", "test_demo.py",
+        "test_warn_signal.py",
+    ]  # fmt: skip
+    assert first is items[0] and items[0].fixturenames == ["slurm_campaigns", "tmp_path"]
+    assert [i.fixturenames for i in items[1:3]] == [[], ["slurm_scenarios"]]
+    no_campaign = [FunctionItem("tests/test_parsl.py::test_app", ["tmp_path"])]
+    assert scheduling.order_serial(no_campaign) is None  # type: ignore[arg-type]
+    assert no_campaign[0].fixturenames == ["tmp_path"]
