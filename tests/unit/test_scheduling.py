@@ -96,7 +96,8 @@ def test_a_serial_run_puts_the_untimed_tests_first_with_the_campaigns_and_timing
         "test_slurm_multinode.py", "test_slurm_sbatch.py", "test_demo.py",
         "test_warn_signal.py",
     ]  # fmt: skip
-    assert first is items[0] and items[0].fixturenames == ["slurm_campaigns", "tmp_path"]
+    assert first is not None and id(first) == id(items[0])
+    assert items[0].fixturenames == ["slurm_campaigns", "tmp_path"]
     assert [i.fixturenames for i in items[1:3]] == [[], ["slurm_scenarios"]]
     no_campaign = [FunctionItem("tests/test_parsl.py::test_app", ["tmp_path"])]
     assert scheduling.order_serial(no_campaign) is None  # type: ignore[arg-type]
