@@ -251,15 +251,18 @@ class XorParity:
         step = manifest.step
         n = len(self.set)
         me = self.set.position(self.place)
+        # this node's files, from its part of the index (what every caller holds)
+        mine = stream_sizes(node_files(manifest, self.ring.ranks[self.place]))
 
         def run() -> str | None:
-            try:  # the whole index (the caller may hold only its node's part of it)
-                index = self.local.manifest(step)
-            except (OSError, InvalidCheckpointError) as exc:
-                return f"reading the manifest of step {step}: {exc}"
-            sizes = {m: node_files(index, self.ring.ranks[m]) for m in self.set.members}
+            # every member's files, passed around the set: no member leaves the ring before
+            # the encode (a member that did would leave the others waiting for its bytes)
+            listed = self._around([list(f) for f in mine])
+            sizes = {
+                m: {str(f[0]): int(f[1]) for f in files}
+                for m, files in zip(self.set.members, listed, strict=True)
+            }
             chunk = chunk_size([sum(s.values()) for s in sizes.values()])
-            mine = stream_sizes(sizes[self.place])
             pending = self.parity.pending(step)
             data = DataStream(
                 [(name, size, _opener(self.local, step, name)) for name, size in mine]
@@ -291,9 +294,14 @@ class XorParity:
                     writer.close(sync=problem is None)
                 except OSError as exc:
                     problem = problem or f"syncing the parity: {exc.strerror or exc}"
-            problems = self._pass_around(problem)
+            index: Manifest | None = None
+            try:  # the whole index, committed with the parity (the caller may hold a part)
+                index = self.local.manifest(step)
+            except (OSError, InvalidCheckpointError) as exc:
+                problem = problem or f"reading the manifest of step {step}: {exc}"
+            problems = [str(p) for p in self._around(problem) if p]
             where = f"XOR parity of step {step} on node {self.ring.labels[self.place]}"
-            if not problems:
+            if not problems and index is not None:
                 record = self._record(step, me, chunk, digest, sizes)
                 try:
                     self.parity.write(pending, filenames.XOR_RECORD, json.dumps(record).encode())
@@ -321,22 +329,22 @@ class XorParity:
             "files": [[list(f) for f in stream_sizes(sizes[m])] for m in self.set.members],
         }  # fmt: skip
 
-    def _pass_around(self, problem: str | None) -> list[str]:
-        """Every member's problem, on every member of the set: ``n - 1`` rounds of a ring,
-        each sending what it learnt while receiving (no member waits on a send)."""
+    def _around(self, doc: Any) -> list[Any]:
+        """Every member's ``doc`` (JSON), by place in the set, on every member: ``n - 1``
+        rounds of a ring, each sending what it received in the round before while receiving
+        the next (no member waits on a send)."""
         n = len(self.set)
         me = self.set.position(self.place)
         nxt, prv = self._rank_of((me + 1) % n), self._rank_of((me - 1) % n)
-        last: list[str] = [problem] if problem else []
-        known = list(last)
+        out: list[Any] = [None] * n
+        out[me] = last = doc
         with ThreadPoolExecutor(1, thread_name_prefix="resilient-xor-send") as sender:
-            for _ in range(n - 1):
+            for t in range(n - 1):
                 sent = sender.submit(send_doc, self.channel, nxt, last)
-                got = recv_doc(self.channel, prv, limit=1 << 20)
+                last = recv_doc(self.channel, prv, limit=16 << 20)
                 sent.result()
-                last = [str(p) for p in got] if isinstance(got, list) else ["a garbled status"]
-                known += last
-        return known
+                out[(me - t - 1) % n] = last
+        return out
 
     def _rotate(self) -> None:
         try:
