@@ -210,6 +210,31 @@ def test_a_full_partner_disk_leaves_checkpoints_valid_but_unprotected(tmp_path: 
     assert _partner_restore(root, base, HOSTS, "node") == [3] * 4  # still restorable
 
 
+@pytest.mark.parametrize(
+    ("redundancy", "hosts"), [("partner", HOSTS), ("xor", "nodeA:1,nodeB:2,nodeC:1,nodeD:1")]
+)
+def test_a_node_that_cannot_read_its_index_leaves_no_node_waiting(
+    tmp_path: Path, redundancy: str, hosts: str
+) -> None:
+    root, base = tmp_path / "shared", tmp_path / "local"
+    n = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    proc = subprocess.run(
+        [mpiexec(), "-n", str(n), "-hosts", hosts, "-launcher", "fork", sys.executable,
+         str(NODES), "unreadable_index", str(root), f"{base}/$PMI_HOSTNAME", "3", redundancy],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "not protected" in line]
+    assert len(said) == 1, proc.stderr  # the reason of the first node to say one
+    assert "an unreadable manifest (test)" in said[0] or "sent no manifest" in said[0], said
+    assert not (root / "protected.jsonl").exists()
+    copies = "partner/nodeB" if redundancy == "partner" else "xor"
+    for node in ("nodeA", "nodeB"):
+        steps = sorted(p.name for p in _local(base, node).glob("step_*"))
+        assert steps == ["step_00000002", "step_00000003"]
+    assert not list(_local(base, "nodeA").glob(f"{copies}/step_*"))  # nothing committed
+
+
 def test_partner_on_one_node_says_so_once(tmp_path: Path) -> None:
     root, base = tmp_path / "shared", tmp_path / "local"
     proc = subprocess.run(

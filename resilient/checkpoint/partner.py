@@ -387,10 +387,13 @@ class PartnerCopies:
         outgoing = [Outgoing(n, step_dir / n, size, None) for n, size in sizes.items()]
 
         def run() -> str | None:
+            unread: str | None = None
             try:  # the index as committed (the caller may hold only its node's part of it)
                 text = self.local.read(manifest.step, filenames.MANIFEST).decode()
             except (OSError, UnicodeDecodeError) as exc:
-                return f"reading the manifest of step {manifest.step}: {exc}"
+                # the copy still goes (the next node waits for it) and is not committed there:
+                # an empty manifest does not parse
+                text, unread = "", f"reading the manifest of step {manifest.step}: {exc}"
             header = {"step": manifest.step, "source": self.ring.label(self.node),
                       "manifest": text}  # fmt: skip
             sent = _run_beside(
@@ -400,8 +403,9 @@ class PartnerCopies:
                 received = self._receive_copy(self.ring.left(self.node))
             finally:
                 problems = sent()
-            if problems:
-                return f"sending node {self.ring.label(self.node)}'s copy: {problems[0]}"
+            if unread is not None or problems:
+                why = unread or problems[0]
+                return f"sending node {self.ring.label(self.node)}'s copy: {why}"
             return received
 
         return run
@@ -424,6 +428,8 @@ class PartnerCopies:
         step = got.header.get("step")
         what = f"partner copy of node {label}'s step {step} on node {self.ring.label(self.node)}"
         error = got.error
+        if error is None and not got.header.get("manifest"):
+            error = f"node {label} sent no manifest (it could not read its own)"
         if error is None and pending:
             try:
                 manifest = parse_manifest(str(got.header.get("manifest", "")))

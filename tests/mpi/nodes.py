@@ -113,6 +113,40 @@ def scenario_full_disk(root: str, local_dir: str, steps: str, redundancy: str, *
     m.__exit__(RuntimeError, RuntimeError("killed"), None)
 
 
+def scenario_unreadable_index(root: str, local_dir: str, steps: str, redundancy: str) -> None:
+    """Save steps 1..N with ``redundancy`` while nodeB cannot read its committed manifests off
+    the main thread (where the copies and parities run): no node waits forever for nodeB's
+    bytes, every save commits locally, nothing is protected, and the run goes on."""
+    import errno
+    import threading
+
+    from resilient.io.targets import DirectoryTarget
+
+    if node_label() == "nodeB":
+        read, manifest = DirectoryTarget.read, DirectoryTarget.manifest
+
+        def off_main(fn: Any) -> Any:
+            def wrapped(self: Any, step: Any, *args: Any, **kw: Any) -> Any:
+                name = args[0] if args else "manifest.json"
+                if (
+                    threading.current_thread() is not threading.main_thread()
+                    and name == "manifest.json"
+                ):
+                    raise OSError(errno.EIO, "an unreadable manifest (test)")
+                return fn(self, step, *args, **kw)
+
+            return wrapped
+
+        DirectoryTarget.read = off_main(read)  # type: ignore[method-assign]
+        DirectoryTarget.manifest = off_main(manifest)  # type: ignore[method-assign]
+    m = manager(root, local_dir, redundancy, "self", flush_every=100)
+    for step in range(1, int(steps) + 1):
+        m.save(step, make_state(step))
+        m.wait()
+    result(local_root=str(tier.root) if (tier := local_tier(m)) else None)
+    m.__exit__(RuntimeError, RuntimeError("killed"), None)
+
+
 G_SHAPE = (203, 7)  # the global array of the elastic scenarios: rows split unevenly
 
 
