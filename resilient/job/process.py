@@ -21,12 +21,13 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from resilient.job import warning
 from resilient.job.options import RunOptions, say_seconds
-from resilient.job.protocol import ENV_WARN_SIGNALS
+from resilient.job.protocol import ENV_TREE, ENV_WARN_SIGNALS
 
 __all__ = [
     "Attempt",
@@ -36,6 +37,7 @@ __all__ = [
     "cmdline",
     "descendants",
     "end_what_it_left",
+    "of_tree",
     "parent",
     "signal_tree",
     "start_ticks",
@@ -152,10 +154,23 @@ def _running(pids: list[int]) -> list[int]:
     return [pid for pid in pids if (fields := _stat(pid)) is not None and fields[0] != "Z"]
 
 
-def end_what_it_left(grace_s: float = LEFT_GRACE_S) -> list[int]:
-    """After the program exited: the processes it left behind in this tree get ``grace_s`` to
-    end, then SIGKILL; returns the pids killed. Call it only once the program was waited for
-    (it reaps every ended child).
+def of_tree(pid: int, token: str) -> bool:
+    """Whether process ``pid`` was started with ``RESILIENT_TREE=token`` in its environment
+    (:data:`~resilient.job.protocol.ENV_TREE`: a process of one attempt's program)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+    return f"{ENV_TREE}={token}".encode() in environ
+
+
+def end_what_it_left(token: str, grace_s: float = LEFT_GRACE_S) -> list[int]:
+    """After the program exited: the processes it left behind in this tree (those started
+    with its ``RESILIENT_TREE=token``: :func:`of_tree`; a daemon this process started some
+    other way, or adopted, is not the program's) get ``grace_s`` to end, then SIGKILL; returns
+    the pids killed. Call it only once the program was waited for (it reaps every ended
+    child).
 
     A launcher killed alone (``mpiexec`` SIGKILLed, or crashed) may leave its ranks running.
     Measured here: MPICH's proxies end their ranks at once; Open MPI 5's ranks ran on for
@@ -165,9 +180,13 @@ def end_what_it_left(grace_s: float = LEFT_GRACE_S) -> list[int]:
     leave them for ever, or hanging in a collective, and those are killed, as Slurm ends every
     process of a job step when the step ends. A save they were in is never committed."""
     deadline = time.monotonic() + grace_s
+
+    def program_left() -> list[int]:
+        return [pid for pid in _running(descendants(os.getpid())) if of_tree(pid, token)]
+
     while True:
         _reap()
-        left = _running(descendants(os.getpid()))
+        left = program_left()
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
@@ -182,7 +201,7 @@ def end_what_it_left(grace_s: float = LEFT_GRACE_S) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     end = time.monotonic() + 5.0
-    while _running(descendants(os.getpid())) and time.monotonic() < end:
+    while program_left() and time.monotonic() < end:
         time.sleep(POLL_S)
     _reap()
     return left
@@ -207,6 +226,7 @@ class Attempt:
         """
         warn = self.opts.warn_signal
         env = dict(self.env)
+        token = env[ENV_TREE] = uuid.uuid4().hex
         held = (warn,) if warning.is_warning(warn) else ()
         if held:
             env[ENV_WARN_SIGNALS] = warn.name
@@ -252,7 +272,7 @@ class Attempt:
                 signal_tree(proc, signal.SIGKILL)
                 last, kill_at, term_sent_at = "SIGKILL", None, None
             time.sleep(POLL_S)
-        end_what_it_left()
+        end_what_it_left(token)
         return proc.returncode, last
 
     def on_signal(self, signum: int, frame: Any) -> None:

@@ -12,6 +12,9 @@
   (:mod:`resilient.job.handoff`).
 * :data:`ENV_WARN_SIGNALS` ``RESILIENT_WARN_SIGNALS``: the warning signal the program starts
   with blocked (:mod:`resilient.job.warning`).
+* :data:`ENV_TREE` ``RESILIENT_TREE``: a token new at each attempt, inherited by every process
+  the program starts: what ``resilient run`` knows them by once their launcher is gone
+  (:func:`resilient.job.process.end_what_it_left`).
 
 The program -> ``resilient run``, in files (names in :mod:`resilient.model.filenames`):
 
@@ -51,6 +54,7 @@ __all__ = [
     "ENV_CHECKPOINT_DIR",
     "ENV_DEADLINE",
     "ENV_HANDOFF",
+    "ENV_TREE",
     "ENV_WARN_SIGNALS",
     "attempt_number",
     "program_stop",
@@ -62,6 +66,7 @@ ENV_DEADLINE = "RESILIENT_DEADLINE"
 ENV_ATTEMPT = "RESILIENT_ATTEMPT"
 ENV_HANDOFF = "RESILIENT_HANDOFF"
 ENV_WARN_SIGNALS = "RESILIENT_WARN_SIGNALS"
+ENV_TREE = "RESILIENT_TREE"
 
 
 def attempt_number(environ: Mapping[str, str]) -> int | None:
