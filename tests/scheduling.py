@@ -197,27 +197,39 @@ def start_campaigns_first(items: list[pytest.Item]) -> pytest.Item | None:
     return first
 
 
+#: In a serial run, the untimed modules that start many processes (MPI ranks, PyTorch,
+#: Chromium): after the campaigns, not beside them (4 MPI ranks beside the campaigns' Slurm
+#: jobs timed out at 120 s twice, the same test done in 6 s beside busy loops or another
+#: mpiexec job).
+SERIAL_AFTER_CAMPAIGNS = tuple(m for m in HEAVY_FIRST if m not in OWN_PACE_MODULES)
+
+
 def _serial_rank(item: pytest.Item) -> int:
     module = _module(item.nodeid)
+    last = 5 + len(NODE_MODULES)
     if module in TIMING_MODULES:
-        return 4 + len(NODE_MODULES)
+        return last
     if module in OWN_PACE_MODULES:
-        return 3 + len(NODE_MODULES)
+        return last - 1
     if module in CAMPAIGN_MODULES:
         return 1
+    if module in SERIAL_AFTER_CAMPAIGNS:
+        return 2
     if module.startswith(SLURM_PREFIX):
-        return 2 + (NODE_MODULES.index(module) if module in NODE_MODULES else len(NODE_MODULES))
+        return 3 + (NODE_MODULES.index(module) if module in NODE_MODULES else len(NODE_MODULES))
     return 0
 
 
 def order_serial(items: list[pytest.Item]) -> pytest.Item | None:
-    """Without workers (CI's run): the tests that race no clock first, the Slurm campaigns
-    running beside them from the first one on (they wait minutes on Slurm's 1-minute limits
-    and little on the CPU, and these tests have no walltime to lose); then the campaigns'
-    modules, which find them finished; the other Slurm modules (:data:`NODE_MODULES`, in
-    that order); the demo; and the timing modules last, when no Slurm job is left to take
-    their start-ups' CPU. A stable sort: collection order within each part. Returns the test
-    the campaigns start with (``None``: no campaign module selected)."""
+    """Without workers (CI's run): the light tests that race no clock first (single
+    processes: the unit tests, the documentation's examples), the Slurm campaigns running
+    beside them from the first one on (they wait minutes on Slurm's 1-minute limits and
+    little on the CPU); then the campaigns' modules, which find them finished; the untimed
+    modules of many processes (:data:`SERIAL_AFTER_CAMPAIGNS`); the other Slurm modules
+    (:data:`NODE_MODULES`, in that order); the demo; and the timing modules last, when no
+    Slurm job is left to take their start-ups' CPU. A stable sort: collection order within
+    each part. Returns the test the campaigns start with (``None``: no campaign module
+    selected)."""
     items.sort(key=_serial_rank)
     if not items or not any(_module(item.nodeid) in CAMPAIGN_MODULES for item in items):
         return None

@@ -92,13 +92,13 @@ def test_a_serial_run_puts_the_untimed_tests_first_with_the_campaigns_and_timing
     ]
     first = scheduling.order_serial(items)  # type: ignore[arg-type]
     assert [i.nodeid.split("::")[0].removeprefix("tests/") for i in items] == [
-        "test_soak.py", "unit/test_tree.py", "test_slurm_workflows.py",
+        "unit/test_tree.py", "test_slurm_workflows.py", "test_soak.py",
         "test_slurm_multinode.py", "test_slurm_sbatch.py", "test_demo.py",
         "test_warn_signal.py",
     ]  # fmt: skip
     assert first is not None and id(first) == id(items[0])
-    assert items[0].fixturenames == ["slurm_campaigns", "tmp_path"]
-    assert [i.fixturenames for i in items[1:3]] == [[], ["slurm_scenarios"]]
+    assert items[0].fixturenames == ["slurm_campaigns"]
+    assert [i.fixturenames for i in items[1:3]] == [["slurm_scenarios"], ["tmp_path"]]
     no_campaign = [FunctionItem("tests/test_parsl.py::test_app", ["tmp_path"])]
     assert scheduling.order_serial(no_campaign) is None  # type: ignore[arg-type]
     assert no_campaign[0].fixturenames == ["tmp_path"]
