@@ -335,7 +335,8 @@ with CheckpointManager(root, comm=comm, manifest_shard_ranks=1) as m:
     else:
         step, state = m.restore()
         assert step == 2 and state["m"].tobytes() == mesh["m"].tobytes(), step
-        print("restored", step, flush=True)
+        if comm.rank == 0:  # one line: two ranks' prints may interleave in the launcher's output
+            print(f"restored {step}", flush=True)
 """
 
 
