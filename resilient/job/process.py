@@ -142,12 +142,13 @@ LEFT_GRACE_S = 1.0
 end their ranks when it dies) before :func:`end_what_it_left` kills them."""
 
 
-def _reap() -> None:
-    """Collect the exit of every child that ended (adopted orphans become this process's
-    children: :func:`become_subreaper`)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _reap(pids: set[int]) -> None:
+    """Collect the exit of those of ``pids`` that ended and are this process's children
+    (adopted orphans become so: :func:`become_subreaper`). Never ``waitpid(-1)``: another
+    thread's child (a test harness's, an engine's) keeps its exit status for its own wait."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _running(pids: list[int]) -> list[int]:
@@ -169,8 +170,9 @@ def end_what_it_left(token: str, grace_s: float = LEFT_GRACE_S) -> list[int]:
     """After the program exited: the processes it left behind in this tree (those started
     with its ``RESILIENT_TREE=token``: :func:`of_tree`; a daemon this process started some
     other way, or adopted, is not the program's) get ``grace_s`` to end, then SIGKILL; returns
-    the pids killed. Call it only once the program was waited for (it reaps every ended
-    child).
+    the pids killed. Call it only once the program was waited for. Those that ended before
+    they were seen stay zombies until this process exits (a zombie's environment cannot be
+    read: nothing says it was the program's).
 
     A launcher killed alone (``mpiexec`` SIGKILLed, or crashed) may leave its ranks running.
     Measured here: MPICH's proxies end their ranks at once; Open MPI 5's ranks ran on for
@@ -180,12 +182,15 @@ def end_what_it_left(token: str, grace_s: float = LEFT_GRACE_S) -> list[int]:
     leave them for ever, or hanging in a collective, and those are killed, as Slurm ends every
     process of a job step when the step ends. A save they were in is never committed."""
     deadline = time.monotonic() + grace_s
+    seen: set[int] = set()  # the program's processes found alive: reaped once they end
 
     def program_left() -> list[int]:
-        return [pid for pid in _running(descendants(os.getpid())) if of_tree(pid, token)]
+        alive = [pid for pid in _running(descendants(os.getpid())) if of_tree(pid, token)]
+        seen.update(alive)
+        return alive
 
     while True:
-        _reap()
+        _reap(seen)
         left = program_left()
         if not left or time.monotonic() >= deadline:
             break
@@ -203,7 +208,7 @@ def end_what_it_left(token: str, grace_s: float = LEFT_GRACE_S) -> list[int]:
     end = time.monotonic() + 5.0
     while program_left() and time.monotonic() < end:
         time.sleep(POLL_S)
-    _reap()
+    _reap(seen)
     return left
 
 

@@ -1,6 +1,7 @@
 """What ``resilient run`` ends after its program: only the processes of that program's tree
 (resilient.job.process.end_what_it_left), never another child or adopted orphan of its own
-process (a daemon a test or an engine started, such as slurmd)."""
+process (a daemon a test or an engine started, such as slurmd), whose exit status it leaves
+for its own wait."""
 
 from __future__ import annotations
 
@@ -46,12 +47,17 @@ def test_only_the_programs_leftovers_are_killed(tmp_path: Path) -> None:
     token = "a" * 32
     mine = _orphan(tmp_path, "program", {**os.environ, ENV_TREE: token})
     other = _orphan(tmp_path, "daemon", {k: v for k, v in os.environ.items() if k != ENV_TREE})
+    harness = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])  # another child
     try:
         assert of_tree(mine, token) and not of_tree(other, token)
+        while _alive(harness.pid):
+            time.sleep(0.01)
         assert end_what_it_left(token, grace_s=0.2) == [mine]
         assert not _alive(mine) and _alive(other)
+        assert harness.wait(timeout=5) == 7  # its exit status was left for its own wait
     finally:
         for pid in (mine, other):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-        end_what_it_left("none", grace_s=0)  # reaps
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
