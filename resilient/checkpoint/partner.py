@@ -66,6 +66,7 @@ __all__ = [
     "gather_inventories",
     "held_in",
     "node_files",
+    "problems_everywhere",
     "plan_rebuild",
     "transfers_for",
 ]
@@ -572,19 +573,7 @@ class PartnerCopies:
         """Collective over :attr:`coll`: :meth:`rebuild` on every rank, then what went wrong
         on any node, on every rank (empty: every node's copy is committed; an exception of the
         coordinator's raised on every rank, saying ``what``)."""
-        try:
-            problem: str | Exception | None = self.rebuild(plan, held, into=into)
-        except Exception as exc:
-            problem = exc
-        outcomes = self.coll.gather(problem)
-        found: list[str] | Exception | None = None
-        if outcomes is not None:
-            try:
-                found = [p for p in outcomes.values() if p]
-            except Exception as exc:
-                found = exc
-        problems: list[str] = self.coll.announce(what, found)
-        return problems
+        return problems_everywhere(self.coll, lambda: self.rebuild(plan, held, into=into), what)
 
     def rebuild_newest(
         self,
@@ -676,6 +665,25 @@ class PartnerCopies:
             partner.quarantine(step, reason)
         except OSError as exc:
             log.warning("could not quarantine %s: %s", path, exc)
+
+
+def problems_everywhere(coll: Collective, fn: Callable[[], str | None], what: str) -> list[str]:
+    """Collective over ``coll`` (a gather and a broadcast): ``fn()`` on every rank (what went
+    wrong there, ``None``: nothing), then every rank's problems on every rank (an exception of
+    a rank's raised on every rank, saying ``what``)."""
+    try:
+        problem: str | Exception | None = fn()
+    except Exception as exc:
+        problem = exc
+    outcomes = coll.gather(problem)
+    found: list[str] | Exception | None = None
+    if outcomes is not None:
+        try:
+            found = [p for p in outcomes.values() if p]
+        except Exception as exc:
+            found = exc
+    problems: list[str] = coll.announce(what, found)
+    return problems
 
 
 def node_files(manifest: Manifest, ranks: Sequence[int]) -> dict[str, int]:

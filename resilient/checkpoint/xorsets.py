@@ -34,6 +34,7 @@ rebuilt from parity, and the shared root is used.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,7 @@ from resilient.checkpoint.partner import (
     gather_inventories,
     held_in,
     node_files,
+    problems_everywhere,
 )
 from resilient.errors import InvalidCheckpointError, ResilientError
 from resilient.io.checkpoints import verify_node_files
@@ -419,20 +421,10 @@ class XorParity:
                 )  # fmt: skip
             if plan is None or not plan.lost:
                 return
-            try:
-                problem: str | Exception | None = self._rebuild(plan, listed)
-            except Exception as exc:
-                problem = exc
-            outcomes = coll.gather(problem)
-            found: list[str] | Exception | None = None
-            if outcomes is not None:
-                try:
-                    found = [p for p in outcomes.values() if p]
-                except Exception as exc:
-                    found = exc
-            problems: list[str] = coll.announce(
-                f"rebuilding step {plan.step} from XOR parity", found
-            )
+            problems = problems_everywhere(
+                coll, functools.partial(self._rebuild, plan, listed),
+                f"rebuilding step {plan.step} from XOR parity",
+            )  # fmt: skip
             if not problems:
                 if coll.is_coordinator:
                     nodes = [self.ring.labels[self.sets[s].members[m]] for s, m in plan.lost]
@@ -795,22 +787,14 @@ def rebuild_for_staging(
         log.log(logging.WARNING if "do not fit" in why else logging.INFO, "%s", why)
     if plan is None:
         return
-    problem: str | Exception | None = None
-    try:
-        problem = next(
+    problems = problems_everywhere(
+        coll,
+        lambda: next(
             (p for r in plan if (p := _staging_part(local, coll.rank, channel, r)) is not None),
             None,
-        )
-    except Exception as exc:
-        problem = exc
-    outcomes = coll.gather(problem)
-    found: list[str] | Exception | None = None
-    if outcomes is not None:
-        try:
-            found = [p for p in outcomes.values() if p]
-        except Exception as exc:
-            found = exc
-    problems: list[str] = coll.announce("rebuilding from XOR parity for an elastic restore", found)
+        ),
+        "rebuilding from XOR parity for an elastic restore",
+    )
     if coll.is_coordinator:
         if problems:
             log.warning("could not rebuild from XOR parity for an elastic restore: %s", problems[0])
