@@ -12,7 +12,8 @@ A root is healthy when
   that a quarantine does not change it) returns the newest intact step, and each of its arrays
   is bit for bit what that step saved: the same as a reference's (an uninterrupted run's) digests.
 
-:func:`check_root` asserts all of it; :func:`probe` only looks (the benchmark
+:func:`check_root` asserts all of it; :func:`probe` only looks (:func:`look`: the same in this
+process) (the benchmark
 ``bench/bench_root_fuzz.py`` sorts its outcomes with :func:`problems`).
 
 The commands and the restore run in one child process (``python -m tests.roothealth ROOT``):
@@ -233,7 +234,10 @@ def probe(
             f"the root checker's child died (exit {proc.returncode}) on {root}:\n"
             f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )
-    doc = json.loads(proc.stdout)
+    return _health(root, json.loads(proc.stdout))
+
+
+def _health(root: Path, doc: dict[str, Any]) -> Health:
     commands = tuple(
         CommandResult(tuple(c["argv"]), int(c["code"]), c["stdout"], c["stderr"], c["traceback"])
         for c in doc["commands"]
@@ -326,10 +330,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     blocks = json.loads(args.blocks) if args.blocks else None
     root = Path(os.path.abspath(args.root))
-    commands = [_run_command([*c, str(root)], isolated=args.isolated) for c in COMMANDS]
-    doc = {"commands": commands, "restore": _restore(root, blocks, args.step)}
-    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.write(json.dumps(_look(root, blocks, args.step, isolated=args.isolated)) + "\n")
     return 0
+
+
+def _look(root: Path, blocks: Blocks | None, step: int | None, *, isolated: bool) -> dict[str, Any]:
+    commands = [_run_command([*c, str(root)], isolated=isolated) for c in COMMANDS]
+    return {"commands": commands, "restore": _restore(root, blocks, step)}
+
+
+def look(root: Path, *, blocks: Blocks | None = None, step: int | None = None) -> Health:
+    """:func:`probe` in this process (the crash tests look at thousands of roots): the
+    commands through ``resilient.cli.main``, the restore on a copy. Never raises for what the
+    root holds (a traceback is recorded, as in the child)."""
+    return _health(root, _look(Path(os.path.abspath(root)), blocks, step, isolated=False))
 
 
 if __name__ == "__main__":

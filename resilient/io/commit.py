@@ -84,7 +84,10 @@ class PendingDir:
         (:meth:`prepare`, then :meth:`publish`).
 
         A re-save of an existing step replaces the old directory only once the new one is
-        complete; if the rename fails, the old one is put back.
+        complete, in one atomic exchange of the two where the filesystem can
+        (:func:`~resilient.io.storage.exchange_dirs`); elsewhere the old one is renamed aside
+        first, and a crash between the two renames leaves the step's number empty (a restore
+        takes the step before). Either way,         complete; if the rename fails, the old one is put back.
 
         Raises:
             CommitError: with the OS error's errno, after transient errors were retried.
@@ -132,7 +135,15 @@ class PendingDir:
             [self.path / filenames.MANIFEST, self.path / filenames.COMMITTED, self.path]
         )
         old: Path | None = None
+        # a step saved again: the new directory in and the old one out in one atomic step
+        # where the filesystem can (then the old one is under the temporary name)
+        again = self.final.is_dir() and not self.final.is_symlink()
+        if again and storage.exchange_dirs(self.path, self.final):
+            storage.fsync_dir(self.final.parent)
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
         if self.final.exists() or self.final.is_symlink():
+            # elsewhere a crash between the two renames leaves no step under this name
             old = storage.move_to_trash(self.final)
         try:
             os.replace(self.path, self.final)

@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from resilient.errors import (
     CheckpointLockedError,
@@ -40,6 +40,7 @@ __all__ = [
     "move_to_trash",
     "cleanup_leftovers",
     "ensure_root",
+    "exchange_dirs",
     "fsync_dir",
     "free_bytes",
     "fsync_together",
@@ -122,7 +123,7 @@ def replace_file(path: Path, data: bytes) -> None:
     """Replace (or create) the small file ``path`` with ``data`` at once: written durably under
     a hidden temporary name beside it, then renamed over it (a reader sees the old bytes or
     the new ones; the rename is durable once the caller fsyncs the directory)."""
-    tmp = path.parent / f".{path.name}.{new_token()}"
+    tmp = path.parent / filenames.replacement_name(path.name, new_token())
     write_durable(tmp, data)
     os.replace(tmp, path)
 
@@ -251,6 +252,9 @@ def ensure_root(root: Path) -> None:
     problem = marker_problem(root)
     if problem is not None:
         raise ConfigError(problem)
+    for entry in root.iterdir():  # a crash while the first start wrote the marker
+        if filenames.replaced_by(entry.name) in _MARKERS and not entry.is_dir():
+            entry.unlink()
     if any(root.iterdir()):
         raise ConfigError(
             f"{root} is not empty and is not a resilient checkpoint root "
@@ -276,37 +280,69 @@ class RootLock:
     def __init__(self, root: Path, *, owner: Mapping[str, str] | None = None) -> None:
         self.path = root / filenames.LOCK_FILE
         self.owner = dict(owner or {})
-        self._fh: IO[str] | None = None
+        self._fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`CheckpointLockedError` at once (never waits)."""
         import fcntl
 
-        fh = open(self.path, "a+")  # noqa: SIM115 - held for the manager's lifetime
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            fh.seek(0)
-            holder = fh.read().strip() or "unknown"
-            fh.close()
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise CheckpointLockedError(
                     f"{self.path.parent} is in use by another job ({holder}); two jobs must not "
                     "write one checkpoint root"
                 ) from None
             raise
-        fh.seek(0)
-        fh.truncate()
         info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), **self.owner}
-        fh.write(json.dumps(info))
-        fh.flush()
-        self._fh = fh
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)  # who holds it, for the error above
+        self._fd = fd
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_RENAME_EXCHANGE = 2  # renameat2(2)'s flag (Linux 3.15; ext4, XFS, btrfs, tmpfs: not NFS)
+_AT_FDCWD = -100
+_renameat2: list[Any] = []  # the libc function, looked up once ([None]: not there)
+
+
+def exchange_dirs(a: Path, b: Path) -> bool:
+    """Swap the directories ``a`` and ``b`` in one atomic step (``renameat2`` with
+    ``RENAME_EXCHANGE``); ``False`` where the system or the filesystem cannot (nothing done).
+
+    Raises:
+        OSError: any other failure of the call.
+    """
+    if not _renameat2:
+        import ctypes
+
+        try:
+            fn: Any = ctypes.CDLL(None, use_errno=True).renameat2
+            path, at = ctypes.c_char_p, ctypes.c_int
+            fn.argtypes = [at, path, at, path, ctypes.c_uint]
+        except (AttributeError, OSError):  # not glibc >= 2.28
+            fn = None
+        _renameat2.append(fn)
+    fn = _renameat2[0]
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def move_to_trash(path: Path, *, durable: bool = True) -> Path:
@@ -376,9 +412,8 @@ def quarantine(path: Path, step: int, reason: str) -> Path:
     fsync_dir(path.parent)
     try:
         if target.is_dir() and not target.is_symlink():
-            (target / filenames.QUARANTINE_INFO).write_text(
-                json.dumps({"step": step, "reason": reason})
-            )
+            info = json.dumps({"step": step, "reason": reason}).encode()
+            write_durable(target / filenames.QUARANTINE_INFO, info)
     except OSError:  # the reason is also logged; a read-only dir must not hide the rename
         pass
     log_quarantined(step, target.name, reason)

@@ -67,6 +67,8 @@ __all__ = [
     "trash_dir_name",
     "attempt_sidecar_name",
     "handoff_sidecar_name",
+    "replacement_name",
+    "replaced_by",
 ]
 
 MANIFEST = "manifest.json"  # the whole manifest, or the index of a sharded one
@@ -98,6 +100,7 @@ _STATIC_RE = re.compile(r"^[0-9a-f]{32}\Z")
 _STATIC_COPY_RE = re.compile(r"^([0-9a-f]{32})\.copy\Z")
 _STATIC_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{8,32}\Z")
 _TRASH_RE = re.compile(r"^\.trash-[0-9a-f]{8,32}\Z")
+_REPLACEMENT_RE = re.compile(r"^\.(.+)\.[0-9a-f]{16}\Z")
 _SHARD_RE = re.compile(r"^manifest-(\d{5,})\.json\Z")
 _DATA_FILE_RE = re.compile(r"^(?:(?:rank|node|group)_\d{5,}|world)\.h5\Z")
 
@@ -125,6 +128,18 @@ def tmp_dir_name(step: int, token: str) -> str:
 def quarantine_dir_name(step: int, token: str) -> str:
     """Name a failed checkpoint of ``step`` is renamed to."""
     return f"step_{step:08d}.quarantined-{token}"
+
+
+def replacement_name(name: str, token: str) -> str:
+    """Name of the hidden file a small file ``name`` is written under before it is renamed
+    over ``name`` (:func:`resilient.io.storage.replace_file`)."""
+    return f".{name}.{token}"
+
+
+def replaced_by(name: str) -> str | None:
+    """The file a :func:`replacement_name` was to replace (``None``: not one)."""
+    m = _REPLACEMENT_RE.match(name)
+    return m.group(1) if m else None
 
 
 def trash_dir_name(token: str) -> str:

@@ -172,7 +172,8 @@ def test_manager_is_usable_after_a_failed_save(
 
 
 def _failing_replace(monkeypatch: pytest.MonkeyPatch, code: int, times: int = 1000) -> list[str]:
-    """Make os.replace fail with ``code`` for step directories (the commit rename) only."""
+    """Make os.replace fail with ``code`` for step directories (the commit rename) only, and
+    the exchange of a re-saved step's directories likewise."""
     real = os.replace
     calls: list[str] = []
 
@@ -184,7 +185,12 @@ def _failing_replace(monkeypatch: pytest.MonkeyPatch, code: int, times: int = 10
                 raise OSError(code, f"injected rename failure ({errno.errorcode[code]})")
         real(src, dst, *args, **kwargs)
 
+    def exchange(a: Any, b: Any) -> bool:  # a re-save's rename (storage.exchange_dirs)
+        replace(a, b)
+        return True
+
     monkeypatch.setattr("resilient.io.storage.os.replace", replace)
+    monkeypatch.setattr("resilient.io.storage.exchange_dirs", exchange)
     return calls
 
 
