@@ -124,3 +124,22 @@ def test_a_foreign_file_shaped_like_a_leftover_still_refuses_the_directory(tmp_p
     with pytest.raises(ConfigError, match="not empty"):
         CheckpointManager(root).save(1, state(1, 0, 1))
     assert os.listdir(root) == [f".results.csv.{'0' * 16}"]
+
+
+def test_a_crash_while_the_ledger_moved_counts_no_attempt_twice(tmp_path: Path) -> None:
+    """Found by the matrix: the ledger of a task's own directory moves to the program's once
+    it names one; a crash after the records were appended there but before the old ledger was
+    removed moved them again at the next attempt: 2 attempts counted as 4."""
+    from resilient.job.ledger import AttemptRecord, Where, read_ledger
+
+    own, program = tmp_path / "own", tmp_path / "program"
+    own.mkdir()
+    program.mkdir()
+    first = Where(given=None, own=own)
+    for n in (1, 2):
+        first.append(AttemptRecord(attempt=n, start=100.0 * n, end=100.0 * n + 50, exit_code=75))
+    (program / filenames.ATTEMPT_LEDGER).write_bytes((own / filenames.ATTEMPT_LEDGER).read_bytes())
+    Where(given=None, own=own, program=program).append(AttemptRecord(attempt=3, start=300.0))
+    got = read_ledger(program)
+    assert [(r["attempt"], r["start"]) for r in got] == [(1, 100.0), (2, 200.0), (3, 300.0)]
+    assert not (own / filenames.ATTEMPT_LEDGER).exists()

@@ -161,15 +161,25 @@ class Where:
             return
         if self.given is None and self.own is not None and not same_dir(target, self.own):
             pending = read_ledger(self.own)
-            done = len(read_ledger(target))
-            for i, rec in enumerate(pending):
-                rec["attempt"] = done + i + 1
+            there = read_ledger(target)
+            # a crash between these appends and the removal below leaves records in both:
+            # those already moved are not moved again
+            moved = {_identity(rec) for rec in there}
+            done = len(there)
+            for rec in (r for r in pending if _identity(r) not in moved):
+                done += 1
+                rec["attempt"] = done
                 logs.append_record(target / filenames.ATTEMPT_LEDGER, rec, durable=True)
             if pending:
                 storage.remove_file(self.own / filenames.ATTEMPT_LEDGER)
                 log.info("the attempts' ledger is now %s", target / filenames.ATTEMPT_LEDGER)
-            record.attempt = done + len(pending) + 1
+            record.attempt = done + 1
         logs.append_record(target / filenames.ATTEMPT_LEDGER, record.to_record(), durable=True)
+
+
+def _identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells one attempt from another whatever its number (a moved record's changes)."""
+    return tuple(record.get(k) for k in ("start", "end", "host", "exit_code", "slurm_job_id"))
 
 
 def same_dir(a: Path | None, b: Path | None) -> bool:

@@ -15,7 +15,10 @@ process), and compared with what the operation's own start and end showed (:clas
    operation is visible in every state between;
 5. every log (the attempts' ledger, the save log, the partner-copy log, the note beside the
    root...) reads as its records before the operation followed by a prefix of those the
-   operation added: a lost last line at most, nothing changed, nothing invented;
+   operation added: a lost last line at most, nothing changed, nothing invented; and the
+   attempts, as the next attempt counts them (the root's ledger and the records still
+   waiting in the task's own directory, ``own/``, moved without the copies already there),
+   are those before the operation or after it, or in between;
 6. a node-local step and its copy (a partner's, or the XOR parity of its set) are never both
    lost: every (node, step) of the node-local tier that was protected before the operation
    and is kept after it is protected in every state between (its own files valid, or a valid
@@ -51,6 +54,8 @@ LOG_KINDS: Mapping[str, logs.LogKind] = {
 }
 SIDECAR_SUFFIX = ".resilient-attempts"
 ROOT = "ck"
+OWN = "own"  # a task's own directory (``resilient run`` without --checkpoint-dir)
+ATTEMPTS_COUNTED = "attempts counted"
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,28 @@ def _logs(tree: Path) -> dict[str, list[dict[str, Any]]]:
             found[f"{ROOT}/{name}"] = logs.read_log(path, kind)
     for path in tree.glob(f".*{SIDECAR_SUFFIX}"):
         found[path.name] = logs.read_log(path, logs.SIDECAR)
+    if (tree / OWN).is_dir():  # attempts counted before the program named its directory
+        found[ATTEMPTS_COUNTED] = _attempts_counted(tree)
     return found
+
+
+def _attempts_counted(tree: Path) -> list[dict[str, Any]]:
+    """The attempts the next ``resilient run`` counts: the ledger it would move into the
+    root (the library's own move, on a scratch copy), without the attempt numbers."""
+    import shutil
+    import tempfile
+
+    from resilient.job.ledger import AttemptRecord, Where, read_ledger
+
+    with tempfile.TemporaryDirectory() as tmp:
+        own, root = Path(tmp) / OWN, Path(tmp) / ROOT
+        shutil.copytree(tree / OWN, own)
+        root.mkdir()
+        if (tree / ROOT / filenames.ATTEMPT_LEDGER).exists():
+            shutil.copy(tree / ROOT / filenames.ATTEMPT_LEDGER, root)
+        Where(given=None, own=own, program=root).append(AttemptRecord(attempt=0, start=-1.0))
+        counted = read_ledger(root)[:-1]  # without the probe's own record
+    return [{k: v for k, v in r.items() if k != "attempt"} for r in counted]
 
 
 def see(tree: Path) -> Seen:

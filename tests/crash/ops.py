@@ -173,6 +173,27 @@ def _ledger_append(ctx: Context) -> None:
     note_beside(ctx.root, 3, rec)
 
 
+def _own_ledger_setup(ctx: Context) -> None:
+    """Two attempts counted in the task's own directory (``base/own``: ``resilient run``
+    without ``--checkpoint-dir``, before the program named its directory), a root beside."""
+    from resilient.job.ledger import AttemptRecord, Where
+
+    _saved(10)(ctx)
+    own = ctx.base / "own"
+    own.mkdir()
+    where = Where(given=None, own=own)
+    for n in (1, 2):
+        where.append(AttemptRecord(attempt=n, start=100.0 * n, end=100.0 * n + 50, exit_code=75))
+
+
+def _ledger_moves(ctx: Context) -> None:
+    """The third attempt, once the program named its directory: the ledger moves there."""
+    from resilient.job.ledger import AttemptRecord, Where
+
+    where = Where(given=None, own=ctx.base / "own", program=ctx.root, told=True)
+    where.append(AttemptRecord(attempt=3, start=300.0, end=350.0, exit_code=0, progress=True))
+
+
 TWO_NODES = "nodeA:1,nodeB:1"
 THREE_NODES = "nodeA:1,nodeB:1,nodeC:1"
 
@@ -249,6 +270,8 @@ OPERATIONS: dict[str, Operation] = {
                   _saved(10, 20, 30), _prune),
         Operation("ledger", "an attempt's ledger record and its note beside the root", 1,
                   _ledger_setup, _ledger_append),
+        Operation("ledger-move", "the ledger moved from the task's own directory to the root", 1,
+                  _own_ledger_setup, _ledger_moves),
         Operation("tier-partner", "a node-local save, its partner copies and its flush", 2,
                   _tier_saved("partner"), _tier_save("partner"), TWO_NODES),
         Operation("tier-rebuild", "a restore rebuilding a lost node's tier from its partner", 2,
