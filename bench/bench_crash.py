@@ -38,19 +38,31 @@ from tests.crash.ops import OPERATIONS  # noqa: E402
 
 
 def markdown(rows: list[Row]) -> str:
-    """The matrix as the docs' reliability page shows it."""
-    lines = [
-        "| operation | model | calls | states | checked | violations |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
+    """The matrix as the docs' reliability page shows it: an operation a line, its crash
+    points (calls + 1) and, per model, the distinct states checked and the violations."""
+    models = list(dict.fromkeys(r.model for r in rows))
+    head = " | ".join(f"{m} states | {m} violations" for m in models)
+    lines = [f"| operation | crash points | {head} |", "|---|---:|" + "---:|" * 2 * len(models)]
+    by_op: dict[str, dict[str, Row]] = {}
     for r in rows:
-        what = OPERATIONS[r.op].what
-        lines.append(
-            f"| `{r.op}`: {what} | {r.model} | {r.calls} | {r.states} | {r.tried} | {len(r.found)} |"
+        by_op.setdefault(r.op, {})[r.model] = r
+    for op, per in by_op.items():
+        cells = " | ".join(
+            f"{per[m].tried}{'' if per[m].tried == per[m].states else f' of {per[m].states}'} | "
+            f"{len(per[m].found)}"
+            if m in per
+            else "| "
+            for m in models
         )
-    total = sum(r.tried for r in rows)
-    lines.append(f"| **all** | | {sum(r.calls for r in rows)} | {sum(r.states for r in rows)} "
-                 f"| {total} | {sum(len(r.found) for r in rows)} |")  # fmt: skip
+        points = max(r.calls for r in per.values()) + 1
+        lines.append(f"| `{op}`: {OPERATIONS[op].what} | {points} | {cells} |")
+    totals = " | ".join(
+        f"{sum(r.tried for r in rows if r.model == m)} | "
+        f"{sum(len(r.found) for r in rows if r.model == m)}"
+        for m in models
+    )
+    points = sum(max(r.calls for r in per.values()) + 1 for per in by_op.values())
+    lines.append(f"| **all** | {points} | {totals} |")
     return "\n".join(lines)
 
 
