@@ -5,8 +5,8 @@ with the library's own readers and the root checker (:func:`tests.roothealth.loo
 ls``, ``status``, ``report``, ``verify --full``, ``latest --full`` and a restore on one
 process), and compared with what the operation's own start and end showed (:class:`Expected`):
 
-1. no traceback anywhere, and ``latest`` names the step the restore returns (the root
-   checker's :func:`~tests.roothealth.problems`);
+1. no traceback anywhere, and ``latest`` and ``status`` name the step the restore returns
+   (the root checker's :func:`~tests.roothealth.problems`, and ``status --json``);
 2. a step is visible either complete and valid or not at all: ``verify --full`` calls no step
    INVALID that was not already so before the operation;
 3. the newest checkpoint a restore returned before the operation, or a newer one, is
@@ -31,6 +31,7 @@ process), and compared with what the operation's own start and end showed (:clas
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -270,6 +271,15 @@ def _root_violations(seen: Seen, want: Expected) -> list[str]:
         lines = [ln for ln in verify.splitlines() if "INVALID" in ln]
         found.append(f"visible but invalid: {'; '.join(lines)[:300]}")
     restored = seen.health.restore
+    status = seen.health.command("status", "--json")
+    # (status's quick check sees sizes, not a flipped bit: not where the setup flipped one)
+    if status.code == 0 and restored.traceback is None and not want.invalid_before:
+        try:
+            latest = json.loads(status.stdout).get("latest_step")
+        except ValueError:
+            latest = "unreadable"
+        if latest != restored.step:
+            found.append(f"status says the latest step is {latest}, the restore {restored.step}")
     if want.restored_before is not None and (
         restored.step is None or restored.step < want.restored_before
     ):
