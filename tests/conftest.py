@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import time
@@ -111,14 +112,56 @@ def slurm_scenarios(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
                 run.stop()
 
 
+#: Seconds between the campaigns' start and the sbatch scenarios' (``slurm_campaigns``): all
+#: at once, the campaigns' first allocations lost their start-ups to the PyTorch jobs' (one
+#: step each, then 5 allocations instead of 3-4).
+SBATCH_AFTER_S = 75
+_sbatch_later: list[concurrent.futures.Future[dict[str, Any]]] = []
+
+
 @pytest.fixture(scope="session")
-def slurm_campaigns(request: pytest.FixtureRequest) -> None:
-    """``slurm_scenarios`` started now where Slurm is there, and nothing (no skip) where it is
-    not: what the timed unit's first test asks for under xdist
-    (:func:`tests.scheduling.start_campaigns_first`), so that the campaigns run beside the
-    timing modules. The campaigns' own tests still ask for ``slurm_scenarios`` (and skip)."""
+def sbatch_scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plain sbatch scenarios of tests/test_slurm_sbatch.py (job arrays, self-resubmitting
+    and requeued jobs, PyTorch chains: 2-minute allocations on partition ``debug``), submitted
+    :data:`SBATCH_AFTER_S` after the campaigns (``slurm_campaigns``), or now by their module."""
+    from tests import test_slurm_sbatch as sbatch
+    from tests.slurmutil import require_slurm
+
+    if _sbatch_later:
+        return _sbatch_later[0].result()
+    require_slurm()
+    return sbatch.start_scenarios(tmp_path_factory.mktemp("sbatch"))
+
+
+@pytest.fixture(scope="session")
+def slurm_campaigns(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """``slurm_scenarios`` started now where Slurm is there, and the sbatch scenarios
+    :data:`SBATCH_AFTER_S` later (on a thread); nothing (no skip) where Slurm is not there:
+    what the first test of a serial run asks for (:func:`tests.scheduling.order_serial`;
+    under xdist the timed unit's first, :func:`tests.scheduling.start_campaigns_first`), so
+    that they run beside the tests before theirs. Their own tests still ask for them (and
+    skip)."""
+    from tests import test_slurm_sbatch as sbatch
+    from tests.slurmutil import require_slurm
+
     with contextlib.suppress(pytest.skip.Exception):
         request.getfixturevalue("slurm_scenarios")
+    try:
+        require_slurm()
+    except pytest.skip.Exception:
+        yield
+        return
+    base = tmp_path_factory.mktemp("sbatch")
+
+    def later() -> dict[str, Any]:
+        time.sleep(SBATCH_AFTER_S)
+        return sbatch.start_scenarios(base)
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sbatch") as pool:
+        _sbatch_later.append(pool.submit(later))
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,9 +1,11 @@
 """How the suite is ordered in one process (CI's run, :func:`order_serial`) and spread over
 pytest-xdist workers (``RESILIENT_TEST_WORKERS=3 bash .ci/dev test``).
 
-In one process (the default, what CI runs) the order is: the single-process tests that race
-no clock (the unit tests, the documentation's examples) with the two Slurm campaigns started
-beside the first of them; the campaigns' modules; the untimed modules of many processes
+In one process (the default, what CI runs) the order is: the tests that race no clock and
+start few processes (the unit tests, the documentation's examples, the crash-state sample of
+tests/test_crash.py, whose MPI runs take a second each) with the two Slurm campaigns started
+beside the first of them and the plain sbatch scenarios (``sbatch_scenarios``) 75 s later;
+the campaigns' modules; the untimed modules of many processes
 (:data:`SERIAL_AFTER_CAMPAIGNS`); the other Slurm modules; the demo; the timing modules last.
 Measured (2026-11-29, nothing else running): 41 min 59 s of pytest, 1 failure (two ranks'
 prints interleaved; since fixed) against about 55 min in collection order; with the MPI and

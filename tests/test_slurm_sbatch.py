@@ -3,7 +3,9 @@
 Skipped where ``sbatch`` does not work (e.g. a laptop). Each scenario needs more than one
 allocation of ``--time=2`` (Slurm kills at 120-150 s) or ``--time=1``, so the scenarios (the
 PyTorch ones, srun tasks and ``srun torchrun``, where PyTorch is installed) are submitted
-together by the module fixture (the partition is OverSubscribe=FORCE) and awaited one by one.
+together (the partition is OverSubscribe=FORCE) and awaited one by one: in a serial run of the
+suite, at its start with the Slurm campaigns (``sbatch_scenarios`` in tests/conftest.py), so
+that they run on partition ``debug`` (node n1) while the unit tests do.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 from resilient.job.ledger import read_ledger
 from resilient.report import task_report
 from tests.mpirun import REPO, clean_env, mpiexec
-from tests.slurmutil import require_slurm, squeue_names
+from tests.slurmutil import squeue_names
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
@@ -49,9 +51,15 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    require_slurm()
-    base = tmp_path_factory.mktemp("sbatch")
+def scenarios(sbatch_scenarios: dict[str, Any]) -> dict[str, Any]:
+    """The scenarios, submitted by the session fixture ``sbatch_scenarios`` (tests/conftest.py:
+    with the Slurm campaigns at the start of a serial run, or now)."""
+    return sbatch_scenarios
+
+
+def start_scenarios(base: Path) -> dict[str, Any]:
+    """Submit this module's scenarios (and compute the reference meanwhile); their
+    directories under ``base``."""
     dirs: dict[str, Any] = {
         name: base / name
         for name in ("array", "self", "stuck", "requeue", "torch", "torchrun", "ref")
