@@ -65,7 +65,10 @@ def test_the_deadline_comes_from_flux_only_in_a_flux_job(
     calls = stand_in_flux(tmp_path, monkeypatch, "echo 600")
     assert find_deadline(IN_FLUX, now=lambda: 1000.0) == (1600.0, "flux job timeleft")
     calls.unlink()
-    assert find_deadline({"RESILIENT_DEADLINE": "5"}, now=lambda: 1000.0) == (5.0, "RESILIENT_DEADLINE")
+    assert find_deadline({"RESILIENT_DEADLINE": "5"}, now=lambda: 1000.0) == (
+        5.0,
+        "RESILIENT_DEADLINE",
+    )
     assert not calls.exists()  # outside Flux, flux is not asked
     unlimited = {**IN_FLUX, "RESILIENT_DEADLINE": "5"}
     stand_in_flux(tmp_path, monkeypatch, "echo 4294967295")
@@ -87,12 +90,21 @@ def _alarm() -> None:
     os.kill(os.getpid(), signal.SIGALRM)
 
 
+# the signals a Session here handles: SIGALRM (Flux's) and the default stop signals
+KEPT = (signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
 @pytest.fixture(autouse=True)
-def _alarm_handler_kept() -> Iterator[None]:
-    """SIGALRM's handler as it was (pytest-timeout's ``signal`` method uses it)."""
-    old = signal.getsignal(signal.SIGALRM)
+def _handlers_kept() -> Iterator[None]:
+    """These signals' dispositions as they were: pytest-timeout's ``signal`` method uses
+    SIGALRM's handler, and a Session that stops ends with ``SIG_IGN`` for each of its signals
+    (its process is about to exit), which every process this one starts later would inherit
+    (a Parsl interchange that ignores SIGTERM costs 10 s to shut down)."""
+    old = {s: signal.getsignal(s) for s in KEPT}
     yield
-    signal.signal(signal.SIGALRM, old)
+    for s, handler in old.items():
+        if handler is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(s, handler)
 
 
 def test_in_a_flux_job_sigalrm_stops_and_the_step_is_saved_when_saves_are_quick(
