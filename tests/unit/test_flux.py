@@ -90,21 +90,12 @@ def _alarm() -> None:
     os.kill(os.getpid(), signal.SIGALRM)
 
 
-# the signals a Session here handles: SIGALRM (Flux's) and the default stop signals
-KEPT = (signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
-
-
 @pytest.fixture(autouse=True)
-def _handlers_kept() -> Iterator[None]:
-    """These signals' dispositions as they were: pytest-timeout's ``signal`` method uses
-    SIGALRM's handler, and a Session that stops ends with ``SIG_IGN`` for each of its signals
-    (its process is about to exit), which every process this one starts later would inherit
-    (a Parsl interchange that ignores SIGTERM costs 10 s to shut down)."""
-    old = {s: signal.getsignal(s) for s in KEPT}
+def _alarm_handler_kept() -> Iterator[None]:
+    """SIGALRM's handler as it was (pytest-timeout's ``signal`` method uses it)."""
+    old = signal.getsignal(signal.SIGALRM)
     yield
-    for s, handler in old.items():
-        if handler is not None:  # None: installed outside Python, cannot be put back
-            signal.signal(s, handler)
+    signal.signal(signal.SIGALRM, old)
 
 
 def test_in_a_flux_job_sigalrm_stops_and_the_step_is_saved_when_saves_are_quick(
