@@ -220,7 +220,9 @@ def test_a_refusal_carries_the_ledgers_reason_and_pickles(tmp_path: Path) -> Non
     root = tmp_path / "ck"
     storage.ensure_root(root)
     (root / filenames.ATTEMPT_LEDGER).write_bytes(  # the last valid line decides, not a torn one
-        json.dumps({"attempt": 2, "exit_code": 93, "reason": "crashed (exit 3); no progress"}).encode()
+        json.dumps(
+            {"attempt": 2, "exit_code": 93, "reason": "crashed (exit 3); no progress"}
+        ).encode()
         + b'\n{"attempt": 3, "exit_code": "93", "reason": "wrong"}\n\xff{"attempt": 4, "ex'
     )
     with pytest.raises(NoProgressRefused) as caught:
@@ -918,35 +920,54 @@ USER_EXAMPLE = REPO / "docs" / "examples" / "parsl"
 def test_a_users_own_script_in_a_temporary_directory(tmp_path: Path) -> None:
     """The documented pattern from a script in a temp dir, with the user's own program: walltime
     stops cost nothing (retries=1, several tries) and the output is bit-identical to an
-    uninterrupted run; a fixed directory reused with another parameter fails once with 78."""
-    for name in ("sim.py", "flow.py"):
-        shutil.copy(USER_EXAMPLE / name, tmp_path / name)
+    uninterrupted run; a fixed directory reused with another parameter fails once with 78.
+
+    The keyed run and the fixed directory's first run are independent: each in a directory of
+    its own, at once (the program sleeps most of each step; each try is 10 s)."""
+    keyed, fixed = tmp_path / "keyed", tmp_path / "fixed"
+    for where in (keyed, fixed):
+        where.mkdir()
+        for name in ("sim.py", "flow.py"):
+            shutil.copy(USER_EXAMPLE / name, where / name)
     env = clean_env()
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # Parsl's interchange
+    started: list[subprocess.Popen[str]] = []
 
-    def flow(*args: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "flow.py", *args], cwd=tmp_path, env=env, capture_output=True,
-            text=True, timeout=400,
+    def start(where: Path, *args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "flow.py", *args], cwd=where, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        return proc.stdout
+        started.append(proc)
+        return proc
 
-    out = flow("0.1", mpiexec())
-    assert "RESULT" in out, out
-    tries, cost = out.split("TRIES", 1)[1].split()[0], out.split("COST", 1)[1].split()[0]
-    assert int(tries) >= 3 and float(cost) == 0.0, out
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    subprocess.run(
-        [mpiexec(), "-n", "2", sys.executable, str(tmp_path / "sim.py"), "0.1", "400",
-         str(ref / "out.txt"), str(tmp_path / "init.txt"), "0"],
-        cwd=ref, env=clean_env(RESILIENT_CHECKPOINT_DIR=str(ref / "ck")), check=True,
-        capture_output=True, timeout=120,
-    )  # fmt: skip
-    assert (tmp_path / "out-0.1.txt").read_bytes() == (ref / "out.txt").read_bytes()
-    # a fixed directory: the first alpha finishes there, the second is refused at once
-    assert "RESULT" in flow("0.2", mpiexec(), "ckpt/fixed")
-    out = flow("0.3", mpiexec(), "ckpt/fixed")
+    def finish(proc: subprocess.Popen[str]) -> str:
+        stdout, stderr = proc.communicate(timeout=400)
+        assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+        return stdout
+
+    try:
+        first, other = start(keyed, "0.1", mpiexec()), start(fixed, "0.2", mpiexec(), "ckpt/fixed")
+        out = finish(first)
+        assert "RESULT" in out, out
+        tries, cost = out.split("TRIES", 1)[1].split()[0], out.split("COST", 1)[1].split()[0]
+        assert int(tries) >= 3 and float(cost) == 0.0, out
+        ref = tmp_path / "ref"
+        ref.mkdir()
+        subprocess.run(
+            [mpiexec(), "-n", "2", sys.executable, str(keyed / "sim.py"), "0.1", "400",
+             str(ref / "out.txt"), str(keyed / "init.txt"), "0"],
+            cwd=ref, env=clean_env(RESILIENT_CHECKPOINT_DIR=str(ref / "ck")), check=True,
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert (keyed / "out-0.1.txt").read_bytes() == (ref / "out.txt").read_bytes()
+        # a fixed directory: the first alpha finishes there, the second is refused at once
+        assert "RESULT" in finish(other)
+        out = finish(start(fixed, "0.3", mpiexec(), "ckpt/fixed"))
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert "FAILED" in out and "TRIES 1 " in out and "SIM ForeignRunRefused" in out, out
-    assert "belongs to another run" in (tmp_path / "sim.err").read_text()
+    assert "belongs to another run" in (fixed / "sim.err").read_text()
