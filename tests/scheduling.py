@@ -7,8 +7,9 @@ tests/test_crash.py, whose MPI runs take a second each) with the two Slurm campa
 beside the first of them and the plain sbatch scenarios (``sbatch_scenarios``) 75 s later;
 the campaigns' modules; the untimed modules of many processes
 (:data:`SERIAL_AFTER_CAMPAIGNS`); the other Slurm modules; the demo; the timing modules last.
-Measured (2026-11-29, nothing else running): 41 min 59 s of pytest, 1 failure (two ranks'
-prints interleaved; since fixed) against about 55 min in collection order; with the MPI and
+Measured (2026-11-29, nothing else running): 34 min 2 s of pytest, no failure (41 min 59 s
+before the sbatch scenarios moved beside the unit tests and the signal dispositions were put
+back after each test; about 55 min in collection order); with the MPI and
 PyTorch modules beside the campaigns too: 44 min 2 s, and a 4-rank MPI round trip timed out
 at 120 s (done in 6 s beside busy loops or another mpiexec job).
 
