@@ -5,13 +5,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import signals
 
 SHM = Path("/dev/shm")
 
@@ -200,28 +201,10 @@ def _mapped() -> set[Path]:
     return found
 
 
-# the signals a Session or `resilient run` in this process handles: the stop signals, Flux's
-# SIGALRM, and the terminating ones
-KEPT = (
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGALRM,
-)
-
-
 @pytest.fixture(autouse=True)
 def _signal_dispositions_kept() -> Iterator[None]:
-    """Each test leaves these signals as it found them. A Session ends with ``SIG_IGN`` for its
-    warning signals (and for all its signals after a stop: its process is about to exit); left
-    so in the pytest process, every process it starts later inherits it (a Parsl interchange
-    that ignores SIGTERM costs 10 s to shut down, a program of a later test ignores a SIGTERM
-    sent to it), and a test's result depends on the tests before it. (The documentation's
-    examples put them back per page: docs/conftest.py.)"""
-    old = {s: signal.getsignal(s) for s in KEPT}
+    """Each test leaves the signals of :data:`tests.signals.KEPT` as it found them (why:
+    :mod:`tests.signals`; the documentation's pages: docs/conftest.py)."""
+    saved = signals.taken()
     yield
-    for s, handler in old.items():
-        if handler is not None:  # None: installed outside Python, cannot be put back
-            signal.signal(s, handler)
+    signals.put_back(saved)
