@@ -87,7 +87,7 @@ class PendingDir:
         complete, in one atomic exchange of the two where the filesystem can
         (:func:`~resilient.io.storage.exchange_dirs`); elsewhere the old one is renamed aside
         first, and a crash between the two renames leaves the step's number empty (a restore
-        takes the step before). Either way,         complete; if the rename fails, the old one is put back.
+        takes the step before). If the rename fails, the old one is put back.
 
         Raises:
             CommitError: with the OS error's errno, after transient errors were retried.

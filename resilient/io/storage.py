@@ -253,7 +253,7 @@ def ensure_root(root: Path) -> None:
     if problem is not None:
         raise ConfigError(problem)
     for entry in root.iterdir():  # a crash while the first start wrote the marker
-        if filenames.replaced_by(entry.name) in _MARKERS and not entry.is_dir():
+        if filenames.replacement_target(entry.name) in _MARKERS and not entry.is_dir():
             entry.unlink()
     if any(root.iterdir()):
         raise ConfigError(
@@ -322,9 +322,9 @@ def exchange_dirs(a: Path, b: Path) -> bool:
     Raises:
         OSError: any other failure of the call.
     """
-    if not _renameat2:
-        import ctypes
+    import ctypes
 
+    if not _renameat2:
         try:
             fn: Any = ctypes.CDLL(None, use_errno=True).renameat2
             path, at = ctypes.c_char_p, ctypes.c_int
@@ -335,8 +335,6 @@ def exchange_dirs(a: Path, b: Path) -> bool:
     fn = _renameat2[0]
     if fn is None:
         return False
-    import ctypes
-
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()

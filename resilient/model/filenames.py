@@ -68,7 +68,7 @@ __all__ = [
     "attempt_sidecar_name",
     "handoff_sidecar_name",
     "replacement_name",
-    "replaced_by",
+    "replacement_target",
 ]
 
 MANIFEST = "manifest.json"  # the whole manifest, or the index of a sharded one
@@ -136,7 +136,7 @@ def replacement_name(name: str, token: str) -> str:
     return f".{name}.{token}"
 
 
-def replaced_by(name: str) -> str | None:
+def replacement_target(name: str) -> str | None:
     """The file a :func:`replacement_name` was to replace (``None``: not one)."""
     m = _REPLACEMENT_RE.match(name)
     return m.group(1) if m else None
